@@ -1,0 +1,142 @@
+#!/usr/bin/env python3
+"""Plots a thetad metrics file (JSON lines, one record per step and rank) as PNGs.
+
+    /usr/bin/python3 bench/plot_metrics.py runs/demo/metrics.jsonl [-o OUTDIR]
+
+Writes loss_per_task.png (loss of each task over steps), step_time.png (stacked forward,
+backward, comm_wait and optimizer ms per step, averaged over the ranks present) and bytes.png
+(cumulative bytes allreduced vs pruned). Needs matplotlib (Debian: python3-matplotlib).
+"""
+import argparse
+import json
+import math
+import os
+import sys
+from collections import defaultdict
+
+import matplotlib
+
+matplotlib.use("Agg")  # no display on cluster nodes and CI
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def read_records(path):
+    with open(path, encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    last = max((i for i, l in enumerate(lines) if l.strip()), default=-1)
+    records = []
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            # A run killed mid-write leaves a partial last line; anything else is an error.
+            if i == last:
+                print(f"{path}:{i + 1}: ignoring a truncated last line", file=sys.stderr)
+                continue
+            sys.exit(f"{path}:{i + 1}: not JSON: {e}")
+    if not records:
+        sys.exit(f"{path}: no metrics records")
+    return records
+
+
+def num(v):
+    """null (NaN/Inf in the writer) and missing values become NaN, so lines show a gap."""
+    return float(v) if isinstance(v, (int, float)) else math.nan
+
+
+def per_step_mean(records, key):
+    acc = defaultdict(list)
+    for r in records:
+        acc[r["step"]].append(num(r.get(key)))
+    steps = sorted(acc)
+    return steps, [sum(acc[s]) / len(acc[s]) for s in steps]
+
+
+def plot_loss(records, out):
+    per_task = defaultdict(dict)  # task -> step -> [losses]
+    for r in records:
+        for tl in r.get("task_loss") or []:
+            per_task[tl["task"]].setdefault(r["step"], []).append(num(tl["loss"]))
+    fig, ax = plt.subplots(figsize=(9, 5))
+    for task in sorted(per_task):
+        pts = sorted(per_task[task].items())
+        ax.plot([s for s, _ in pts], [sum(v) / len(v) for _, v in pts], marker=".", markersize=3,
+                linewidth=1, label=f"task {task}")
+    if not per_task:  # no per-task losses recorded: fall back to the mean loss
+        steps, loss = per_step_mean(records, "loss")
+        ax.plot(steps, loss, label="loss")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.set_title("Loss per task")
+    finite = [v for r in records for v in [num(r.get("loss"))] if not math.isnan(v)]
+    if finite and min(finite) > 0:  # losses span decades; log only where it can show them all
+        ax.set_yscale("log")
+    if len(per_task) <= 20:
+        ax.legend(fontsize="small", ncol=2)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "loss_per_task.png"), dpi=120)
+    plt.close(fig)
+
+
+def plot_step_time(records, out):
+    parts = ["forward_ms", "backward_ms", "comm_wait_ms", "optimizer_ms"]
+    steps, _ = per_step_mean(records, "step_ms")
+    series = [[0.0 if math.isnan(v) else v for v in per_step_mean(records, p)[1]] for p in parts]
+    fig, ax = plt.subplots(figsize=(9, 5))
+    ax.stackplot(steps, *series, labels=[p[:-3] for p in parts], alpha=0.85)
+    ax.plot(steps, per_step_mean(records, "step_ms")[1], color="black", linewidth=0.8, label="step")
+    ax.set_xlabel("step")
+    ax.set_ylabel("ms")
+    ax.set_title("Step time breakdown")
+    ax.legend(loc="upper right", fontsize="small")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "step_time.png"), dpi=120)
+    plt.close(fig)
+
+
+def plot_bytes(records, out):
+    steps, sent = per_step_mean(records, "bytes_allreduced")
+    _, pruned = per_step_mean(records, "bytes_pruned")
+
+    def cumulative(xs):
+        total, out_ = 0.0, []
+        for x in xs:
+            total += 0.0 if math.isnan(x) else x
+            out_.append(total / 2**20)
+        return out_
+
+    fig, ax = plt.subplots(figsize=(9, 5))
+    ax.plot(steps, cumulative(sent), label="allreduced")
+    ax.plot(steps, cumulative(pruned), label="pruned (not sent)")
+    ax.set_xlabel("step")
+    ax.set_ylabel("MiB (cumulative, per rank)")
+    ax.set_title("Bytes communicated vs pruned")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "bytes.png"), dpi=120)
+    plt.close(fig)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("metrics", help="metrics JSON-lines file written by thetad")
+    p.add_argument("-o", "--outdir", default=None, help="output directory (default: next to the metrics file)")
+    args = p.parse_args(argv)
+    out = args.outdir or os.path.dirname(os.path.abspath(args.metrics))
+    os.makedirs(out, exist_ok=True)
+    records = read_records(args.metrics)
+    plot_loss(records, out)
+    plot_step_time(records, out)
+    plot_bytes(records, out)
+    for name in ("loss_per_task.png", "step_time.png", "bytes.png"):
+        print(os.path.join(out, name))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

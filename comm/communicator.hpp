@@ -1,0 +1,101 @@
+// The Communicator: a small asynchronous collective interface over raw buffers, implemented by
+// comm/mpi/ (host buffers) and comm/nccl/ (device buffers). No LibTorch here.
+//
+//   auto work = comm.allreduce(buf, n, DType::f32, {.op = ReduceOp::sum, .tag = {"bucket", step, 3}});
+//   ... compute ...
+//   work->wait(comm.default_timeout());   // rethrows the collective's failure (CommError/TimeoutError)
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace thetad::comm {
+
+enum class DType { f32, i32, bf16 };
+enum class ReduceOp { sum, max };
+size_t dtype_size(DType t);
+const char* dtype_name(DType t);
+
+// Names a collective in errors and timelines: "allreduce of bucket 3 at step 17".
+struct CollectiveTag {
+  std::string what = "collective";
+  int64_t step = -1;
+  int bucket = -1;
+  std::string describe() const;
+};
+
+constexpr std::chrono::milliseconds kDefaultTimeout{300'000};
+
+// An asynchronous operation. Thread-safe.
+class Work {
+ public:
+  virtual ~Work() = default;
+  virtual bool is_completed() = 0;
+  // Blocks the calling thread until done; rethrows the failure; throws TimeoutError after
+  // `timeout` (the communicator is then aborted: a timed-out collective cannot be resumed).
+  virtual void wait(std::chrono::milliseconds timeout) = 0;
+  // Device backends: make `stream` (a cudaStream_t) wait for completion without blocking the
+  // host. Host backends: same as wait().
+  virtual void block_stream(void* stream, std::chrono::milliseconds timeout) { (void)stream; wait(timeout); }
+  // Seconds from launch to completion, once completed (host backends), else -1.
+  virtual double elapsed_ms() const { return -1.0; }
+};
+using WorkPtr = std::shared_ptr<Work>;
+
+struct AllreduceOptions {
+  ReduceOp op = ReduceOp::sum;
+  // After the sum, every element is divided by this (1 = none). NCCL applies 1/divisor as a
+  // PreMulSum; MPI divides once the sum has arrived.
+  double divisor = 1.0;
+  CollectiveTag tag;
+  // Device backends: order the collective after the work queued on the compute stream. The
+  // engine's count exchange turns it off: it reads no gradients, so it must not wait for forward.
+  bool after_compute = true;
+};
+
+// Where a communicator's buffers live.
+enum class MemoryKind { host, device };
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual MemoryKind memory_kind() const = 0;
+  virtual const char* backend_name() const = 0;
+  std::chrono::milliseconds default_timeout() const { return timeout_; }
+  void set_default_timeout(std::chrono::milliseconds t) { timeout_ = t; }
+
+  // All in place unless stated; buffers must stay valid until the work completes.
+  virtual WorkPtr allreduce(void* buf, size_t count, DType dtype, const AllreduceOptions& opts) = 0;
+  virtual WorkPtr broadcast(void* buf, size_t count, DType dtype, int root, const CollectiveTag& tag) = 0;
+  // recv holds size() * count elements, rank r's contribution at r * count.
+  virtual WorkPtr allgather(const void* send, void* recv, size_t count, DType dtype,
+                            const CollectiveTag& tag) = 0;
+  virtual WorkPtr barrier(const CollectiveTag& tag) = 0;
+  // Tears the communicator down so that no call blocks any more (after a timeout or a fatal error).
+  virtual void abort(const std::string& why) = 0;
+
+  // Device backends order collectives after work already queued on this stream (cudaStream_t).
+  virtual void set_compute_stream(void* stream) { (void)stream; }
+
+  // Memory for buffers of this communicator's kind, zero-initialized.
+  virtual std::shared_ptr<void> allocate(size_t bytes) = 0;
+  // Sets `bytes` at `ptr` to zero (device backends: asynchronously on the compute stream).
+  virtual void zero(void* ptr, size_t bytes) = 0;
+
+  // Small control-sized copies between host memory and this communicator's memory (the engine's
+  // count exchange). copy_from_host is ordered before collectives issued after it and `src` may be
+  // reused on return; copy_to_host blocks until `dst` holds the data (call it once the work that
+  // produced `src` has completed). Host backends: memcpy.
+  virtual void copy_from_host(void* dst, const void* src, size_t bytes);
+  virtual void copy_to_host(void* dst, const void* src, size_t bytes);
+
+ private:
+  std::chrono::milliseconds timeout_ = kDefaultTimeout;
+};
+
+}  // namespace thetad::comm

@@ -1,0 +1,268 @@
+// The pruned, bucketed allreduce engine (see engine.hpp for the step protocol).
+//
+// Launch order: the buckets to reduce this window ("order": globally active buckets with prune
+// on, every bucket with prune off) are launched strictly in ascending bucket index, the same on
+// every rank, as NCCL and MPI both require. A bucket is ready when all its parameters were marked
+// since begin_sync, or at once when its group is not locally active (its buffer is zero and no
+// gradient will come: it is the zero-filled stand-in for a group other ranks trained). A ready
+// bucket waits for the lower-indexed buckets of the order; finish_backward launches whatever is
+// left. The order (and the divisors) need the count exchange, which mark_ready never waits for:
+// until it has landed, ready buckets just accumulate.
+#include "comm/engine.hpp"
+
+#include <algorithm>
+#include <mutex>
+
+#include "common/errors.hpp"
+#include "common/log.hpp"
+
+namespace thetad::comm {
+
+using Clock = std::chrono::steady_clock;
+
+struct Engine::Impl {
+  Communicator& comm;
+  const BucketPlan& plan;
+  const EngineOptions& opts;
+  StepStats& stats;
+
+  std::mutex mu;
+  std::vector<std::shared_ptr<void>> buffers;  // one per bucket
+  std::vector<uint8_t> local_active;           // per group, this window
+  std::vector<uint8_t> dirty;                  // per bucket: written since its last zeroing
+  std::vector<uint8_t> seen;                   // per param: marked at all in this window
+  std::vector<uint8_t> ready;                  // per param: marked since begin_sync
+  std::vector<int> pending;                    // per bucket: params not yet ready
+  std::vector<uint8_t> launched;               // per bucket
+
+  bool synced = false;     // begin_sync called in this window
+  bool finished = false;   // finish_backward done in this window
+  std::shared_ptr<void> count_buf;  // int32[num_groups] in the communicator's memory
+  WorkPtr count_work;
+  bool counts_ready = false;
+  std::vector<int32_t> counts;
+  Clock::time_point sync_start;
+  double observed_exchange_ms = -1;
+
+  bool order_ready = false;
+  std::vector<int> order;  // buckets to reduce this window, ascending
+  size_t next = 0;         // position in `order` of the next bucket to launch
+  std::vector<WorkPtr> works;
+
+  Impl(Communicator& c, const BucketPlan& p, const EngineOptions& o, StepStats& st)
+      : comm(c), plan(p), opts(o), stats(st) {}
+
+  // All below run with `mu` held.
+  void begin_sync() {
+    sync_start = Clock::now();
+    std::vector<int32_t> flags(plan.num_groups);
+    for (int g = 0; g < plan.num_groups; ++g) flags[g] = local_active[g] ? 1 : 0;
+    comm.copy_from_host(count_buf.get(), flags.data(), flags.size() * sizeof(int32_t));
+    AllreduceOptions o;
+    o.tag = CollectiveTag{"count exchange", stats.step, -1};
+    o.after_compute = false;  // flags only: do not wait for forward's kernels
+    count_work = comm.allreduce(count_buf.get(), flags.size(), DType::i32, o);
+    synced = true;
+    std::fill(ready.begin(), ready.end(), 0);
+    for (const Bucket& b : plan.buckets) pending[b.index] = static_cast<int>(b.params.size());
+  }
+
+  // Fetches the counts once the exchange has landed; with `block`, waits for it.
+  bool fetch_counts(bool block) {
+    if (counts_ready) return true;
+    if (!count_work) return false;
+    if (!block && !count_work->is_completed()) return false;
+    count_work->wait(opts.timeout);
+    comm.copy_to_host(counts.data(), count_buf.get(), counts.size() * sizeof(int32_t));
+    observed_exchange_ms = std::chrono::duration<double, std::milli>(Clock::now() - sync_start).count();
+    counts_ready = true;
+    return true;
+  }
+
+  // Builds the launch order once it is known. With prune off and average world it needs no
+  // counts, so launching can start before the exchange lands.
+  bool ensure_order(bool block) {
+    if (order_ready) return true;
+    const bool need_counts = opts.prune || opts.average == Average::contributors;
+    if (need_counts && !fetch_counts(block)) return false;
+    order.clear();
+    for (const Bucket& b : plan.buckets)
+      if (!opts.prune || counts[b.group] > 0) order.push_back(b.index);
+    order_ready = true;
+    return true;
+  }
+
+  bool bucket_ready(int b) const { return pending[b] == 0 || !local_active[plan.buckets[b].group]; }
+
+  void launch(int b) {
+    const Bucket& bucket = plan.buckets[b];
+    AllreduceOptions o;
+    o.op = ReduceOp::sum;
+    if (opts.average == Average::world)
+      o.divisor = comm.size();
+    else
+      o.divisor = std::max<int32_t>(1, counts[bucket.group]);  // 0 only with prune off: zeros
+    o.tag = CollectiveTag{"allreduce", stats.step, b};
+    works.push_back(comm.allreduce(buffers[b].get(), bucket.numel, DType::f32, o));
+    launched[b] = 1;
+    dirty[b] = 1;
+    stats.buckets_launched += 1;
+    stats.bytes_allreduced += static_cast<int64_t>(bucket.numel * sizeof(float));
+    if (!local_active[bucket.group]) stats.buckets_zero_filled += 1;
+  }
+
+  // Launches ready buckets in order; `all` launches every remaining one (finish_backward).
+  void run(bool all) {
+    if (!ensure_order(all)) return;
+    while (next < order.size()) {
+      const int b = order[next];
+      if (!all && !bucket_ready(b)) break;
+      launch(b);
+      ++next;
+    }
+  }
+};
+
+Engine::Engine(std::shared_ptr<Communicator> comm, BucketPlan plan, EngineOptions opts)
+    : comm_(std::move(comm)), plan_(std::move(plan)), opts_(opts) {
+  if (!comm_) throw InternalError("Engine needs a communicator");
+  impl_ = std::make_unique<Impl>(*comm_, plan_, opts_, stats_);
+  if (plan_.num_groups < 1) throw InternalError("Engine needs a bucket plan with at least one group");
+  if (plan_.options.elem_size != sizeof(float))
+    throw ConfigError("the engine reduces float32 gradients; the bucket plan must use elem_size 4");
+  Impl& s = *impl_;
+  const size_t nb = plan_.buckets.size(), np = plan_.param_bucket.size();
+  for (const Bucket& b : plan_.buckets) s.buffers.push_back(comm_->allocate(b.numel * sizeof(float)));
+  s.local_active.assign(plan_.num_groups, 0);
+  s.dirty.assign(nb, 0);
+  s.seen.assign(np, 0);
+  s.ready.assign(np, 0);
+  s.pending.assign(nb, 0);
+  s.launched.assign(nb, 0);
+  s.counts.assign(plan_.num_groups, 0);
+  s.count_buf = comm_->allocate(plan_.num_groups * sizeof(int32_t));
+  THETAD_LOG(info, "comm") << "engine: " << nb << " buckets over " << plan_.num_groups
+                           << " groups on " << comm_->backend_name() << ", prune "
+                           << (opts_.prune ? "on" : "off") << ", average "
+                           << (opts_.average == Average::contributors ? "contributors" : "world");
+}
+
+Engine::~Engine() = default;
+
+float* Engine::bucket_data(int bucket) {
+  if (bucket < 0 || bucket >= static_cast<int>(plan_.buckets.size()))
+    throw InternalError(detail::concat("no bucket ", bucket));
+  return static_cast<float*>(impl_->buffers[bucket].get());
+}
+
+float* Engine::grad(int param) {
+  if (param < 0 || param >= static_cast<int>(plan_.param_bucket.size()))
+    throw InternalError(detail::concat("no parameter ", param));
+  return bucket_data(plan_.param_bucket[param]) + plan_.param_offset[param];
+}
+
+void Engine::start_window(int64_t step) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  Impl& s = *impl_;
+  for (size_t b = 0; b < plan_.buckets.size(); ++b)
+    if (s.dirty[b]) {
+      comm_->zero(s.buffers[b].get(), plan_.buckets[b].numel * sizeof(float));
+      s.dirty[b] = 0;
+    }
+  std::fill(s.local_active.begin(), s.local_active.end(), 0);
+  std::fill(s.seen.begin(), s.seen.end(), 0);
+  std::fill(s.ready.begin(), s.ready.end(), 0);
+  std::fill(s.launched.begin(), s.launched.end(), 0);
+  s.synced = s.finished = s.counts_ready = s.order_ready = false;
+  s.count_work.reset();
+  s.observed_exchange_ms = -1;
+  s.order.clear();
+  s.next = 0;
+  s.works.clear();
+  stats_ = StepStats{};
+  stats_.step = step;
+}
+
+void Engine::declare_active(const std::vector<uint8_t>& local_groups) {
+  if (static_cast<int>(local_groups.size()) != plan_.num_groups)
+    throw InternalError(detail::concat("declare_active got ", local_groups.size(), " flags for ",
+                                       plan_.num_groups, " groups"));
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  if (impl_->synced)
+    throw InternalError("declare_active after begin_sync: the count exchange already started");
+  for (int g = 0; g < plan_.num_groups; ++g)
+    if (local_groups[g]) impl_->local_active[g] = 1;
+}
+
+void Engine::begin_sync() {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  Impl& s = *impl_;
+  if (s.synced) throw InternalError("begin_sync called twice in one window");
+  s.begin_sync();
+}
+
+const std::vector<int32_t>& Engine::contributors() {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  if (!impl_->synced) throw InternalError("contributors() before begin_sync()");
+  impl_->fetch_counts(true);
+  return impl_->counts;
+}
+
+bool Engine::group_active_globally(int group) {
+  if (group < 0 || group >= plan_.num_groups) throw InternalError(detail::concat("no group ", group));
+  return contributors()[group] > 0;
+}
+
+void Engine::mark_ready(int param) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  Impl& s = *impl_;
+  if (param < 0 || param >= static_cast<int>(plan_.param_bucket.size()))
+    throw InternalError(detail::concat("mark_ready: no parameter ", param));
+  const int b = plan_.param_bucket[param];
+  const int g = plan_.buckets[b].group;
+  s.dirty[b] = 1;  // autograd already wrote into the view
+  if (!s.local_active[g]) {
+    const std::string name =
+        param < static_cast<int>(plan_.params.size()) ? plan_.params[param].name : std::to_string(param);
+    if (opts_.declared || s.synced)
+      throw ConfigError(detail::concat(
+          "gradient for parameter '", name, "' of group ", g, " at step ", stats_.step,
+          ", but this rank did not declare group ", g,
+          " active in this step (declare every task the batch trains, or freeze the group)"));
+    s.local_active[g] = 1;  // discover mode, before the exchange: still in time
+  }
+  s.seen[param] = 1;
+  if (!s.synced || s.finished || s.ready[param]) return;
+  s.ready[param] = 1;
+  s.pending[b] -= 1;
+  s.run(false);
+}
+
+void Engine::finish_backward() {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  Impl& s = *impl_;
+  if (s.finished) throw InternalError("finish_backward called twice in one window");
+  if (!s.synced) s.begin_sync();  // a window without begin_sync: exchange now
+  const auto t0 = Clock::now();
+  s.run(true);
+  for (auto& w : s.works) w->wait(opts_.timeout);
+  s.fetch_counts(true);  // for the stats, also when the order needed none
+  stats_.comm_wait_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+  for (const Bucket& b : plan_.buckets)
+    if (!s.launched[b.index]) {
+      stats_.buckets_pruned += 1;
+      stats_.bytes_pruned += static_cast<int64_t>(b.numel * sizeof(float));
+    }
+  for (size_t p = 0; p < s.seen.size(); ++p)
+    if (!s.seen[p] && s.local_active[plan_.buckets[plan_.param_bucket[p]].group])
+      stats_.declared_without_grad += 1;
+  const double exchange = s.count_work ? s.count_work->elapsed_ms() : -1.0;
+  stats_.count_exchange_ms = exchange >= 0 ? exchange : s.observed_exchange_ms;
+  stats_.contributors = s.counts;
+  s.finished = true;
+  THETAD_LOG(debug, "comm") << "step " << stats_.step << ": " << stats_.buckets_launched
+                            << " buckets launched (" << stats_.bytes_allreduced << " B), "
+                            << stats_.buckets_pruned << " pruned, wait " << stats_.comm_wait_ms << " ms";
+}
+
+}  // namespace thetad::comm

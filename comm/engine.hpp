@@ -1,0 +1,91 @@
+// The pruned, bucketed allreduce engine (torch-free). It owns the flat gradient buffers (one per
+// bucket; parameters' gradients are views into them), learns before backward which groups any
+// rank uses (an async int32 SUM of per-group flags), and during backward launches the buckets of
+// globally active groups in bucket-index order as they fill; buckets no rank used are skipped.
+//
+// One optimizer step ("window" of accumulate_steps micro-steps):
+//   engine.start_window(step);                 // zero the buffers that were written
+//   for each micro-step m:
+//     engine.declare_active(local_groups);     // declared mode: before forward
+//     forward; (discover mode: declare_active(groups found in the graph))
+//     if last micro-step: engine.begin_sync(); // async count exchange of the window's union
+//     backward -> hooks call engine.mark_ready(param) (launches only in the last micro-step)
+//   engine.finish_backward();                  // launch the rest, wait, divide; grads final
+//   engine.stats()
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/bucket_plan.hpp"
+#include "comm/communicator.hpp"
+
+namespace thetad::comm {
+
+enum class Average { contributors, world };
+
+struct EngineOptions {
+  bool prune = true;
+  Average average = Average::contributors;
+  bool declared = true;  // declared mode: a gradient for a group not declared active is an error
+  std::chrono::milliseconds timeout = kDefaultTimeout;
+};
+
+struct StepStats {
+  int64_t step = -1;
+  int64_t bytes_allreduced = 0;  // payload bytes of launched buckets (per rank)
+  int64_t bytes_pruned = 0;      // payload bytes of skipped buckets
+  int buckets_launched = 0;
+  int buckets_pruned = 0;
+  int buckets_zero_filled = 0;   // launched for groups active on other ranks only
+  int declared_without_grad = 0; // params of locally declared groups that got no gradient
+  double count_exchange_ms = 0;  // latency of the count exchange
+  double comm_wait_ms = 0;       // finish_backward's wait for outstanding buckets
+  std::vector<int32_t> contributors;  // per group, ranks that used it this window
+};
+
+class Engine {
+ public:
+  Engine(std::shared_ptr<Communicator> comm, BucketPlan plan, EngineOptions opts);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  const BucketPlan& plan() const { return plan_; }
+  Communicator& communicator() { return *comm_; }
+
+  // Where parameter p's gradient lives (float32, plan.params[p].numel elements, in the
+  // communicator's memory kind). Stable for the engine's lifetime.
+  float* grad(int param);
+  float* bucket_data(int bucket);
+
+  void start_window(int64_t step);
+  // Adds groups (flags of size num_groups) to this window's locally active set.
+  void declare_active(const std::vector<uint8_t>& local_groups);
+  // Starts the async count exchange for this window; the next backward's hooks launch buckets.
+  void begin_sync();
+  // Waits for the count exchange (normally long done); contributors per group.
+  const std::vector<int32_t>& contributors();
+  bool group_active_globally(int group);
+  // From the autograd hook after param's gradient has been accumulated. Thread-safe.
+  void mark_ready(int param);
+  // Launches every globally active bucket not yet launched (zero-filled where this rank had no
+  // gradient), waits for all of them, divides (contributors or world). After it the gradients
+  // of every globally active group are final on every rank; others are zero.
+  void finish_backward();
+  const StepStats& stats() const { return stats_; }
+
+ private:
+  struct Impl;
+  std::shared_ptr<Communicator> comm_;
+  BucketPlan plan_;
+  EngineOptions opts_;
+  StepStats stats_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace thetad::comm

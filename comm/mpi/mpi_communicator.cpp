@@ -1,0 +1,383 @@
+// MpiCommunicator and its progress thread (see mpi_communicator.hpp).
+//
+// Nonblocking collectives must be posted in the same order on every rank, so only the progress
+// thread posts them, in queue order. It also is the only thread that tests them: MPI progresses
+// nonblocking collectives only inside MPI calls, and a thread that polls keeps the reduction of
+// one bucket going while backward computes the next.
+#include "comm/mpi/mpi_communicator.hpp"
+
+#include <chrono>
+#include <climits>
+#include <cmath>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <thread>
+#include <vector>
+
+#include "comm/bootstrap.hpp"
+#include "comm/mpi/work.hpp"
+#include "common/errors.hpp"
+#include "common/log.hpp"
+
+namespace thetad::comm {
+namespace {
+
+float bf16_to_float(uint16_t v) {
+  uint32_t bits = static_cast<uint32_t>(v) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+uint16_t float_to_bf16(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  if ((bits & 0x7f800000u) == 0x7f800000u && (bits & 0x007fffffu))  // NaN stays a quiet NaN
+    return static_cast<uint16_t>((bits >> 16) | 0x0040u);
+  bits += 0x7fffu + ((bits >> 16) & 1u);  // round to nearest even
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+void bf16_sum_fn(void* in, void* inout, int* len, MPI_Datatype*) {
+  auto* a = static_cast<const uint16_t*>(in);
+  auto* b = static_cast<uint16_t*>(inout);
+  for (int i = 0; i < *len; ++i) b[i] = float_to_bf16(bf16_to_float(a[i]) + bf16_to_float(b[i]));
+}
+
+void bf16_max_fn(void* in, void* inout, int* len, MPI_Datatype*) {
+  auto* a = static_cast<const uint16_t*>(in);
+  auto* b = static_cast<uint16_t*>(inout);
+  for (int i = 0; i < *len; ++i)
+    if (bf16_to_float(a[i]) > bf16_to_float(b[i])) b[i] = a[i];
+}
+
+MPI_Datatype mpi_type(DType t) {
+  switch (t) {
+    case DType::f32: return MPI_FLOAT;
+    case DType::i32: return MPI_INT32_T;
+    case DType::bf16: return MPI_UINT16_T;
+  }
+  return MPI_DATATYPE_NULL;
+}
+
+int checked_count(size_t count, const CollectiveTag& tag) {
+  if (count > static_cast<size_t>(INT_MAX))
+    throw ConfigError(detail::concat(tag.describe(), ": ", count,
+                                     " elements exceed the MPI backend's limit of INT_MAX"));
+  return static_cast<int>(count);
+}
+
+CollectiveTag named(CollectiveTag tag, const char* op) {
+  if (tag.what.empty() || tag.what == "collective") tag.what = op;
+  return tag;
+}
+
+// Divides a reduced buffer in place; runs on the progress thread once the sum has arrived.
+void divide(void* buf, size_t count, DType dtype, double divisor) {
+  switch (dtype) {
+    case DType::f32: {
+      auto* p = static_cast<float*>(buf);
+      for (size_t i = 0; i < count; ++i) p[i] = static_cast<float>(p[i] / divisor);
+      break;
+    }
+    case DType::i32: {
+      auto* p = static_cast<int32_t*>(buf);
+      const auto d = static_cast<int32_t>(divisor);
+      for (size_t i = 0; i < count; ++i) p[i] /= d;
+      break;
+    }
+    case DType::bf16: {
+      auto* p = static_cast<uint16_t*>(buf);
+      for (size_t i = 0; i < count; ++i)
+        p[i] = float_to_bf16(static_cast<float>(bf16_to_float(p[i]) / divisor));
+      break;
+    }
+  }
+}
+
+}  // namespace
+
+// The queue of collectives not yet posted, the ones in flight, and the thread that drives both.
+class MpiProgress : public std::enable_shared_from_this<MpiProgress> {
+ public:
+  struct Op {
+    std::shared_ptr<MpiWork> work;
+    std::function<int(MPI_Request*)> post;  // returns an MPI error code
+    std::function<void()> finish;           // after completion (the divisor), may be empty
+  };
+
+  void start() { thread_ = std::thread([this] { run(); }); }
+
+  void submit(Op op) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (aborted_) {
+        op.work->fail(std::make_exception_ptr(CommError("communicator was aborted: " + why_)));
+        return;
+      }
+      queue_.push_back(std::move(op));
+    }
+    cv_.notify_one();
+  }
+
+  // Fails every queued and in-flight work with `error`; later submissions fail at once.
+  // Requests already posted stay with the thread, which keeps testing them until it stops.
+  void abort(const std::string& why, std::exception_ptr error) {
+    std::vector<std::shared_ptr<MpiWork>> victims;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (aborted_) return;
+      aborted_ = true;
+      why_ = why;
+      for (Op& op : queue_) victims.push_back(op.work);
+      queue_.clear();
+      for (auto& w : inflight_) victims.push_back(w);
+    }
+    THETAD_LOG(error, "comm") << "aborting MPI communicator: " << why;
+    for (auto& w : victims) w->fail(error);
+    cv_.notify_one();
+  }
+
+  bool aborted() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return aborted_;
+  }
+
+  // Returns whether every posted request finished (if not, they are leaked: the communicator
+  // they belong to must then not be freed).
+  bool stop() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_one();
+    if (thread_.joinable()) thread_.join();
+    return reqs_.empty();
+  }
+
+ private:
+  // How long a thread that made no progress sleeps before testing again; short, because the
+  // caller may be waiting for exactly this bucket, and a submit wakes it at once anyway.
+  static constexpr std::chrono::microseconds kIdlePoll{50};
+  // After stop, how long requests still in flight (after an abort) are given to drain.
+  static constexpr std::chrono::milliseconds kDrain{2000};
+
+  void run() {
+    auto drain_deadline = std::chrono::steady_clock::time_point::max();
+    for (;;) {
+      std::deque<Op> to_post;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        if (reqs_.empty() && queue_.empty() && !stop_)
+          cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+        if (stop_) {
+          if (reqs_.empty()) return;
+          if (drain_deadline == std::chrono::steady_clock::time_point::max())
+            drain_deadline = std::chrono::steady_clock::now() + kDrain;
+          if (std::chrono::steady_clock::now() > drain_deadline) {
+            THETAD_LOG(warn, "comm") << reqs_.size()
+                                     << " MPI request(s) still in flight at shutdown; leaking them";
+            return;
+          }
+        }
+        to_post.swap(queue_);
+      }
+      for (Op& op : to_post) post(op);
+      if (!test()) {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait_for(lock, kIdlePoll, [&] { return !queue_.empty() || stop_; });
+      }
+    }
+  }
+
+  void post(Op& op) {
+    MPI_Request req = MPI_REQUEST_NULL;
+    int rc = MPI_SUCCESS;
+    try {
+      rc = op.post(&req);
+      if (rc != MPI_SUCCESS) throw_mpi_error(rc, __FILE__, __LINE__, op.work->tag().describe().c_str());
+    } catch (...) {
+      op.work->fail(std::current_exception());
+      return;
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      inflight_.push_back(op.work);
+    }
+    reqs_.push_back(req);
+    ops_.push_back(std::move(op));
+  }
+
+  // Returns whether any request finished.
+  bool test() {
+    if (reqs_.empty()) return false;
+    int n = static_cast<int>(reqs_.size()), outcount = 0;
+    indices_.resize(n);
+    int rc = MPI_Testsome(n, reqs_.data(), &outcount, indices_.data(), MPI_STATUSES_IGNORE);
+    if (rc != MPI_SUCCESS) {
+      // Which request failed is not reported reliably; none of them can be trusted any more.
+      std::exception_ptr err;
+      try {
+        throw_mpi_error(rc, __FILE__, __LINE__, "MPI_Testsome");
+      } catch (...) {
+        err = std::current_exception();
+      }
+      for (Op& op : ops_) op.work->fail(err);
+      abort("an MPI request failed", err);
+      reqs_.clear();
+      ops_.clear();
+      std::lock_guard<std::mutex> lock(mu_);
+      inflight_.clear();
+      return true;
+    }
+    if (outcount == MPI_UNDEFINED || outcount == 0) return false;
+    const bool dropped = aborted();
+    for (int k = 0; k < outcount; ++k) {
+      Op& op = ops_[indices_[k]];
+      if (dropped) continue;  // its work already failed; the data is not trusted
+      try {
+        if (op.finish) op.finish();
+        op.work->complete();
+      } catch (...) {
+        op.work->fail(std::current_exception());
+      }
+    }
+    // Compact: keep the requests that are still active, in posting order.
+    std::vector<bool> done(n, false);
+    for (int k = 0; k < outcount; ++k) done[indices_[k]] = true;
+    size_t j = 0;
+    for (int i = 0; i < n; ++i) {
+      if (done[i]) continue;
+      reqs_[j] = reqs_[i];
+      if (j != static_cast<size_t>(i)) ops_[j] = std::move(ops_[i]);
+      ++j;
+    }
+    reqs_.resize(j);
+    ops_.resize(j);
+    std::lock_guard<std::mutex> lock(mu_);
+    inflight_.clear();
+    for (Op& op : ops_) inflight_.push_back(op.work);
+    return true;
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Op> queue_;                            // guarded by mu_
+  std::vector<std::shared_ptr<MpiWork>> inflight_;  // guarded by mu_ (for abort)
+  bool aborted_ = false;                            // guarded by mu_
+  bool stop_ = false;                               // guarded by mu_
+  std::string why_;
+  // Only the progress thread touches these.
+  std::vector<MPI_Request> reqs_;
+  std::vector<Op> ops_;
+  std::vector<int> indices_;
+  std::thread thread_;
+};
+
+namespace {
+// A work whose timed-out wait aborts the communicator with the TimeoutError itself, so every
+// other waiter sees the same error.
+std::shared_ptr<MpiWork> new_work(const std::shared_ptr<MpiProgress>& progress, CollectiveTag tag) {
+  return std::make_shared<MpiWork>(std::move(tag), [p = std::weak_ptr<MpiProgress>(progress)](const std::string& why) {
+    if (auto s = p.lock()) s->abort(why, std::make_exception_ptr(TimeoutError(why)));
+  });
+}
+}  // namespace
+
+MpiCommunicator::MpiCommunicator(MPI_Comm parent) {
+  MPI_CHECK(MPI_Comm_dup(parent, &comm_));
+  MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
+  MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
+  MPI_CHECK(MPI_Comm_size(comm_, &size_));
+  MPI_CHECK(MPI_Op_create(&bf16_sum_fn, 1, &bf16_sum_));
+  MPI_CHECK(MPI_Op_create(&bf16_max_fn, 1, &bf16_max_));
+  progress_ = std::make_shared<MpiProgress>();
+  progress_->start();
+  THETAD_LOG(debug, "comm") << "MPI communicator of " << size_ << " ranks ready";
+}
+
+MpiCommunicator::~MpiCommunicator() {
+  const bool clean = progress_->stop();
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized) return;
+  MPI_Op_free(&bf16_sum_);
+  MPI_Op_free(&bf16_max_);
+  // A communicator with requests still in flight (after an abort) cannot be freed safely.
+  if (clean) MPI_Comm_free(&comm_);
+}
+
+WorkPtr MpiCommunicator::allreduce(void* buf, size_t count, DType dtype, const AllreduceOptions& opts) {
+  CollectiveTag tag = named(opts.tag, "allreduce");
+  const int n = checked_count(count, tag);
+  if (!(opts.divisor > 0)) throw ConfigError(tag.describe() + ": divisor must be positive");
+  MPI_Op op = opts.op == ReduceOp::sum ? MPI_SUM : MPI_MAX;
+  if (dtype == DType::bf16) op = opts.op == ReduceOp::sum ? bf16_sum_ : bf16_max_;
+  const MPI_Datatype type = mpi_type(dtype);
+  auto work = new_work(progress_, tag);
+  MpiProgress::Op o;
+  o.work = work;
+  MPI_Comm comm = comm_;
+  o.post = [=](MPI_Request* req) { return MPI_Iallreduce(MPI_IN_PLACE, buf, n, type, op, comm, req); };
+  if (opts.divisor != 1.0) {
+    const double d = opts.divisor;
+    o.finish = [=] { divide(buf, count, dtype, d); };
+  }
+  progress_->submit(std::move(o));
+  return work;
+}
+
+WorkPtr MpiCommunicator::broadcast(void* buf, size_t count, DType dtype, int root, const CollectiveTag& t) {
+  CollectiveTag tag = named(t, "broadcast");
+  const int n = checked_count(count, tag);
+  if (root < 0 || root >= size_)
+    throw ConfigError(detail::concat(tag.describe(), ": root ", root, " is not a rank"));
+  auto work = new_work(progress_, tag);
+  const MPI_Datatype type = mpi_type(dtype);
+  MPI_Comm comm = comm_;
+  progress_->submit({work, [=](MPI_Request* req) { return MPI_Ibcast(buf, n, type, root, comm, req); }, {}});
+  return work;
+}
+
+WorkPtr MpiCommunicator::allgather(const void* send, void* recv, size_t count, DType dtype,
+                                   const CollectiveTag& t) {
+  CollectiveTag tag = named(t, "allgather");
+  const int n = checked_count(count, tag);
+  auto work = new_work(progress_, tag);
+  const MPI_Datatype type = mpi_type(dtype);
+  MPI_Comm comm = comm_;
+  progress_->submit({work, [=](MPI_Request* req) {
+                       return MPI_Iallgather(send, n, type, recv, n, type, comm, req);
+                     }, {}});
+  return work;
+}
+
+WorkPtr MpiCommunicator::barrier(const CollectiveTag& t) {
+  CollectiveTag tag = named(t, "barrier");
+  auto work = new_work(progress_, tag);
+  MPI_Comm comm = comm_;
+  progress_->submit({work, [=](MPI_Request* req) { return MPI_Ibarrier(comm, req); }, {}});
+  return work;
+}
+
+void MpiCommunicator::abort(const std::string& why) {
+  progress_->abort(why, std::make_exception_ptr(CommError("communicator was aborted: " + why)));
+}
+
+std::shared_ptr<void> MpiCommunicator::allocate(size_t bytes) {
+  // 64-byte alignment: a cache line, and what vectorized reductions like.
+  const size_t rounded = ((bytes + 63) / 64) * 64;
+  void* p = std::aligned_alloc(64, rounded ? rounded : 64);
+  if (!p) throw InternalError(detail::concat("out of host memory allocating ", bytes, " bytes"));
+  std::memset(p, 0, rounded ? rounded : 64);
+  return std::shared_ptr<void>(p, [](void* q) { std::free(q); });
+}
+
+void MpiCommunicator::zero(void* ptr, size_t bytes) {
+  if (bytes) std::memset(ptr, 0, bytes);
+}
+
+}  // namespace thetad::comm

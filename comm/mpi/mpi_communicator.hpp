@@ -1,0 +1,52 @@
+// The MPI backend of Communicator: host buffers, a private duplicate of a parent communicator,
+// and one progress thread that posts nonblocking collectives in submission order and polls them
+// with MPI_Testsome, so a bucket is reduced while the caller keeps computing.
+//
+// bf16 is supported through user-defined MPI ops (sum, max) that compute in float32 and round to
+// nearest even. i32 with a divisor divides with C++ integer division (truncation).
+#pragma once
+
+#include <mpi.h>
+
+#include <memory>
+#include <string>
+
+#include "comm/communicator.hpp"
+
+namespace thetad::comm {
+
+class MpiProgress;  // the progress thread and its queue (mpi_communicator.cpp)
+
+class MpiCommunicator : public Communicator {
+ public:
+  // Duplicates `parent` (collective over it).
+  explicit MpiCommunicator(MPI_Comm parent);
+  ~MpiCommunicator() override;
+  MpiCommunicator(const MpiCommunicator&) = delete;
+  MpiCommunicator& operator=(const MpiCommunicator&) = delete;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  MemoryKind memory_kind() const override { return MemoryKind::host; }
+  const char* backend_name() const override { return "mpi"; }
+
+  WorkPtr allreduce(void* buf, size_t count, DType dtype, const AllreduceOptions& opts) override;
+  WorkPtr broadcast(void* buf, size_t count, DType dtype, int root, const CollectiveTag& tag) override;
+  WorkPtr allgather(const void* send, void* recv, size_t count, DType dtype,
+                    const CollectiveTag& tag) override;
+  WorkPtr barrier(const CollectiveTag& tag) override;
+  void abort(const std::string& why) override;
+
+  std::shared_ptr<void> allocate(size_t bytes) override;
+  void zero(void* ptr, size_t bytes) override;
+
+ private:
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  MPI_Op bf16_sum_ = MPI_OP_NULL;
+  MPI_Op bf16_max_ = MPI_OP_NULL;
+  int rank_ = 0;
+  int size_ = 1;
+  std::shared_ptr<MpiProgress> progress_;
+};
+
+}  // namespace thetad::comm

@@ -1,0 +1,218 @@
+// NcclCommunicator (see nccl_communicator.hpp).
+#include "comm/nccl/nccl_communicator.hpp"
+
+#include <cmath>
+#include <cstring>
+
+#include "comm/mpi/work.hpp"  // format_seconds
+#include "common/log.hpp"
+
+namespace thetad::comm {
+namespace {
+
+ncclDataType_t nccl_type(DType t) {
+  switch (t) {
+    case DType::f32: return ncclFloat32;
+    case DType::i32: return ncclInt32;
+    case DType::bf16: return ncclBfloat16;
+  }
+  return ncclFloat32;
+}
+
+CollectiveTag named(CollectiveTag tag, const char* op) {
+  if (tag.what.empty() || tag.what == "collective") tag.what = op;
+  return tag;
+}
+
+uint16_t float_to_bf16(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  bits += 0x7fffu + ((bits >> 16) & 1u);
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+// How often the watchdog looks at outstanding collectives.
+constexpr std::chrono::milliseconds kWatchdogPeriod{100};
+
+}  // namespace
+
+NcclCommunicator::NcclCommunicator(int rank, int size, const void* id, int device)
+    : rank_(rank), size_(size), core_(std::make_shared<NcclCore>()) {
+  core_->device = device;
+  CUDA_CHECK(cudaSetDevice(device));
+  int least = 0, greatest = 0;
+  CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+  // Numerically lowest is the highest priority: gradient reductions should not queue behind
+  // backward's kernels.
+  core_->comm_stream = CudaStream(greatest);
+  core_->copy_stream = CudaStream(greatest);
+  ncclUniqueId uid;
+  std::memcpy(&uid, id, sizeof uid);
+  core_->comm = NcclComm(size, uid, rank);
+  barrier_buf_ = allocate(sizeof(float));
+  wd_thread_ = std::thread([this] { watchdog(); });
+  // NCCL connects peers lazily, inside the first collective's enqueue, where the watchdog cannot
+  // reach a stalled peer; a collective here, while every rank is known to be present, does it.
+  barrier({"warm-up barrier", -1, -1})->wait(default_timeout());
+  THETAD_LOG(info, "comm") << "NCCL communicator: rank " << rank << " of " << size << " on GPU " << device;
+}
+
+NcclCommunicator::~NcclCommunicator() {
+  {
+    std::lock_guard<std::mutex> lock(wd_mu_);
+    wd_stop_ = true;
+  }
+  wd_cv_.notify_all();
+  if (wd_thread_.joinable()) wd_thread_.join();
+  std::lock_guard<std::mutex> lock(core_->mu);
+  if (!core_->aborted) cudaStreamSynchronize(core_->comm_stream.get());
+  barrier_buf_.reset();
+  core_->outstanding.clear();
+  // The NcclComm itself goes with the last owner of the core (works may outlive us).
+}
+
+template <typename F>
+WorkPtr NcclCommunicator::launch(CollectiveTag tag, bool after_compute, F&& enqueue) {
+  std::lock_guard<std::mutex> lock(core_->mu);
+  if (core_->aborted) throw CommError("NCCL communicator was aborted: " + core_->abort_reason);
+  CUDA_CHECK(cudaSetDevice(core_->device));
+  cudaStream_t stream = core_->comm_stream.get();
+  if (after_compute) {
+    CudaEvent ready;
+    CUDA_CHECK(cudaEventRecord(ready.get(), core_->compute_stream));
+    CUDA_CHECK(cudaStreamWaitEvent(stream, ready.get(), 0));
+  }  // destroying a recorded event is fine: the wait already captured it
+  auto work = std::make_shared<NcclWork>(core_, std::move(tag));
+  enqueue(core_->comm.get(), stream);
+  CUDA_CHECK(cudaEventRecord(work->event(), stream));
+  core_->outstanding.push_back(work);
+  return work;
+}
+
+WorkPtr NcclCommunicator::allreduce(void* buf, size_t count, DType dtype, const AllreduceOptions& opts) {
+  CollectiveTag tag = named(opts.tag, "allreduce");
+  if (!(opts.divisor > 0)) throw ConfigError(tag.describe() + ": divisor must be positive");
+  const bool scaled = opts.divisor != 1.0;
+  if (scaled && (dtype == DType::i32 || opts.op == ReduceOp::max))
+    throw ConfigError(detail::concat(tag.describe(), ": the NCCL backend divides only float sums (",
+                                     dtype_name(dtype), ", divisor ", opts.divisor, ")"));
+  const ncclDataType_t type = nccl_type(dtype);
+  return launch(std::move(tag), opts.after_compute, [&](ncclComm_t comm, cudaStream_t stream) {
+    if (!scaled) {
+      NCCL_CHECK(ncclAllReduce(buf, buf, count, type, opts.op == ReduceOp::sum ? ncclSum : ncclMax,
+                               comm, stream));
+      return;
+    }
+    // PreMulSum: each rank's input is scaled by 1/divisor inside the reduction kernel, so the
+    // division costs no extra pass over the bucket.
+    ncclRedOp_t op;
+    float f = static_cast<float>(1.0 / opts.divisor);
+    uint16_t h = float_to_bf16(f);
+    void* scalar = dtype == DType::bf16 ? static_cast<void*>(&h) : static_cast<void*>(&f);
+    NCCL_CHECK(ncclRedOpCreatePreMulSum(&op, scalar, type, ncclScalarHostImmediate, comm));
+    const ncclResult_t rc = ncclAllReduce(buf, buf, count, type, op, comm, stream);
+    ncclRedOpDestroy(op, comm);  // allowed once the last call using it is enqueued
+    NCCL_CHECK(rc);
+  });
+}
+
+WorkPtr NcclCommunicator::broadcast(void* buf, size_t count, DType dtype, int root, const CollectiveTag& t) {
+  return launch(named(t, "broadcast"), true, [&](ncclComm_t comm, cudaStream_t stream) {
+    NCCL_CHECK(ncclBroadcast(buf, buf, count, nccl_type(dtype), root, comm, stream));
+  });
+}
+
+WorkPtr NcclCommunicator::allgather(const void* send, void* recv, size_t count, DType dtype,
+                                    const CollectiveTag& t) {
+  return launch(named(t, "allgather"), true, [&](ncclComm_t comm, cudaStream_t stream) {
+    NCCL_CHECK(ncclAllGather(send, recv, count, nccl_type(dtype), comm, stream));
+  });
+}
+
+WorkPtr NcclCommunicator::barrier(const CollectiveTag& t) {
+  // NCCL has no barrier; a one-element allreduce is one.
+  void* buf = barrier_buf_.get();
+  return launch(named(t, "barrier"), true, [&](ncclComm_t comm, cudaStream_t stream) {
+    NCCL_CHECK(ncclAllReduce(buf, buf, 1, ncclFloat32, ncclSum, comm, stream));
+  });
+}
+
+void NcclCommunicator::abort(const std::string& why) {
+  core_->abort(why, std::make_exception_ptr(CommError("NCCL communicator was aborted: " + why)));
+}
+
+void NcclCommunicator::set_compute_stream(void* stream) {
+  std::lock_guard<std::mutex> lock(core_->mu);
+  core_->compute_stream = static_cast<cudaStream_t>(stream);
+}
+
+std::shared_ptr<void> NcclCommunicator::allocate(size_t bytes) {
+  CUDA_CHECK(cudaSetDevice(core_->device));
+  void* p = nullptr;
+  CUDA_CHECK(cudaMalloc(&p, bytes ? bytes : 1));
+  CUDA_CHECK(cudaMemset(p, 0, bytes ? bytes : 1));
+  const int device = core_->device;
+  return std::shared_ptr<void>(p, [device](void* q) {
+    cudaSetDevice(device);
+    cudaFree(q);
+  });
+}
+
+void NcclCommunicator::zero(void* ptr, size_t bytes) {
+  CUDA_CHECK(cudaSetDevice(core_->device));
+  if (bytes) CUDA_CHECK(cudaMemsetAsync(ptr, 0, bytes, core_->compute_stream));
+}
+
+void NcclCommunicator::copy_from_host(void* dst, const void* src, size_t bytes) {
+  std::lock_guard<std::mutex> lock(core_->mu);
+  CUDA_CHECK(cudaSetDevice(core_->device));
+  // On the comm stream, so that it precedes the collective issued next; from pageable memory
+  // the call returns once `src` has been staged.
+  if (bytes) CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, core_->comm_stream.get()));
+}
+
+void NcclCommunicator::copy_to_host(void* dst, const void* src, size_t bytes) {
+  CUDA_CHECK(cudaSetDevice(core_->device));
+  // A stream of its own: it must not wait for the buckets queued on the comm stream since.
+  cudaStream_t s = core_->copy_stream.get();
+  if (!bytes) return;
+  CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s));
+  CUDA_CHECK(cudaStreamSynchronize(s));
+}
+
+void NcclCommunicator::watchdog() {
+  cudaSetDevice(core_->device);
+  std::unique_lock<std::mutex> wl(wd_mu_);
+  while (!wd_cv_.wait_for(wl, kWatchdogPeriod, [&] { return wd_stop_; })) {
+    std::lock_guard<std::mutex> lock(core_->mu);
+    if (core_->aborted) continue;
+    auto& out = core_->outstanding;
+    for (size_t i = 0; i < out.size();) {
+      if (out[i]->poll()) {
+        out[i] = out.back();
+        out.pop_back();
+      } else {
+        ++i;
+      }
+    }
+    ncclResult_t async = ncclSuccess;
+    if (core_->comm) ncclCommGetAsyncError(core_->comm.get(), &async);
+    if (async != ncclSuccess && async != ncclInProgress) {
+      const std::string msg = detail::concat("NCCL reported an asynchronous error: ",
+                                             ncclGetErrorString(async), " (", ncclGetLastError(core_->comm.get()), ")");
+      core_->abort_locked(msg, std::make_exception_ptr(CommError(msg)));
+      continue;
+    }
+    const auto timeout = default_timeout();
+    const auto now = NcclWork::Clock::now();
+    for (auto& w : out) {
+      if (now - w->launched() > timeout) {
+        const std::string msg = w->tag().describe() + " did not finish within " + format_seconds(timeout);
+        core_->abort_locked(msg, std::make_exception_ptr(TimeoutError(msg)));
+        break;
+      }
+    }
+  }
+}
+
+}  // namespace thetad::comm

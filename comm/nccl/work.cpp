@@ -1,0 +1,81 @@
+// NcclWork and NcclCore::abort (see work.hpp).
+#include "comm/nccl/work.hpp"
+
+#include <thread>
+
+#include "comm/mpi/work.hpp"  // format_seconds
+#include "common/log.hpp"
+
+namespace thetad::comm {
+
+void NcclCore::abort(const std::string& why, std::exception_ptr error) {
+  std::lock_guard<std::mutex> lock(mu);
+  abort_locked(why, std::move(error));
+}
+
+void NcclCore::abort_locked(const std::string& why, std::exception_ptr error) {
+  if (aborted) return;
+  aborted = true;
+  abort_reason = why;
+  THETAD_LOG(error, "comm") << "aborting NCCL communicator: " << why;
+  // Fail the works first: once the communicator is aborted their kernels exit and their events
+  // complete, and a waiter polling then must not mistake that for success.
+  for (auto& w : outstanding) w->fail(error);
+  outstanding.clear();
+  comm.abort();
+}
+
+NcclWork::NcclWork(std::shared_ptr<NcclCore> core, CollectiveTag tag)
+    : core_(std::move(core)), tag_(std::move(tag)) {}
+
+void NcclWork::fail(std::exception_ptr error) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (state_.load() != 0) return;
+  error_ = std::move(error);
+  state_.store(2);
+}
+
+bool NcclWork::poll() {
+  if (state_.load() != 0) return true;
+  const cudaError_t rc = cudaEventQuery(done_.get());
+  if (rc == cudaSuccess) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (state_.load() == 0) state_.store(1);
+    return true;
+  }
+  if (rc == cudaErrorNotReady) return false;
+  fail(std::make_exception_ptr(InternalError(detail::concat(
+      "CUDA error while waiting for ", tag_.describe(), ": ", cudaGetErrorString(rc)))));
+  return true;
+}
+
+bool NcclWork::is_completed() { return poll(); }
+
+void NcclWork::wait(std::chrono::milliseconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  auto nap = std::chrono::microseconds(5);
+  while (!poll()) {
+    if (Clock::now() >= deadline) {
+      const std::string msg = tag_.describe() + " did not finish within " + format_seconds(timeout);
+      core_->abort(msg, std::make_exception_ptr(TimeoutError(msg)));
+      throw TimeoutError(msg);
+    }
+    std::this_thread::sleep_for(nap);
+    nap = std::min(nap * 2, std::chrono::microseconds(1000));
+  }
+  if (state_.load() == 2) {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::rethrow_exception(error_);
+  }
+}
+
+void NcclWork::block_stream(void* stream, std::chrono::milliseconds timeout) {
+  (void)timeout;  // the watchdog enforces it: a stream cannot wait with a deadline
+  if (state_.load() == 2) {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::rethrow_exception(error_);
+  }
+  CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), done_.get(), 0));
+}
+
+}  // namespace thetad::comm

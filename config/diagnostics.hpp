@@ -1,0 +1,69 @@
+// Internal to config/: where each key of a job came from (file line/column or a `--set`), and
+// the collected error messages in the one format `WHERE: KEY.PATH: what is wrong`.
+#pragma once
+
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace thetad::config::detail {
+
+// A position in the job file (1-based) or "set on the command line".
+struct Origin {
+  int line = 0;  // 0 = unknown
+  int col = 0;
+  bool from_override = false;
+
+  static Origin file(int line0, int col0) { return {line0 + 1, col0 + 1, false}; }
+  static Origin cli() { return {0, 0, true}; }
+  bool known() const { return from_override || line > 0; }
+};
+
+class Diagnostics {
+ public:
+  explicit Diagnostics(std::string source) : source_(std::move(source)) {}
+
+  const std::string& source() const { return source_; }
+
+  // Records that `path` ("model.tasks", "data.weights[2]") was given at `where`.
+  void note(const std::string& path, Origin where) { origins_[path] = where; }
+  // A `--set` replaced `path`: forget what the file said about it and its children.
+  void forget_under(const std::string& path);
+  bool given(const std::string& path) const { return origins_.count(path) != 0; }
+  // Where `path` was given; else where its nearest given parent was; else the document start.
+  Origin where(const std::string& path) const;
+
+  // A key that failed to parse: later checks on it (and its children) stay quiet.
+  void mark_bad(const std::string& path) { bad_.insert(path); }
+  bool bad(const std::string& path) const;
+
+  void error_at(Origin where, const std::string& path, const std::string& what);
+  // At `path`'s own origin, or `anchor`'s when `path` was not given (a missing key).
+  void error(const std::string& path, const std::string& what, const std::string& anchor = "");
+
+  bool empty() const { return entries_.empty(); }
+  // File errors in file order, then command-line ones.
+  std::vector<std::string> messages() const;
+
+ private:
+  struct Entry {
+    Origin where;
+    std::string text;
+  };
+  std::string source_;
+  std::map<std::string, Origin> origins_;
+  std::set<std::string> bad_;
+  std::vector<Entry> entries_;
+};
+
+// Parent of a key path: "a.b[2]" -> "a.b", "a.b" -> "a", "a" -> "".
+std::string parent_path(const std::string& path);
+
+// Levenshtein edit distance.
+size_t edit_distance(const std::string& a, const std::string& b);
+
+// The candidate nearest to `word`, or "" when none is close enough to be a plausible typo.
+std::string nearest(const std::string& word, const std::vector<std::string>& candidates);
+
+}  // namespace thetad::config::detail

@@ -1,0 +1,95 @@
+// The public face of config/: load_job (file or text, then `--set` overrides, then validation),
+// to_yaml, fingerprint and expand_path. The work is in reader.cpp, validate.cpp and schema.cpp.
+#include "config/loader.hpp"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "config/diagnostics.hpp"
+#include "config/reader.hpp"
+#include "config/schema.hpp"
+#include "config/validate.hpp"
+
+namespace thetad::config {
+
+namespace {
+
+std::string join_lines(const std::vector<std::string>& lines) {
+  std::string out;
+  for (size_t i = 0; i < lines.size(); ++i) out += (i ? "\n" : "") + lines[i];
+  return out;
+}
+
+void replace_all(std::string& s, const std::string& from, const std::string& to) {
+  for (size_t at = s.find(from); at != std::string::npos; at = s.find(from, at + to.size()))
+    s.replace(at, from.size(), to);
+}
+
+}  // namespace
+
+JobError::JobError(std::vector<std::string> messages)
+    : ConfigError(join_lines(messages)), messages_(std::move(messages)) {}
+
+Job load_job_from_string(const std::string& yaml, const std::string& source,
+                         const LoadOptions& opts) {
+  detail::Diagnostics diag(source);
+  Job job;
+  job.source = source;
+  const bool document_ok = detail::read_document(yaml, job, diag);
+  for (const auto& assignment : opts.overrides) detail::apply_override(assignment, job, diag);
+  if (document_ok) detail::validate(job, opts, diag);
+  if (!diag.empty()) throw JobError(diag.messages());
+  return job;
+}
+
+Job load_job(const std::string& path, const LoadOptions& opts) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    throw JobError({path + ": cannot read job file: it is a directory"});
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    const int err = errno;
+    throw JobError({path + ": cannot read job file: " + std::strerror(err)});
+  }
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) throw JobError({path + ": cannot read job file: read error"});
+  return load_job_from_string(text.str(), path, opts);
+}
+
+std::string to_yaml(const Job& job) {
+  std::string out = "# thetad job: the effective configuration (defaults included)\n";
+  std::string section;
+  for (const auto& f : detail::fields()) {
+    if (section != f.section) {
+      section = f.section;
+      out += section + ":\n";
+    }
+    out += (section.empty() ? "" : "  ") + std::string(f.key) + ": " +
+           detail::format_value(f, job) + "\n";
+  }
+  return out;
+}
+
+std::string fingerprint(const Job& job) {
+  std::vector<std::string> lines;
+  for (const auto& f : detail::fields())
+    if (f.fingerprinted) lines.push_back(f.path() + "=" + detail::format_value(f, job));
+  std::sort(lines.begin(), lines.end());
+  std::string out;
+  for (const auto& line : lines) out += line + "\n";
+  return out;
+}
+
+std::string expand_path(const std::string& path, const Job& job, int rank) {
+  std::string out = path;
+  replace_all(out, "{rank}", std::to_string(rank));
+  replace_all(out, "{job}", job.name);
+  return out;
+}
+
+}  // namespace thetad::config

@@ -1,0 +1,45 @@
+// Loading a job: YAML file + `--set key.path=value` overrides -> validated Job.
+// All problems are collected and reported together; each names file, line, column and key.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "common/errors.hpp"
+#include "config/job.hpp"
+
+namespace thetad::config {
+
+// Thrown by load_job when the job is invalid; what() is all messages, one per line.
+class JobError : public ConfigError {
+ public:
+  explicit JobError(std::vector<std::string> messages);
+  const std::vector<std::string>& messages() const { return messages_; }
+
+ private:
+  std::vector<std::string> messages_;
+};
+
+struct LoadOptions {
+  std::vector<std::string> overrides;  // "key.path=value", applied after the file is read
+  bool cuda_build = false;             // whether this binary was built with NCCL/CUDA
+};
+
+// Reads, overrides, validates. Throws JobError (exit 2) listing every problem.
+Job load_job(const std::string& path, const LoadOptions& opts = {});
+
+// Same, from YAML text (`source` names it in messages).
+Job load_job_from_string(const std::string& yaml, const std::string& source,
+                         const LoadOptions& opts = {});
+
+// The effective configuration as YAML (every key, defaults included), for `thetad validate`.
+std::string to_yaml(const Job& job);
+
+// A canonical text of the job's settings that must agree across ranks (used for the startup
+// hash check); excludes per-rank things such as log file paths.
+std::string fingerprint(const Job& job);
+
+// Expands "{rank}" and "{job}" in a path.
+std::string expand_path(const std::string& path, const Job& job, int rank);
+
+}  // namespace thetad::config

@@ -1,0 +1,252 @@
+// The job schema as data: one row per YAML key. Adding a key to job.hpp means adding one row
+// here, one line in docs/configuration.md and, if it has a range, one check in validate.cpp.
+#include "config/schema.hpp"
+
+#include <cctype>
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <map>
+
+namespace thetad::config::detail {
+
+namespace {
+
+#define THETAD_FIELD(section, key, type, expr, fp) \
+  Field { section, key, ValueType::type, [](Job& j) -> void* { return &(j.expr); }, fp }
+
+const std::vector<Field> kFields = {
+    THETAD_FIELD("", "job", String, name, true),
+    THETAD_FIELD("", "seed", UInt, seed, true),
+    THETAD_FIELD("", "steps", Int, steps, true),
+    THETAD_FIELD("", "accumulate_steps", Int, accumulate_steps, true),
+    THETAD_FIELD("", "precision", String, precision, true),
+
+    THETAD_FIELD("model", "kind", String, model.kind, true),
+    THETAD_FIELD("model", "input_dim", Int, model.input_dim, true),
+    THETAD_FIELD("model", "hidden", Int, model.hidden, true),
+    THETAD_FIELD("model", "output_dim", Int, model.output_dim, true),
+    THETAD_FIELD("model", "trunk_layers", Int, model.trunk_layers, true),
+    THETAD_FIELD("model", "head_layers", Int, model.head_layers, true),
+    THETAD_FIELD("model", "tasks", Int, model.tasks, true),
+    THETAD_FIELD("model", "adapter_rank", Int, model.adapter_rank, true),
+    THETAD_FIELD("model", "classes", Int, model.classes, true),
+    THETAD_FIELD("model", "negatives_per_step", Int, model.negatives_per_step, true),
+    THETAD_FIELD("model", "path", String, model.path, true),
+    THETAD_FIELD("model", "shared", StringList, model.shared, true),
+    THETAD_FIELD("model", "task", String, model.task, true),
+    THETAD_FIELD("model", "init_seed", Int, model.init_seed, true),
+
+    THETAD_FIELD("data", "kind", String, data.kind, true),
+    THETAD_FIELD("data", "dir", String, data.dir, true),
+    THETAD_FIELD("data", "batch_per_rank", Int, data.batch_per_rank, true),
+    THETAD_FIELD("data", "schedule", String, data.schedule, true),
+    THETAD_FIELD("data", "tasks_per_rank", Int, data.tasks_per_rank, true),
+    THETAD_FIELD("data", "weights", DoubleList, data.weights, true),
+    THETAD_FIELD("data", "per_rank", IntListList, data.per_rank, true),
+    THETAD_FIELD("data", "alternate", StringList, data.alternate, true),
+    THETAD_FIELD("data", "noise", Double, data.noise, true),
+
+    THETAD_FIELD("comm", "backend", String, comm.backend, true),
+    THETAD_FIELD("comm", "bucket_cap_mb", Double, comm.bucket_cap_mb, true),
+    THETAD_FIELD("comm", "first_bucket_mb", Double, comm.first_bucket_mb, true),
+    THETAD_FIELD("comm", "prune", Bool, comm.prune, true),
+    THETAD_FIELD("comm", "average", String, comm.average, true),
+    THETAD_FIELD("comm", "active", String, comm.active, true),
+    THETAD_FIELD("comm", "timeout_s", Double, comm.timeout_s, true),
+
+    THETAD_FIELD("offload", "enabled", Bool, offload.enabled, true),
+    THETAD_FIELD("offload", "device_slots", Int, offload.device_slots, true),
+    THETAD_FIELD("offload", "device_budget_mb", Double, offload.device_budget_mb, true),
+    THETAD_FIELD("offload", "prefetch", Int, offload.prefetch, true),
+    THETAD_FIELD("offload", "shard_mb", Double, offload.shard_mb, true),
+    THETAD_FIELD("offload", "host_limit_mb", Double, offload.host_limit_mb, true),
+
+    THETAD_FIELD("optimizer", "kind", String, optimizer.kind, true),
+    THETAD_FIELD("optimizer", "lr", Double, optimizer.lr, true),
+    THETAD_FIELD("optimizer", "betas", Betas, optimizer, true),
+    THETAD_FIELD("optimizer", "eps", Double, optimizer.eps, true),
+    THETAD_FIELD("optimizer", "weight_decay", Double, optimizer.weight_decay, true),
+    THETAD_FIELD("optimizer", "clip_norm", Double, optimizer.clip_norm, true),
+    THETAD_FIELD("optimizer", "warmup_steps", Int, optimizer.warmup_steps, true),
+    THETAD_FIELD("optimizer", "lr_schedule", String, optimizer.lr_schedule, true),
+    THETAD_FIELD("optimizer", "min_lr", Double, optimizer.min_lr, true),
+
+    THETAD_FIELD("checkpoint", "dir", String, checkpoint.dir, true),
+    THETAD_FIELD("checkpoint", "every_steps", Int, checkpoint.every_steps, true),
+    THETAD_FIELD("checkpoint", "keep", Int, checkpoint.keep, true),
+
+    // Per-rank output settings: ranks may differ, so they stay out of the fingerprint.
+    THETAD_FIELD("metrics", "path", String, metrics.path, false),
+    THETAD_FIELD("metrics", "all_ranks", Bool, metrics.all_ranks, true),
+
+    THETAD_FIELD("log", "level", String, log.level, false),
+    THETAD_FIELD("log", "file", String, log.file, false),
+    THETAD_FIELD("log", "progress_every_s", Double, log.progress_every_s, false),
+
+    THETAD_FIELD("timeline", "path", String, timeline.path, false),
+};
+
+#undef THETAD_FIELD
+
+const std::vector<std::string> kSections = {"model",     "data",       "comm",    "offload",
+                                            "optimizer", "checkpoint", "metrics", "log",
+                                            "timeline"};
+
+const std::map<std::string, std::vector<std::string>> kEnums = {
+    {"precision", {"fp32"}},
+    {"model.kind", {"multitask_mlp", "multitask_adapter", "extreme_classifier", "torchscript"}},
+    {"data.kind", {"synthetic", "npy"}},
+    {"data.schedule", {"round_robin", "weighted", "per_rank", "all", "alternate"}},
+    {"comm.backend", {"auto", "mpi", "nccl"}},
+    {"comm.average", {"contributors", "world"}},
+    {"comm.active", {"declared", "discover"}},
+    {"optimizer.kind", {"adamw", "adam", "sgd"}},
+    {"optimizer.lr_schedule", {"constant", "cosine"}},
+    {"log.level", {"trace", "debug", "info", "warn", "error", "critical", "off"}},
+};
+
+bool plain_safe(const std::string& s) {
+  if (s.empty() || !(std::isalpha(static_cast<unsigned char>(s[0])) || s[0] == '_')) return false;
+  for (char c : s) {
+    const bool ok = std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' ||
+                    c == '.' || c == '/';
+    if (!ok) return false;
+  }
+  // Words other YAML readers take for booleans or null.
+  std::string lower;
+  for (char c : s) lower += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  for (const char* w : {"true", "false", "yes", "no", "on", "off", "y", "n", "null"})
+    if (lower == w) return false;
+  return true;
+}
+
+template <typename T>
+const T& get(const Field& f, const Job& job) {
+  // Reading only: the accessor table is shared with the parser, which writes.
+  return *static_cast<const T*>(f.member(const_cast<Job&>(job)));
+}
+
+}  // namespace
+
+std::string Field::path() const {
+  return section[0] == '\0' ? std::string(key) : std::string(section) + "." + key;
+}
+
+const std::vector<Field>& fields() { return kFields; }
+const std::vector<std::string>& section_names() { return kSections; }
+
+bool is_section(const std::string& name) {
+  for (const auto& s : kSections)
+    if (s == name) return true;
+  return false;
+}
+
+std::vector<std::string> keys_of(const std::string& section) {
+  std::vector<std::string> keys;
+  for (const auto& f : kFields)
+    if (section == f.section) keys.emplace_back(f.key);
+  if (section.empty()) keys.insert(keys.end(), kSections.begin(), kSections.end());
+  return keys;
+}
+
+std::vector<std::string> all_paths() {
+  std::vector<std::string> paths;
+  for (const auto& f : kFields) paths.push_back(f.path());
+  return paths;
+}
+
+const Field* find_field(const std::string& section, const std::string& key) {
+  for (const auto& f : kFields)
+    if (section == f.section && key == f.key) return &f;
+  return nullptr;
+}
+
+const std::vector<std::string>* allowed_values(const std::string& path) {
+  const auto it = kEnums.find(path);
+  return it == kEnums.end() ? nullptr : &it->second;
+}
+
+std::string join(const std::vector<std::string>& items, const char* sep) {
+  std::string out;
+  for (size_t i = 0; i < items.size(); ++i) out += (i ? sep : "") + items[i];
+  return out;
+}
+
+std::string format_double(double v) {
+  if (!std::isfinite(v)) return v != v ? ".nan" : (v > 0 ? ".inf" : "-.inf");
+  char buf[40];
+  if (v == std::trunc(v) && std::fabs(v) < 1e15) {  // 300, not 3e+02
+    std::snprintf(buf, sizeof buf, "%.0f", v);
+    return buf;
+  }
+  for (int precision = 1; precision <= 17; ++precision) {
+    std::snprintf(buf, sizeof buf, "%.*g", precision, v);
+    double back = 0;
+    const auto res = std::from_chars(buf, buf + std::char_traits<char>::length(buf), back);
+    if (res.ec == std::errc() && back == v) break;
+  }
+  std::string out = buf;
+  // "1e-08" is a string to YAML 1.1 readers (PyYAML); "1.0e-08" is a float to all of them.
+  const auto e = out.find('e');
+  if (e != std::string::npos && out.find('.') == std::string::npos) out.insert(e, ".0");
+  return out;
+}
+
+std::string format_string(const std::string& s) {
+  if (plain_safe(s)) return s;
+  std::string out = "\"";
+  for (char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          char esc[8];
+          std::snprintf(esc, sizeof esc, "\\x%02x", static_cast<unsigned>(c));
+          out += esc;
+        } else {
+          out += c;
+        }
+    }
+  }
+  return out + "\"";
+}
+
+std::string format_value(const Field& f, const Job& job) {
+  switch (f.type) {
+    case ValueType::Int: return std::to_string(get<int64_t>(f, job));
+    case ValueType::UInt: return std::to_string(get<uint64_t>(f, job));
+    case ValueType::Double: return format_double(get<double>(f, job));
+    case ValueType::Bool: return get<bool>(f, job) ? "true" : "false";
+    case ValueType::String: return format_string(get<std::string>(f, job));
+    case ValueType::StringList: {
+      std::vector<std::string> items;
+      for (const auto& s : get<std::vector<std::string>>(f, job)) items.push_back(format_string(s));
+      return "[" + join(items) + "]";
+    }
+    case ValueType::DoubleList: {
+      std::vector<std::string> items;
+      for (double d : get<std::vector<double>>(f, job)) items.push_back(format_double(d));
+      return "[" + join(items) + "]";
+    }
+    case ValueType::IntListList: {
+      std::vector<std::string> rows;
+      for (const auto& row : get<std::vector<std::vector<int64_t>>>(f, job)) {
+        std::vector<std::string> items;
+        for (int64_t t : row) items.push_back(std::to_string(t));
+        rows.push_back("[" + join(items) + "]");
+      }
+      return "[" + join(rows) + "]";
+    }
+    case ValueType::Betas: {
+      const auto& o = get<OptimizerConfig>(f, job);
+      return "[" + format_double(o.beta1) + ", " + format_double(o.beta2) + "]";
+    }
+  }
+  return "";
+}
+
+}  // namespace thetad::config::detail

@@ -1,0 +1,13 @@
+// Internal to config/: the semantic checks of a parsed Job (ranges, enum values, settings that
+// contradict each other or this build), reported through Diagnostics.
+#pragma once
+
+#include "config/diagnostics.hpp"
+#include "config/job.hpp"
+#include "config/loader.hpp"
+
+namespace thetad::config::detail {
+
+void validate(const Job& job, const LoadOptions& opts, Diagnostics& diag);
+
+}  // namespace thetad::config::detail

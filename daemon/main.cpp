@@ -1,0 +1,132 @@
+// The `thetad` program: `run`, `validate`, `version`. Parses the command line, loads the job,
+// starts MPI for `run`, and maps every failure to an exit code in one place (exit_code_for).
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "comm/bootstrap.hpp"
+#include "common/errors.hpp"
+#include "common/log.hpp"
+#include "config/loader.hpp"
+#include "daemon/version.hpp"
+#include "daemon/worker.hpp"
+
+namespace {
+
+const char* kUsage =
+    "usage: thetad run JOB.yaml [--set key.path=value ...] [--no-resume] [--log-level LEVEL]\n"
+    "       thetad validate JOB.yaml [--set key.path=value ...]\n"
+    "       thetad version\n"
+    "exit codes: 0 done, 2 bad job or input, 3 communication failure or lost peer,\n"
+    "            4 interrupted and checkpointed, 1 anything else\n";
+
+struct Args {
+  std::string command;
+  std::string job_path;
+  std::vector<std::string> overrides;
+  bool resume = true;
+  std::string log_level;
+};
+
+Args parse_args(int argc, char** argv) {
+  Args a;
+  if (argc < 2) throw thetad::ConfigError("missing command");
+  a.command = argv[1];
+  for (int i = 2; i < argc; ++i) {
+    std::string arg = argv[i];
+    auto value = [&](const std::string& flag) -> std::string {
+      if (i + 1 >= argc) throw thetad::ConfigError(flag + " needs a value");
+      return argv[++i];
+    };
+    if (arg == "--set") {
+      a.overrides.push_back(value(arg));
+    } else if (arg.rfind("--set=", 0) == 0) {
+      a.overrides.push_back(arg.substr(6));
+    } else if (arg == "--no-resume") {
+      a.resume = false;
+    } else if (arg == "--log-level") {
+      a.log_level = value(arg);
+      if (!thetad::log::valid_level(a.log_level))
+        throw thetad::ConfigError("--log-level: unknown level '" + a.log_level + "'");
+    } else if (!arg.empty() && arg[0] == '-') {
+      throw thetad::ConfigError("unknown option '" + arg + "'");
+    } else if (a.job_path.empty()) {
+      a.job_path = arg;
+    } else {
+      throw thetad::ConfigError("unexpected argument '" + arg + "'");
+    }
+  }
+  if ((a.command == "run" || a.command == "validate") && a.job_path.empty())
+    throw thetad::ConfigError(a.command + ": missing JOB.yaml");
+  return a;
+}
+
+thetad::config::Job load(const Args& a) {
+  thetad::config::LoadOptions lo;
+  lo.overrides = a.overrides;
+  lo.cuda_build = thetad::torch_has_cuda();
+  return thetad::config::load_job(a.job_path, lo);
+}
+
+void on_signal(int sig) { thetad::daemon::g_stop_signal.store(sig); }
+
+int cmd_run(const Args& a) {
+  thetad::config::Job job = load(a);  // before MPI: a bad job starts nothing
+  thetad::comm::MpiSession session;
+  const auto world = thetad::comm::world_info();
+  thetad::log::Options lo;
+  lo.rank = world.rank;
+  lo.level = a.log_level.empty() ? job.log.level : a.log_level;
+  lo.file = job.log.file.empty() ? "" : thetad::config::expand_path(job.log.file, job, world.rank);
+  int code = thetad::kExitOk;
+  try {
+    thetad::log::init(lo);
+    std::signal(SIGTERM, on_signal);
+    std::signal(SIGINT, on_signal);
+    code = thetad::daemon::run_worker(job, thetad::daemon::RunOptions{a.resume});
+  } catch (const std::exception& e) {
+    code = thetad::exit_code_for(e);
+    THETAD_LOG(error, "thetad") << e.what();
+    thetad::log::flush();
+    // A failure on one rank must end the whole job, never leave the others waiting.
+    if (world.size > 1) thetad::comm::abort_job(code);
+  }
+  thetad::log::flush();
+  return code;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args args;
+  try {
+    args = parse_args(argc, argv);
+    if (args.command == "version") {
+      std::cout << thetad::version_text();
+      return thetad::kExitOk;
+    }
+    if (args.command == "help" || args.command == "--help" || args.command == "-h") {
+      std::cout << kUsage;
+      return thetad::kExitOk;
+    }
+    if (args.command == "validate") {
+      thetad::config::Job job = load(args);
+      std::cout << thetad::config::to_yaml(job);
+      return thetad::kExitOk;
+    }
+    if (args.command == "run") return cmd_run(args);
+    throw thetad::ConfigError("unknown command '" + args.command + "'");
+  } catch (const thetad::config::JobError& e) {
+    for (const auto& m : e.messages()) std::cerr << "thetad: error: " << m << "\n";
+    std::cerr << "thetad: " << e.messages().size() << " error(s); nothing was started\n";
+    return e.exit_code();
+  } catch (const std::exception& e) {
+    const int code = thetad::exit_code_for(e);
+    std::cerr << "thetad: error: " << e.what() << "\n";
+    if (code == thetad::kExitBadInput && args.command.empty()) std::cerr << kUsage;
+    return code;
+  }
+}

@@ -1,0 +1,137 @@
+// JSON-lines metrics writer and the JSON text helpers (escaping, finite numbers).
+#include "daemon/metrics.hpp"
+
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+
+#include "common/errors.hpp"
+
+namespace thetad::daemon {
+
+void append_json_string(std::string& out, const std::string& s) {
+  static const char* hex = "0123456789abcdef";
+  out += '"';
+  for (const char c : s) {
+    const auto u = static_cast<unsigned char>(c);
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      case '\b': out += "\\b"; break;
+      case '\f': out += "\\f"; break;
+      default:
+        if (u < 0x20 || u == 0x7f) {
+          out += "\\u00";
+          out += hex[u >> 4];
+          out += hex[u & 15];
+        } else {
+          out += c;
+        }
+    }
+  }
+  out += '"';
+}
+
+std::string json_string(const std::string& s) {
+  std::string out;
+  append_json_string(out, s);
+  return out;
+}
+
+void append_json_number(std::string& out, double v) {
+  if (!std::isfinite(v)) {
+    out += "null";
+    return;
+  }
+  // %.17g round-trips any double; trailing noise such as 0.10000000000000001 is the price.
+  // Metrics are read by programs, so exactness wins over looks.
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  out += buf;
+}
+
+void append_json_number(std::string& out, int64_t v) { out += std::to_string(v); }
+
+namespace {
+
+template <typename T>
+void field(std::string& out, const char* key, T v) {
+  out += '"';
+  out += key;
+  out += "\":";
+  append_json_number(out, v);
+  out += ',';
+}
+
+}  // namespace
+
+std::string to_json(const StepRecord& r) {
+  std::string out;
+  out.reserve(512 + 40 * r.task_loss.size());
+  out += '{';
+  field(out, "step", r.step);
+  field(out, "rank", static_cast<int64_t>(r.rank));
+  field(out, "loss", r.loss);
+  out += "\"task_loss\":[";
+  for (size_t i = 0; i < r.task_loss.size(); ++i) {
+    if (i) out += ',';
+    out += "{\"task\":";
+    append_json_number(out, static_cast<int64_t>(r.task_loss[i].task));
+    out += ",\"loss\":";
+    append_json_number(out, r.task_loss[i].loss);
+    out += '}';
+  }
+  out += "],";
+  field(out, "lr", r.lr);
+  field(out, "samples", r.samples);
+  field(out, "step_ms", r.step_ms);
+  field(out, "forward_ms", r.forward_ms);
+  field(out, "backward_ms", r.backward_ms);
+  field(out, "comm_wait_ms", r.comm_wait_ms);
+  field(out, "optimizer_ms", r.optimizer_ms);
+  field(out, "count_exchange_ms", r.count_exchange_ms);
+  field(out, "bytes_allreduced", r.bytes_allreduced);
+  field(out, "bytes_pruned", r.bytes_pruned);
+  field(out, "buckets_launched", r.buckets_launched);
+  field(out, "buckets_pruned", r.buckets_pruned);
+  field(out, "h2d_bytes", r.h2d_bytes);
+  field(out, "d2h_bytes", r.d2h_bytes);
+  field(out, "swap_hits", r.swap_hits);
+  field(out, "swap_misses", r.swap_misses);
+  field(out, "device_mem_peak_bytes", r.device_mem_peak_bytes);
+  field(out, "host_pinned_bytes", r.host_pinned_bytes);
+  out.back() = '}';  // replaces the last field's ','
+  return out;
+}
+
+MetricsWriter::MetricsWriter(const std::string& path, bool append) : path_(path) {
+  namespace fs = std::filesystem;
+  if (path.empty()) throw ConfigError("metrics.path: empty path");
+  std::error_code ec;
+  const fs::path parent = fs::path(path).parent_path();
+  if (!parent.empty()) {
+    fs::create_directories(parent, ec);
+    if (ec)
+      throw ConfigError(path + ": cannot create the metrics directory " + parent.string() + ": " +
+                        ec.message());
+  }
+  out_.open(path, append ? std::ios::out | std::ios::app : std::ios::out | std::ios::trunc);
+  if (!out_)
+    throw ConfigError(path + ": cannot open the metrics file for writing: " + std::strerror(errno));
+}
+
+void MetricsWriter::write(const StepRecord& r) {
+  std::string line = to_json(r);
+  line += '\n';
+  std::lock_guard<std::mutex> lock(mu_);
+  out_.write(line.data(), static_cast<std::streamsize>(line.size()));
+  out_.flush();
+  if (!out_) throw Error(path_ + ": writing metrics failed (disk full?)");
+}
+
+}  // namespace thetad::daemon

@@ -1,0 +1,76 @@
+// Per-step metrics as JSON lines (DESIGN.md "Interfaces users see"): one record per step and
+// rank, written and flushed as the step ends so a crashed run keeps every finished step.
+// Also the small JSON text helpers that the timeline shares.
+#pragma once
+
+#include <cstdint>
+#include <fstream>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace thetad::daemon {
+
+struct TaskLoss {
+  int task = 0;
+  double loss = 0.0;
+};
+
+// Every field DESIGN.md lists. Times in milliseconds, sizes in bytes; counters are per step
+// (not cumulative) so that records can be summed or averaged by whoever reads them.
+struct StepRecord {
+  int64_t step = 0;
+  int rank = 0;
+  double loss = 0.0;                // mean over this rank's tasks
+  std::vector<TaskLoss> task_loss;  // per task in this rank's batch
+  double lr = 0.0;
+  int64_t samples = 0;              // rows processed by this rank this step
+  double step_ms = 0.0;
+  double forward_ms = 0.0;
+  double backward_ms = 0.0;
+  double comm_wait_ms = 0.0;        // time blocked on allreduce completion after backward
+  double optimizer_ms = 0.0;
+  double count_exchange_ms = 0.0;   // the active-group count exchange (begin_step)
+  int64_t bytes_allreduced = 0;
+  int64_t bytes_pruned = 0;         // bytes a prune-less engine would have sent in addition
+  int64_t buckets_launched = 0;
+  int64_t buckets_pruned = 0;
+  int64_t h2d_bytes = 0;
+  int64_t d2h_bytes = 0;
+  int64_t swap_hits = 0;
+  int64_t swap_misses = 0;
+  int64_t device_mem_peak_bytes = 0;
+  int64_t host_pinned_bytes = 0;
+};
+
+// Appends `s` to `out` as a JSON string literal (quotes included): escapes '"', '\\' and
+// every control character; bytes >= 0x80 pass through (UTF-8 stays UTF-8).
+void append_json_string(std::string& out, const std::string& s);
+std::string json_string(const std::string& s);
+
+// Appends a number; NaN and ±Inf, which JSON cannot represent, become null.
+void append_json_number(std::string& out, double v);
+void append_json_number(std::string& out, int64_t v);
+
+// The record as one JSON object, no trailing newline. Key order is stable (field order).
+std::string to_json(const StepRecord& r);
+
+class MetricsWriter {
+ public:
+  // Creates the parent directories and opens `path` (truncating, or appending when resuming).
+  // Throws ConfigError naming the path if it cannot.
+  explicit MetricsWriter(const std::string& path, bool append = false);
+  MetricsWriter(const MetricsWriter&) = delete;
+  MetricsWriter& operator=(const MetricsWriter&) = delete;
+
+  // One line per record, flushed. Thread-safe. Throws Error if the write fails (disk full).
+  void write(const StepRecord& r);
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  std::ofstream out_;
+  std::mutex mu_;
+};
+
+}  // namespace thetad::daemon

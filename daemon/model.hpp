@@ -1,0 +1,64 @@
+// Models and data of the worker (LibTorch). A model lists its parameters in registration order,
+// each with its group (0 = shared Θ, t+1 = task t), and runs forward for one task's rows.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "config/job.hpp"
+
+namespace thetad::daemon {
+
+enum class LossKind { mse, cross_entropy };
+
+struct NamedParam {
+  std::string name;
+  torch::Tensor tensor;  // a leaf that requires grad
+  int group = 0;
+};
+
+class TaskModel {
+ public:
+  virtual ~TaskModel() = default;
+  // Registration order; stable for the model's lifetime.
+  virtual std::vector<NamedParam>& params() = 0;
+  // Output for rows of x that all belong to `task` (0-based).
+  virtual torch::Tensor forward(const torch::Tensor& x, int task) = 0;
+  virtual LossKind loss_kind() const = 0;
+  int num_tasks() const { return num_tasks_; }
+
+ protected:
+  int num_tasks_ = 0;
+};
+
+// Builds the model of job.model on `device`; parameters are initialized identically on every
+// rank from (init seed, group, parameter index), independent of the other groups.
+std::unique_ptr<TaskModel> make_model(const config::Job& job, torch::Device device);
+
+struct Batch {
+  torch::Tensor x;  // [rows, input_dim] float32
+  torch::Tensor y;  // [rows, output_dim] float32 (mse) or [rows] int64 (cross entropy)
+};
+
+// Training data: a pure function of (step, rank, task, rows) so that every rank, a resumed run
+// and the single-process reference see the same batches.
+class DataSource {
+ public:
+  virtual ~DataSource() = default;
+  virtual Batch batch(int64_t step, int rank, int world, int task, int64_t rows) = 0;
+};
+
+// Opens and checks all data before any step runs (ConfigError naming the file on a problem).
+std::unique_ptr<DataSource> make_data(const config::Job& job, const TaskModel& model,
+                                      torch::Device device);
+
+// Per-task loss of a model output.
+torch::Tensor task_loss(LossKind kind, const torch::Tensor& out, const torch::Tensor& y);
+
+// 64-bit mixing of several integers (splitmix64 chain); seeds for generators.
+uint64_t mix_seed(uint64_t a, uint64_t b, uint64_t c = 0, uint64_t d = 0);
+
+}  // namespace thetad::daemon

@@ -1,0 +1,307 @@
+// Built-in models (multitask_mlp, multitask_adapter), TorchScript models with groups from name
+// patterns, and the synthetic teacher data. The one LibTorch translation unit for models/data.
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/script.h>
+
+#include <cmath>
+#include <filesystem>
+
+#include "common/errors.hpp"
+#include "common/log.hpp"
+#include "daemon/model.hpp"
+
+namespace thetad::daemon {
+namespace {
+
+uint64_t splitmix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+at::Generator generator(uint64_t seed) { return at::detail::createCPUGenerator(seed); }
+
+uint64_t init_seed(const config::Job& job) {
+  return job.model.init_seed >= 0 ? static_cast<uint64_t>(job.model.init_seed) : job.seed;
+}
+
+// Linear layer weights: U(-1/sqrt(in), 1/sqrt(in)) like torch.nn.Linear, drawn on the CPU from
+// a generator of their own so every rank (and every device) gets the same values.
+torch::Tensor uniform_param(std::vector<int64_t> sizes, double bound, uint64_t seed,
+                            torch::Device device) {
+  auto gen = generator(seed);
+  auto t = torch::empty(sizes, torch::kFloat32);
+  t.uniform_(-bound, bound, gen);
+  return t.to(device).set_requires_grad(true);
+}
+
+// Helper that registers parameters with names and groups.
+class ParamBuilder {
+ public:
+  ParamBuilder(uint64_t seed, torch::Device device, std::vector<NamedParam>& out)
+      : seed_(seed), device_(device), out_(out) {}
+  torch::Tensor linear_w(const std::string& name, int group, int64_t in, int64_t out) {
+    return add(name + ".weight", group, {out, in}, 1.0 / std::sqrt(double(in)));
+  }
+  torch::Tensor linear_b(const std::string& name, int group, int64_t in, int64_t out) {
+    return add(name + ".bias", group, {out}, 1.0 / std::sqrt(double(in)));
+  }
+  torch::Tensor add(const std::string& name, int group, std::vector<int64_t> sizes, double bound) {
+    int index_in_group = counts_[group]++;
+    auto t = uniform_param(std::move(sizes), bound,
+                           mix_seed(seed_, static_cast<uint64_t>(group), index_in_group), device_);
+    out_.push_back({name, t, group});
+    return t;
+  }
+
+ private:
+  uint64_t seed_;
+  torch::Device device_;
+  std::vector<NamedParam>& out_;
+  std::map<int, int> counts_;
+};
+
+struct Linear {
+  torch::Tensor w, b;
+  torch::Tensor operator()(const torch::Tensor& x) const { return torch::addmm(b, x, w.t()); }
+};
+
+Linear make_linear(ParamBuilder& pb, const std::string& name, int group, int64_t in, int64_t out) {
+  Linear l;
+  l.w = pb.linear_w(name, group, in, out);
+  l.b = pb.linear_b(name, group, in, out);
+  return l;
+}
+
+// Shared trunk of Linear+GELU layers, one head per task (Linear+GELU ..., Linear).
+class MultitaskMlp : public TaskModel {
+ public:
+  MultitaskMlp(const config::Job& job, torch::Device device) {
+    const auto& m = job.model;
+    num_tasks_ = static_cast<int>(m.tasks);
+    ParamBuilder pb(init_seed(job), device, params_);
+    int64_t dim = m.input_dim;
+    for (int64_t i = 0; i < m.trunk_layers; ++i) {
+      trunk_.push_back(make_linear(pb, "trunk." + std::to_string(i), 0, dim, m.hidden));
+      dim = m.hidden;
+    }
+    heads_.resize(m.tasks);
+    for (int64_t t = 0; t < m.tasks; ++t) {
+      int64_t d = dim;
+      for (int64_t i = 0; i < m.head_layers; ++i) {
+        int64_t out = (i + 1 == m.head_layers) ? m.output_dim : m.hidden;
+        heads_[t].push_back(make_linear(
+            pb, "heads." + std::to_string(t) + "." + std::to_string(i), int(t) + 1, d, out));
+        d = out;
+      }
+    }
+  }
+  std::vector<NamedParam>& params() override { return params_; }
+  torch::Tensor forward(const torch::Tensor& x, int task) override {
+    torch::Tensor h = x;
+    for (const auto& l : trunk_) h = torch::gelu(l(h));
+    const auto& head = heads_.at(task);
+    for (size_t i = 0; i < head.size(); ++i) {
+      h = head[i](h);
+      if (i + 1 < head.size()) h = torch::gelu(h);
+    }
+    return h;
+  }
+  LossKind loss_kind() const override { return LossKind::mse; }
+
+ private:
+  std::vector<NamedParam> params_;
+  std::vector<Linear> trunk_;
+  std::vector<std::vector<Linear>> heads_;
+};
+
+// Residual trunk blocks h + W2 gelu(W1 h), each with a low-rank adapter per task
+// (h + B_t A_t h), and a per-task linear head. θ[t] = the task's adapters and head.
+class MultitaskAdapter : public TaskModel {
+ public:
+  MultitaskAdapter(const config::Job& job, torch::Device device) {
+    const auto& m = job.model;
+    num_tasks_ = static_cast<int>(m.tasks);
+    ParamBuilder pb(init_seed(job), device, params_);
+    in_ = make_linear(pb, "embed", 0, m.input_dim, m.hidden);
+    int64_t blocks = std::max<int64_t>(m.trunk_layers, 1);
+    for (int64_t i = 0; i < blocks; ++i) {
+      std::string n = "blocks." + std::to_string(i);
+      blocks_.push_back({make_linear(pb, n + ".fc1", 0, m.hidden, m.hidden),
+                         make_linear(pb, n + ".fc2", 0, m.hidden, m.hidden)});
+    }
+    adapters_.resize(m.tasks);
+    heads_.resize(m.tasks);
+    for (int64_t t = 0; t < m.tasks; ++t) {
+      int g = int(t) + 1;
+      for (int64_t i = 0; i < blocks; ++i) {
+        std::string n = "adapters." + std::to_string(t) + "." + std::to_string(i);
+        Adapter a;
+        a.down = pb.add(n + ".down", g, {m.adapter_rank, m.hidden}, 1.0 / std::sqrt(double(m.hidden)));
+        a.up = pb.add(n + ".up", g, {m.hidden, m.adapter_rank}, 1.0 / std::sqrt(double(m.adapter_rank)));
+        adapters_[t].push_back(a);
+      }
+      heads_[t] = make_linear(pb, "heads." + std::to_string(t), g, m.hidden, m.output_dim);
+    }
+  }
+  std::vector<NamedParam>& params() override { return params_; }
+  torch::Tensor forward(const torch::Tensor& x, int task) override {
+    torch::Tensor h = torch::gelu(in_(x));
+    for (size_t i = 0; i < blocks_.size(); ++i) {
+      h = h + blocks_[i].second(torch::gelu(blocks_[i].first(h)));
+      const auto& a = adapters_.at(task)[i];
+      h = h + torch::matmul(torch::matmul(h, a.down.t()), a.up.t());
+    }
+    return heads_.at(task)(h);
+  }
+  LossKind loss_kind() const override { return LossKind::mse; }
+
+ private:
+  struct Adapter {
+    torch::Tensor down, up;
+  };
+  std::vector<NamedParam> params_;
+  Linear in_;
+  std::vector<std::pair<Linear, Linear>> blocks_;
+  std::vector<std::vector<Adapter>> adapters_;
+  std::vector<Linear> heads_;
+};
+
+// '*' matches any run of characters (including dots); everything else literally.
+bool glob_match(const std::string& pat, const std::string& s) {
+  size_t p = 0, i = 0, star = std::string::npos, mark = 0;
+  while (i < s.size()) {
+    if (p < pat.size() && pat[p] == s[i]) {
+      ++p, ++i;
+    } else if (p < pat.size() && pat[p] == '*') {
+      star = p++, mark = i;
+    } else if (star != std::string::npos) {
+      p = star + 1, i = ++mark;
+    } else {
+      return false;
+    }
+  }
+  while (p < pat.size() && pat[p] == '*') ++p;
+  return p == pat.size();
+}
+
+std::string replace_all(std::string s, const std::string& from, const std::string& to) {
+  for (size_t pos = s.find(from); pos != std::string::npos; pos = s.find(from, pos + to.size()))
+    s.replace(pos, from.size(), to);
+  return s;
+}
+
+// A TorchScript module with forward(x, task); groups from the job's name patterns.
+class ScriptModel : public TaskModel {
+ public:
+  ScriptModel(const config::Job& job, torch::Device device) {
+    const auto& m = job.model;
+    num_tasks_ = static_cast<int>(m.tasks);
+    try {
+      module_ = torch::jit::load(m.path, device);
+    } catch (const c10::Error& e) {
+      throw ConfigError(m.path + ": model.path: cannot load TorchScript model: " +
+                        e.what_without_backtrace());
+    }
+    module_.train();
+    std::vector<std::string> task_patterns;
+    for (int64_t t = 0; t < m.tasks; ++t)
+      task_patterns.push_back(replace_all(m.task, "{t}", std::to_string(t)));
+    std::vector<std::string> problems;
+    for (const auto& np : module_.named_parameters(/*recurse=*/true)) {
+      std::vector<int> groups;
+      for (const auto& s : m.shared)
+        if (glob_match(s, np.name)) { groups.push_back(0); break; }
+      for (int64_t t = 0; t < m.tasks; ++t)
+        if (glob_match(task_patterns[t], np.name)) groups.push_back(int(t) + 1);
+      if (groups.size() != 1) {
+        problems.push_back(m.path + ": parameter '" + np.name + "' is matched by " +
+                           (groups.empty() ? std::string("no pattern")
+                                           : std::to_string(groups.size()) + " patterns") +
+                           " of model.shared/model.task");
+        continue;
+      }
+      torch::Tensor t = np.value;
+      t.set_requires_grad(true);
+      params_.push_back({np.name, t, groups[0]});
+    }
+    if (!problems.empty()) {
+      std::string all;
+      for (const auto& p : problems) all += (all.empty() ? "" : "\n") + p;
+      throw ConfigError(all);
+    }
+  }
+  std::vector<NamedParam>& params() override { return params_; }
+  torch::Tensor forward(const torch::Tensor& x, int task) override {
+    return module_.forward({x, static_cast<int64_t>(task)}).toTensor();
+  }
+  LossKind loss_kind() const override { return LossKind::mse; }
+
+ private:
+  torch::jit::script::Module module_;
+  std::vector<NamedParam> params_;
+};
+
+// Synthetic regression: per task a fixed random two-layer teacher y = tanh(x A_t) B_t + noise.
+class SyntheticData : public DataSource {
+ public:
+  SyntheticData(const config::Job& job, torch::Device device)
+      : seed_(job.seed), in_(job.model.input_dim), out_(job.model.output_dim),
+        noise_(job.data.noise), device_(device) {
+    const int64_t k = 16;
+    for (int64_t t = 0; t < job.model.tasks; ++t) {
+      auto gen = generator(mix_seed(seed_, 0x7eac4e2, static_cast<uint64_t>(t)));
+      auto a = torch::randn({in_, k}, gen, torch::kFloat32) / std::sqrt(double(in_));
+      auto b = torch::randn({k, out_}, gen, torch::kFloat32) / std::sqrt(double(k));
+      teachers_.push_back({a, b});
+    }
+  }
+  Batch batch(int64_t step, int rank, int world, int task, int64_t rows) override {
+    (void)world;
+    auto gen = generator(mix_seed(seed_, static_cast<uint64_t>(step), static_cast<uint64_t>(rank),
+                                  static_cast<uint64_t>(task) + 1));
+    auto x = torch::randn({rows, in_}, gen, torch::kFloat32);
+    const auto& [a, b] = teachers_.at(task);
+    auto y = torch::matmul(torch::tanh(torch::matmul(x, a) * 2.0), b);
+    if (noise_ > 0) y = y + noise_ * torch::randn({rows, out_}, gen, torch::kFloat32);
+    return {x.to(device_), y.to(device_)};
+  }
+
+ private:
+  uint64_t seed_;
+  int64_t in_, out_;
+  double noise_;
+  torch::Device device_;
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> teachers_;
+};
+
+}  // namespace
+
+uint64_t mix_seed(uint64_t a, uint64_t b, uint64_t c, uint64_t d) {
+  return splitmix(splitmix(splitmix(splitmix(a) ^ b) ^ c) ^ d);
+}
+
+std::unique_ptr<TaskModel> make_model(const config::Job& job, torch::Device device) {
+  const std::string& kind = job.model.kind;
+  if (kind == "multitask_mlp") return std::make_unique<MultitaskMlp>(job, device);
+  if (kind == "multitask_adapter") return std::make_unique<MultitaskAdapter>(job, device);
+  if (kind == "torchscript") return std::make_unique<ScriptModel>(job, device);
+  throw ConfigError(job.source + ": model.kind: '" + kind + "' is not available in this build");
+}
+
+std::unique_ptr<DataSource> make_npy_data(const config::Job& job, const TaskModel& model,
+                                          torch::Device device);
+
+std::unique_ptr<DataSource> make_data(const config::Job& job, const TaskModel& model,
+                                      torch::Device device) {
+  if (job.data.kind == "synthetic") return std::make_unique<SyntheticData>(job, device);
+  return make_npy_data(job, model, device);
+}
+
+torch::Tensor task_loss(LossKind kind, const torch::Tensor& out, const torch::Tensor& y) {
+  if (kind == LossKind::mse) return torch::mse_loss(out, y);
+  return torch::nn::functional::cross_entropy(out, y);
+}
+
+}  // namespace thetad::daemon

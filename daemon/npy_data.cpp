@@ -1,0 +1,103 @@
+// `data.kind: npy`: per task, features `task{t}_x.npy` (float32 [N, input_dim]) and targets
+// `task{t}_y.npy` (float32 [N, output_dim] or [N] when output_dim is 1), memory-mapped and read
+// in a per-epoch shuffled order derived from the seed. Every file is checked before training.
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <map>
+#include <numeric>
+#include <random>
+
+#include "common/errors.hpp"
+#include "daemon/model.hpp"
+#include "daemon/npy.hpp"
+
+namespace thetad::daemon {
+namespace {
+
+class NpyData : public DataSource {
+ public:
+  NpyData(const config::Job& job, torch::Device device)
+      : seed_(job.seed), in_(job.model.input_dim), out_(job.model.output_dim), device_(device) {
+    namespace fs = std::filesystem;
+    const fs::path dir(job.data.dir);
+    if (!fs::is_directory(dir))
+      throw ConfigError(job.source + ": data.dir: '" + job.data.dir + "' is not a directory");
+    for (int64_t t = 0; t < job.model.tasks; ++t) {
+      const std::string xp = (dir / ("task" + std::to_string(t) + "_x.npy")).string();
+      const std::string yp = (dir / ("task" + std::to_string(t) + "_y.npy")).string();
+      if (!fs::exists(xp)) throw ConfigError(xp + ": missing (task " + std::to_string(t) + " features)");
+      if (!fs::exists(yp)) throw ConfigError(yp + ": missing (task " + std::to_string(t) + " targets)");
+      Task task{NpyArray::open(xp), NpyArray::open(yp), {}};
+      task.x.require_dtype("<f4");
+      task.x.require_ndim(2);
+      task.y.require_dtype("<f4");
+      const auto& xs = task.x.header().shape;
+      const auto& ys = task.y.header().shape;
+      if (xs[1] != in_)
+        throw ConfigError(xp + ": has " + std::to_string(xs[1]) + " features per row, model.input_dim is " +
+                          std::to_string(in_));
+      if (xs[0] == 0) throw ConfigError(xp + ": has no rows");
+      const bool y_ok = (ys.size() == 2 && ys[0] == xs[0] && ys[1] == out_) ||
+                        (ys.size() == 1 && ys[0] == xs[0] && out_ == 1);
+      if (!y_ok)
+        throw ConfigError(yp + ": shape " + npy_shape_string(ys) + " does not match " +
+                          std::to_string(xs[0]) + " rows of " + std::to_string(out_) +
+                          " targets (model.output_dim)");
+      tasks_.push_back(std::move(task));
+    }
+  }
+
+  Batch batch(int64_t step, int rank, int world, int task, int64_t rows) override {
+    Task& t = tasks_.at(task);
+    const int64_t n = t.x.header().shape[0];
+    auto x = torch::empty({rows, in_}, torch::kFloat32);
+    auto y = torch::empty({rows, out_}, torch::kFloat32);
+    const float* xs = t.x.data_as<float>();
+    const float* ys = t.y.data_as<float>();
+    // Global position of this batch's first row in the task's stream of samples.
+    const int64_t base = (step * world + rank) * rows;
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t pos = base + r;
+      const int64_t epoch = pos / n;
+      const int64_t idx = permutation(t, task, epoch)[pos % n];
+      std::copy(xs + idx * in_, xs + (idx + 1) * in_, x.data_ptr<float>() + r * in_);
+      std::copy(ys + idx * out_, ys + (idx + 1) * out_, y.data_ptr<float>() + r * out_);
+    }
+    return {x.to(device_), y.to(device_)};
+  }
+
+ private:
+  struct Task {
+    NpyArray x, y;
+    std::map<int64_t, std::vector<int64_t>> perms;  // epoch -> order (few epochs live at once)
+  };
+
+  const std::vector<int64_t>& permutation(Task& t, int task, int64_t epoch) {
+    auto it = t.perms.find(epoch);
+    if (it != t.perms.end()) return it->second;
+    if (t.perms.size() > 4) t.perms.erase(t.perms.begin());
+    std::vector<int64_t> order(static_cast<size_t>(t.x.header().shape[0]));
+    std::iota(order.begin(), order.end(), 0);
+    std::mt19937_64 rng(mix_seed(seed_, 0x5aff1e, static_cast<uint64_t>(task), static_cast<uint64_t>(epoch)));
+    std::shuffle(order.begin(), order.end(), rng);
+    return t.perms.emplace(epoch, std::move(order)).first->second;
+  }
+
+  uint64_t seed_;
+  int64_t in_, out_;
+  torch::Device device_;
+  std::vector<Task> tasks_;
+};
+
+}  // namespace
+
+std::unique_ptr<DataSource> make_npy_data(const config::Job& job, const TaskModel& model,
+                                          torch::Device device) {
+  (void)model;
+  return std::make_unique<NpyData>(job, device);
+}
+
+}  // namespace thetad::daemon

@@ -1,0 +1,64 @@
+// Tensor implementation of the per-group optimizer (see optimizer.hpp). On host tensors the
+// fused, vectorized CPU Adam of offload/ does the work, so offloaded and resident groups step
+// with the same kernel (bitwise-equal results on the CPU).
+#include "daemon/optimizer.hpp"
+
+#include <cmath>
+
+#include "offload/cpu_adam.hpp"
+
+namespace thetad::daemon {
+
+double clip_scale(const std::vector<at::Tensor>& grads, double clip_norm) {
+  if (clip_norm <= 0) return 1.0;
+  double sq = 0;
+  for (const auto& g : grads) sq += g.to(at::kDouble).pow(2).sum().item<double>();
+  const double norm = std::sqrt(sq);
+  return norm > clip_norm ? clip_norm / (norm + 1e-6) : 1.0;
+}
+
+void adam_group(std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
+                std::vector<at::Tensor>& exp_avg, std::vector<at::Tensor>& exp_avg_sq,
+                const AdamSettings& s) {
+  if (s.kind == "sgd") {
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (s.weight_decay != 0) params[i].mul_(1.0 - s.lr * s.weight_decay);
+      params[i].add_(grads[i], -s.lr * s.grad_scale);
+    }
+    return;
+  }
+  const bool decoupled = s.kind == "adamw";
+  for (size_t i = 0; i < params.size(); ++i) {
+    at::Tensor& p = params[i];
+    if (p.device().is_cpu() && p.is_contiguous() && grads[i].is_contiguous()) {
+      offload::AdamHyper h;
+      h.lr = static_cast<float>(s.lr);
+      h.beta1 = static_cast<float>(s.beta1);
+      h.beta2 = static_cast<float>(s.beta2);
+      h.eps = static_cast<float>(s.eps);
+      h.weight_decay = static_cast<float>(s.weight_decay);
+      h.decoupled = decoupled;
+      h.step = s.step;
+      h.grad_scale = static_cast<float>(s.grad_scale);
+      offload::adam_step(p.data_ptr<float>(), grads[i].data_ptr<float>(),
+                         exp_avg[i].data_ptr<float>(), exp_avg_sq[i].data_ptr<float>(),
+                         static_cast<size_t>(p.numel()), h);
+      continue;
+    }
+    // Device tensors: the same formulas with tensor ops (torch.optim's single-tensor path).
+    at::Tensor g = s.grad_scale != 1.0 ? grads[i] * s.grad_scale : grads[i];
+    if (decoupled) {
+      p.mul_(1.0 - s.lr * s.weight_decay);
+    } else if (s.weight_decay != 0) {
+      g = g.add(p, s.weight_decay);
+    }
+    const double bc1 = 1.0 - std::pow(s.beta1, double(s.step));
+    const double bc2 = 1.0 - std::pow(s.beta2, double(s.step));
+    exp_avg[i].mul_(s.beta1).add_(g, 1.0 - s.beta1);
+    exp_avg_sq[i].mul_(s.beta2).addcmul_(g, g, 1.0 - s.beta2);
+    at::Tensor denom = (exp_avg_sq[i].sqrt() / std::sqrt(bc2)).add_(s.eps);
+    p.addcdiv_(exp_avg[i], denom, -s.lr / bc1);
+  }
+}
+
+}  // namespace thetad::daemon

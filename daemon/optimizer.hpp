@@ -1,0 +1,28 @@
+// Per-group AdamW/Adam/SGD on LibTorch tensors, with per-group gradient clipping. Shared by the
+// worker and the single-process reference of the equivalence tests, so both do the same math.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <string>
+#include <vector>
+
+namespace thetad::daemon {
+
+struct AdamSettings {
+  std::string kind = "adamw";  // adamw | adam | sgd
+  double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;
+  int64_t step = 1;         // the group's own step count, 1-based (lazy: only steps it was used)
+  double grad_scale = 1.0;  // from clipping
+};
+
+// Factor that brings the group's gradient norm down to clip_norm (1 when clip_norm <= 0 or the
+// norm is already below it).
+double clip_scale(const std::vector<at::Tensor>& grads, double clip_norm);
+
+// One optimizer step over a group's parameters, in place, matching torch.optim.AdamW/Adam.
+void adam_group(std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
+                std::vector<at::Tensor>& exp_avg, std::vector<at::Tensor>& exp_avg_sq,
+                const AdamSettings& s);
+
+}  // namespace thetad::daemon

@@ -1,0 +1,93 @@
+// The task schedule: which tasks each rank trains at each step, as a pure function of
+// (seed, step, rank), so that every rank also knows what the others and future steps need
+// (the engine's active-group exchange, the parameter store's prefetch and eviction).
+//
+// Tasks are numbered 0..T-1; the parameter group of task t is t+1; group 0 is the shared Θ.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "config/job.hpp"
+
+namespace thetad::daemon {
+
+// What one rank does in one step.
+struct StepPlan {
+  std::vector<int> tasks;          // tasks in this rank's batch this step, ascending
+  std::vector<int64_t> task_rows;  // rows of the batch per task (parallel to tasks; sum = batch_per_rank)
+  std::vector<uint8_t> trained;    // size T+1: groups that get gradients this step
+  std::vector<uint8_t> used;       // size T+1: groups the forward touches (trained ⊆ used;
+                                   //   frozen = used && !trained)
+};
+
+// Bounds that keep a plan's vectors (size T+1, one entry per draw) small; far beyond any
+// real job, whose per-task groups each hold parameters and optimizer state.
+constexpr int64_t kMaxTasks = int64_t{1} << 20;
+constexpr int64_t kMaxTasksPerRank = int64_t{1} << 16;
+
+class Schedule {
+ public:
+  enum class Kind { round_robin, weighted, per_rank, all, alternate };
+
+  // Validates the data section against the world (per_rank needs one list per rank, tasks in
+  // range, weights usable, alternate entries parseable, batch large enough for the tasks of a
+  // step). Throws ConfigError naming the key (e.g. "data.per_rank").
+  static std::unique_ptr<Schedule> create(const config::Job& job, int world_size);
+
+  // This rank's batch composition and groups at `step` (step >= 0, 0 <= rank < world).
+  StepPlan plan(int64_t step, int rank) const;
+
+  // Just plan(step, rank).tasks, without the row split and group vectors.
+  std::vector<int> tasks_at(int64_t step, int rank) const;
+
+  // First step s with after_step < s <= after_step + horizon at which `rank` uses `task`
+  // (its θ is in the forward), or INT64_MAX if none in that window. For prefetch and for
+  // farthest-next-use eviction. Cost: O(1) for per_rank/all/alternate, O(min(horizon, T))
+  // for round_robin (it is periodic in T), O(horizon * tasks_per_rank) for weighted.
+  int64_t next_use(int task, int64_t after_step, int rank, int64_t horizon) const;
+
+  // Per group (size T+1): how many ranks train it at `step` — what the engine's count exchange
+  // will return when every rank declares its plan (used by tests and sanity checks).
+  std::vector<int> contributors(int64_t step) const;
+
+  Kind kind() const { return kind_; }
+  int num_tasks() const { return num_tasks_; }
+  int num_groups() const { return num_tasks_ + 1; }
+  int world_size() const { return world_; }
+
+  static const char* kind_name(Kind kind);
+
+ private:
+  // One entry of `data.alternate`: which groups are trained in that step.
+  struct AlternateEntry {
+    enum class What { shared, task, tasks } what = What::shared;
+    int task = -1;
+  };
+
+  Schedule() = default;
+  void check_args(int64_t step, int rank) const;
+  // (task, rows) pairs for this rank/step before sorting; duplicates allowed.
+  std::vector<std::pair<int, int64_t>> draw(int64_t step, int rank) const;
+  int weighted_pick(int64_t step, int rank, int64_t j) const;
+
+  Kind kind_ = Kind::round_robin;
+  int num_tasks_ = 0;
+  int world_ = 1;
+  uint64_t seed_ = 0;
+  int64_t batch_ = 0;
+  int64_t tasks_per_rank_ = 1;
+  std::vector<double> cumulative_;  // weighted: cumulative normalised weights, last == 1
+  std::vector<std::vector<int>> per_rank_;
+  std::vector<AlternateEntry> alternate_;
+};
+
+// Splits `total` rows into `parts` nearly equal parts, the remainder to the first parts.
+std::vector<int64_t> split_rows(int64_t total, int64_t parts);
+
+// splitmix64 finaliser: the counter-based RNG of the weighted schedule (no global state).
+uint64_t splitmix64(uint64_t x);
+
+}  // namespace thetad::daemon

@@ -1,0 +1,38 @@
+// Versions compiled in, for `thetad version`. Includes only LibTorch's version header.
+#include "daemon/version.hpp"
+
+#include <mpi.h>
+#include <torch/version.h>
+#include <yaml-cpp/yaml.h>
+
+#include <sstream>
+
+#ifdef THETAD_WITH_CUDA
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+#endif
+
+namespace thetad {
+
+std::string version_text() {
+  std::ostringstream os;
+  os << "thetad " << THETAD_VERSION << " (commit " << THETAD_GIT_COMMIT << ")\n";
+  os << "libtorch " << TORCH_VERSION << (THETAD_TORCH_CUDA ? " (CUDA)" : " (CPU)") << "\n";
+  char lib[MPI_MAX_LIBRARY_VERSION_STRING];
+  int len = 0;
+  MPI_Get_library_version(lib, &len);
+  std::string mpi(lib, static_cast<size_t>(len));
+  if (auto nl = mpi.find_first_of("\n,"); nl != std::string::npos) mpi.resize(nl);
+  os << "mpi " << MPI_VERSION << "." << MPI_SUBVERSION << " (" << mpi << ")\n";
+#ifdef THETAD_WITH_CUDA
+  os << "cuda " << CUDART_VERSION / 1000 << "." << (CUDART_VERSION % 1000) / 10 << "\n";
+  os << "nccl " << NCCL_MAJOR << "." << NCCL_MINOR << "." << NCCL_PATCH << "\n";
+#else
+  os << "cuda none\nnccl none\n";
+#endif
+  return os.str();
+}
+
+bool torch_has_cuda() { return THETAD_TORCH_CUDA != 0; }
+
+}  // namespace thetad

@@ -1,0 +1,439 @@
+// The training loop of one rank: schedule -> count exchange -> forward -> backward through the
+// bucketed engine (autograd post-accumulate hooks) -> per-group optimizer -> metrics and
+// checkpoints. The one LibTorch translation unit of the loop.
+#include "daemon/worker.hpp"
+
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/utils/lambda_post_hook.h>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cmath>
+#include <iomanip>
+#include <map>
+#include <mutex>
+#include <set>
+#include <sstream>
+#include <unordered_map>
+
+#include "comm/bootstrap.hpp"
+#include "comm/engine.hpp"
+#include "common/errors.hpp"
+#include "common/log.hpp"
+#include "config/loader.hpp"
+#include "daemon/checkpoint.hpp"
+#include "daemon/metrics.hpp"
+#include "daemon/model.hpp"
+#include "daemon/optimizer.hpp"
+#include "daemon/schedule.hpp"
+#include "daemon/timeline.hpp"
+
+namespace thetad::daemon {
+
+std::atomic<int> g_stop_signal{0};
+
+double lr_at(const config::OptimizerConfig& opt, int64_t step, int64_t total_steps) {
+  if (opt.warmup_steps > 0 && step < opt.warmup_steps)
+    return opt.lr * double(step + 1) / double(opt.warmup_steps);
+  if (opt.lr_schedule == "cosine") {
+    const double span = std::max<int64_t>(1, total_steps - opt.warmup_steps);
+    const double progress = std::min(1.0, double(step - opt.warmup_steps) / span);
+    return opt.min_lr + 0.5 * (opt.lr - opt.min_lr) * (1.0 + std::cos(M_PI * progress));
+  }
+  return opt.lr;
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double ms_since(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+std::string hex64(uint64_t h) {
+  std::ostringstream os;
+  os << std::hex << std::setw(16) << std::setfill('0') << h;
+  return os.str();
+}
+
+// The compatibility key of checkpoints: what fixes the parameters' names and shapes.
+std::string model_hash(const config::Job& job) {
+  std::string lines;
+  std::istringstream in(config::fingerprint(job));
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("model.", 0) == 0) lines += line + "\n";
+  return hex64(comm::fnv1a64(lines));
+}
+
+class Worker {
+ public:
+  Worker(const config::Job& job, const RunOptions& opts)
+      : job_(job), opts_(opts), world_(comm::world_info()) {}
+
+  int run();
+
+ private:
+  void build();
+  void install_hooks();
+  void resume();
+  std::vector<uint8_t> discover_groups(const torch::Tensor& loss);
+  double train_step(int64_t step, StepRecord& rec);
+  void optimizer_step(int64_t step, StepRecord& rec);
+  void checkpoint(int64_t completed_steps);
+  bool agree_stop();
+  uint64_t params_hash();
+  void progress(int64_t step, const StepRecord& rec);
+
+  const config::Job& job_;
+  RunOptions opts_;
+  comm::WorldInfo world_;
+  torch::Device device_{torch::kCPU};
+  std::shared_ptr<comm::Communicator> comm_;
+  std::unique_ptr<TaskModel> model_;
+  std::unique_ptr<DataSource> data_;
+  std::unique_ptr<Schedule> schedule_;
+  std::unique_ptr<comm::Engine> engine_;
+  std::vector<NamedParam>* params_ = nullptr;
+  std::vector<std::vector<int>> group_params_;  // group -> param indices
+  std::vector<torch::Tensor> exp_avg_, exp_avg_sq_;
+  std::vector<int64_t> group_steps_;
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // keeps hooks alive
+  std::unordered_map<const torch::autograd::Node*, int> acc_index_;
+  std::vector<uint8_t> requires_grad_;  // current flag per group (frozen groups: 0)
+  std::mutex hook_error_mu_;
+  std::string hook_error_;
+  std::unique_ptr<MetricsWriter> metrics_;
+  std::unique_ptr<Timeline> timeline_;
+  int64_t start_step_ = 0;
+  int64_t total_bytes_pruned_ = 0;
+  Clock::time_point run_start_, last_progress_;
+  int64_t samples_since_start_ = 0;
+};
+
+void Worker::build() {
+  comm_ = comm::make_mpi_communicator();
+  comm_->set_default_timeout(std::chrono::milliseconds(int64_t(job_.comm.timeout_s * 1000)));
+  // Every rank must run the same job: compare the settings that matter, name the first
+  // differing key.
+  comm::check_consistent("job", config::fingerprint(job_));
+
+  schedule_ = Schedule::create(job_, world_.size);
+  model_ = make_model(job_, device_);
+  data_ = make_data(job_, *model_, device_);
+  params_ = &model_->params();
+  const int num_groups = static_cast<int>(job_.model.tasks) + 1;
+  group_params_.assign(num_groups, {});
+  std::vector<comm::ParamInfo> infos;
+  for (size_t i = 0; i < params_->size(); ++i) {
+    const auto& p = (*params_)[i];
+    infos.push_back({p.name, static_cast<size_t>(p.tensor.numel()), p.group});
+    group_params_.at(p.group).push_back(static_cast<int>(i));
+  }
+  comm::BucketPlanOptions popts;
+  popts.bucket_cap_bytes = static_cast<size_t>(job_.comm.bucket_cap_mb * (1 << 20));
+  popts.first_bucket_bytes = static_cast<size_t>(job_.comm.first_bucket_mb * (1 << 20));
+  auto plan = comm::make_bucket_plan(infos, num_groups, popts);
+  comm::check_consistent("bucket plan", plan.describe());
+  THETAD_LOG(info, "engine") << "bucket plan: " << plan.buckets.size() << " buckets over "
+                             << num_groups << " groups, " << params_->size() << " parameters, hash "
+                             << hex64(plan.hash);
+  comm::EngineOptions eopts;
+  eopts.prune = job_.comm.prune;
+  eopts.average = job_.comm.average == "world" ? comm::Average::world : comm::Average::contributors;
+  eopts.declared = job_.comm.active == "declared";
+  eopts.timeout = comm_->default_timeout();
+  engine_ = std::make_unique<comm::Engine>(comm_, std::move(plan), eopts);
+
+  // Gradients are views into the engine's flat bucket buffers (no copy-in).
+  for (size_t i = 0; i < params_->size(); ++i) {
+    auto& p = (*params_)[i].tensor;
+    p.mutable_grad() = torch::from_blob(engine_->grad(static_cast<int>(i)), p.sizes(),
+                                        torch::TensorOptions().dtype(torch::kFloat32).device(device_));
+    exp_avg_.push_back(torch::zeros_like(p, torch::MemoryFormat::Contiguous).detach());
+    exp_avg_sq_.push_back(torch::zeros_like(p, torch::MemoryFormat::Contiguous).detach());
+  }
+  group_steps_.assign(num_groups, 0);
+  requires_grad_.assign(num_groups, 1);
+  install_hooks();
+
+  if (!job_.metrics.path.empty() && (world_.rank == 0 || job_.metrics.all_ranks))
+    metrics_ = std::make_unique<MetricsWriter>(config::expand_path(job_.metrics.path, job_, world_.rank));
+  if (!job_.timeline.path.empty())
+    timeline_ = std::make_unique<Timeline>(config::expand_path(job_.timeline.path, job_, world_.rank),
+                                           world_.rank);
+}
+
+void Worker::install_hooks() {
+  for (size_t i = 0; i < params_->size(); ++i) {
+    auto acc = torch::autograd::impl::grad_accumulator((*params_)[i].tensor);
+    THETAD_CHECK(acc != nullptr, InternalError, "no grad accumulator for ", (*params_)[i].name);
+    const int index = static_cast<int>(i);
+    acc->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
+        [this, index](const torch::autograd::variable_list& outputs,
+                      const torch::autograd::variable_list&) {
+          try {
+            engine_->mark_ready(index);
+          } catch (const std::exception& e) {
+            // Exceptions do not cross the autograd engine intact; rethrown after backward.
+            std::lock_guard<std::mutex> lock(hook_error_mu_);
+            if (hook_error_.empty()) hook_error_ = e.what();
+          }
+          return outputs;
+        }));
+    acc_index_[acc.get()] = index;
+    accumulators_.push_back(std::move(acc));
+  }
+}
+
+// DDP's find_unused_parameters: the groups whose parameters the loss reaches.
+std::vector<uint8_t> Worker::discover_groups(const torch::Tensor& loss) {
+  std::vector<uint8_t> groups(group_params_.size(), 0);
+  std::vector<torch::autograd::Node*> stack;
+  std::set<torch::autograd::Node*> seen;
+  if (loss.grad_fn()) stack.push_back(loss.grad_fn().get());
+  while (!stack.empty()) {
+    auto* node = stack.back();
+    stack.pop_back();
+    if (!seen.insert(node).second) continue;
+    auto it = acc_index_.find(node);
+    if (it != acc_index_.end()) groups[(*params_)[it->second].group] = 1;
+    for (const auto& edge : node->next_edges())
+      if (edge.function) stack.push_back(edge.function.get());
+  }
+  return groups;
+}
+
+double Worker::train_step(int64_t step, StepRecord& rec) {
+  const StepPlan plan = schedule_->plan(step, world_.rank);
+  const bool declared = job_.comm.active == "declared";
+  // Frozen groups (used in forward, not trained) get no gradient at all: requires_grad off.
+  for (size_t g = 0; g < group_params_.size(); ++g) {
+    const uint8_t want = plan.trained[g];
+    if (want != requires_grad_[g]) {
+      for (int p : group_params_[g]) (*params_)[p].tensor.requires_grad_(want != 0);
+      requires_grad_[g] = want;
+    }
+  }
+  engine_->start_window(step);
+  if (declared) {
+    engine_->declare_active(plan.trained);
+    engine_->begin_sync();
+  }
+  const int64_t fwd_us = Timeline::now_us();
+  auto t0 = Clock::now();
+  torch::Tensor total;
+  rec.task_loss.clear();
+  const int64_t batch = job_.data.batch_per_rank;
+  for (size_t i = 0; i < plan.tasks.size(); ++i) {
+    const int task = plan.tasks[i];
+    const int64_t rows = plan.task_rows[i];
+    if (rows == 0) continue;
+    Batch b = data_->batch(step, world_.rank, world_.size, task, rows);
+    torch::Tensor out = model_->forward(b.x, task);
+    torch::Tensor l = task_loss(model_->loss_kind(), out, b.y);
+    rec.task_loss.push_back({task, l.item<double>()});
+    torch::Tensor weighted = l * (double(rows) / double(batch));
+    total = total.defined() ? total + weighted : weighted;
+  }
+  rec.forward_ms = ms_since(t0);
+  if (!declared) {
+    engine_->declare_active(discover_groups(total));
+    engine_->begin_sync();
+  }
+  const int64_t bwd_us = Timeline::now_us();
+  auto t1 = Clock::now();
+  total.backward();
+  {
+    std::lock_guard<std::mutex> lock(hook_error_mu_);
+    if (!hook_error_.empty()) throw ConfigError(hook_error_);
+  }
+  engine_->finish_backward();
+  rec.backward_ms = ms_since(t1);
+  if (timeline_) {
+    timeline_->record(Lane::compute, "forward", fwd_us, int64_t(rec.forward_ms * 1000));
+    timeline_->record(Lane::compute, "backward", bwd_us, int64_t(rec.backward_ms * 1000),
+                      {{"bytes_allreduced", int64_t{engine_->stats().bytes_allreduced}}});
+  }
+  return total.item<double>();
+}
+
+void Worker::optimizer_step(int64_t step, StepRecord& rec) {
+  auto t0 = Clock::now();
+  const auto& contributors = engine_->contributors();
+  AdamSettings s;
+  s.lr = lr_at(job_.optimizer, step, job_.steps);
+  s.beta1 = job_.optimizer.beta1;
+  s.beta2 = job_.optimizer.beta2;
+  s.eps = job_.optimizer.eps;
+  s.weight_decay = job_.optimizer.weight_decay;
+  s.kind = job_.optimizer.kind;
+  rec.lr = s.lr;
+  torch::NoGradGuard no_grad;
+  for (size_t g = 0; g < group_params_.size(); ++g) {
+    // Lazy semantics: a group no rank used this step is not stepped at all.
+    if (contributors[g] == 0) continue;
+    std::vector<torch::Tensor> ps, gs, ms, vs;
+    for (int p : group_params_[g]) {
+      ps.push_back((*params_)[p].tensor);
+      gs.push_back((*params_)[p].tensor.grad());
+      ms.push_back(exp_avg_[p]);
+      vs.push_back(exp_avg_sq_[p]);
+    }
+    group_steps_[g] += 1;
+    s.step = group_steps_[g];
+    s.grad_scale = clip_scale(gs, job_.optimizer.clip_norm);
+    adam_group(ps, gs, ms, vs, s);
+  }
+  rec.optimizer_ms = ms_since(t0);
+}
+
+bool Worker::agree_stop() {
+  int32_t flag = g_stop_signal.load() ? 1 : 0;
+  comm::AllreduceOptions o;
+  o.tag = {"stop agreement", -1, -1};
+  comm_->allreduce(&flag, 1, comm::DType::i32, o)->wait(comm_->default_timeout());
+  return flag > 0;
+}
+
+void Worker::checkpoint(int64_t completed) {
+  if (job_.checkpoint.dir.empty()) return;
+  CheckpointWriter w;
+  w.dir = config::expand_path(job_.checkpoint.dir, job_, 0);
+  w.step = completed;
+  w.rank = world_.rank;
+  w.world = world_.size;
+  w.job_name = job_.name;
+  w.job_hash = model_hash(job_);
+  w.keep = job_.checkpoint.keep;
+  w.barrier = [this] { comm_->barrier({"checkpoint barrier", -1, -1})->wait(comm_->default_timeout()); };
+  w.all_ok = [this](bool ok) {
+    int32_t bad = ok ? 0 : 1;
+    comm::AllreduceOptions o;
+    o.tag = {"checkpoint agreement", -1, -1};
+    comm_->allreduce(&bad, 1, comm::DType::i32, o)->wait(comm_->default_timeout());
+    return bad == 0;
+  };
+  write_checkpoint(w, static_cast<int>(group_params_.size()), [this](int g) {
+    GroupState st;
+    st.group = g;
+    for (int p : group_params_[g]) {
+      st.names.push_back((*params_)[p].name);
+      st.params.push_back((*params_)[p].tensor);
+      st.exp_avg.push_back(exp_avg_[p]);
+      st.exp_avg_sq.push_back(exp_avg_sq_[p]);
+    }
+    st.steps = group_steps_[g];
+    return st;
+  });
+}
+
+void Worker::resume() {
+  if (!opts_.resume || job_.checkpoint.dir.empty()) return;
+  auto ckpt = find_latest_checkpoint(config::expand_path(job_.checkpoint.dir, job_, 0));
+  if (!ckpt) return;
+  torch::NoGradGuard no_grad;
+  const std::string hash = model_hash(job_);
+  for (size_t g = 0; g < group_params_.size(); ++g) {
+    GroupState st = load_group(*ckpt, static_cast<int>(g), hash);
+    std::map<std::string, size_t> by_name;
+    for (size_t i = 0; i < st.names.size(); ++i) by_name[st.names[i]] = i;
+    for (int p : group_params_[g]) {
+      auto it = by_name.find((*params_)[p].name);
+      if (it == by_name.end())
+        throw ConfigError(ckpt->path + ": parameter '" + (*params_)[p].name + "' missing");
+      auto& t = (*params_)[p].tensor;
+      if (!st.params[it->second].sizes().equals(t.sizes()))
+        throw ConfigError(ckpt->path + ": parameter '" + (*params_)[p].name + "' has another shape");
+      t.copy_(st.params[it->second]);
+      exp_avg_[p].copy_(st.exp_avg[it->second]);
+      exp_avg_sq_[p].copy_(st.exp_avg_sq[it->second]);
+    }
+    group_steps_[g] = st.steps;
+  }
+  start_step_ = ckpt->step;
+  THETAD_LOG(info, "ckpt") << "resumed from " << ckpt->path << " at step " << start_step_;
+}
+
+uint64_t Worker::params_hash() {
+  uint64_t h = comm::fnv1a64("", 0);
+  for (const auto& p : *params_) {
+    torch::Tensor c = p.tensor.detach().cpu().contiguous();
+    h = comm::fnv1a64(c.data_ptr(), static_cast<size_t>(c.numel()) * sizeof(float), h);
+  }
+  return h;
+}
+
+void Worker::progress(int64_t step, const StepRecord& rec) {
+  if (world_.rank != 0) return;
+  const double since = std::chrono::duration<double>(Clock::now() - last_progress_).count();
+  const bool last = step + 1 == job_.steps;
+  if (!last && since < job_.log.progress_every_s) return;
+  last_progress_ = Clock::now();
+  const double elapsed = std::chrono::duration<double>(Clock::now() - run_start_).count();
+  const int64_t done = step + 1 - start_step_;
+  const double eta = done > 0 ? elapsed / done * (job_.steps - step - 1) : 0;
+  std::ostringstream os;
+  os << "step " << step + 1 << "/" << job_.steps << " | "
+     << std::fixed << std::setprecision(0) << (elapsed > 0 ? samples_since_start_ / elapsed : 0)
+     << " samples/s | loss " << std::setprecision(4) << rec.loss;
+  for (const auto& [t, l] : rec.task_loss) os << " t" << t << "=" << l;
+  os << " | ETA " << std::setprecision(1) << eta << " s | pruned "
+     << std::setprecision(2) << total_bytes_pruned_ / 1e6 << " MB";
+  THETAD_LOG(info, "train") << os.str();
+}
+
+int Worker::run() {
+  build();
+  resume();
+  run_start_ = last_progress_ = Clock::now();
+  THETAD_LOG(info, "train") << "job " << job_.name << ": " << world_.size << " ranks, "
+                            << job_.model.tasks << " tasks, steps " << start_step_ << ".."
+                            << job_.steps;
+  int exit_code = kExitOk;
+  for (int64_t step = start_step_; step < job_.steps; ++step) {
+    StepRecord rec;
+    rec.step = step;
+    rec.rank = world_.rank;
+    auto t0 = Clock::now();
+    rec.loss = train_step(step, rec);
+    optimizer_step(step, rec);
+    rec.step_ms = ms_since(t0);
+    const auto& st = engine_->stats();
+    rec.comm_wait_ms = st.comm_wait_ms;
+    rec.count_exchange_ms = st.count_exchange_ms;
+    rec.bytes_allreduced = st.bytes_allreduced;
+    rec.bytes_pruned = st.bytes_pruned;
+    rec.buckets_launched = st.buckets_launched;
+    rec.buckets_pruned = st.buckets_pruned;
+    rec.samples = job_.data.batch_per_rank;
+    total_bytes_pruned_ += st.bytes_pruned;
+    samples_since_start_ += job_.data.batch_per_rank * world_.size;
+    if (metrics_) metrics_->write(rec);
+    progress(step, rec);
+    const int64_t completed = step + 1;
+    const bool stop = agree_stop();
+    if (stop) {
+      THETAD_LOG(warn, "train") << "stop requested (signal); checkpointing at step " << completed;
+      checkpoint(completed);
+      exit_code = kExitInterrupted;
+      break;
+    }
+    if (completed == job_.steps ||
+        (job_.checkpoint.every_steps > 0 && completed % job_.checkpoint.every_steps == 0))
+      checkpoint(completed);
+  }
+  if (world_.rank == 0) {
+    THETAD_LOG(info, "train") << "final params hash: " << hex64(params_hash());
+  }
+  if (timeline_) timeline_->close();
+  return exit_code;
+}
+
+}  // namespace
+
+int run_worker(const config::Job& job, const RunOptions& opts) {
+  Worker w(job, opts);
+  return w.run();
+}
+
+}  // namespace thetad::daemon

@@ -1,0 +1,42 @@
+// HostDevice, and the CUDA factory's stub for builds without CUDA.
+#include "offload/device.hpp"
+
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include "common/errors.hpp"
+
+namespace thetad::offload {
+
+void* HostDevice::alloc(size_t bytes) {
+  // 64-byte alignment like cudaMalloc's (>= 256 there), so vector code sees the same layout.
+  void* p = std::aligned_alloc(64, (bytes + 63) & ~size_t{63});
+  THETAD_CHECK(p != nullptr, ConfigError, "cannot allocate ", bytes,
+               " bytes for a device slot (host device); lower offload.device_slots or "
+               "offload.device_budget_mb");
+  return p;
+}
+
+void HostDevice::free(void* ptr) noexcept { std::free(ptr); }
+
+Fence HostDevice::h2d(void* dst, const void* src, size_t bytes, const Fence&) {
+  std::memcpy(dst, src, bytes);
+  return {};
+}
+
+Fence HostDevice::d2h(void* dst, const void* src, size_t bytes, const Fence&) {
+  std::memcpy(dst, src, bytes);
+  return {};
+}
+
+#ifndef THETAD_WITH_CUDA
+bool cuda_available() { return false; }
+
+std::unique_ptr<Device> make_cuda_device(int, void*) {
+  throw ConfigError("this thetad was built without CUDA; offload needs a GPU build for device "
+                    "memory (or run on the host device)");
+}
+#endif
+
+}  // namespace thetad::offload

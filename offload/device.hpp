@@ -1,0 +1,81 @@
+// The device side of the parameter store, behind a small interface: slot memory, the
+// host->device and device->host copy streams, and fences that order them against compute.
+//
+//   HostDevice  — ordinary memory and memcpy; CPU machines and CI. Copies finish on return.
+//   CudaDevice  — cudaMalloc'd slots, one H2D and one D2H stream, CUDA events as fences,
+//                 ordered against the compute stream the daemon gives (a cudaStream_t as void*).
+//                 Only with THETAD_WITH_CUDA (make_cuda_device).
+//
+//   Fence done = dev.h2d(slot, host, bytes, dev.record_compute());  // copy after compute so far
+//   dev.compute_wait(done);                                         // compute reads it later
+//   dev.host_wait(dev.d2h(host, grad, bytes, dev.record_compute())); // host sees the gradient
+//
+// No call synchronizes the whole device.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+namespace thetad::offload {
+
+// A point on one of the device's streams. Empty = already complete. Copyable; the event behind
+// it is released when the last copy goes away.
+struct Fence {
+  std::shared_ptr<void> event;
+  bool empty() const { return !event; }
+};
+
+class Device {
+ public:
+  virtual ~Device() = default;
+  virtual std::string name() const = 0;
+  virtual bool is_host() const = 0;
+
+  // Device memory for one slot; release with free(). Throws ConfigError when it cannot be had.
+  virtual void* alloc(size_t bytes) = 0;
+  virtual void free(void* ptr) noexcept = 0;
+
+  // Page-locks host memory for fast async copies (no-op on HostDevice). Called at startup only.
+  virtual void pin_host(void* ptr, size_t bytes) = 0;
+  virtual void unpin_host(void* ptr) noexcept = 0;
+
+  // Async copy on the H2D (resp. D2H) stream once `after` has completed; returns its completion.
+  virtual Fence h2d(void* dst, const void* src, size_t bytes, const Fence& after) = 0;
+  virtual Fence d2h(void* dst, const void* src, size_t bytes, const Fence& after) = 0;
+
+  // A fence at the current end of the compute stream.
+  virtual Fence record_compute() = 0;
+  // The compute stream waits for f (the host does not).
+  virtual void compute_wait(const Fence& f) = 0;
+  // The host waits for f.
+  virtual void host_wait(const Fence& f) = 0;
+  // True when f has completed (never blocks).
+  virtual bool done(const Fence& f) = 0;
+};
+
+// Device "memory" in ordinary host memory; synchronous copies and empty fences.
+class HostDevice final : public Device {
+ public:
+  std::string name() const override { return "host"; }
+  bool is_host() const override { return true; }
+  void* alloc(size_t bytes) override;
+  void free(void* ptr) noexcept override;
+  void pin_host(void*, size_t) override {}
+  void unpin_host(void*) noexcept override {}
+  Fence h2d(void* dst, const void* src, size_t bytes, const Fence& after) override;
+  Fence d2h(void* dst, const void* src, size_t bytes, const Fence& after) override;
+  Fence record_compute() override { return {}; }
+  void compute_wait(const Fence&) override {}
+  void host_wait(const Fence&) override {}
+  bool done(const Fence&) override { return true; }
+};
+
+// True when this build has CUDA and a GPU is visible.
+bool cuda_available();
+
+// A CudaDevice on GPU `device`, ordered against `compute_stream` (a cudaStream_t; nullptr = the
+// legacy default stream). Throws ConfigError when the build has no CUDA or no GPU is present.
+std::unique_ptr<Device> make_cuda_device(int device, void* compute_stream);
+
+}  // namespace thetad::offload

@@ -1,0 +1,208 @@
+// The per-host shared arena (see host_arena.hpp): size check, MPI shared window, pinning.
+#include "offload/host_arena.hpp"
+
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <iomanip>
+#include <new>
+#include <sstream>
+#include <string>
+#include <thread>
+
+#include "common/errors.hpp"
+#include "common/log.hpp"
+#include "offload/device.hpp"
+
+#define THETAD_MPI_CHECK(call, ErrorType)                                                     \
+  do {                                                                                        \
+    const int thetad_rc_ = (call);                                                            \
+    if (thetad_rc_ != MPI_SUCCESS) {                                                          \
+      char thetad_msg_[MPI_MAX_ERROR_STRING];                                                 \
+      int thetad_len_ = 0;                                                                    \
+      MPI_Error_string(thetad_rc_, thetad_msg_, &thetad_len_);                                \
+      throw ErrorType(::thetad::detail::concat(__FILE__, ":", __LINE__, ": MPI error in ",    \
+                                               #call, ": ", std::string(thetad_msg_, thetad_len_))); \
+    }                                                                                         \
+  } while (0)
+
+namespace thetad::offload {
+namespace {
+
+static_assert(std::atomic<uint64_t>::is_always_lock_free,
+              "sequence numbers in shared memory need lock-free 64-bit atomics");
+
+constexpr size_t kPage = 4096;
+
+size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+
+double mib(size_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); }
+
+// MemAvailable from /proc/meminfo in bytes; 0 when unknown.
+uint64_t mem_available_bytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  uint64_t kb = 0;
+  std::string unit;
+  while (in >> key >> kb) {
+    std::getline(in, unit);
+    if (key == "MemAvailable:") return kb * 1024;
+  }
+  return 0;
+}
+
+}  // namespace
+
+size_t HostArena::required_bytes(const std::vector<ArenaEntry>& entries) {
+  size_t total = round_up(entries.size() * kAlign, kPage);
+  for (const auto& e : entries) total += 4 * round_up(e.numel * sizeof(float), kAlign);
+  return round_up(total, kPage);
+}
+
+HostArena::HostArena(MPI_Comm comm, std::vector<ArenaEntry> entries, size_t host_limit_bytes,
+                     Device* pinner)
+    : entries_(std::move(entries)), pinner_(pinner) {
+  // Layout: one cache line per sequence number (no false sharing between owners), then each
+  // group's params | m | v | grad, every buffer 64-byte aligned.
+  header_ = round_up(entries_.size() * kAlign, kPage);
+  size_t off = header_;
+  size_t params = 0;
+  for (const auto& e : entries_) {
+    THETAD_CHECK(e.group >= 1, InternalError, "group ", e.group,
+                 " cannot live in the host arena (group 0, the shared Θ, is never offloaded)");
+    offset_.push_back(off);
+    stride_.push_back(round_up(e.numel * sizeof(float), kAlign));
+    off += 4 * stride_.back();
+    params += e.numel;
+  }
+  total_ = round_up(off, kPage);
+
+  THETAD_MPI_CHECK(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node_),
+                   InternalError);
+  MPI_Comm_set_errhandler(node_, MPI_ERRORS_RETURN);
+  MPI_Comm_rank(node_, &local_rank_);
+  MPI_Comm_size(node_, &local_size_);
+
+  // One reading of MemAvailable, taken by local rank 0, so all ranks decide alike.
+  unsigned long long avail = local_rank_ == 0 ? mem_available_bytes() : 0;
+  MPI_Bcast(&avail, 1, MPI_UNSIGNED_LONG_LONG, 0, node_);
+  const bool over_limit = host_limit_bytes > 0 && total_ > host_limit_bytes;
+  const bool over_mem = avail > 0 && total_ > avail;
+  if (over_limit || over_mem) {
+    MPI_Comm_free(&node_);
+    std::ostringstream os;
+    os << std::fixed << std::setprecision(1);
+    os << "offload: the host arena needs " << mib(total_) << " MiB (" << entries_.size()
+       << " offloaded groups, " << params
+       << " parameters x 16 bytes for fp32 params, Adam m, v and the gradient landing area) but ";
+    if (over_limit)
+      os << "offload.host_limit_mb is " << mib(host_limit_bytes) << " MiB";
+    else
+      os << "the host has only " << mib(avail) << " MiB available (MemAvailable)";
+    os << ". Offload fewer or smaller task groups (offload.enabled: false keeps them on the device)"
+          ", raise offload.host_limit_mb, or run fewer tasks per job";
+    throw ConfigError(os.str());
+  }
+
+  // Local rank 0 allocates everything (plus a page of slack to page-align the base, which the
+  // chunked pinning needs); the others allocate nothing and map rank 0's part.
+  local_alloc_ = local_rank_ == 0 ? total_ + kPage : 0;
+  void* mine = nullptr;
+  const int rc = MPI_Win_allocate_shared(static_cast<MPI_Aint>(local_alloc_), 1, MPI_INFO_NULL,
+                                         node_, &mine, &win_);
+  if (rc != MPI_SUCCESS) {
+    MPI_Comm_free(&node_);
+    throw ConfigError(detail::concat("offload: cannot allocate the ", mib(total_),
+                                     " MiB host arena as an MPI shared window; offload fewer "
+                                     "groups or lower offload.host_limit_mb"));
+  }
+  MPI_Aint size0 = 0;
+  int disp = 1;
+  void* base0 = nullptr;
+  THETAD_MPI_CHECK(MPI_Win_shared_query(win_, 0, &size0, &disp, &base0), InternalError);
+  const auto addr = reinterpret_cast<uintptr_t>(base0);
+  base_ = reinterpret_cast<char*>(round_up(addr, kPage));
+
+  if (local_rank_ == 0) {
+    for (size_t i = 0; i < entries_.size(); ++i)
+      new (base_ + i * kAlign) std::atomic<uint64_t>(0);
+  }
+
+  // Every rank pins its own mapping. A failure anywhere on the node fails everyone alike, so
+  // no rank is left waiting in a collective the others skipped.
+  int ok = 1;
+  std::string pin_error;
+  if (pinner_ != nullptr && !pinner_->is_host()) {
+    try {
+      for (size_t o = 0; o < total_; o += kPinChunkBytes) {
+        const size_t len = std::min(kPinChunkBytes, total_ - o);
+        pinner_->pin_host(base_ + o, len);
+        pinned_chunks_.push_back(base_ + o);
+      }
+    } catch (const std::exception& e) {
+      ok = 0;
+      pin_error = e.what();
+    }
+  }
+  int all_ok = 1;
+  MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, node_);
+  if (!all_ok) {
+    for (void* p : pinned_chunks_) pinner_->unpin_host(p);
+    pinned_chunks_.clear();
+    MPI_Win_free(&win_);
+    MPI_Comm_free(&node_);
+    throw ConfigError(pin_error.empty() ? "offload: another rank of this host could not pin the "
+                                          "host arena"
+                                        : pin_error);
+  }
+  MPI_Barrier(node_);  // sequence numbers are constructed before anyone reads them
+  THETAD_LOG(info, "offload") << "host arena: " << mib(total_) << " MiB for " << entries_.size()
+                              << " groups shared by " << local_size_ << " local ranks"
+                              << (pinned() ? ", pinned" : ", not pinned");
+}
+
+HostArena::~HostArena() {
+  for (void* p : pinned_chunks_) pinner_->unpin_host(p);
+  if (win_ != MPI_WIN_NULL) MPI_Win_free(&win_);
+  if (node_ != MPI_COMM_NULL) MPI_Comm_free(&node_);
+}
+
+float* HostArena::ptr(size_t i, int which) const {
+  return reinterpret_cast<float*>(base_ + offset_[i] + static_cast<size_t>(which) * stride_[i]);
+}
+
+std::atomic<uint64_t>& HostArena::seq(size_t i) const {
+  return *std::launder(reinterpret_cast<std::atomic<uint64_t>*>(base_ + i * kAlign));
+}
+
+void HostArena::publish(size_t i) const { seq(i).fetch_add(1, std::memory_order_release); }
+
+bool HostArena::seq_reached(size_t i, uint64_t expected) const {
+  return seq(i).load(std::memory_order_acquire) >= expected;
+}
+
+void HostArena::wait_seq(size_t i, uint64_t expected, double timeout_s) const {
+  if (seq_reached(i, expected)) return;
+  const auto start = std::chrono::steady_clock::now();
+  for (int spin = 0;; ++spin) {
+    if (seq_reached(i, expected)) return;
+    // Updates take milliseconds: spin briefly, then yield, then sleep, to leave the cores to
+    // the owner's optimizer threads.
+    if (spin < 64) {
+      std::this_thread::yield();
+      continue;
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+    const double waited =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (timeout_s > 0 && waited > timeout_s)
+      throw TimeoutError(detail::concat(
+          "offload: waited ", waited, " s for group ", entries_[i].group, " to reach update ",
+          expected, " (at ", seq(i).load(), "); its owner, local rank ", owner(i),
+          ", did not finish its optimizer step"));
+  }
+}
+
+void HostArena::node_barrier() const { THETAD_MPI_CHECK(MPI_Barrier(node_), CommError); }
+
+}  // namespace thetad::offload

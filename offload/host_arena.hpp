@@ -1,0 +1,102 @@
+// One host-resident arena per host, shared by all ranks of that host: an MPI shared-memory
+// window on the node communicator holding, per offloaded group, fp32 parameters, Adam m and v,
+// and a landing area for the reduced gradient, plus one sequence number per group.
+//
+// The node's local rank 0 allocates the whole segment, the others 0 bytes, and every rank maps
+// it (MPI_Win_shared_query), so a host holds one copy of θ however many ranks it runs. Given a
+// Device that pins (CudaDevice), every rank page-locks the segment at construction, in chunks
+// of at most kPinChunkBytes, and unpins it on destruction; never later.
+//
+// Ordering: the group's owner (node-local rank group % local_size) bumps seq(i) with release
+// semantics after writing the group's parameters; readers load it with acquire semantics and
+// wait until it reaches the count they expect (every rank knows how many updates happened).
+//
+//   HostArena arena(MPI_COMM_WORLD, {{1, n1}, {2, n2}}, host_limit_bytes, &device);
+//   if (arena.is_owner(0)) { write arena.params(0) ...; arena.publish(0); }
+//   arena.wait_seq(0, expected, timeout_s);  read arena.params(0) ...
+//
+// Construction and destruction are collective over the node communicator.
+#pragma once
+
+#include <mpi.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace thetad::offload {
+
+class Device;
+
+struct ArenaEntry {
+  int group;     // group id (>= 1)
+  size_t numel;  // fp32 elements
+};
+
+class HostArena {
+ public:
+  static constexpr size_t kAlign = 64;
+  static constexpr size_t kPinChunkBytes = size_t{1} << 30;
+
+  // Throws ConfigError when the arena exceeds host_limit_bytes (> 0) or the host's
+  // MemAvailable, or cannot be allocated or pinned. pinner may be null (no pinning).
+  HostArena(MPI_Comm comm, std::vector<ArenaEntry> entries, size_t host_limit_bytes,
+            Device* pinner);
+  ~HostArena();
+  HostArena(const HostArena&) = delete;
+  HostArena& operator=(const HostArena&) = delete;
+
+  // Bytes the arena needs for these entries (what the constructor will ask for).
+  static size_t required_bytes(const std::vector<ArenaEntry>& entries);
+
+  size_t entries() const { return entries_.size(); }
+  const ArenaEntry& entry(size_t i) const { return entries_[i]; }
+
+  float* params(size_t i) const { return ptr(i, 0); }
+  float* exp_avg(size_t i) const { return ptr(i, 1); }
+  float* exp_avg_sq(size_t i) const { return ptr(i, 2); }
+  float* grad(size_t i) const { return ptr(i, 3); }
+  std::atomic<uint64_t>& seq(size_t i) const;
+
+  // Owner side: makes the group's writes visible and bumps its sequence number.
+  void publish(size_t i) const;
+  // Reader side: waits until seq(i) >= expected; TimeoutError after timeout_s.
+  void wait_seq(size_t i, uint64_t expected, double timeout_s) const;
+  bool seq_reached(size_t i, uint64_t expected) const;
+
+  int owner(size_t i) const { return entries_[i].group % local_size_; }
+  bool is_owner(size_t i) const { return owner(i) == local_rank_; }
+
+  MPI_Comm node_comm() const { return node_; }
+  int local_rank() const { return local_rank_; }
+  int local_size() const { return local_size_; }
+  void node_barrier() const;
+
+  // Size of the shared segment (one per host): host_pinned_bytes.
+  size_t bytes() const { return total_; }
+  // What this rank itself passed to MPI_Win_allocate_shared (local rank 0: bytes(); others: 0).
+  size_t local_alloc_bytes() const { return local_alloc_; }
+  // Start of the segment; pinned chunks start at base() + k * kPinChunkBytes.
+  const char* base() const { return base_; }
+  bool pinned() const { return !pinned_chunks_.empty(); }
+
+ private:
+  float* ptr(size_t i, int which) const;
+
+  std::vector<ArenaEntry> entries_;
+  std::vector<size_t> offset_;  // per entry: start of its 4 buffers
+  std::vector<size_t> stride_;  // per entry: bytes of one buffer (rounded to kAlign)
+  size_t header_ = 0;
+  size_t total_ = 0;
+  size_t local_alloc_ = 0;
+  MPI_Comm node_ = MPI_COMM_NULL;
+  MPI_Win win_ = MPI_WIN_NULL;
+  int local_rank_ = 0;
+  int local_size_ = 1;
+  char* base_ = nullptr;
+  Device* pinner_ = nullptr;
+  std::vector<void*> pinned_chunks_;
+};
+
+}  // namespace thetad::offload

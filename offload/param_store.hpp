@@ -1,0 +1,197 @@
+// The host-resident parameter store: every offloaded group θ[t] (t >= 1) lives with its Adam
+// state in the host arena shared by the host's ranks; a device cache of slots holds the units
+// (groups, or row shards of large groups) the current step needs, prefetched from the known
+// schedule. Gradients go device->host as they are ready; each group's owner on the host runs
+// CPU Adam/AdamW there; updated values go host->device only when the group is needed again.
+//
+// One step on every rank (s = step), in this order:
+//
+//   for (int u : store.units_of(g))  ptr = store.acquire(u, s);    // each group this rank uses
+//   store.prefetch_for(s);            // during forward: units needed at s+1 .. s+prefetch
+//   ... forward/backward; sharded groups may call store.release(u) after each shard ...
+//   for each globally active offloaded group g (same list, same order on every rank):
+//     for (int u : store.units_of(g)) store.push_grad(u, reduced_grad_of_unit);   // owner copies
+//     store.step_group(g, hyper);     // every rank; the owner's CPU step may run asynchronously
+//   store.release_step(s);
+//
+// Groups no rank used at a step are not stepped (lazy Adam: their m, v and step count stay).
+// Every rank calls step_group for every globally active group so that all agree on each group's
+// update count; acquire() waits until the owner's update has landed. With a CUDA device all
+// copies are ordered against the compute stream by events; nothing synchronizes the device.
+// Construction and destruction are collective over the host's ranks.
+#pragma once
+
+#include <mpi.h>
+
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "offload/cpu_adam.hpp"
+#include "offload/device.hpp"
+#include "offload/host_arena.hpp"
+#include "offload/slot_cache.hpp"
+
+namespace thetad::offload {
+
+struct StoreOptions {
+  static constexpr double kDefaultTimeoutS = 300.0;
+
+  int64_t device_slots = 4;        // slots of the device cache (used when the budget is 0)
+  size_t device_budget_bytes = 0;  // > 0: as many slots of the largest unit as fit in this
+  int64_t prefetch = 1;            // steps of lookahead for prefetch_for (0 = no prefetch)
+  size_t shard_bytes = 0;          // > 0: groups larger than this split into row shards
+  size_t host_limit_bytes = 0;     // > 0: refuse a host arena larger than this
+  bool async_step = true;          // owner's CPU Adam on a worker thread, overlapping forward
+  double timeout_s = kDefaultTimeoutS;  // waits for another rank's update (TimeoutError)
+};
+
+// An offloaded group: a [rows x row_elems] fp32 matrix (a flat vector: rows = numel,
+// row_elems = 1). Group ids are >= 1.
+struct GroupShape {
+  int group = 1;
+  size_t rows = 0;
+  size_t row_elems = 1;
+};
+
+// A unit of swapping: a whole group, or a row shard of it.
+struct UnitInfo {
+  int group = 0;
+  int shard = 0;          // 0-based shard index within the group
+  size_t row_begin = 0;   // first row of the shard
+  size_t rows = 0;
+  size_t row_elems = 1;
+  size_t numel = 0;       // rows * row_elems
+  size_t offset = 0;      // first element within the group (row_begin * row_elems)
+};
+
+struct StoreStats {
+  uint64_t h2d_bytes = 0;
+  uint64_t d2h_bytes = 0;
+  uint64_t swap_hits = 0;      // acquire found an up-to-date copy (prefetched or kept)
+  uint64_t swap_misses = 0;    // acquire had to copy
+  uint64_t evictions = 0;
+  uint64_t prefetches = 0;     // units copied ahead of use
+  uint64_t host_pinned_bytes = 0;
+  uint64_t device_slot_bytes = 0;
+  double cpu_adam_ms = 0.0;    // time this rank spent in CPU Adam (owner steps)
+  uint64_t optimizer_steps = 0;  // group steps this rank ran as owner
+};
+
+class ParamStore {
+ public:
+  // This rank's offloaded groups needed at a step: deterministic, any step >= 0. Group 0 is
+  // ignored; an id that is not one of the store's groups is an InternalError.
+  using Schedule = std::function<std::vector<int>(int64_t step)>;
+
+  // Throws ConfigError for bad settings (slots < 1, a unit larger than the budget without
+  // sharding, a row larger than the shard size, an arena over the host limit or memory).
+  // comm: the ranks of the job; the host's ranks are found with MPI_COMM_TYPE_SHARED.
+  ParamStore(const StoreOptions& opts, std::vector<GroupShape> groups, Device& device,
+             Schedule groups_needed_at, MPI_Comm comm = MPI_COMM_WORLD);
+  ~ParamStore();
+  ParamStore(const ParamStore&) = delete;
+  ParamStore& operator=(const ParamStore&) = delete;
+
+  int num_units() const { return static_cast<int>(units_.size()); }
+  const UnitInfo& unit(int u) const { return units_[static_cast<size_t>(u)]; }
+  const std::vector<int>& units_of(int group) const;
+  int64_t slots() const { return cache_.slots(); }
+  size_t slot_bytes() const { return slot_bytes_; }
+  const HostArena& arena() const { return *arena_; }
+
+  // Startup, collective over the host's ranks: every rank passes identical values; the owner
+  // writes them and zeroes Adam's m and v.
+  void init_params(int group, const float* values);
+
+  // Device pointer to the unit's current parameters, valid until release(unit) or
+  // release_step(step). Waits for a pending update of its group, copies on a miss, and orders
+  // the compute stream after the copy. Pins the unit.
+  float* acquire(int unit, int64_t step);
+  // Unpins one unit before the end of the step (shard loops), once compute using it is queued.
+  void release(int unit);
+  // Starts copies of the units needed at steps step+1 .. step+prefetch whose values are final,
+  // into free slots or slots whose unit is needed later; never evicts pinned units.
+  void prefetch_for(int64_t step);
+  // Unpins the step's units; their slots are reusable once queued compute is done.
+  void release_step(int64_t step);
+
+  // Owner: async device->host copy of the unit's reduced gradient (numel floats, ready on the
+  // compute stream) into the landing area. Others: nothing. device_grad must stay unchanged
+  // until step_group of its group returns; compute queued after that is ordered after the copy.
+  void push_grad(int unit, const float* device_grad);
+  // Every rank, for every globally active group: counts the update; the owner runs adam_step
+  // on the arena once its gradient copies have landed (on the worker thread when async_step).
+  void step_group(int group, const AdamHyper& hyper);
+  // Waits until this rank's queued optimizer steps are done.
+  void wait_idle();
+
+  // Checkpoints: copy out the group's current values (null pointers are skipped).
+  void read_group(int group, float* params, float* exp_avg, float* exp_avg_sq);
+  // Resume, collective over the host's ranks, identical values on every rank.
+  void write_group(int group, const float* params, const float* exp_avg, const float* exp_avg_sq);
+
+  StoreStats stats() const;
+
+ private:
+  struct Job {
+    size_t gi;
+    AdamHyper hyper;
+    std::vector<Fence> grads;
+    uint64_t target;
+  };
+  static constexpr uint64_t kNoCopy = UINT64_MAX;
+
+  size_t index_of(int group) const;
+  const std::vector<int>& needed_at(int64_t step);
+  int64_t next_use(int unit);
+  void begin_step(int64_t step);
+  void copy_in(int unit, int slot);
+  void run_job(Job& job);
+  void worker_loop();
+  void rethrow_worker_error();
+  void write_common(int group, const float* params, const float* exp_avg, const float* exp_avg_sq);
+
+  StoreOptions opts_;
+  Device& device_;
+  Schedule schedule_;
+  std::vector<GroupShape> groups_;
+  std::unordered_map<int, size_t> index_;       // group id -> arena entry
+  std::vector<UnitInfo> units_;
+  std::vector<std::vector<int>> group_units_;   // per entry
+  size_t slot_bytes_ = 0;
+  std::unique_ptr<HostArena> arena_;
+  SlotCache cache_;
+  std::vector<void*> slot_mem_;
+  std::vector<Fence> slot_free_;    // per slot: compute done with its previous contents
+  std::vector<uint64_t> version_;   // per unit: update count its device copy holds
+  std::vector<Fence> copied_;       // per unit: its last H2D copy
+  std::vector<uint8_t> released_;   // per unit: released early in the current step
+  std::vector<int> pinned_;         // units pinned in the current step
+  std::vector<uint64_t> expected_;  // per entry: updates counted so far
+  std::vector<std::vector<Fence>> grad_fences_;  // per entry (owner): pending D2H copies
+  std::map<int64_t, std::vector<int>> schedule_cache_;
+  int64_t now_ = -1;
+
+  mutable std::mutex stats_mu_;
+  StoreStats stats_;
+
+  std::mutex q_mu_;
+  std::condition_variable q_cv_, q_idle_;
+  std::deque<Job> queue_;
+  bool q_busy_ = false;
+  bool q_stop_ = false;
+  std::exception_ptr worker_error_;
+  std::thread worker_;
+};
+
+}  // namespace thetad::offload

@@ -1,0 +1,87 @@
+// Persistent worker pool for CPU Adam (see thread_pool.hpp).
+#include "offload/thread_pool.hpp"
+
+#include <sched.h>
+
+namespace thetad::offload {
+
+ThreadPool::ThreadPool(size_t threads) {
+  for (size_t i = 1; i < threads; ++i) workers_.emplace_back([this] { worker_loop(); });
+}
+
+ThreadPool::~ThreadPool() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stop_ = true;
+  }
+  wake_.notify_all();
+  for (auto& t : workers_) t.join();
+}
+
+ThreadPool& ThreadPool::instance() {
+  static ThreadPool pool([] {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    // The affinity mask, not hardware_concurrency: under mpirun --bind-to core a rank owns
+    // only its cores, and more threads than that would fight each other.
+    if (sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) > 0)
+      return static_cast<size_t>(CPU_COUNT(&set));
+    const unsigned hc = std::thread::hardware_concurrency();
+    return static_cast<size_t>(hc > 0 ? hc : 1);
+  }());
+  return pool;
+}
+
+void ThreadPool::run_chunks() {
+  // Chunks are handed out one at a time so that a slow thread does not hold up the loop.
+  for (;;) {
+    size_t c;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (next_ >= chunks_) return;
+      c = next_++;
+    }
+    (*fn_)(c);
+  }
+}
+
+void ThreadPool::parallel_for(size_t chunks, const std::function<void(size_t)>& fn) {
+  if (chunks == 0) return;
+  if (chunks == 1 || workers_.empty()) {
+    for (size_t c = 0; c < chunks; ++c) fn(c);
+    return;
+  }
+  std::lock_guard<std::mutex> turn(turn_);
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    fn_ = &fn;
+    chunks_ = chunks;
+    next_ = 0;
+    busy_ = workers_.size();
+    ++generation_;
+  }
+  wake_.notify_all();
+  run_chunks();
+  std::unique_lock<std::mutex> lk(mu_);
+  finished_.wait(lk, [this] { return busy_ == 0; });
+  fn_ = nullptr;
+}
+
+void ThreadPool::worker_loop() {
+  uint64_t seen = 0;
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      wake_.wait(lk, [&] { return stop_ || generation_ != seen; });
+      if (stop_) return;
+      seen = generation_;
+    }
+    run_chunks();
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (--busy_ == 0) finished_.notify_one();
+    }
+  }
+}
+
+}  // namespace thetad::offload

@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# The README's first command: set up, build, and run the demo job (a small multi-task training
+# job on 2 ranks on the CPU) through the launcher. Safe to run again: it starts fresh each time.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+"$root/scripts/setup.sh"
+cd "$root"
+export THETAD_BIN="$root/build/daemon/thetad"
+"$root/launch/thetad-launch" --nproc-per-node 2 config/examples/demo.yaml --no-resume
+echo "demo: metrics in runs/demo/metrics.jsonl, checkpoints in runs/demo/ckpt, logs in runs/demo/logs"

@@ -1,0 +1,196 @@
+// The MPI communicator and the bootstrap helpers, as real processes under mpirun (2 and 4 ranks).
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "comm/bootstrap.hpp"
+#include "common/errors.hpp"
+
+using namespace thetad::comm;
+using namespace std::chrono_literals;
+
+namespace {
+constexpr std::chrono::milliseconds kWait = 30s;  // generous: oversubscribed CI cores
+}
+
+TEST(MpiCommunicator, WorldInfo) {
+  WorldInfo w = world_info();
+  auto comm = make_mpi_communicator();
+  EXPECT_EQ(w.rank, comm->rank());
+  EXPECT_EQ(w.size, comm->size());
+  EXPECT_EQ(w.local_size, w.size);  // all on one host in CI
+  EXPECT_EQ(w.local_rank, w.rank);
+  EXPECT_EQ(comm->memory_kind(), MemoryKind::host);
+  EXPECT_STREQ(comm->backend_name(), "mpi");
+}
+
+TEST(MpiCommunicator, AllreduceFloatWithDivisor) {
+  auto comm = make_mpi_communicator();
+  const int r = comm->rank(), n = comm->size();
+  std::vector<float> v(1000);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(r + 1) * static_cast<float>(i);
+  AllreduceOptions o;
+  o.divisor = n;
+  o.tag = {"allreduce", 1, 0};
+  comm->allreduce(v.data(), v.size(), DType::f32, o)->wait(kWait);
+  const float ranks_sum = n * (n + 1) / 2.0f;
+  for (size_t i = 0; i < v.size(); ++i)
+    ASSERT_FLOAT_EQ(v[i], static_cast<float>(ranks_sum * i / static_cast<double>(n))) << i;
+}
+
+TEST(MpiCommunicator, AllreduceInt32SumMaxAndDivisor) {
+  auto comm = make_mpi_communicator();
+  const int r = comm->rank(), n = comm->size();
+  std::vector<int32_t> a = {r, 1, 10 * r, -r};
+  comm->allreduce(a.data(), a.size(), DType::i32, {})->wait(kWait);
+  EXPECT_EQ(a, (std::vector<int32_t>{n * (n - 1) / 2, n, 10 * n * (n - 1) / 2, -n * (n - 1) / 2}));
+  std::vector<int32_t> m = {r, -r};
+  AllreduceOptions mo;
+  mo.op = ReduceOp::max;
+  comm->allreduce(m.data(), m.size(), DType::i32, mo)->wait(kWait);
+  EXPECT_EQ(m, (std::vector<int32_t>{n - 1, 0}));
+  std::vector<int32_t> d = {4, 6};
+  AllreduceOptions dopt;
+  dopt.divisor = 2;
+  comm->allreduce(d.data(), d.size(), DType::i32, dopt)->wait(kWait);
+  EXPECT_EQ(d, (std::vector<int32_t>{2 * n, 3 * n}));
+}
+
+TEST(MpiCommunicator, AllreduceBf16) {
+  auto comm = make_mpi_communicator();
+  const int n = comm->size();
+  // bf16 of 1.0 and 0.5 (exact), summed over ranks then divided by the world size.
+  std::vector<uint16_t> v = {0x3f80, 0x3f00};
+  AllreduceOptions o;
+  o.divisor = n;
+  comm->allreduce(v.data(), v.size(), DType::bf16, o)->wait(kWait);
+  EXPECT_EQ(v[0], 0x3f80);
+  EXPECT_EQ(v[1], 0x3f00);
+}
+
+TEST(MpiCommunicator, Broadcast) {
+  auto comm = make_mpi_communicator();
+  const int root = comm->size() - 1;
+  std::vector<float> v(17, static_cast<float>(comm->rank()));
+  comm->broadcast(v.data(), v.size(), DType::f32, root, {})->wait(kWait);
+  for (float x : v) EXPECT_EQ(x, static_cast<float>(root));
+}
+
+TEST(MpiCommunicator, Allgather) {
+  auto comm = make_mpi_communicator();
+  const int n = comm->size();
+  std::vector<int32_t> send = {comm->rank(), 100 + comm->rank()};
+  std::vector<int32_t> recv(2 * n, -1);
+  comm->allgather(send.data(), recv.data(), 2, DType::i32, {})->wait(kWait);
+  for (int r = 0; r < n; ++r) {
+    EXPECT_EQ(recv[2 * r], r);
+    EXPECT_EQ(recv[2 * r + 1], 100 + r);
+  }
+}
+
+TEST(MpiCommunicator, Barrier) {
+  auto comm = make_mpi_communicator();
+  auto w = comm->barrier({"barrier", 3, -1});
+  w->wait(kWait);
+  EXPECT_TRUE(w->is_completed());
+  EXPECT_GE(w->elapsed_ms(), 0.0);
+}
+
+TEST(MpiCommunicator, ManyConcurrentAllreducesComplete) {
+  auto comm = make_mpi_communicator();
+  const int n = comm->size();
+  constexpr int kBuckets = 64;
+  std::vector<std::shared_ptr<void>> bufs;
+  std::vector<WorkPtr> works;
+  for (int b = 0; b < kBuckets; ++b) {
+    const size_t count = 1 + 997 * b;
+    bufs.push_back(comm->allocate(count * sizeof(float)));
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(bufs.back().get()) % 64, 0u);
+    auto* p = static_cast<float*>(bufs.back().get());
+    for (size_t i = 0; i < count; ++i) p[i] = static_cast<float>(b + comm->rank());
+    AllreduceOptions o;
+    o.tag = {"allreduce", 0, b};
+    works.push_back(comm->allreduce(p, count, DType::f32, o));
+  }
+  for (int b = kBuckets - 1; b >= 0; --b) works[b]->wait(kWait);  // any order of waiting
+  for (int b = 0; b < kBuckets; ++b) {
+    auto* p = static_cast<float*>(bufs[b].get());
+    const float expect = static_cast<float>(n * b + n * (n - 1) / 2);
+    EXPECT_EQ(p[0], expect);
+    EXPECT_EQ(p[997 * b], expect);
+  }
+}
+
+TEST(MpiCommunicator, AllocateIsZeroedAndZeroClears) {
+  auto comm = make_mpi_communicator();
+  auto buf = comm->allocate(1000);
+  auto* p = static_cast<unsigned char*>(buf.get());
+  for (int i = 0; i < 1000; ++i) ASSERT_EQ(p[i], 0);
+  std::memset(p, 7, 1000);
+  comm->zero(p, 1000);
+  for (int i = 0; i < 1000; ++i) ASSERT_EQ(p[i], 0);
+}
+
+TEST(MpiCommunicator, AbortFailsPendingAndLaterWork) {
+  auto comm = make_mpi_communicator();
+  comm->barrier({})->wait(kWait);
+  comm->abort("test");
+  std::vector<float> v(4, 1.0f);
+  auto w = comm->allreduce(v.data(), v.size(), DType::f32, {});
+  EXPECT_THROW(w->wait(kWait), thetad::CommError);
+}
+
+TEST(MpiCommunicator, CollectiveTagDescribe) {
+  EXPECT_EQ((CollectiveTag{"allreduce", 17, 3}).describe(), "allreduce of bucket 3 at step 17");
+  EXPECT_EQ((CollectiveTag{"count exchange", 2, -1}).describe(), "count exchange at step 2");
+  EXPECT_EQ(CollectiveTag{}.describe(), "collective");
+  EXPECT_EQ(dtype_size(DType::bf16), 2u);
+  EXPECT_STREQ(dtype_name(DType::f32), "float32");
+}
+
+TEST(Bootstrap, CheckConsistentPassesOnIdenticalText) {
+  EXPECT_NO_THROW(check_consistent("job", "job=x\noptimizer.lr=0.001\nseed=1\n"));
+}
+
+TEST(Bootstrap, CheckConsistentNamesTheDifferingLine) {
+  WorldInfo w = world_info();
+  const std::string lr = w.rank == 1 ? "0.002" : "0.001";
+  try {
+    check_consistent("job", "job=x\noptimizer.lr=" + lr + "\nseed=1\n");
+    FAIL() << "no error";
+  } catch (const thetad::ConfigError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "job differs across ranks: rank 1 has 'optimizer.lr=0.002' where rank 0 has "
+              "'optimizer.lr=0.001'");
+    EXPECT_EQ(e.exit_code(), thetad::kExitBadInput);
+  }
+}
+
+TEST(Bootstrap, CheckConsistentExtraLine) {
+  WorldInfo w = world_info();
+  std::string text = "a=1\n";
+  if (w.rank == w.size - 1) text += "b=2\n";
+  try {
+    check_consistent("plan", text);
+    FAIL() << "no error";
+  } catch (const thetad::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("plan differs across ranks: rank " + std::to_string(w.size - 1) +
+                                         " has 'b=2'"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(Bootstrap, MpiCheckCarriesTheMpiErrorString) {
+  try {
+    MPI_CHECK(MPI_ERR_COUNT);  // what a failed MPI call returns
+    FAIL() << "no error";
+  } catch (const thetad::CommError& e) {
+    EXPECT_NE(std::string(e.what()).find("MPI error in "), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("MPI_ERR_COUNT"), std::string::npos) << e.what();
+  }
+}

@@ -1,0 +1,108 @@
+// The engine over NCCL (label gpu, 2 ranks on 2 GPUs): the same reference check as the MPI
+// engine tests, device buffers, plus the basic collectives. Skips without a GPU.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <chrono>
+
+#include "comm/bootstrap.hpp"
+#include "common/errors.hpp"
+#include "engine_harness.hpp"
+
+using namespace thetad::comm;
+using namespace thetad::comm::testing;
+using namespace std::chrono_literals;
+
+namespace {
+
+// Every rank must agree on skipping, or the others would wait in a collective forever.
+bool gpus_available() {
+  int n = 0;
+  const bool ok = cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+  int local = ok ? 1 : 0, all = 0;
+  MPI_Allreduce(&local, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  return all == 1;
+}
+
+std::shared_ptr<Communicator> nccl() {
+  WorldInfo w = world_info();
+  int n = 0;
+  cudaGetDeviceCount(&n);
+  return make_nccl_communicator(w.local_rank % n);
+}
+
+Memory device_memory() {
+  // cudaMemcpy runs on the legacy default stream, the communicator's compute stream here.
+  return {[](float* dst, const std::vector<float>& add) {
+            std::vector<float> cur(add.size());
+            cudaMemcpy(cur.data(), dst, add.size() * 4, cudaMemcpyDeviceToHost);
+            for (size_t i = 0; i < add.size(); ++i) cur[i] += add[i];
+            cudaMemcpy(dst, cur.data(), add.size() * 4, cudaMemcpyHostToDevice);
+          },
+          [](const float* src, size_t n) {
+            std::vector<float> out(n);
+            cudaMemcpy(out.data(), src, n * 4, cudaMemcpyDeviceToHost);
+            return out;
+          }};
+}
+
+}  // namespace
+
+TEST(Nccl, Collectives) {
+  if (!gpus_available()) GTEST_SKIP() << "no GPU";
+  auto comm = nccl();
+  const int r = comm->rank(), n = comm->size();
+  auto buf = comm->allocate(4 * 1024);
+  std::vector<float> h(1024, static_cast<float>(r + 1));
+  cudaMemcpy(buf.get(), h.data(), 4096, cudaMemcpyHostToDevice);
+  AllreduceOptions o;
+  o.divisor = n;
+  comm->allreduce(buf.get(), 1024, DType::f32, o)->wait(30s);
+  cudaMemcpy(h.data(), buf.get(), 4096, cudaMemcpyDeviceToHost);
+  EXPECT_FLOAT_EQ(h[7], (n + 1) / 2.0f);
+  comm->barrier({})->wait(30s);
+  std::vector<int32_t> x = {r};
+  comm->copy_from_host(buf.get(), x.data(), 4);
+  comm->broadcast(buf.get(), 1, DType::i32, n - 1, {})->wait(30s);
+  comm->copy_to_host(x.data(), buf.get(), 4);
+  EXPECT_EQ(x[0], n - 1);
+}
+
+TEST(Nccl, EngineMatchesReference) {
+  if (!gpus_available()) GTEST_SKIP() << "no GPU";
+  auto comm = nccl();
+  const int world = comm->size();
+  for (bool prune : {true, false})
+    for (Average avg : {Average::contributors, Average::world}) {
+      EngineOptions o;
+      o.prune = prune;
+      o.average = avg;
+      o.timeout = 60s;
+      Engine engine(comm, model_plan(), o);
+      RunResult r = run_engine(engine, device_memory(), 20, 1);
+      // PreMulSum multiplies by 1/divisor before summing: equal within float32 rounding.
+      expect_matches_reference(r, model_plan(), world, 1, o, 1e-6);
+    }
+}
+
+TEST(Nccl, TimeoutAbortsAndNamesTheBucket) {
+  if (!gpus_available()) GTEST_SKIP() << "no GPU";
+  auto comm = nccl();
+  comm->set_default_timeout(2s);  // the watchdog's limit
+  auto buf = comm->allocate(64);
+  comm->barrier({})->wait(30s);
+  if (comm->rank() == 0) {
+    AllreduceOptions o;
+    o.tag = {"allreduce", 17, 3};
+    auto w = comm->allreduce(buf.get(), 16, DType::f32, o);
+    try {
+      w->wait(10s);
+      ADD_FAILURE() << "no timeout";
+    } catch (const thetad::TimeoutError& e) {
+      EXPECT_EQ(std::string(e.what()), "allreduce of bucket 3 at step 17 did not finish within 2 s");
+    }
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  comm->abort("test over");
+}

@@ -1,0 +1,256 @@
+// The table of bad job files: each must be rejected with a JobError whose message names the
+// file, the line (and column) and the key path. Line numbers are 1-based, as editors show them.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "config/loader.hpp"
+
+namespace thetad::config {
+namespace {
+
+// Three valid lines; rows append to it, so their own lines start at line 4.
+const std::string kHead =
+    "steps: 10\n"
+    "model: {kind: multitask_mlp, tasks: 4}\n"
+    "data: {kind: synthetic}\n";
+
+struct BadJob {
+  const char* name;
+  std::string yaml;
+  std::vector<std::string> expect;  // substrings of the message
+};
+
+const std::vector<BadJob>& bad_jobs() {
+  static const std::vector<BadJob> rows = {
+      // Documents that are not job files at all.
+      {"malformed_flow", "steps: 10\nmodel: {kind: multitask_mlp\ndata: {}\n",
+       {"bad.yaml:", "malformed YAML"}},
+      {"malformed_mapping", "steps: 10\nmodel: a: b\n", {"bad.yaml:2:", "malformed YAML"}},
+      {"top_level_list", "- steps: 10\n", {"bad.yaml:1:1:", "must be a map"}},
+      {"top_level_scalar", "hello\n", {"bad.yaml:1:1:", "must be a map", "'hello'"}},
+      {"two_documents", kHead + "---\nsteps: 3\n", {"bad.yaml:5:", "one YAML document"}},
+      {"non_scalar_key", kHead + "? [a, b]\n: 1\n", {"bad.yaml:4:", "plain names"}},
+      // Required keys and sections.
+      {"missing_steps", "model: {kind: multitask_mlp}\ndata: {}\n",
+       {"bad.yaml:1:1: steps: required key is missing"}},
+      {"missing_model", "steps: 10\ndata: {}\n", {"bad.yaml:", "model: required section"}},
+      {"missing_data", "steps: 10\nmodel: {kind: multitask_mlp}\n",
+       {"bad.yaml:", "data: required section"}},
+      {"missing_model_kind", "steps: 10\nmodel:\n  tasks: 4\ndata: {}\n",
+       {"bad.yaml:2:1: model.kind: required key is missing", "multitask_mlp"}},
+      // Unknown keys.
+      {"unknown_top_key", "stpes: 10\nmodel: {kind: multitask_mlp}\ndata: {}\n",
+       {"bad.yaml:1:1: stpes: unknown key; did you mean 'steps'?"}},
+      {"unknown_section_key", kHead + "optimizer:\n  lrr: 0.1\n",
+       {"bad.yaml:5:3: optimizer.lrr: unknown key; did you mean 'lr'?"}},
+      {"key_in_wrong_section", kHead + "lr: 0.1\n",
+       {"bad.yaml:4:1: lr: unknown key; did you mean 'optimizer.lr'?"}},
+      {"unknown_section", kHead + "optimiser: {lr: 0.1}\n",
+       {"bad.yaml:4:1: optimiser:", "did you mean 'optimizer'?"}},
+      {"unknown_key_flow_map", "steps: 10\nmodel: {kind: multitask_mlp, taks: 4}\ndata: {}\n",
+       {"bad.yaml:2:30: model.taks:", "did you mean 'tasks'?"}},
+      {"duplicate_key", kHead + "steps: 20\n", {"bad.yaml:4:1: steps: duplicate key", "line 1"}},
+      // Wrong types.
+      {"string_for_int", "steps: ten\nmodel: {kind: multitask_mlp}\ndata: {}\n",
+       {"bad.yaml:1:1: steps: expected an integer, got 'ten'"}},
+      {"quoted_number", "steps: \"10\"\nmodel: {kind: multitask_mlp}\ndata: {}\n",
+       {"bad.yaml:1:1: steps: expected an integer, got the string \"10\""}},
+      {"fraction_for_int", "steps: 2.5\nmodel: {kind: multitask_mlp}\ndata: {}\n",
+       {"bad.yaml:1:1: steps:", "expected an integer"}},
+      {"int_out_of_range", "steps: 99999999999999999999\nmodel: {kind: multitask_mlp}\ndata: {}\n",
+       {"bad.yaml:1:1: steps:", "out of range"}},
+      {"list_for_map", kHead + "comm: [mpi]\n", {"bad.yaml:4:1: comm: expected a map"}},
+      {"scalar_for_section", "steps: 10\nmodel: 5\ndata: {}\n",
+       {"bad.yaml:2:1: model: expected a map", "'5'"}},
+      {"map_for_number", kHead + "optimizer:\n  lr: {a: 1}\n",
+       {"bad.yaml:5:3: optimizer.lr: expected a number, got a map"}},
+      {"nan_for_number", kHead + "optimizer: {lr: .nan}\n",
+       {"bad.yaml:4:13: optimizer.lr:", "expected a number"}},
+      {"yes_for_bool", kHead + "comm:\n  prune: yes\n",
+       {"bad.yaml:5:3: comm.prune: expected true or false, got 'yes'"}},
+      {"scalar_for_list", "steps: 10\nmodel: {kind: multitask_mlp}\ndata:\n  weights: 1\n",
+       {"bad.yaml:4:3: data.weights: expected a list of numbers, got '1'"}},
+      {"weights_element_string",
+       "steps: 10\nmodel: {kind: multitask_mlp, tasks: 2}\ndata:\n  schedule: weighted\n"
+       "  weights: [1, heavy]\n",
+       {"bad.yaml:5:16: data.weights[1]: expected a number, got 'heavy'"}},
+      {"empty_file", "", {"bad.yaml:1:1: steps: required key is missing"}},
+      {"comment_only_file", "# nothing here\n", {"bad.yaml:1:1: model: required section"}},
+      {"seed_negative", kHead + "seed: -1\n", {"bad.yaml:4:1: seed: must be >= 0"}},
+      // Out of range.
+      {"steps_zero", "steps: 0\nmodel: {kind: multitask_mlp}\ndata: {}\n",
+       {"bad.yaml:1:1: steps: must be > 0, got 0"}},
+      {"tasks_zero", "steps: 10\nmodel:\n  kind: multitask_mlp\n  tasks: 0\ndata: {}\n",
+       {"bad.yaml:4:3: model.tasks: must be > 0, got 0"}},
+      {"input_dim_negative", "steps: 10\nmodel:\n  kind: multitask_mlp\n  input_dim: -1\ndata: {}\n",
+       {"bad.yaml:4:3: model.input_dim: must be > 0, got -1"}},
+      {"hidden_zero", "steps: 10\nmodel:\n  kind: multitask_mlp\n  hidden: 0\ndata: {}\n",
+       {"bad.yaml:4:3: model.hidden: must be > 0"}},
+      {"output_dim_negative", "steps: 10\nmodel:\n  kind: multitask_mlp\n  output_dim: -3\ndata: {}\n",
+       {"bad.yaml:4:3: model.output_dim: must be > 0, got -3"}},
+      {"trunk_layers_negative",
+       "steps: 10\nmodel:\n  kind: multitask_mlp\n  trunk_layers: -1\ndata: {}\n",
+       {"bad.yaml:4:3: model.trunk_layers: must be >= 0"}},
+      {"head_layers_zero", "steps: 10\nmodel:\n  kind: multitask_mlp\n  head_layers: 0\ndata: {}\n",
+       {"bad.yaml:4:3: model.head_layers: must be >= 1"}},
+      {"batch_zero", "steps: 10\nmodel: {kind: multitask_mlp}\ndata:\n  batch_per_rank: 0\n",
+       {"bad.yaml:4:3: data.batch_per_rank: must be > 0"}},
+      {"bucket_cap_zero", kHead + "comm:\n  bucket_cap_mb: 0\n",
+       {"bad.yaml:5:3: comm.bucket_cap_mb: must be > 0"}},
+      {"first_bucket_zero", kHead + "comm:\n  first_bucket_mb: 0\n",
+       {"bad.yaml:5:3: comm.first_bucket_mb: must be > 0"}},
+      {"first_bucket_above_cap", kHead + "comm:\n  bucket_cap_mb: 4\n  first_bucket_mb: 8\n",
+       {"bad.yaml:6:3: comm.first_bucket_mb:", "must be <= comm.bucket_cap_mb (4)"}},
+      {"timeout_zero", kHead + "comm:\n  timeout_s: 0\n", {"bad.yaml:5:3: comm.timeout_s: must be > 0"}},
+      {"beta_one", kHead + "optimizer:\n  betas: [0.9, 1.0]\n",
+       {"bad.yaml:5:16: optimizer.betas[1]: beta2 must be in [0, 1), got 1"}},
+      {"beta_negative", kHead + "optimizer:\n  betas: [-0.1, 0.9]\n",
+       {"bad.yaml:5:11: optimizer.betas[0]: beta1 must be in [0, 1)"}},
+      {"betas_three", kHead + "optimizer:\n  betas: [0.9, 0.99, 0.999]\n",
+       {"bad.yaml:5:3: optimizer.betas: expected a list of 2 numbers", "3 elements"}},
+      {"lr_zero", kHead + "optimizer:\n  lr: 0\n", {"bad.yaml:5:3: optimizer.lr: must be > 0"}},
+      {"eps_zero", kHead + "optimizer:\n  eps: 0\n", {"bad.yaml:5:3: optimizer.eps: must be > 0"}},
+      {"weight_decay_negative", kHead + "optimizer:\n  weight_decay: -0.1\n",
+       {"bad.yaml:5:3: optimizer.weight_decay: must be >= 0, got -0.1"}},
+      {"clip_norm_negative", kHead + "optimizer:\n  clip_norm: -1\n",
+       {"bad.yaml:5:3: optimizer.clip_norm: must be >= 0"}},
+      {"warmup_negative", kHead + "optimizer:\n  warmup_steps: -5\n",
+       {"bad.yaml:5:3: optimizer.warmup_steps: must be >= 0"}},
+      {"min_lr_above_lr", kHead + "optimizer:\n  lr: 0.001\n  min_lr: 0.01\n",
+       {"bad.yaml:6:3: optimizer.min_lr: must be <= optimizer.lr"}},
+      {"device_slots_zero", kHead + "offload:\n  enabled: true\n  device_slots: 0\n",
+       {"bad.yaml:6:3: offload.device_slots: must be >= 1"}},
+      {"prefetch_negative", kHead + "offload:\n  prefetch: -1\n",
+       {"bad.yaml:5:3: offload.prefetch: must be >= 0"}},
+      {"shard_negative", kHead + "offload:\n  shard_mb: -1\n", {"bad.yaml:5:3: offload.shard_mb: must be >= 0"}},
+      {"budget_negative", kHead + "offload:\n  enabled: true\n  device_budget_mb: -1\n",
+       {"bad.yaml:6:3: offload.device_budget_mb: must be >= 0"}},
+      {"keep_zero", kHead + "checkpoint:\n  dir: ck\n  keep: 0\n", {"bad.yaml:6:3: checkpoint.keep: must be >= 1"}},
+      {"every_steps_negative", kHead + "checkpoint:\n  dir: ck\n  every_steps: -1\n",
+       {"bad.yaml:6:3: checkpoint.every_steps: must be >= 0"}},
+      {"accumulate_zero", kHead + "accumulate_steps: 0\n", {"bad.yaml:4:1: accumulate_steps: must be >= 1"}},
+      {"tasks_per_rank_above_tasks",
+       "steps: 10\nmodel: {kind: multitask_mlp, tasks: 2}\ndata:\n  tasks_per_rank: 3\n",
+       {"bad.yaml:4:3: data.tasks_per_rank: must be <= model.tasks (2), got 3"}},
+      {"tasks_per_rank_zero", "steps: 10\nmodel: {kind: multitask_mlp}\ndata:\n  tasks_per_rank: 0\n",
+       {"bad.yaml:4:3: data.tasks_per_rank: must be >= 1"}},
+      {"progress_negative", kHead + "log:\n  progress_every_s: -1\n",
+       {"bad.yaml:5:3: log.progress_every_s: must be >= 0"}},
+      // Enum values.
+      {"model_kind_typo", "steps: 10\nmodel:\n  kind: multitask_mpl\ndata: {}\n",
+       {"bad.yaml:3:3: model.kind: must be one of multitask_mlp, multitask_adapter",
+        "did you mean 'multitask_mlp'?"}},
+      {"data_kind_bad", "steps: 10\nmodel: {kind: multitask_mlp}\ndata:\n  kind: csv\n",
+       {"bad.yaml:4:3: data.kind: must be one of synthetic, npy; got 'csv'"}},
+      {"schedule_bad", "steps: 10\nmodel: {kind: multitask_mlp}\ndata:\n  schedule: random\n",
+       {"bad.yaml:4:3: data.schedule: must be one of round_robin, weighted, per_rank, all, alternate"}},
+      {"backend_bad", kHead + "comm:\n  backend: gloo\n", {"bad.yaml:5:3: comm.backend: must be one of auto, mpi, nccl"}},
+      {"average_bad", kHead + "comm:\n  average: mean\n", {"bad.yaml:5:3: comm.average: must be one of contributors, world"}},
+      {"active_bad", kHead + "comm:\n  active: find\n", {"bad.yaml:5:3: comm.active: must be one of declared, discover"}},
+      {"optimizer_kind_bad", kHead + "optimizer:\n  kind: lamb\n", {"bad.yaml:5:3: optimizer.kind: must be one of adamw, adam, sgd"}},
+      {"lr_schedule_bad", kHead + "optimizer:\n  lr_schedule: linear\n",
+       {"bad.yaml:5:3: optimizer.lr_schedule: must be one of constant, cosine"}},
+      {"log_level_bad", kHead + "log:\n  level: verbose\n", {"bad.yaml:5:3: log.level: must be one of trace, debug"}},
+      {"precision_bad", kHead + "precision: bf16\n", {"bad.yaml:4:1: precision: must be one of fp32; got 'bf16'"}},
+      // Contradictions.
+      {"nccl_without_cuda", kHead + "comm:\n  backend: nccl\n",
+       {"bad.yaml:5:3: comm.backend:", "this build has no CUDA LibTorch"}},
+      {"npy_without_dir", "steps: 10\nmodel: {kind: multitask_mlp}\ndata:\n  kind: npy\n",
+       {"bad.yaml:4:3: data.dir: required when data.kind is 'npy'"}},
+      {"weighted_without_weights", "steps: 10\nmodel: {kind: multitask_mlp}\ndata:\n  schedule: weighted\n",
+       {"bad.yaml:4:3: data.weights:", "one weight per task"}},
+      {"weights_wrong_length",
+       "steps: 10\nmodel: {kind: multitask_mlp, tasks: 3}\ndata:\n  schedule: weighted\n  weights: [1, 2]\n",
+       {"bad.yaml:5:3: data.weights: needs one weight per task: 3 (model.tasks), got 2"}},
+      {"weights_negative",
+       "steps: 10\nmodel: {kind: multitask_mlp, tasks: 2}\ndata:\n  schedule: weighted\n  weights: [1, -2]\n",
+       {"bad.yaml:5:16: data.weights[1]: must be >= 0, got -2"}},
+      {"weights_all_zero",
+       "steps: 10\nmodel: {kind: multitask_mlp, tasks: 2}\ndata:\n  schedule: weighted\n  weights: [0, 0]\n",
+       {"bad.yaml:5:3: data.weights: at least one weight must be > 0"}},
+      {"per_rank_missing", "steps: 10\nmodel: {kind: multitask_mlp}\ndata:\n  schedule: per_rank\n",
+       {"bad.yaml:4:3: data.per_rank:", "needs a list of task ids for each rank"}},
+      {"per_rank_task_out_of_range",
+       "steps: 10\nmodel: {kind: multitask_mlp, tasks: 4}\ndata:\n  schedule: per_rank\n"
+       "  per_rank:\n    - [0, 1]\n    - [2, 4]\n",
+       {"bad.yaml:7:11: data.per_rank[1][1]: task id must be in [0, 4)", "got 4"}},
+      {"per_rank_not_a_list_of_lists",
+       "steps: 10\nmodel: {kind: multitask_mlp}\ndata:\n  schedule: per_rank\n  per_rank: [0, 1]\n",
+       {"bad.yaml:5:14: data.per_rank[0]: expected a list of task ids, got '0'"}},
+      {"per_rank_task_twice",
+       "steps: 10\nmodel: {kind: multitask_mlp, tasks: 4}\ndata:\n  schedule: per_rank\n"
+       "  per_rank: [[0, 1], [2, 2]]\n",
+       {"bad.yaml:5:26: data.per_rank[1][1]: task 2 is listed twice for rank 1"}},
+      {"batch_smaller_than_tasks",
+       "steps: 10\nmodel: {kind: multitask_mlp, tasks: 8}\ndata:\n  schedule: all\n  batch_per_rank: 4\n",
+       {"bad.yaml:5:3: data.batch_per_rank: is smaller than the 8 tasks", "'all'"}},
+      {"tab_indentation", "steps: 10\nmodel:\n\tkind: multitask_mlp\n",
+       {"bad.yaml:3:", "malformed YAML", "tabs"}},
+      {"alternate_missing", "steps: 10\nmodel: {kind: multitask_mlp}\ndata:\n  schedule: alternate\n",
+       {"bad.yaml:4:3: data.alternate:", "needs the groups to train in turn"}},
+      {"alternate_bad_entry",
+       "steps: 10\nmodel: {kind: multitask_mlp}\ndata:\n  schedule: alternate\n  alternate: [shared, head]\n",
+       {"bad.yaml:5:23: data.alternate[1]: must be 'shared', 'tasks' or 'task:N'", "'head'"}},
+      {"alternate_task_out_of_range",
+       "steps: 10\nmodel: {kind: multitask_mlp, tasks: 2}\ndata:\n  schedule: alternate\n"
+       "  alternate: [shared, \"task:2\"]\n",
+       {"bad.yaml:5:23: data.alternate[1]: task id must be in [0, 2)"}},
+      {"torchscript_without_path",
+       "steps: 10\nmodel:\n  kind: torchscript\n  shared: [\"trunk.*\"]\n  task: \"heads.{t}.*\"\ndata: {}\n",
+       {"bad.yaml:3:3: model.path: torchscript needs the path"}},
+      {"torchscript_missing_file",
+       "steps: 10\nmodel:\n  kind: torchscript\n  path: /nonexistent/model.pt\n  shared: [\"trunk.*\"]\n"
+       "  task: \"heads.{t}.*\"\ndata: {}\n",
+       {"bad.yaml:4:3: model.path: no such file: '/nonexistent/model.pt'"}},
+      {"torchscript_task_without_t",
+       "steps: 10\nmodel:\n  kind: torchscript\n  path: /dev/null\n  shared: [\"trunk.*\"]\n"
+       "  task: \"heads.*\"\ndata: {}\n",
+       {"bad.yaml:6:3: model.task: pattern must contain {t}"}},
+      {"torchscript_without_shared",
+       "steps: 10\nmodel:\n  kind: torchscript\n  path: /dev/null\n  task: \"heads.{t}.*\"\ndata: {}\n",
+       {"bad.yaml:3:3: model.shared: torchscript needs name patterns"}},
+      {"extreme_without_classes", "steps: 10\nmodel:\n  kind: extreme_classifier\ndata: {}\n",
+       {"bad.yaml:3:3: model.classes: extreme_classifier needs classes > 0"}},
+      {"extreme_negatives_negative",
+       "steps: 10\nmodel:\n  kind: extreme_classifier\n  classes: 1000\n  negatives_per_step: -1\ndata: {}\n",
+       {"bad.yaml:5:3: model.negatives_per_step: must be >= 0"}},
+      {"adapter_rank_zero", "steps: 10\nmodel:\n  kind: multitask_adapter\n  adapter_rank: 0\ndata: {}\n",
+       {"bad.yaml:4:3: model.adapter_rank: must be >= 1"}},
+      {"every_steps_without_dir", kHead + "checkpoint:\n  every_steps: 10\n",
+       {"bad.yaml:5:3: checkpoint.dir:", "no checkpoint.dir"}},
+      {"all_ranks_metrics_without_rank", kHead + "metrics:\n  path: m.jsonl\n  all_ranks: true\n",
+       {"bad.yaml:5:3: metrics.path:", "needs {rank}"}},
+      {"unknown_placeholder", kHead + "checkpoint:\n  dir: runs/{jobname}/ckpt\n",
+       {"bad.yaml:5:3: checkpoint.dir: unknown placeholder '{jobname}'"}},
+      {"job_name_with_slash", kHead + "job: a/b\n", {"bad.yaml:4:1: job: must be a non-empty name"}},
+  };
+  return rows;
+}
+
+class BadJobTest : public ::testing::TestWithParam<BadJob> {};
+
+TEST_P(BadJobTest, RejectedWithFileLineAndKey) {
+  const BadJob& row = GetParam();
+  try {
+    load_job_from_string(row.yaml, "bad.yaml");
+    FAIL() << "accepted:\n" << row.yaml;
+  } catch (const JobError& e) {
+    const std::string what = e.what();
+    ASSERT_FALSE(e.messages().empty());
+    for (const auto& m : e.messages()) EXPECT_EQ(m.rfind("bad.yaml:", 0), 0u) << m;
+    for (const auto& s : row.expect) EXPECT_NE(what.find(s), std::string::npos) << "want: " << s << "\ngot:\n" << what;
+    EXPECT_EQ(exit_code_for(e), kExitBadInput);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Table, BadJobTest, ::testing::ValuesIn(bad_jobs()),
+                         [](const ::testing::TestParamInfo<BadJob>& info) {
+                           return std::string(info.param.name);
+                         });
+
+TEST(BadJobTable, HasAtLeast35Rows) { EXPECT_GE(bad_jobs().size(), 35u); }
+
+}  // namespace
+}  // namespace thetad::config

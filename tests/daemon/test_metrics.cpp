@@ -1,0 +1,180 @@
+// Metrics JSON lines: every DESIGN.md field present, escaping, NaN -> null, one flushed line
+// per record, and a line that Python's json module reads back.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+
+#include "common/errors.hpp"
+#include "daemon/metrics.hpp"
+#include "test_util.hpp"
+
+namespace thetad::daemon {
+namespace {
+
+// A tiny structural JSON check: brackets balance outside strings, strings terminate, and no
+// bare NaN/Infinity tokens slipped through.
+bool balanced_json(const std::string& s) {
+  std::vector<char> stack;
+  bool in_string = false;
+  for (size_t i = 0; i < s.size(); ++i) {
+    const char c = s[i];
+    if (in_string) {
+      if (c == '\\') ++i;
+      else if (c == '"') in_string = false;
+      else if (static_cast<unsigned char>(c) < 0x20) return false;
+      continue;
+    }
+    if (c == '"') in_string = true;
+    else if (c == '{' || c == '[') stack.push_back(c);
+    else if (c == '}' || c == ']') {
+      if (stack.empty() || stack.back() != (c == '}' ? '{' : '[')) return false;
+      stack.pop_back();
+    } else if (c == 'N' || c == 'I') return false;
+  }
+  return stack.empty() && !in_string;
+}
+
+StepRecord sample() {
+  StepRecord r;
+  r.step = 17;
+  r.rank = 1;
+  r.loss = 0.25;
+  r.task_loss = {{3, 0.5}, {4, 0.0}};
+  r.lr = 1e-3;
+  r.samples = 64;
+  r.step_ms = 12.5;
+  r.forward_ms = 3;
+  r.backward_ms = 5;
+  r.comm_wait_ms = 1.5;
+  r.optimizer_ms = 2;
+  r.count_exchange_ms = 0.007;
+  r.bytes_allreduced = 1 << 20;
+  r.bytes_pruned = int64_t{3} << 30;
+  r.buckets_launched = 4;
+  r.buckets_pruned = 12;
+  r.h2d_bytes = 100;
+  r.d2h_bytes = 200;
+  r.swap_hits = 5;
+  r.swap_misses = 1;
+  r.device_mem_peak_bytes = int64_t{9} << 30;
+  r.host_pinned_bytes = int64_t{2} << 30;
+  return r;
+}
+
+const char* kKeys[] = {"step", "rank", "loss", "task_loss", "lr", "samples", "step_ms", "forward_ms",
+                       "backward_ms", "comm_wait_ms", "optimizer_ms", "count_exchange_ms",
+                       "bytes_allreduced", "bytes_pruned", "buckets_launched", "buckets_pruned",
+                       "h2d_bytes", "d2h_bytes", "swap_hits", "swap_misses",
+                       "device_mem_peak_bytes", "host_pinned_bytes"};
+
+TEST(Metrics, RecordHasEveryField) {
+  const std::string j = to_json(sample());
+  EXPECT_TRUE(balanced_json(j)) << j;
+  for (const char* k : kKeys) EXPECT_NE(j.find(std::string("\"") + k + "\":"), std::string::npos) << k;
+  EXPECT_NE(j.find("\"task_loss\":[{\"task\":3,\"loss\":0.5},{\"task\":4,\"loss\":0}]"), std::string::npos) << j;
+  EXPECT_NE(j.find("\"bytes_pruned\":3221225472"), std::string::npos) << j;
+  EXPECT_EQ(j.front(), '{');
+  EXPECT_EQ(j.back(), '}');
+}
+
+TEST(Metrics, NonFiniteBecomesNull) {
+  StepRecord r = sample();
+  r.loss = std::numeric_limits<double>::quiet_NaN();
+  r.task_loss = {{0, std::numeric_limits<double>::infinity()}};
+  r.lr = -std::numeric_limits<double>::infinity();
+  const std::string j = to_json(r);
+  EXPECT_TRUE(balanced_json(j)) << j;
+  EXPECT_NE(j.find("\"loss\":null"), std::string::npos) << j;
+  EXPECT_NE(j.find("{\"task\":0,\"loss\":null}"), std::string::npos) << j;
+  EXPECT_NE(j.find("\"lr\":null"), std::string::npos) << j;
+}
+
+TEST(Metrics, StringEscaper) {
+  EXPECT_EQ(json_string("plain"), "\"plain\"");
+  EXPECT_EQ(json_string("a\"b\\c"), "\"a\\\"b\\\\c\"");
+  EXPECT_EQ(json_string("l1\nl2\t\r\b\f"), "\"l1\\nl2\\t\\r\\b\\f\"");
+  EXPECT_EQ(json_string(std::string("\x01\x1f\x7f", 3)), "\"\\u0001\\u001f\\u007f\"");
+  EXPECT_EQ(json_string(std::string("nul\0x", 5)), "\"nul\\u0000x\"");
+  EXPECT_EQ(json_string("Θ ünïcode"), "\"Θ ünïcode\"");  // UTF-8 passes through
+  std::string n;
+  append_json_number(n, 0.1);
+  EXPECT_DOUBLE_EQ(std::stod(n), 0.1);  // round-trips
+}
+
+TEST(Metrics, WriterCreatesDirsAndWritesLines) {
+  test::ScratchDir dir;
+  const std::string path = dir.file("runs/job/metrics.jsonl");
+  {
+    MetricsWriter w(path);
+    StepRecord r = sample();
+    w.write(r);
+    // Flushed per record: visible before the writer is gone.
+    EXPECT_EQ(test::read_file(path), to_json(r) + "\n");
+    r.step = 18;
+    r.loss = std::nan("");
+    w.write(r);
+  }
+  const std::string text = test::read_file(path);
+  EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 2);
+  {
+    MetricsWriter w(path, /*append=*/true);
+    w.write(sample());
+  }
+  const std::string text3 = test::read_file(path);
+  EXPECT_EQ(std::count(text3.begin(), text3.end(), '\n'), 3);
+  if (test::have_python()) {
+    EXPECT_TRUE(test::python_ok(
+        "import json,sys\n"
+        "recs=[json.loads(l) for l in open(sys.argv[1])]\n"
+        "assert len(recs)==3 and recs[1][\"step\"]==18 and recs[1][\"loss\"] is None\n"
+        "assert recs[0][\"task_loss\"][0]==dict(task=3,loss=0.5)\n"
+        "assert len(recs[0])==22, len(recs[0])",
+        path));
+  }
+}
+
+TEST(Metrics, WriterErrorsNameThePath) {
+  test::ScratchDir dir;
+  const std::string blocker = dir.file("file");
+  { std::ofstream(blocker) << "x"; }
+  try {
+    MetricsWriter w(blocker + "/sub/metrics.jsonl");  // parent is a regular file
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find(blocker), std::string::npos) << e.what();
+  }
+}
+
+// bench/plot_metrics.py turns a file this writer produced into the three PNGs.
+TEST(Metrics, PlotScriptReadsWriterOutput) {
+  if (!test::have_python() || std::system("/usr/bin/python3 -c 'import matplotlib' 2>/dev/null") != 0)
+    GTEST_SKIP() << "/usr/bin/python3 with matplotlib not available";
+  test::ScratchDir dir;
+  const std::string path = dir.file("metrics.jsonl");
+  {
+    MetricsWriter w(path);
+    for (int step = 0; step < 20; ++step) {
+      for (int rank = 0; rank < 2; ++rank) {
+        StepRecord r = sample();
+        r.step = step;
+        r.rank = rank;
+        r.task_loss = {{(step * 2 + rank) % 5, 1.0 / (step + 1)}};
+        r.loss = step == 3 ? std::nan("") : 1.0 / (step + 1);  // a NaN step must not break plots
+        w.write(r);
+      }
+    }
+  }
+  const std::string out = dir.file("plots");
+  const std::string cmd = std::string("/usr/bin/python3 ") + THETAD_SOURCE_DIR + "/bench/plot_metrics.py '" +
+                          path + "' -o '" + out + "' > /dev/null";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  for (const char* png : {"loss_per_task.png", "step_time.png", "bytes.png"})
+    EXPECT_GT(std::filesystem::file_size(out + "/" + png), 1000u) << png;
+}
+
+}  // namespace
+}  // namespace thetad::daemon

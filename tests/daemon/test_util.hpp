@@ -1,0 +1,53 @@
+// Helpers shared by the daemon_core tests: a scratch directory per test and a JSON check
+// through Debian's python3 when it is installed.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include <unistd.h>
+
+namespace thetad::test {
+
+// A fresh directory under the system temp dir, removed at scope exit.
+class ScratchDir {
+ public:
+  ScratchDir() {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    path_ = std::filesystem::temp_directory_path() /
+            (std::string("thetad_") + info->test_suite_name() + "_" + info->name() + "_" +
+             std::to_string(::getpid()));
+    std::filesystem::remove_all(path_);
+    std::filesystem::create_directories(path_);
+  }
+  ~ScratchDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  std::string file(const std::string& name) const { return (path_ / name).string(); }
+
+ private:
+  std::filesystem::path path_;
+};
+
+inline std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream os;
+  os << in.rdbuf();
+  return os.str();
+}
+
+inline bool have_python() { return std::filesystem::exists("/usr/bin/python3"); }
+
+// Runs a python3 snippet with `path` as argv[1]; true if it exits 0.
+inline bool python_ok(const std::string& snippet, const std::string& path) {
+  const std::string cmd = "/usr/bin/python3 -c '" + snippet + "' '" + path + "'";
+  return std::system(cmd.c_str()) == 0;
+}
+
+}  // namespace thetad::test

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# The gold test: W real ranks under mpirun must end with the parameters of the single-process
+# reference (thetad_reference), for every combination of prune on/off x average contributors/
+# world x declared/discover x four schedules; prune on and off must be bitwise identical; with
+# prune on, bytes_allreduced per step must be exactly 4 x (|Θ| + Σ|θ[t]| of active tasks).
+#   equivalence.sh THETAD REFERENCE W
+set -euo pipefail
+thetad=$1 reference=$2 world=$3
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+here=$(cd "$(dirname "$0")" && pwd)
+job=$here/jobs/equiv.yaml
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+mpirun_flags=(--oversubscribe --bind-to none --mca btl self,vader,tcp --mca btl_tcp_if_include lo
+              --mca oob_tcp_if_include lo --mca pml ob1)
+
+per_rank="[[0]"; for ((r = 1; r < world; r++)); do per_rank+=",[0,$((r % 4))]"; done; per_rank+="]"
+declare -A schedules=(
+  [one_task_per_rank]="--set data.schedule=round_robin"
+  [several_tasks_per_rank]="--set data.schedule=round_robin --set data.tasks_per_rank=2"
+  [task_shared_by_ranks]="--set data.schedule=per_rank --set data.per_rank=$per_rank"
+  [task_unused]="--set data.schedule=weighted --set data.weights=[1,1,1,1,0]"
+)
+fails=0 runs=0
+for sched in one_task_per_rank several_tasks_per_rank task_shared_by_ranks task_unused; do
+  for average in contributors world; do
+    for active in declared discover; do
+      declare -A hash=()
+      for prune in true false; do
+        name="$sched-$average-$active-prune_$prune"
+        dir=$work/$name
+        # shellcheck disable=SC2206
+        sets=(${schedules[$sched]} --set comm.average=$average --set comm.active=$active
+              --set comm.prune=$prune --set checkpoint.dir=$dir/ckpt --set metrics.path=$dir/metrics.jsonl
+              --set log.level=info)
+        runs=$((runs + 1))
+        if ! mpirun "${mpirun_flags[@]}" -np "$world" "$thetad" run "$job" "${sets[@]}" --no-resume \
+             > "$dir.log" 2>&1; then
+          echo "FAIL $name: thetad run failed"; tail -20 "$dir.log"; fails=$((fails + 1)); continue
+        fi
+        hash[$prune]=$(grep -o 'final params hash: [0-9a-f]*' "$dir.log" | awk '{print $4}')
+        if ! out=$("$reference" "$job" --world "$world" "${sets[@]}" --compare "$dir/ckpt" 2>&1); then
+          echo "FAIL $name: $out"; fails=$((fails + 1)); continue
+        fi
+        echo "ok   $name: $out"
+      done
+      if [ "${hash[true]:-x}" != "${hash[false]:-y}" ]; then
+        echo "FAIL $sched-$average-$active: prune on/off not bitwise identical (${hash[true]:-} vs ${hash[false]:-})"
+        fails=$((fails + 1))
+      fi
+      unset hash
+    done
+  done
+done
+# Bytes: with the fixed per_rank schedule the active tasks are known: task 0 and tasks 1..min(3,W-1).
+theta_shared=$(( (12 * 16 + 16) + (16 * 16 + 16) ))
+theta_task=$(( (16 * 16 + 16) + (16 * 1 + 1) ))
+active=1; for ((r = 1; r < world && r < 4; r++)); do active=$((active + 1)); done
+expect=$(( 4 * (theta_shared + active * theta_task) ))
+got=$(/usr/bin/python3 -c '
+import json,sys
+vals={json.loads(l)["bytes_allreduced"] for l in open(sys.argv[1])}
+print(" ".join(str(v) for v in sorted(vals)))' "$work/task_shared_by_ranks-contributors-declared-prune_true/metrics.jsonl")
+if [ "$got" != "$expect" ]; then
+  echo "FAIL bytes_allreduced per step: got $got, expected exactly $expect"; fails=$((fails + 1))
+else
+  echo "ok   bytes_allreduced per step = $got = 4 x (|Θ| + $active x |θ[t]|)"
+fi
+echo "equivalence (W=$world): $runs runs, $fails failures"
+[ "$fails" -eq 0 ]

@@ -1,0 +1,28 @@
+# Shared by the integration scripts: mpirun flags for loopback, a temp dir, small assertions.
+# shellcheck shell=bash
+set -euo pipefail
+MPIRUN_FLAGS=(--oversubscribe --bind-to none --mca btl self,vader,tcp --mca btl_tcp_if_include lo
+              --mca oob_tcp_if_include lo --mca pml ob1)
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+FAILS=0
+PASSES=0
+pass() { echo "ok   $*"; PASSES=$((PASSES + 1)); }
+fail() { echo "FAIL $*"; FAILS=$((FAILS + 1)); }
+# expect_code CODE NAME cmd...: runs cmd, output to $WORK/NAME.log, checks the exit code.
+expect_code() {
+  local want=$1 name=$2; shift 2
+  local got=0
+  "$@" > "$WORK/$name.log" 2>&1 || got=$?
+  if [ "$got" -eq "$want" ]; then pass "$name (exit $got)"; else
+    fail "$name: exit $got, expected $want"; tail -15 "$WORK/$name.log"; fi
+}
+# expect_in NAME PATTERN: the log of NAME contains PATTERN (grep -E).
+expect_in() {
+  if grep -qE -- "$2" "$WORK/$1.log"; then pass "$1 says /$2/"; else
+    fail "$1 lacks /$2/"; tail -15 "$WORK/$1.log"; fi
+}
+final_hash() { grep -o 'final params hash: [0-9a-f]*' "$1" | awk '{print $4}' | tail -1; }
+finish() { echo "$PASSES passed, $FAILS failed"; [ "$FAILS" -eq 0 ]; }

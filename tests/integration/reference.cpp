@@ -1,0 +1,141 @@
+// The single-process reference of the equivalence tests: it plays all W ranks of a job in one
+// process with plain autograd (no engine, no MPI), applies the math the engine promises (per
+// group, the sum of the contributing ranks' gradients divided by the contributor count or by W),
+// steps the same optimizer, and compares the result with a checkpoint written by a real
+// multi-rank `thetad run`.
+//
+//   thetad_reference JOB.yaml --world W [--set k=v ...] --compare CKPT_DIR [--tol 1e-6]
+#include <torch/torch.h>
+
+#include <cstdio>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "common/errors.hpp"
+#include "config/loader.hpp"
+#include "daemon/checkpoint.hpp"
+#include "daemon/model.hpp"
+#include "daemon/optimizer.hpp"
+#include "daemon/schedule.hpp"
+#include "daemon/worker.hpp"
+
+using namespace thetad;
+using namespace thetad::daemon;
+
+int main(int argc, char** argv) {
+  std::string job_path, compare_dir;
+  int world = 1;
+  double tol = 1e-6;
+  config::LoadOptions lo;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--world") world = std::stoi(argv[++i]);
+    else if (a == "--set") lo.overrides.push_back(argv[++i]);
+    else if (a == "--compare") compare_dir = argv[++i];
+    else if (a == "--tol") tol = std::stod(argv[++i]);
+    else job_path = a;
+  }
+  try {
+    config::Job job = config::load_job(job_path, lo);
+    auto schedule = Schedule::create(job, world);
+    torch::Device cpu(torch::kCPU);
+    auto model = make_model(job, cpu);
+    auto data = make_data(job, *model, cpu);
+    auto& params = model->params();
+    const int G = static_cast<int>(job.model.tasks) + 1;
+    std::vector<std::vector<int>> group_params(G);
+    std::vector<torch::Tensor> m, v, sum;
+    for (size_t i = 0; i < params.size(); ++i) {
+      group_params[params[i].group].push_back(static_cast<int>(i));
+      m.push_back(torch::zeros_like(params[i].tensor).detach());
+      v.push_back(torch::zeros_like(params[i].tensor).detach());
+      sum.push_back(torch::zeros_like(params[i].tensor).detach());
+    }
+    std::vector<int64_t> group_steps(G, 0);
+    const bool discover = job.comm.active == "discover";
+    for (int64_t step = 0; step < job.steps; ++step) {
+      std::vector<int> contributors(G, 0);
+      for (auto& s : sum) s.zero_();
+      for (int r = 0; r < world; ++r) {
+        StepPlan plan = schedule->plan(step, r);
+        for (auto& p : params) {
+          p.tensor.mutable_grad() = torch::Tensor();
+          p.tensor.requires_grad_(plan.trained[p.group] != 0);
+        }
+        torch::Tensor total;
+        for (size_t i = 0; i < plan.tasks.size(); ++i) {
+          if (plan.task_rows[i] == 0) continue;
+          Batch b = data->batch(step, r, world, plan.tasks[i], plan.task_rows[i]);
+          auto l = task_loss(model->loss_kind(), model->forward(b.x, plan.tasks[i]), b.y) *
+                   (double(plan.task_rows[i]) / double(job.data.batch_per_rank));
+          total = total.defined() ? total + l : l;
+        }
+        total.backward();
+        for (int g = 0; g < G; ++g) {
+          bool active = plan.trained[g] != 0;
+          if (discover) {
+            active = false;
+            for (int p : group_params[g]) active = active || params[p].tensor.grad().defined();
+          }
+          if (!active) continue;
+          contributors[g] += 1;
+          for (int p : group_params[g])
+            if (params[p].tensor.grad().defined()) sum[p].add_(params[p].tensor.grad());
+        }
+      }
+      torch::NoGradGuard ng;
+      AdamSettings s;
+      s.kind = job.optimizer.kind;
+      s.lr = lr_at(job.optimizer, step, job.steps);
+      s.beta1 = job.optimizer.beta1;
+      s.beta2 = job.optimizer.beta2;
+      s.eps = job.optimizer.eps;
+      s.weight_decay = job.optimizer.weight_decay;
+      for (int g = 0; g < G; ++g) {
+        if (contributors[g] == 0 && job.comm.prune) continue;
+        if (contributors[g] == 0) continue;  // lazy semantics hold with prune off as well
+        const double div = job.comm.average == "world" ? world : contributors[g];
+        std::vector<torch::Tensor> ps, gs, ms, vs;
+        for (int p : group_params[g]) {
+          ps.push_back(params[p].tensor);
+          gs.push_back(sum[p] / div);
+          ms.push_back(m[p]);
+          vs.push_back(v[p]);
+        }
+        s.step = ++group_steps[g];
+        s.grad_scale = clip_scale(gs, job.optimizer.clip_norm);
+        adam_group(ps, gs, ms, vs, s);
+      }
+    }
+    auto ckpt = find_latest_checkpoint(compare_dir);
+    if (!ckpt || ckpt->step != job.steps) {
+      std::cerr << "reference: no checkpoint of step " << job.steps << " in " << compare_dir << "\n";
+      return 1;
+    }
+    double worst = 0;
+    std::string worst_name;
+    for (int g = 0; g < G; ++g) {
+      GroupState st = load_group(*ckpt, g, "");
+      for (size_t i = 0; i < st.names.size(); ++i) {
+        const torch::Tensor* ref = nullptr;
+        for (auto& p : params)
+          if (p.name == st.names[i]) ref = &p.tensor;
+        if (!ref) {
+          std::cerr << "reference: checkpoint has unknown parameter " << st.names[i] << "\n";
+          return 1;
+        }
+        const double scale = std::max(1e-3, ref->abs().max().item<double>());
+        const double diff = (st.params[i] - *ref).abs().max().item<double>() / scale;
+        if (diff > worst) worst = diff, worst_name = st.names[i];
+      }
+    }
+    std::printf("reference: max relative difference %.3g (%s), tolerance %.1g\n", worst,
+                worst_name.empty() ? "-" : worst_name.c_str(), tol);
+    if (worst > tol) return 1;
+    return 0;
+  } catch (const std::exception& e) {
+    std::cerr << "reference: " << e.what() << "\n";
+    return 1;
+  }
+}

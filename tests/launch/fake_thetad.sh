@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# A FAKE thetad for the launcher's tests: implements `validate` and `run` without training.
+#   validate JOB [--set ...]: exit 2 if the job file contains "FAKE_INVALID", else 0.
+#   run JOB ...: logs a few lines (tagged and untagged), runs THETAD_FAKE_STEPS steps of
+#     THETAD_FAKE_SLEEP seconds, exits THETAD_FAKE_EXIT_CODE on rank THETAD_FAKE_EXIT_RANK
+#     (after THETAD_FAKE_EXIT_AFTER steps) and 0 elsewhere; on SIGTERM prints "got SIGTERM" and
+#     exits 4 like thetad does after its checkpoint. Writes its pid to $THETAD_FAKE_STATE/pid-R
+#     and marks $THETAD_FAKE_STATE/ran when run at all.
+# shellcheck disable=SC2317  # on_term runs from a trap
+set -euo pipefail
+cmd=${1:-}; shift || true
+job=${1:-}
+case $cmd in
+  version) echo "thetad fake"; exit 0 ;;
+  validate)
+    if grep -q FAKE_INVALID "$job"; then
+      echo "$job:3:1: error: key 'model.kind': FAKE_INVALID is not a model" >&2
+      exit 2
+    fi
+    echo "job: fake"
+    exit 0 ;;
+  run) ;;
+  *) echo "fake thetad: unknown command '$cmd'" >&2; exit 1 ;;
+esac
+
+rank=${OMPI_COMM_WORLD_RANK:-${PMIX_RANK:-${SLURM_PROCID:-0}}}
+state=${THETAD_FAKE_STATE:?}
+echo $$ >"$state/pid-$rank"
+touch "$state/ran"
+ts() { date '+%Y-%m-%d %H:%M:%S.%3N'; }
+sleeper=""
+on_term() {
+  echo "[$(ts)] [rank $rank] [daemon] warning: got SIGTERM, checkpointing" >&2
+  if [[ -n $sleeper ]]; then kill "$sleeper" 2>/dev/null || true; fi
+  exit 4
+}
+trap on_term TERM
+
+echo "[$(ts)] [rank $rank] [daemon] info: fake worker starts job $job" >&2
+echo "untagged line from fake rank $rank" >&2
+steps=${THETAD_FAKE_STEPS:-3}
+for ((s = 1; s <= steps; s++)); do
+  if [[ $rank == "${THETAD_FAKE_EXIT_RANK:-none}" ]] && ((s > ${THETAD_FAKE_EXIT_AFTER:-0})); then
+    echo "[$(ts)] [rank $rank] [comm] error: fake failure at step $s" >&2
+    exit "${THETAD_FAKE_EXIT_CODE:-1}"
+  fi
+  echo "[$(ts)] [rank $rank] [daemon] info: step $s" >&2
+  sleep "${THETAD_FAKE_SLEEP:-0.1}" &
+  sleeper=$!
+  wait "$sleeper" || true
+  sleeper=""
+done
+echo "[$(ts)] [rank $rank] [daemon] info: done" >&2
+exit 0

@@ -1,0 +1,217 @@
+#!/usr/bin/env bash
+# Launcher behaviour with a FAKE thetad (fake_thetad.sh) under real mpirun: job checked first,
+# exit codes and the failing rank named, per-rank and merged logs, SIGTERM/SIGINT forwarding,
+# a lost rank, the flags it gives mpirun. Usage: launcher_fake.sh CASE (see the case list below).
+set -euo pipefail
+# shellcheck source=tests/launch/lib.sh
+source "$(dirname "$0")/lib.sh"
+
+FAKE=$LAUNCH_TEST_DIR/fake_thetad.sh
+export THETAD_FAKE_STATE=$T/state
+mkdir -p "$THETAD_FAKE_STATE"
+unset SLURM_JOB_ID CUDA_VISIBLE_DEVICES THETAD_MPIRUN_ARGS THETAD_MPIRUN_BIND || true
+
+# A job file whose path carries the marker (for pgrep) and whose `job:` names it.
+make_job() {  # make_job NAME [extra line]
+  local f=$T/$1.yaml
+  printf 'job: %s-%s\nsteps: 10\n%s\n' "$1" "$MARKER" "${2:-}" >"$f"
+  echo "$f"
+}
+
+# run_launcher OUT_PREFIX ARGS...: runs the launcher in the foreground (60 s limit); sets RC.
+run_launcher() {
+  local out=$1; shift
+  RC=0
+  timeout -k 5 60 "$LAUNCHER" --thetad "$FAKE" "$@" >"$out.out" 2>"$out.err" || RC=$?
+}
+
+# start_launcher OUT_PREFIX ARGS...: in the background; sets LPID.
+start_launcher() {
+  local out=$1; shift
+  "$LAUNCHER" --thetad "$FAKE" "$@" >"$out.out" 2>"$out.err" &
+  LPID=$!
+}
+
+# wait_exit PID LIMIT: waits for a background launcher; sets RC and ELAPSED.
+wait_exit() {
+  local pid=$1 limit=$2 start=$SECONDS
+  while kill -0 "$pid" 2>/dev/null; do
+    ((SECONDS - start < limit)) || fail "launcher still running after ${limit}s"
+    sleep 0.1
+  done
+  RC=0
+  wait "$pid" || RC=$?
+  ELAPSED=$((SECONDS - start))
+}
+
+case_bad_job() {
+  local job; job=$(make_job bad 'model: {kind: FAKE_INVALID}')
+  # An mpirun that only records that it was started.
+  cat >"$T/mpirun-shim" <<SHIM
+#!/usr/bin/env bash
+touch "$T/mpirun-started"
+exec mpirun "\$@"
+SHIM
+  chmod +x "$T/mpirun-shim"
+  THETAD_MPIRUN=$T/mpirun-shim run_launcher "$T/bad" --log-dir "$T/logs" "$job" --set steps=5
+  ((RC == 2)) || { cat "$T/bad.err" >&2; fail "bad job: want exit 2, got $RC"; }
+  [[ ! -e $T/mpirun-started ]] || fail "mpirun was started for an invalid job"
+  [[ ! -e $THETAD_FAKE_STATE/ran ]] || fail "a worker ran for an invalid job"
+  assert_grep 'FAKE_INVALID' "$T/bad.err" "validate's message not shown"
+  assert_grep 'invalid|nothing was started' "$T/bad.err"
+  pass "invalid job: exit 2, mpirun never started"
+}
+
+case_rank_fails() {
+  local job; job=$(make_job fail)
+  THETAD_FAKE_STEPS=50 THETAD_FAKE_EXIT_RANK=1 THETAD_FAKE_EXIT_CODE=3 THETAD_FAKE_EXIT_AFTER=2 \
+    run_launcher "$T/fail" --nproc-per-node 2 --log-dir "$T/logs" "$job"
+  ((RC == 3)) || { cat "$T/fail.err" >&2; fail "rank 1 exits 3: want launcher exit 3, got $RC"; }
+  assert_grep 'rank 1 exited with code 3' "$T/fail.err" "summary does not name rank 1"
+  [[ $(cut -d' ' -f1 "$T/logs/rank-1.exit") == 3 ]] || fail "rank-1.exit does not say 3"
+  no_leftovers
+  pass "rank 1 exits 3: launcher exits 3 and names rank 1"
+}
+
+case_logs() {
+  local job; job=$(make_job logs)
+  mkdir -p "$T/cwd"
+  (cd "$T/cwd" && THETAD_FAKE_STEPS=3 run_launcher "$T/logs" --nproc-per-node 2 "$job" --log-level info
+   echo "$RC" >"$T/rc")
+  RC=$(cat "$T/rc")
+  ((RC == 0)) || { cat "$T/logs.err" >&2; fail "clean run: want exit 0, got $RC"; }
+  local dir=$T/cwd/runs/logs-$MARKER/logs r
+  for r in 0 1; do
+    [[ -s $dir/rank-$r.log ]] || fail "no $dir/rank-$r.log (default log dir from the job name)"
+    assert_grep "\[rank $r\] \[daemon\] info: step 3" "$dir/rank-$r.log"
+    assert_grep "^untagged line from fake rank $r\$" "$dir/rank-$r.log" "rank file should keep raw lines"
+    assert_grep "^\[rank $r\] untagged line from fake rank $r\$" "$T/logs.err" "merged stream: untagged line of rank $r not tagged"
+    assert_grep "\[rank $r\] \[daemon\] info: done" "$T/logs.err"
+    [[ $(cut -d' ' -f1 "$dir/rank-$r.exit") == 0 ]] || fail "rank-$r.exit is not 0"
+  done
+  assert_no_grep '\[rank [0-9]+\] \[[0-9]{4}-' "$T/logs.err" "lines tagged twice"
+  assert_grep 'all 2 rank\(s\) finished' "$T/logs.err"
+  # --log-level reached the workers as a run option
+  assert_grep 'starts: .* run .*--log-level info' "$dir/rank-0.log"
+  no_leftovers
+  pass "per-rank logs and merged tagged stream"
+}
+
+sig_case() {  # sig_case TERM|INT
+  local sig=$1 job; job=$(make_job "sig$sig")
+  # Job control gives the background launcher its own process group and leaves SIGINT
+  # deliverable (a non-interactive shell starts background jobs with SIGINT ignored).
+  set -m
+  THETAD_FAKE_STEPS=600 THETAD_FAKE_SLEEP=0.1 \
+    start_launcher "$T/sig" --nproc-per-node 2 --log-dir "$T/logs" "$job"
+  set +m
+  wait_for 30 test -e "$THETAD_FAKE_STATE/pid-0"
+  wait_for 30 test -e "$THETAD_FAKE_STATE/pid-1"
+  sleep 0.5
+  kill "-$sig" "$LPID"
+  wait_exit "$LPID" 30
+  ((RC == 4)) || { cat "$T/sig.err" >&2; fail "SIG$sig: want launcher exit 4, got $RC"; }
+  local r
+  for r in 0 1; do
+    assert_grep 'got SIGTERM' "$T/logs/rank-$r.log" "rank $r did not receive SIGTERM"
+    [[ $(cut -d' ' -f1 "$T/logs/rank-$r.exit") == 4 ]] || fail "rank $r did not exit 4"
+  done
+  assert_grep 'exited with code 4 \(interrupted' "$T/sig.err"
+  no_leftovers
+  pass "SIG$sig to the launcher: every worker got SIGTERM and exited 4; launcher exit 4 in ${ELAPSED}s"
+}
+
+case_kill9() {
+  local job; job=$(make_job kill9)
+  THETAD_FAKE_STEPS=3000 THETAD_FAKE_SLEEP=0.1 \
+    start_launcher "$T/k9" --nproc-per-node 2 --log-dir "$T/logs" "$job"
+  wait_for 30 test -e "$THETAD_FAKE_STATE/pid-0"
+  wait_for 30 test -e "$THETAD_FAKE_STATE/pid-1"
+  sleep 0.5
+  kill -KILL "$(cat "$THETAD_FAKE_STATE/pid-1")"
+  wait_exit "$LPID" 30
+  ((RC != 0)) || fail "kill -9 of rank 1: launcher exited 0"
+  ((RC == 3)) || { cat "$T/k9.err" >&2; fail "kill -9 of rank 1: want exit 3, got $RC"; }
+  assert_grep 'rank 1 lost \(signal 9' "$T/k9.err" "summary does not name the lost rank"
+  local p
+  for p in "$THETAD_FAKE_STATE"/pid-*; do
+    ! alive "$(cat "$p")" || fail "fake worker $(cat "$p") still alive"
+  done
+  no_leftovers
+  pass "kill -9 of rank 1: launcher exit 3 in ${ELAPSED}s naming rank 1, nothing left"
+}
+
+# The wrapper itself (not thetad) is killed: mpirun names the rank, pdeathsig ends its worker.
+case_kill9_wrapper() {
+  local job; job=$(make_job kill9w)
+  THETAD_FAKE_STEPS=3000 THETAD_FAKE_SLEEP=0.1 \
+    start_launcher "$T/k9w" --nproc-per-node 2 --log-dir "$T/logs" "$job"
+  wait_for 30 test -e "$THETAD_FAKE_STATE/pid-1"
+  wait_for 30 test -e "$T/logs/rank-1.pid"
+  sleep 0.5
+  local wrapper; read -r wrapper _ <"$T/logs/rank-1.pid"
+  kill -KILL "$wrapper"
+  wait_exit "$LPID" 30
+  ((RC == 3)) || { cat "$T/k9w.err" >&2; fail "kill -9 of rank 1's wrapper: want exit 3, got $RC"; }
+  assert_grep 'rank 1 lost \(signal 9' "$T/k9w.err" "summary does not name the lost rank"
+  no_leftovers
+  pass "kill -9 of rank 1's wrapper: launcher exit 3 in ${ELAPSED}s naming rank 1, nothing left"
+}
+
+case_flags() {
+  local job cores out
+  job=$(make_job flags)
+  cores=$(nproc)
+  out=$("$LAUNCHER" --thetad "$FAKE" --dry-run --nproc-per-node 1 "$job" --set steps=3)
+  grep -q -- '-np 1 ' <<<"$out" || fail "dry run: no -np 1: $out"
+  ! grep -q -- '--oversubscribe' <<<"$out" || fail "--oversubscribe with 1 rank: $out"
+  grep -q -- '--bind-to none' <<<"$out" || fail "CPU-only: want --bind-to none: $out"
+  grep -q -- '--mca btl_tcp_if_include lo' <<<"$out" || fail "single node: want loopback flags: $out"
+  grep -q -- 'validate .*--set steps=3' <<<"$out" || fail "--set not passed to validate: $out"
+  grep -q -- '-x OMP_NUM_THREADS' <<<"$out" || fail "OMP_NUM_THREADS not passed: $out"
+  out=$(THETAD_X_TEST=1 NCCL_DEBUG=WARN "$LAUNCHER" --thetad "$FAKE" --dry-run --nproc-per-node $((cores + 1)) "$job")
+  grep -q -- '--oversubscribe' <<<"$out" || fail "N > cores: want --oversubscribe: $out"
+  grep -q -- '-x NCCL_DEBUG' <<<"$out" || fail "NCCL_* not passed: $out"
+  grep -q -- '-x THETAD_X_TEST' <<<"$out" || fail "THETAD_* not passed: $out"
+  out=$(THETAD_MPIRUN_ARGS='--mca btl self,tcp' "$LAUNCHER" --thetad "$FAKE" --dry-run "$job")
+  ! grep -q -- 'btl_tcp_if_include' <<<"$out" || fail "THETAD_MPIRUN_ARGS did not replace the net flags: $out"
+  grep -q -- '--mca btl self,tcp' <<<"$out" || fail "THETAD_MPIRUN_ARGS not used: $out"
+  grep -q -- '-np 2 ' <<<"$out" || fail "no GPUs: want 2 ranks: $out"
+  out=$(CUDA_VISIBLE_DEVICES=0,1,2 "$LAUNCHER" --thetad "$FAKE" --dry-run "$job")
+  if ((cores >= 3)); then
+    grep -q -- '--map-by ppr:3:node --bind-to numa' <<<"$out" || fail "3 GPUs: want numa binding: $out"
+  fi
+  grep -q -- '-np 3 ' <<<"$out" || fail "3 visible GPUs: want 3 ranks: $out"
+  grep -q -- '-x CUDA_VISIBLE_DEVICES' <<<"$out" || fail "CUDA_VISIBLE_DEVICES not passed: $out"
+  grep -q -- '-x NCCL_NVLS_ENABLE' <<<"$out" || fail "NCCL_NVLS_ENABLE=0 not passed on GPUs: $out"
+  out=$("$LAUNCHER" --thetad "$FAKE" --dry-run --hosts "a:2,b:2" "$job")
+  grep -q -- '-np 4 --host a:2,b:2' <<<"$out" || fail "--hosts: $out"
+  printf 'nodeA slots=4\nnodeB slots=4\n' >"$T/hostfile"
+  out=$("$LAUNCHER" --thetad "$FAKE" --dry-run --hostfile "$T/hostfile" "$job")
+  grep -q -- '-np 8 --hostfile' <<<"$out" || fail "hostfile with slots=4 x 2 hosts: want 8 ranks: $out"
+  grep -q -- 'ppr:4:node' <<<"$out" || fail "hostfile: want ppr:4:node: $out"
+  out=$(SLURM_JOB_ID=42 SLURM_JOB_NUM_NODES=2 "$LAUNCHER" --thetad "$FAKE" --dry-run "$job")
+  grep -q -- '^launch: srun --mpi=pmix' <<<"$out" || fail "inside Slurm: want srun: $out"
+  grep -q -- '--worker' <<<"$out" || fail "srun: workers not wrapped: $out"
+  local rc=0
+  "$LAUNCHER" --thetad "$T/nonexistent" "$job" 2>/dev/null || rc=$?
+  ((rc == 1)) || fail "missing thetad: want exit 1, got $rc"
+  rc=0; "$LAUNCHER" --thetad "$FAKE" "$T/nonexistent.yaml" 2>/dev/null || rc=$?
+  ((rc == 2)) || fail "missing job file: want exit 2, got $rc"
+  rc=0; "$LAUNCHER" --bogus 2>/dev/null || rc=$?
+  ((rc == 2)) || fail "unknown option: want exit 2, got $rc"
+  pass "mpirun/srun command lines"
+}
+
+case ${1:-} in
+  bad_job) case_bad_job ;;
+  rank_fails) case_rank_fails ;;
+  logs) case_logs ;;
+  sigterm) sig_case TERM ;;
+  sigint) sig_case INT ;;
+  kill9) case_kill9 ;;
+  kill9_wrapper) case_kill9_wrapper ;;
+  flags) case_flags ;;
+  all) case_flags; case_bad_job; case_rank_fails; case_logs; sig_case TERM; sig_case INT; case_kill9; case_kill9_wrapper ;;
+  *) echo "usage: $0 bad_job|rank_fails|logs|sigterm|sigint|kill9|kill9_wrapper|flags|all" >&2; exit 2 ;;
+esac
