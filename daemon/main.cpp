@@ -86,6 +86,7 @@ int cmd_run(const Args& a) {
     thetad::log::init(lo);
     std::signal(SIGTERM, on_signal);
     std::signal(SIGINT, on_signal);
+    std::signal(SIGUSR1, on_signal);  // `kill -USR1 <mpirun>` stops a plain mpirun job gracefully
     code = thetad::daemon::run_worker(job, thetad::daemon::RunOptions{a.resume});
   } catch (const std::exception& e) {
     code = thetad::exit_code_for(e);

@@ -32,14 +32,14 @@ void adam_group(std::vector<at::Tensor>& params, const std::vector<at::Tensor>& 
     at::Tensor& p = params[i];
     if (p.device().is_cpu() && p.is_contiguous() && grads[i].is_contiguous()) {
       offload::AdamHyper h;
-      h.lr = static_cast<float>(s.lr);
-      h.beta1 = static_cast<float>(s.beta1);
-      h.beta2 = static_cast<float>(s.beta2);
-      h.eps = static_cast<float>(s.eps);
-      h.weight_decay = static_cast<float>(s.weight_decay);
+      h.lr = s.lr;
+      h.beta1 = s.beta1;
+      h.beta2 = s.beta2;
+      h.eps = s.eps;
+      h.weight_decay = s.weight_decay;
       h.decoupled = decoupled;
       h.step = s.step;
-      h.grad_scale = static_cast<float>(s.grad_scale);
+      h.grad_scale = s.grad_scale;
       offload::adam_step(p.data_ptr<float>(), grads[i].data_ptr<float>(),
                          exp_avg[i].data_ptr<float>(), exp_avg_sq[i].data_ptr<float>(),
                          static_cast<size_t>(p.numel()), h);

@@ -7,6 +7,12 @@
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 #include <torch/torch.h>
 
+#if THETAD_TORCH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
 #include <chrono>
 #include <cmath>
 #include <iomanip>
@@ -27,6 +33,8 @@
 #include "daemon/optimizer.hpp"
 #include "daemon/schedule.hpp"
 #include "daemon/timeline.hpp"
+#include "offload/device.hpp"
+#include "offload/param_store.hpp"
 
 namespace thetad::daemon {
 
@@ -77,10 +85,10 @@ class Worker {
   void install_hooks();
   void resume();
   std::vector<uint8_t> discover_groups(const torch::Tensor& loss);
-  double train_step(int64_t step, StepRecord& rec);
+  void train_step(int64_t step, StepRecord& rec);
   void optimizer_step(int64_t step, StepRecord& rec);
   void checkpoint(int64_t completed_steps);
-  bool agree_stop();
+  bool agree_stop(int64_t step);
   uint64_t params_hash();
   void progress(int64_t step, const StepRecord& rec);
 
@@ -88,7 +96,11 @@ class Worker {
   RunOptions opts_;
   comm::WorldInfo world_;
   torch::Device device_{torch::kCPU};
-  std::shared_ptr<comm::Communicator> comm_;
+  std::shared_ptr<comm::Communicator> comm_;  // data plane: gradients (NCCL on GPUs, else MPI)
+  std::shared_ptr<comm::Communicator> ctrl_;  // control plane: stop agreement, checkpoints (MPI)
+  void* compute_stream_ = nullptr;            // cudaStream_t of the compute work, GPU runs
+  void pick_device();
+  int64_t device_peak_bytes();
   std::unique_ptr<TaskModel> model_;
   std::unique_ptr<DataSource> data_;
   std::unique_ptr<Schedule> schedule_;
@@ -100,8 +112,19 @@ class Worker {
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // keeps hooks alive
   std::unordered_map<const torch::autograd::Node*, int> acc_index_;
   std::vector<uint8_t> requires_grad_;  // current flag per group (frozen groups: 0)
+  std::vector<std::pair<int, torch::Tensor>> task_losses_;  // read once per step (one sync)
+  torch::Tensor loss_total_;
   std::mutex hook_error_mu_;
   std::string hook_error_;
+  // Host-resident store of the task groups (offload.enabled); group 0 stays on the device.
+  std::unique_ptr<offload::Device> offload_device_;
+  std::unique_ptr<offload::ParamStore> store_;
+  offload::StoreStats last_store_stats_;
+  bool offloaded(int group) const { return store_ != nullptr && group > 0; }
+  void build_store();
+  void bind_group(int group, int64_t step);
+  torch::Tensor flat_grad(int group);
+  std::vector<torch::Tensor> read_store_group(int group);  // {params, exp_avg, exp_avg_sq} flat
   std::unique_ptr<MetricsWriter> metrics_;
   std::unique_ptr<Timeline> timeline_;
   int64_t start_step_ = 0;
@@ -110,15 +133,56 @@ class Worker {
   int64_t samples_since_start_ = 0;
 };
 
+// `comm.backend: auto` means NCCL when the tensors are on a GPU, MPI otherwise. The local rank
+// picks the GPU.
+void Worker::pick_device() {
+  const auto timeout = std::chrono::milliseconds(int64_t(job_.comm.timeout_s * 1000));
+  ctrl_ = comm::make_mpi_communicator();
+  ctrl_->set_default_timeout(timeout);
+  bool gpu = false;
+#if THETAD_TORCH_CUDA
+  gpu = job_.comm.backend == "nccl" || (job_.comm.backend == "auto" && torch::cuda::is_available());
+  if (gpu) {
+    const int count = static_cast<int>(torch::cuda::device_count());
+    if (count == 0) throw ConfigError(job_.source + ": comm.backend: nccl, but no GPU is visible");
+    const int dev = world_.local_rank % count;
+    device_ = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(dev));
+    c10::cuda::set_device(static_cast<c10::DeviceIndex>(dev));
+    compute_stream_ = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(dev)).stream();
+    comm_ = comm::make_nccl_communicator(dev);
+    comm_->set_compute_stream(compute_stream_);
+  }
+#endif
+  if (!gpu) comm_ = ctrl_;
+  comm_->set_default_timeout(timeout);
+  THETAD_LOG(info, "comm") << "data plane " << comm_->backend_name() << ", device "
+                           << device_.str();
+}
+
+int64_t Worker::device_peak_bytes() {
+#if THETAD_TORCH_CUDA
+  if (device_.is_cuda()) {
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device_.index());
+    int64_t bytes = stats.allocated_bytes[0].peak;  // aggregate over pools
+    for (const auto& b : engine_->plan().buckets) bytes += static_cast<int64_t>(b.numel * 4);
+    if (store_) bytes += static_cast<int64_t>(store_->stats().device_slot_bytes);
+    return bytes;
+  }
+#endif
+  return 0;
+}
+
 void Worker::build() {
-  comm_ = comm::make_mpi_communicator();
-  comm_->set_default_timeout(std::chrono::milliseconds(int64_t(job_.comm.timeout_s * 1000)));
+  pick_device();
   // Every rank must run the same job: compare the settings that matter, name the first
   // differing key.
   comm::check_consistent("job", config::fingerprint(job_));
 
   schedule_ = Schedule::create(job_, world_.size);
-  model_ = make_model(job_, device_);
+  // With offload, θ[t] never lives on the device whole: the model is built on the host and only
+  // Θ moves to the device; the store owns θ[t] from then on.
+  const bool offload = job_.offload.enabled;
+  model_ = make_model(job_, offload ? torch::Device(torch::kCPU) : device_);
   data_ = make_data(job_, *model_, device_);
   params_ = &model_->params();
   const int num_groups = static_cast<int>(job_.model.tasks) + 1;
@@ -128,6 +192,13 @@ void Worker::build() {
     const auto& p = (*params_)[i];
     infos.push_back({p.name, static_cast<size_t>(p.tensor.numel()), p.group});
     group_params_.at(p.group).push_back(static_cast<int>(i));
+  }
+  if (offload && !device_.is_cpu()) {
+    torch::NoGradGuard no_grad;
+    for (int p : group_params_[0]) {
+      auto& t = (*params_)[p].tensor;
+      t.set_data(t.detach().to(device_));
+    }
   }
   comm::BucketPlanOptions popts;
   popts.bucket_cap_bytes = static_cast<size_t>(job_.comm.bucket_cap_mb * (1 << 20));
@@ -144,16 +215,20 @@ void Worker::build() {
   eopts.timeout = comm_->default_timeout();
   engine_ = std::make_unique<comm::Engine>(comm_, std::move(plan), eopts);
 
-  // Gradients are views into the engine's flat bucket buffers (no copy-in).
-  for (size_t i = 0; i < params_->size(); ++i) {
-    auto& p = (*params_)[i].tensor;
-    p.mutable_grad() = torch::from_blob(engine_->grad(static_cast<int>(i)), p.sizes(),
-                                        torch::TensorOptions().dtype(torch::kFloat32).device(device_));
-    exp_avg_.push_back(torch::zeros_like(p, torch::MemoryFormat::Contiguous).detach());
-    exp_avg_sq_.push_back(torch::zeros_like(p, torch::MemoryFormat::Contiguous).detach());
-  }
   group_steps_.assign(num_groups, 0);
   requires_grad_.assign(num_groups, 1);
+  exp_avg_.resize(params_->size());
+  exp_avg_sq_.resize(params_->size());
+  if (offload) build_store();  // before the hooks: it moves θ[t]'s data to device placeholders
+  for (size_t i = 0; i < params_->size(); ++i) {
+    auto& p = (*params_)[i].tensor;
+    // Gradients are views into the engine's flat bucket buffers (no copy-in).
+    p.mutable_grad() = torch::from_blob(engine_->grad(static_cast<int>(i)), p.sizes(),
+                                        torch::TensorOptions().dtype(torch::kFloat32).device(device_));
+    if (offloaded((*params_)[i].group)) continue;  // Adam state of θ[t] lives in the host store
+    exp_avg_[i] = torch::zeros(p.sizes(), torch::TensorOptions().dtype(torch::kFloat32).device(device_));
+    exp_avg_sq_[i] = torch::zeros(p.sizes(), torch::TensorOptions().dtype(torch::kFloat32).device(device_));
+  }
   install_hooks();
 
   if (!job_.metrics.path.empty() && (world_.rank == 0 || job_.metrics.all_ranks))
@@ -203,58 +278,82 @@ std::vector<uint8_t> Worker::discover_groups(const torch::Tensor& loss) {
   return groups;
 }
 
-double Worker::train_step(int64_t step, StepRecord& rec) {
-  const StepPlan plan = schedule_->plan(step, world_.rank);
+// One optimizer step: accumulate_steps micro-steps (micro-step m of step s uses the schedule
+// and data of index s*k+m); the engine reduces once, over the union of the window's groups.
+void Worker::train_step(int64_t step, StepRecord& rec) {
+  const int64_t k = job_.accumulate_steps;
   const bool declared = job_.comm.active == "declared";
-  // Frozen groups (used in forward, not trained) get no gradient at all: requires_grad off.
-  for (size_t g = 0; g < group_params_.size(); ++g) {
-    const uint8_t want = plan.trained[g];
-    if (want != requires_grad_[g]) {
-      for (int p : group_params_[g]) (*params_)[p].tensor.requires_grad_(want != 0);
-      requires_grad_[g] = want;
+  engine_->start_window(step);
+  if (store_) {
+    std::vector<uint8_t> used(group_params_.size(), 0);
+    for (int64_t m = 0; m < k; ++m) {
+      const StepPlan plan = schedule_->plan(step * k + m, world_.rank);
+      for (size_t g = 1; g < used.size(); ++g) used[g] |= plan.used[g];
+    }
+    for (size_t g = 1; g < used.size(); ++g)
+      if (used[g]) bind_group(static_cast<int>(g), step);
+    store_->prefetch_for(step);
+  }
+  rec.task_loss.clear();
+  task_losses_.clear();
+  rec.forward_ms = rec.backward_ms = 0;
+  torch::Tensor loss_sum;
+  const int64_t batch = job_.data.batch_per_rank;
+  for (int64_t m = 0; m < k; ++m) {
+    const int64_t micro = step * k + m;
+    const bool last = m + 1 == k;
+    const StepPlan plan = schedule_->plan(micro, world_.rank);
+    // Frozen groups (used in forward, not trained) get no gradient at all: requires_grad off.
+    for (size_t g = 0; g < group_params_.size(); ++g) {
+      const uint8_t want = plan.trained[g];
+      if (want != requires_grad_[g]) {
+        for (int p : group_params_[g]) (*params_)[p].tensor.requires_grad_(want != 0);
+        requires_grad_[g] = want;
+      }
+    }
+    if (declared) {
+      engine_->declare_active(plan.trained);
+      if (last) engine_->begin_sync();
+    }
+    const int64_t fwd_us = Timeline::now_us();
+    auto t0 = Clock::now();
+    torch::Tensor total;
+    for (size_t i = 0; i < plan.tasks.size(); ++i) {
+      const int task = plan.tasks[i];
+      const int64_t rows = plan.task_rows[i];
+      if (rows == 0) continue;
+      Batch b = data_->batch(micro, world_.rank, world_.size, task, rows);
+      torch::Tensor out = model_->forward(b.x, task);
+      torch::Tensor l = task_loss(model_->loss_kind(), out, b.y);
+      task_losses_.push_back({task, l.detach()});
+      torch::Tensor weighted = l * (double(rows) / double(batch * k));
+      total = total.defined() ? total + weighted : weighted;
+    }
+    const double fwd_ms = ms_since(t0);
+    rec.forward_ms += fwd_ms;
+    if (!declared) {
+      engine_->declare_active(discover_groups(total));
+      if (last) engine_->begin_sync();
+    }
+    const int64_t bwd_us = Timeline::now_us();
+    auto t1 = Clock::now();
+    total.backward();
+    {
+      std::lock_guard<std::mutex> lock(hook_error_mu_);
+      if (!hook_error_.empty()) throw ConfigError(hook_error_);
+    }
+    if (last) engine_->finish_backward();
+    const double bwd_ms = ms_since(t1);
+    rec.backward_ms += bwd_ms;
+    loss_sum = loss_sum.defined() ? loss_sum + total.detach() : total.detach();
+    if (timeline_) {
+      timeline_->record(Lane::compute, "forward", fwd_us, int64_t(fwd_ms * 1000));
+      timeline_->record(Lane::compute, last ? "backward+reduce" : "backward", bwd_us,
+                        int64_t(bwd_ms * 1000),
+                        {{"bytes_allreduced", int64_t{last ? engine_->stats().bytes_allreduced : 0}}});
     }
   }
-  engine_->start_window(step);
-  if (declared) {
-    engine_->declare_active(plan.trained);
-    engine_->begin_sync();
-  }
-  const int64_t fwd_us = Timeline::now_us();
-  auto t0 = Clock::now();
-  torch::Tensor total;
-  rec.task_loss.clear();
-  const int64_t batch = job_.data.batch_per_rank;
-  for (size_t i = 0; i < plan.tasks.size(); ++i) {
-    const int task = plan.tasks[i];
-    const int64_t rows = plan.task_rows[i];
-    if (rows == 0) continue;
-    Batch b = data_->batch(step, world_.rank, world_.size, task, rows);
-    torch::Tensor out = model_->forward(b.x, task);
-    torch::Tensor l = task_loss(model_->loss_kind(), out, b.y);
-    rec.task_loss.push_back({task, l.item<double>()});
-    torch::Tensor weighted = l * (double(rows) / double(batch));
-    total = total.defined() ? total + weighted : weighted;
-  }
-  rec.forward_ms = ms_since(t0);
-  if (!declared) {
-    engine_->declare_active(discover_groups(total));
-    engine_->begin_sync();
-  }
-  const int64_t bwd_us = Timeline::now_us();
-  auto t1 = Clock::now();
-  total.backward();
-  {
-    std::lock_guard<std::mutex> lock(hook_error_mu_);
-    if (!hook_error_.empty()) throw ConfigError(hook_error_);
-  }
-  engine_->finish_backward();
-  rec.backward_ms = ms_since(t1);
-  if (timeline_) {
-    timeline_->record(Lane::compute, "forward", fwd_us, int64_t(rec.forward_ms * 1000));
-    timeline_->record(Lane::compute, "backward", bwd_us, int64_t(rec.backward_ms * 1000),
-                      {{"bytes_allreduced", int64_t{engine_->stats().bytes_allreduced}}});
-  }
-  return total.item<double>();
+  loss_total_ = loss_sum;
 }
 
 void Worker::optimizer_step(int64_t step, StepRecord& rec) {
@@ -272,6 +371,23 @@ void Worker::optimizer_step(int64_t step, StepRecord& rec) {
   for (size_t g = 0; g < group_params_.size(); ++g) {
     // Lazy semantics: a group no rank used this step is not stepped at all.
     if (contributors[g] == 0) continue;
+    if (offloaded(static_cast<int>(g))) {
+      std::vector<torch::Tensor> gs;
+      for (int p : group_params_[g]) gs.push_back((*params_)[p].tensor.grad());
+      torch::Tensor flat = flat_grad(static_cast<int>(g));  // alive until step_group returns
+      offload::AdamHyper h;
+      h.lr = s.lr;
+      h.beta1 = s.beta1;
+      h.beta2 = s.beta2;
+      h.eps = s.eps;
+      h.weight_decay = s.weight_decay;
+      h.decoupled = s.kind == "adamw";
+      h.step = ++group_steps_[g];
+      h.grad_scale = clip_scale(gs, job_.optimizer.clip_norm);
+      for (int u : store_->units_of(static_cast<int>(g))) store_->push_grad(u, flat.data_ptr<float>());
+      store_->step_group(static_cast<int>(g), h);
+      continue;
+    }
     std::vector<torch::Tensor> ps, gs, ms, vs;
     for (int p : group_params_[g]) {
       ps.push_back((*params_)[p].tensor);
@@ -284,14 +400,15 @@ void Worker::optimizer_step(int64_t step, StepRecord& rec) {
     s.grad_scale = clip_scale(gs, job_.optimizer.clip_norm);
     adam_group(ps, gs, ms, vs, s);
   }
+  if (store_) store_->release_step(step);
   rec.optimizer_ms = ms_since(t0);
 }
 
-bool Worker::agree_stop() {
+bool Worker::agree_stop(int64_t step) {
   int32_t flag = g_stop_signal.load() ? 1 : 0;
   comm::AllreduceOptions o;
-  o.tag = {"stop agreement", -1, -1};
-  comm_->allreduce(&flag, 1, comm::DType::i32, o)->wait(comm_->default_timeout());
+  o.tag = {"stop agreement", step, -1};
+  ctrl_->allreduce(&flag, 1, comm::DType::i32, o)->wait(ctrl_->default_timeout());
   return flag > 0;
 }
 
@@ -305,17 +422,31 @@ void Worker::checkpoint(int64_t completed) {
   w.job_name = job_.name;
   w.job_hash = model_hash(job_);
   w.keep = job_.checkpoint.keep;
-  w.barrier = [this] { comm_->barrier({"checkpoint barrier", -1, -1})->wait(comm_->default_timeout()); };
-  w.all_ok = [this](bool ok) {
+  w.barrier = [this, completed] { ctrl_->barrier({"checkpoint barrier", completed, -1})->wait(ctrl_->default_timeout()); };
+  w.all_ok = [this, completed](bool ok) {
     int32_t bad = ok ? 0 : 1;
     comm::AllreduceOptions o;
-    o.tag = {"checkpoint agreement", -1, -1};
-    comm_->allreduce(&bad, 1, comm::DType::i32, o)->wait(comm_->default_timeout());
+    o.tag = {"checkpoint agreement", completed, -1};
+    ctrl_->allreduce(&bad, 1, comm::DType::i32, o)->wait(ctrl_->default_timeout());
     return bad == 0;
   };
   write_checkpoint(w, static_cast<int>(group_params_.size()), [this](int g) {
     GroupState st;
     st.group = g;
+    if (offloaded(g)) {
+      std::vector<torch::Tensor> flat = read_store_group(g);
+      int64_t off = 0;
+      for (int p : group_params_[g]) {
+        const auto& t = (*params_)[p].tensor;
+        st.names.push_back((*params_)[p].name);
+        st.params.push_back(flat[0].narrow(0, off, t.numel()).view(t.sizes()));
+        st.exp_avg.push_back(flat[1].narrow(0, off, t.numel()).view(t.sizes()));
+        st.exp_avg_sq.push_back(flat[2].narrow(0, off, t.numel()).view(t.sizes()));
+        off += t.numel();
+      }
+      st.steps = group_steps_[g];
+      return st;
+    }
     for (int p : group_params_[g]) {
       st.names.push_back((*params_)[p].name);
       st.params.push_back((*params_)[p].tensor);
@@ -325,6 +456,93 @@ void Worker::checkpoint(int64_t completed) {
     st.steps = group_steps_[g];
     return st;
   });
+}
+
+void Worker::build_store() {
+  if (job_.optimizer.kind == "sgd")
+    throw ConfigError(job_.source + ": offload.enabled: the host store steps Adam/AdamW only; "
+                      "set optimizer.kind to adam or adamw");
+  if (job_.offload.shard_mb > 0)
+    throw ConfigError(job_.source + ": offload.shard_mb: model '" + job_.model.kind +
+                      "' computes each task group whole; row shards need a shard-aware model");
+  offload::StoreOptions so;
+  so.device_slots = job_.offload.device_slots;
+  so.device_budget_bytes = static_cast<size_t>(job_.offload.device_budget_mb * (1 << 20));
+  so.prefetch = job_.offload.prefetch;
+  so.host_limit_bytes = static_cast<size_t>(job_.offload.host_limit_mb * (1 << 20));
+  so.timeout_s = job_.comm.timeout_s;
+  std::vector<offload::GroupShape> shapes;
+  for (size_t g = 1; g < group_params_.size(); ++g) {
+    size_t n = 0;
+    for (int p : group_params_[g]) n += static_cast<size_t>((*params_)[p].tensor.numel());
+    shapes.push_back({static_cast<int>(g), n, 1});
+  }
+  if (device_.is_cuda())
+    offload_device_ = offload::make_cuda_device(device_.index(), compute_stream_);
+  else
+    offload_device_ = std::make_unique<offload::HostDevice>();
+  const Schedule* sched = schedule_.get();
+  const int rank = world_.rank;
+  store_ = std::make_unique<offload::ParamStore>(
+      so, shapes, *offload_device_,
+      [sched, rank, k = job_.accumulate_steps](int64_t step) {
+        std::vector<int> groups;
+        std::vector<uint8_t> used;
+        for (int64_t m = 0; m < k; ++m) {
+          StepPlan plan = sched->plan(step * k + m, rank);
+          used.resize(plan.used.size(), 0);
+          for (size_t g = 1; g < plan.used.size(); ++g) used[g] |= plan.used[g];
+        }
+        for (size_t g = 1; g < used.size(); ++g)
+          if (used[g]) groups.push_back(static_cast<int>(g));
+        return groups;
+      },
+      MPI_COMM_WORLD);
+  torch::NoGradGuard no_grad;
+  for (size_t g = 1; g < group_params_.size(); ++g) {
+    std::vector<torch::Tensor> flat;
+    for (int p : group_params_[g]) flat.push_back((*params_)[p].tensor.detach().reshape({-1}).cpu());
+    torch::Tensor values = torch::cat(flat).contiguous();
+    store_->init_params(static_cast<int>(g), values.data_ptr<float>());
+    // The model's own copy of θ[t] is dropped: a placeholder of the right shape and device
+    // (one element, expanded) keeps autograd's metadata until bind_group points it at a slot.
+    for (int p : group_params_[g]) {
+      auto& t = (*params_)[p].tensor;
+      t.set_data(torch::zeros({1}, torch::TensorOptions().dtype(torch::kFloat32).device(device_))
+                     .expand(t.sizes()));
+    }
+  }
+  THETAD_LOG(info, "offload") << "host store: " << shapes.size() << " task groups, "
+                              << store_->slots() << " device slots of " << store_->slot_bytes()
+                              << " bytes, host arena " << store_->arena().bytes() << " bytes";
+}
+
+// Points the parameters of an offloaded group at its device slot for this step.
+void Worker::bind_group(int group, int64_t step) {
+  const auto& units = store_->units_of(group);
+  float* base = store_->acquire(units.at(0), step);
+  int64_t offset = 0;
+  for (int p : group_params_[group]) {
+    auto& t = (*params_)[p].tensor;
+    t.set_data(torch::from_blob(base + offset, t.sizes(), t.options().requires_grad(false)));
+    offset += t.numel();
+  }
+}
+
+std::vector<torch::Tensor> Worker::read_store_group(int group) {
+  int64_t n = 0;
+  for (int p : group_params_[group]) n += (*params_)[p].tensor.numel();
+  std::vector<torch::Tensor> out;
+  for (int i = 0; i < 3; ++i) out.push_back(torch::empty({n}, torch::kFloat32));
+  store_->read_group(group, out[0].data_ptr<float>(), out[1].data_ptr<float>(), out[2].data_ptr<float>());
+  return out;
+}
+
+// The group's reduced gradient, contiguous in the store's layout (registration order).
+torch::Tensor Worker::flat_grad(int group) {
+  std::vector<torch::Tensor> gs;
+  for (int p : group_params_[group]) gs.push_back((*params_)[p].tensor.grad().reshape({-1}));
+  return torch::cat(gs).contiguous();
 }
 
 void Worker::resume() {
@@ -337,6 +555,7 @@ void Worker::resume() {
     GroupState st = load_group(*ckpt, static_cast<int>(g), hash);
     std::map<std::string, size_t> by_name;
     for (size_t i = 0; i < st.names.size(); ++i) by_name[st.names[i]] = i;
+    std::vector<torch::Tensor> fp, fm, fv;
     for (int p : group_params_[g]) {
       auto it = by_name.find((*params_)[p].name);
       if (it == by_name.end())
@@ -344,9 +563,19 @@ void Worker::resume() {
       auto& t = (*params_)[p].tensor;
       if (!st.params[it->second].sizes().equals(t.sizes()))
         throw ConfigError(ckpt->path + ": parameter '" + (*params_)[p].name + "' has another shape");
+      if (offloaded(static_cast<int>(g))) {
+        fp.push_back(st.params[it->second].reshape({-1}));
+        fm.push_back(st.exp_avg[it->second].reshape({-1}));
+        fv.push_back(st.exp_avg_sq[it->second].reshape({-1}));
+        continue;
+      }
       t.copy_(st.params[it->second]);
       exp_avg_[p].copy_(st.exp_avg[it->second]);
       exp_avg_sq_[p].copy_(st.exp_avg_sq[it->second]);
+    }
+    if (offloaded(static_cast<int>(g))) {
+      auto cp = torch::cat(fp).contiguous(), cm = torch::cat(fm).contiguous(), cv = torch::cat(fv).contiguous();
+      store_->write_group(static_cast<int>(g), cp.data_ptr<float>(), cm.data_ptr<float>(), cv.data_ptr<float>());
     }
     group_steps_[g] = st.steps;
   }
@@ -356,8 +585,17 @@ void Worker::resume() {
 
 uint64_t Worker::params_hash() {
   uint64_t h = comm::fnv1a64("", 0);
+  std::vector<torch::Tensor> store_groups(group_params_.size());
+  std::vector<int64_t> store_offsets(group_params_.size(), 0);
   for (const auto& p : *params_) {
-    torch::Tensor c = p.tensor.detach().cpu().contiguous();
+    torch::Tensor c;
+    if (offloaded(p.group)) {
+      if (!store_groups[p.group].defined()) store_groups[p.group] = read_store_group(p.group)[0];
+      c = store_groups[p.group].narrow(0, store_offsets[p.group], p.tensor.numel());
+      store_offsets[p.group] += p.tensor.numel();
+    } else {
+      c = p.tensor.detach().cpu().contiguous();
+    }
     h = comm::fnv1a64(c.data_ptr(), static_cast<size_t>(c.numel()) * sizeof(float), h);
   }
   return h;
@@ -395,9 +633,13 @@ int Worker::run() {
     rec.step = step;
     rec.rank = world_.rank;
     auto t0 = Clock::now();
-    rec.loss = train_step(step, rec);
+    train_step(step, rec);
     optimizer_step(step, rec);
+    // The one host synchronization of the step: the losses, after the optimizer is queued.
+    rec.loss = loss_total_.item<double>();
+    for (const auto& [task, l] : task_losses_) rec.task_loss.push_back({task, l.item<double>()});
     rec.step_ms = ms_since(t0);
+    rec.device_mem_peak_bytes = device_peak_bytes();
     const auto& st = engine_->stats();
     rec.comm_wait_ms = st.comm_wait_ms;
     rec.count_exchange_ms = st.count_exchange_ms;
@@ -406,12 +648,21 @@ int Worker::run() {
     rec.buckets_launched = st.buckets_launched;
     rec.buckets_pruned = st.buckets_pruned;
     rec.samples = job_.data.batch_per_rank;
+    if (store_) {
+      const offload::StoreStats ss = store_->stats();
+      rec.h2d_bytes = static_cast<int64_t>(ss.h2d_bytes - last_store_stats_.h2d_bytes);
+      rec.d2h_bytes = static_cast<int64_t>(ss.d2h_bytes - last_store_stats_.d2h_bytes);
+      rec.swap_hits = static_cast<int64_t>(ss.swap_hits - last_store_stats_.swap_hits);
+      rec.swap_misses = static_cast<int64_t>(ss.swap_misses - last_store_stats_.swap_misses);
+      rec.host_pinned_bytes = static_cast<int64_t>(ss.host_pinned_bytes);
+      last_store_stats_ = ss;
+    }
     total_bytes_pruned_ += st.bytes_pruned;
     samples_since_start_ += job_.data.batch_per_rank * world_.size;
     if (metrics_) metrics_->write(rec);
     progress(step, rec);
     const int64_t completed = step + 1;
-    const bool stop = agree_stop();
+    const bool stop = agree_stop(step);
     if (stop) {
       THETAD_LOG(warn, "train") << "stop requested (signal); checkpointing at step " << completed;
       checkpoint(completed);

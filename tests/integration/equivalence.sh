@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The gold test: W real ranks under mpirun must end with the parameters of the single-process
 # reference (thetad_reference), for every combination of prune on/off x average contributors/
-# world x declared/discover x four schedules; prune on and off must be bitwise identical; with
+# world x declared/discover x six schedules (incl. gradient accumulation and frozen groups); prune on and off must be bitwise identical; with
 # prune on, bytes_allreduced per step must be exactly 4 x (|Θ| + Σ|θ[t]| of active tasks).
 #   equivalence.sh THETAD REFERENCE W
 set -euo pipefail
@@ -20,9 +20,11 @@ declare -A schedules=(
   [several_tasks_per_rank]="--set data.schedule=round_robin --set data.tasks_per_rank=2"
   [task_shared_by_ranks]="--set data.schedule=per_rank --set data.per_rank=$per_rank"
   [task_unused]="--set data.schedule=weighted --set data.weights=[1,1,1,1,0]"
+  [accumulate_2]="--set data.schedule=round_robin --set accumulate_steps=2"
+  [alternate_frozen]="--set data.schedule=alternate --set data.alternate=[shared,tasks,task:2]"
 )
 fails=0 runs=0
-for sched in one_task_per_rank several_tasks_per_rank task_shared_by_ranks task_unused; do
+for sched in one_task_per_rank several_tasks_per_rank task_shared_by_ranks task_unused accumulate_2 alternate_frozen; do
   for average in contributors world; do
     for active in declared discover; do
       declare -A hash=()

@@ -57,28 +57,33 @@ int main(int argc, char** argv) {
     for (int64_t step = 0; step < job.steps; ++step) {
       std::vector<int> contributors(G, 0);
       for (auto& s : sum) s.zero_();
+      const int64_t k = job.accumulate_steps;
       for (int r = 0; r < world; ++r) {
-        StepPlan plan = schedule->plan(step, r);
-        for (auto& p : params) {
-          p.tensor.mutable_grad() = torch::Tensor();
-          p.tensor.requires_grad_(plan.trained[p.group] != 0);
-        }
-        torch::Tensor total;
-        for (size_t i = 0; i < plan.tasks.size(); ++i) {
-          if (plan.task_rows[i] == 0) continue;
-          Batch b = data->batch(step, r, world, plan.tasks[i], plan.task_rows[i]);
-          auto l = task_loss(model->loss_kind(), model->forward(b.x, plan.tasks[i]), b.y) *
-                   (double(plan.task_rows[i]) / double(job.data.batch_per_rank));
-          total = total.defined() ? total + l : l;
-        }
-        total.backward();
-        for (int g = 0; g < G; ++g) {
-          bool active = plan.trained[g] != 0;
-          if (discover) {
-            active = false;
-            for (int p : group_params[g]) active = active || params[p].tensor.grad().defined();
+        for (auto& p : params) p.tensor.mutable_grad() = torch::Tensor();
+        std::vector<uint8_t> active(G, 0);
+        for (int64_t mi = 0; mi < k; ++mi) {
+          const int64_t micro = step * k + mi;
+          StepPlan plan = schedule->plan(micro, r);
+          for (auto& p : params) p.tensor.requires_grad_(plan.trained[p.group] != 0);
+          torch::Tensor total;
+          for (size_t i = 0; i < plan.tasks.size(); ++i) {
+            if (plan.task_rows[i] == 0) continue;
+            Batch b = data->batch(micro, r, world, plan.tasks[i], plan.task_rows[i]);
+            auto l = task_loss(model->loss_kind(), model->forward(b.x, plan.tasks[i]), b.y) *
+                     (double(plan.task_rows[i]) / double(job.data.batch_per_rank * k));
+            total = total.defined() ? total + l : l;
           }
-          if (!active) continue;
+          total.backward();
+          for (int g = 0; g < G; ++g) {
+            if (!discover) {
+              active[g] |= plan.trained[g];
+              continue;
+            }
+            for (int p : group_params[g]) active[g] |= params[p].tensor.grad().defined() ? 1 : 0;
+          }
+        }
+        for (int g = 0; g < G; ++g) {
+          if (!active[g]) continue;
           contributors[g] += 1;
           for (int p : group_params[g])
             if (params[p].tensor.grad().defined()) sum[p].add_(params[p].tensor.grad());

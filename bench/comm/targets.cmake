@@ -1,0 +1,8 @@
+# The bench_engine_bw target; included by comm/CMakeLists.txt and by cmake/add_bench.cmake.
+# Its NCCL/CUDA part compiles when thetad_comm carries THETAD_WITH_CUDA (a public definition);
+# without it the program only says that it was built without CUDA.
+if(NOT TARGET bench_engine_bw)
+  add_executable(bench_engine_bw ${CMAKE_CURRENT_LIST_DIR}/bench_engine_bw.cpp)
+  target_link_libraries(bench_engine_bw PRIVATE thetad_comm thetad_warnings)
+  set_target_properties(bench_engine_bw PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/bench/comm)
+endif()

@@ -1,0 +1,407 @@
+#!/usr/bin/env python3
+"""Builds bench/gpu/run.sh's final table from its output folder (python3 stdlib only).
+
+    python3 bench/gpu/summarize.py OUT_DIR
+
+Reads OUT_DIR/runs.jsonl (one record per command run.sh ran or skipped), each thetad run's
+metrics.jsonl (rank 0), each DDP run's result.json (or result.json.rank<r>.json when a rank
+failed), engine_bw/result.json, and the nvidia-smi memory samples (smi.csv). Prints the runs,
+the issue-7 goals, and last ONE table:
+
+  config | thetad step ms | DDP step ms | ratio | bytes/step thetad vs DDP | peak mem thetad vs DDP | loss agreement
+
+Step times are medians over the steps after warm-up. Peak memory: thetad's device_mem_peak_bytes
+against DDP's torch.cuda.max_memory_allocated when thetad reports one, else both from
+nvidia-smi (marked "smi"). Loss agreement: max |loss_thetad - loss_DDP| over the first 20 steps
+of rank 0, only where both ran the same model with average: world and DDP used thetad's exact
+initialization. The same table goes to OUT_DIR/summary.md (markdown), with env.txt.
+"""
+import glob
+import json
+import os
+import statistics
+import sys
+
+LOSS_STEPS = 20
+LOSS_REL_TOL = 1e-4
+
+
+def load_jsonl(path):
+    out = []
+    try:
+        with open(path) as f:
+            for line in f:
+                line = line.strip()
+                if not line:
+                    continue
+                try:
+                    out.append(json.loads(line))
+                except ValueError:
+                    pass
+    except OSError:
+        pass
+    return out
+
+
+def load_json(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def params_of(dims):
+    """(shared, per task) parameter counts of multitask_mlp from [in, hidden, out, trunk, head, batch]."""
+    d_in, hidden, d_out, trunk, head = dims[:5]
+    shared, d = 0, d_in
+    for _ in range(trunk):
+        shared += d * hidden + hidden
+        d = hidden
+    per_task = 0
+    for i in range(head):
+        o = d_out if i + 1 == head else hidden
+        per_task += d * o + o
+        d = o
+    return shared, per_task
+
+
+def median(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def smi_peak(run_dir):
+    """Largest memory.used (bytes) any GPU showed while the run ran; None without samples."""
+    best = None
+    try:
+        with open(os.path.join(run_dir, "smi.csv")) as f:
+            for line in f:
+                parts = [p.strip() for p in line.split(",")]
+                if len(parts) >= 2:
+                    try:
+                        v = float(parts[1]) * (1 << 20)
+                    except ValueError:
+                        continue
+                    best = v if best is None else max(best, v)
+    except OSError:
+        pass
+    return best
+
+
+def thetad_stats(rec, out):
+    d = os.path.join(out, rec["dir"])
+    rows = [r for r in load_jsonl(os.path.join(d, "metrics.jsonl")) if r.get("rank", 0) == 0]
+    rows.sort(key=lambda r: r.get("step", 0))
+    warm = int(rec.get("warmup", 10))
+    timed = [r for r in rows if r.get("step", 0) >= warm]
+    if not timed:
+        timed = rows[1:] or rows
+    st = {"steps": len(rows), "timed": len(timed)}
+    st["step_ms"] = median([r.get("step_ms") for r in timed])
+    st["comm_wait_ms"] = median([r.get("comm_wait_ms") for r in timed])
+    st["bytes"] = median([r.get("bytes_allreduced") for r in timed])
+    st["bytes_all"] = sorted(set(r.get("bytes_allreduced") for r in rows if r.get("bytes_allreduced") is not None))
+    peaks = [r.get("device_mem_peak_bytes") or 0 for r in rows]
+    st["peak"] = max(peaks) if peaks and max(peaks) > 0 else None
+    st["smi_peak"] = smi_peak(d)
+    st["losses"] = {int(r["step"]): r.get("loss") for r in rows if "step" in r}
+    st["h2d"] = median([r.get("h2d_bytes") for r in timed])
+    st["swap_misses"] = median([r.get("swap_misses") for r in timed])
+    return st
+
+
+def ddp_stats(rec, out):
+    d = os.path.join(out, rec["dir"])
+    res = load_json(os.path.join(d, "result.json"))
+    ranks = [load_json(p) for p in sorted(glob.glob(os.path.join(d, "result.json.rank*.json")))]
+    ranks = [r for r in ranks if r]
+    if res is None and ranks:
+        res = ranks[0]
+    if res is None:
+        return None
+    res = dict(res)
+    for r in ranks:  # a failed rank's report wins over rank 0's (rank 0 may have been killed)
+        if r.get("oom"):
+            res["oom"] = True
+            res["error"] = r.get("error")
+            res["peak_mem_bytes"] = max(res.get("peak_mem_bytes") or 0, r.get("peak_mem_bytes") or 0)
+            res["phase"] = r.get("phase")
+            res["steps_done"] = min(res.get("steps_done") or 0, r.get("steps_done") or 0)
+        elif r.get("error") and not res.get("error"):
+            res["error"] = r.get("error")
+    res["smi_peak"] = smi_peak(d)
+    return res
+
+
+def gib(b):
+    return "-" if b is None else "%.1f GiB" % (b / float(1 << 30))
+
+
+def gb(b):
+    if b is None:
+        return "-"
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(b) >= scale:
+            return "%.2f %s" % (b / scale, unit)
+    return "%d B" % b
+
+
+def ms(v):
+    return "-" if v is None else ("%.1f" % v if v >= 10 else "%.2f" % v)
+
+
+def status_text(rec):
+    s = rec.get("status")
+    if s == "ok":
+        return None
+    if s == "failed":
+        return "failed rc=%s" % rec.get("rc")
+    return s or "missing"
+
+
+def label(rec):
+    mode = rec.get("mode", "")
+    n = rec.get("np")
+    what = "GPU" if rec.get("device", "cuda") == "cuda" else "CPU rank"
+    return "T=%s %s, %s %s%s" % (rec.get("T"), "all-resident" if mode == "resident" else mode,
+                                 n, what, "" if n == 1 else "s")
+
+
+def main(argv):
+    if len(argv) != 2:
+        print("usage: summarize.py OUT_DIR", file=sys.stderr)
+        return 2
+    out = argv[1]
+    runs = load_jsonl(os.path.join(out, "runs.jsonl"))
+    by_name = {r["name"]: r for r in runs if "name" in r}
+    lines = []  # printed text
+    table = []  # rows of cells
+    goals = []
+    header = ["config", "thetad step ms", "DDP step ms", "ratio", "bytes/step thetad vs DDP",
+              "peak mem thetad vs DDP", "loss agreement"]
+
+    lines.append("runs:")
+    for r in runs:
+        extra = ""
+        if r.get("reason"):
+            extra = " (%s)" % r["reason"]
+        lines.append("  %-22s %-8s %7ss%s" % (r.get("name"), r.get("status"), r.get("wall_s"), extra))
+
+    thetad_rows = {}
+    for rec in runs:
+        if rec.get("kind") != "thetad":
+            continue
+        st = thetad_stats(rec, out)
+        thetad_rows[rec["name"]] = (rec, st)
+        peer = by_name.get(rec.get("peer", ""))
+        dd = ddp_stats(peer, out) if peer else None
+        cells = [label(rec)]
+        # thetad step time
+        s = status_text(rec)
+        if st["step_ms"] is not None:
+            t_cell = ms(st["step_ms"])
+            if s:
+                t_cell += " (%s, %d steps)" % (s, st["steps"])
+        else:
+            t_cell = s or "no metrics"
+        cells.append(t_cell)
+        # DDP step time
+        d_ms = None
+        if dd is None:
+            cells.append(status_text(peer) if peer else "n/a")
+        elif dd.get("oom"):
+            cells.append("OOM (%s, step %s)" % (dd.get("phase"), dd.get("steps_done")))
+        elif dd.get("error"):
+            cells.append("error: %s" % str(dd["error"])[:60])
+        else:
+            d_ms = dd.get("step_ms_median")
+            cells.append(ms(d_ms) + ("" if peer.get("status") == "ok" else " (%s)" % status_text(peer)))
+        # ratio
+        if st["step_ms"] is not None and d_ms:
+            cells.append("%.2fx" % (st["step_ms"] / d_ms))
+        elif dd is not None and dd.get("oom"):
+            cells.append("DDP OOM")
+        else:
+            cells.append("-")
+        # bytes
+        d_bytes = dd.get("bytes_allreduced_per_step") if dd else None
+        if d_bytes is None and rec.get("dims"):
+            sh, pt = params_of(rec["dims"])
+            d_bytes = 4 * (sh + int(rec["T"]) * pt)
+        b_cell = "%s vs %s" % (gb(st["bytes"]), gb(d_bytes))
+        if st["bytes"] and d_bytes:
+            b_cell += " (%.2fx)" % (st["bytes"] / d_bytes)
+        cells.append(b_cell)
+        # peak memory
+        if st["peak"] is not None:
+            tp, dp, src = st["peak"], (dd.get("peak_mem_bytes") if dd else None), ""
+        else:
+            tp, dp, src = st["smi_peak"], (dd.get("smi_peak") if dd else None), " (smi)"
+        if dd is not None and dd.get("oom"):
+            at = dd.get("peak_mem_bytes") or dd.get("smi_peak")
+            p_cell = "%s vs OOM%s%s" % (gib(tp), " (at %s)" % gib(at) if at else "", src)
+        else:
+            p_cell = "%s vs %s%s" % (gib(tp), gib(dp), src)
+            if tp and dp:
+                p_cell += " (%.2fx)" % (tp / dp)
+        cells.append(p_cell)
+        # loss agreement
+        loss_cell = "n/a"
+        if (dd is not None and rec.get("average") == "world" and peer.get("init") == "exact"
+                and not dd.get("error") and dd.get("losses")):
+            n = min(LOSS_STEPS, len(dd["losses"]))
+            diffs, rels = [], []
+            for s_ in range(n):
+                a = st["losses"].get(s_)
+                b = dd["losses"][s_]
+                if a is None or b is None:
+                    continue
+                diffs.append(abs(a - b))
+                rels.append(abs(a - b) / max(abs(b), 1e-30))
+            if diffs:
+                loss_cell = "max|d| %.1e, rel %.1e (%d steps)" % (max(diffs), max(rels), len(diffs))
+                st["loss_rel"] = max(rels)
+        cells.append(loss_cell)
+        st["ddp"] = dd
+        table.append(cells)
+
+    # DDP runs no thetad run compares with (the extra points that look for DDP's out-of-memory)
+    peers = set(rec.get("peer") for rec in runs if rec.get("kind") == "thetad")
+    for rec in runs:
+        if rec.get("kind") != "ddp" or rec.get("name") in peers:
+            continue
+        dd = ddp_stats(rec, out)
+        n = rec.get("np")
+        cells = ["T=%s DDP only, %s %s%s" % (rec.get("T"), n, "GPU" if rec.get("device", "cuda") == "cuda" else "CPU rank",
+                                              "" if n == 1 else "s"), "-"]
+        if dd is None:
+            cells.append(status_text(rec) or "no result")
+        elif dd.get("oom"):
+            cells.append("OOM (%s, step %s)" % (dd.get("phase"), dd.get("steps_done")))
+        elif dd.get("error"):
+            cells.append("error: %s" % str(dd["error"])[:60])
+        else:
+            cells.append(ms(dd.get("step_ms_median")))
+        at = (dd.get("peak_mem_bytes") or dd.get("smi_peak")) if dd else None
+        cells += ["-", "- vs %s" % gb(dd.get("bytes_allreduced_per_step")) if dd else "-",
+                  "- vs %s%s" % ("OOM at " if dd and dd.get("oom") else "", gib(at)), "n/a"]
+        table.append(cells)
+
+    # engine bandwidth row
+    eb = by_name.get("engine_bw")
+    if eb is not None:
+        res = load_json(os.path.join(out, "engine_bw", "result.json"))
+        if res and res.get("methods"):
+            m = res["methods"]
+            e, r1, rc = m.get("engine", {}), m.get("raw_single", {}), m.get("raw_chunked", {})
+            table.append([
+                "engine allreduce %.0f MiB in %d buckets (%g MiB), %d GPUs" % (
+                    res["bytes"] / (1 << 20), res["buckets"], res["bucket_mb"], res["ranks"]),
+                "engine %.2f ms, busbw %.0f GB/s" % (e.get("ms", 0), e.get("busbw_GBps", 0)),
+                "raw NCCL: 1 call %.2f ms %.0f GB/s; bucket-size calls %.2f ms %.0f GB/s" % (
+                    r1.get("ms", 0), r1.get("busbw_GBps", 0), rc.get("ms", 0), rc.get("busbw_GBps", 0)),
+                "%.2fx vs 1 call, %.2fx vs bucket calls" % (res.get("ratio_single", 0), res.get("ratio_chunked", 0)),
+                "-", "-", "gate %s: %s" % (res.get("gate"), res.get("status", "").upper())])
+            goals.append(("engine busbw >= 0.9x raw NCCL (issue 3)",
+                          "PASS" if res.get("status") == "pass" else "FAIL",
+                          "%.2fx vs bucket-size calls, %.2fx vs one call (gated: %s)" % (
+                              res.get("ratio_chunked", 0), res.get("ratio_single", 0), res.get("gate"))))
+        elif res and res.get("status") == "skip":
+            table.append(["engine allreduce", "skipped: %s" % str(res.get("reason")).split(" (")[0],
+                          "-", "-", "-", "-", "-"])
+        else:
+            table.append(["engine allreduce", status_text(eb) or "no result", "-", "-", "-", "-", "-"])
+
+    # ---- goals (issue 7) ----
+    def row(name):
+        return thetad_rows.get(name, (None, None))
+
+    ref_T = None
+    for name, (rec, st) in thetad_rows.items():
+        if rec.get("mode") == "resident":
+            ref_T = rec.get("T")
+    res_rec, res_st = row("thetad_T%s_resident" % ref_T)
+    off_rec, off_st = row("thetad_T%s_offload" % ref_T)
+    if res_st and res_st["step_ms"] and res_st["ddp"] and res_st["ddp"].get("step_ms_median"):
+        r = res_st["step_ms"] / res_st["ddp"]["step_ms_median"]
+        goals.append(("step time <= 0.5x DDP (reference, all-resident)", "PASS" if r <= 0.5 else "FAIL", "%.2fx" % r))
+    for name, (rec, st) in thetad_rows.items():
+        if not rec.get("dims") or not st["bytes_all"]:
+            continue
+        sh, pt = params_of(rec["dims"])
+        T, W = int(rec["T"]), int(rec.get("np") or 1)
+        expect = 4 * (sh + min(T, W) * pt)
+        ok = st["bytes_all"] == [expect]
+        goals.append(("bytes/step = Θ + active θ exactly (%s)" % name, "PASS" if ok else "FAIL",
+                      "expected %d, got %s" % (expect, ", ".join(str(b) for b in st["bytes_all"][:4]))))
+    if res_st and res_st["step_ms"] and res_st["comm_wait_ms"] is not None:
+        f = res_st["comm_wait_ms"] / res_st["step_ms"]
+        goals.append(("comm_wait <= 10% of the step (reference)", "PASS" if f <= 0.1 else "FAIL",
+                      "%.1f%% (%.2f of %.2f ms)" % (100 * f, res_st["comm_wait_ms"], res_st["step_ms"])))
+    if off_st and off_st["ddp"]:
+        dd = off_st["ddp"]
+        if off_st["peak"] is not None and dd.get("peak_mem_bytes"):
+            tp, dp, src = off_st["peak"], dd["peak_mem_bytes"], ""
+        else:
+            tp, dp, src = off_st["smi_peak"], dd.get("smi_peak"), " (smi)"
+        if tp and dp:
+            goals.append(("offload peak memory <= 0.4x DDP", "PASS" if tp / dp <= 0.4 else "FAIL",
+                          "%.2fx%s" % (tp / dp, src)))
+    if off_st and res_st and off_st["step_ms"] and res_st["step_ms"]:
+        r = off_st["step_ms"] / res_st["step_ms"]
+        goals.append(("offload step <= 1.1x all-resident", "PASS" if r <= 1.1 else "FAIL", "%.2fx" % r))
+    big = [(int(rec["T"]), rec, st) for name, (rec, st) in thetad_rows.items()
+           if rec.get("mode") == "offload" and rec.get("T") != ref_T]
+    for T, rec, st in sorted(big, key=lambda x: x[0]):
+        if st["step_ms"] and off_st and off_st["step_ms"]:
+            thr = off_st["step_ms"] / st["step_ms"]
+            dd = st["ddp"]
+            goals.append(("T=%d offload throughput >= 0.9x T=%s" % (T, ref_T), "PASS" if thr >= 0.9 else "FAIL",
+                          "%.2fx; DDP at T=%d: %s" % (thr, T, "OOM" if dd and dd.get("oom") else
+                                                      ("%s ms" % ms(dd.get("step_ms_median")) if dd else "not run"))))
+        elif st["step_ms"] is None:
+            goals.append(("T=%d offload trains" % T, "FAIL" if rec.get("status") != "skipped" else "n/a",
+                          status_text(rec) or "no metrics"))
+    for name, (rec, st) in thetad_rows.items():
+        if "loss_rel" in st:
+            goals.append(("loss curve matches DDP (%s, first %d steps, rel <= %g)" % (name, LOSS_STEPS, LOSS_REL_TOL),
+                          "PASS" if st["loss_rel"] <= LOSS_REL_TOL else "FAIL", "max rel %.1e" % st["loss_rel"]))
+
+    lines.append("goals (issue 7):")
+    for g, verdict, detail in goals:
+        lines.append("  %-4s %s: %s" % (verdict, g, detail))
+    if not goals:
+        lines.append("  (nothing measured)")
+
+    # ---- the table ----
+    widths = [max(len(header[i]), max((len(r[i]) for r in table), default=0)) for i in range(len(header))]
+
+    def fmt(cells):
+        return " | ".join(c.ljust(widths[i]) for i, c in enumerate(cells)).rstrip()
+
+    text_table = [fmt(header), "-+-".join("-" * w for w in widths)] + [fmt(r) for r in table]
+    print("\n".join(lines))
+    print()
+    print("\n".join(text_table))
+
+    md = ["# thetad vs PyTorch DDP (bench/gpu/run.sh)", ""]
+    try:
+        with open(os.path.join(out, "env.txt")) as f:
+            md += ["```", f.read().rstrip(), "```", ""]
+    except OSError:
+        pass
+    md.append("| " + " | ".join(header) + " |")
+    md.append("|" + "|".join("---" for _ in header) + "|")
+    for r in table:
+        md.append("| " + " | ".join(c.replace("|", "/") for c in r) + " |")
+    md += ["", "Goals (issue 7):", ""]
+    md += ["- **%s** %s: %s" % (v, g, d) for g, v, d in goals] or ["- nothing measured"]
+    md += ["", "Runs:", "", "```"] + lines[1:1 + len(runs)] + ["```", ""]
+    with open(os.path.join(out, "summary.md"), "w") as f:
+        f.write("\n".join(md))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
