@@ -325,7 +325,7 @@ bool read_document(const std::string& text, Job& job, Diagnostics& diag) {
       int line = 0;
       size_t pos = text.rfind("---", 0) == 0 ? text.find("\n---", 3) : text.find("\n---");
       if (pos != std::string::npos) line = static_cast<int>(std::count(text.begin(), text.begin() + pos + 1, '\n'));
-      diag.error_at(Origin::file(line, 0), "",
+      diag.error_at(Origin::file(line + 1, 0), "",
                     "a job file holds one YAML document; this is a second one (after '---')");
       return false;
     }

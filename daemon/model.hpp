@@ -28,6 +28,9 @@ class TaskModel {
   // Output for rows of x that all belong to `task` (0-based).
   virtual torch::Tensor forward(const torch::Tensor& x, int task) = 0;
   virtual LossKind loss_kind() const = 0;
+  // The task's loss on a batch; `sample_seed` seeds any sampling (sampled softmax) so that every
+  // rank, a resumed run and the reference draw the same. Default: task_loss(forward(x), y).
+  virtual torch::Tensor loss(const struct Batch& batch, int task, uint64_t sample_seed);
   int num_tasks() const { return num_tasks_; }
 
  protected:

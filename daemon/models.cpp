@@ -2,6 +2,9 @@
 // patterns, and the synthetic teacher data. The one LibTorch translation unit for models/data.
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/script.h>
+#if THETAD_TORCH_CUDA
+#include <ATen/cuda/CUDAGeneratorImpl.h>
+#endif
 
 #include <cmath>
 #include <filesystem>
@@ -21,6 +24,19 @@ uint64_t splitmix(uint64_t x) {
 }
 
 at::Generator generator(uint64_t seed) { return at::detail::createCPUGenerator(seed); }
+
+// Batches are drawn where the model runs: no host-side generation or copy in the step on GPUs.
+at::Generator generator_on(uint64_t seed, torch::Device device) {
+#if THETAD_TORCH_CUDA
+  if (device.is_cuda()) {
+    auto gen = at::cuda::detail::createCUDAGenerator(device.index());
+    gen.set_current_seed(seed);
+    return gen;
+  }
+#endif
+  (void)device;
+  return generator(seed);
+}
 
 uint64_t init_seed(const config::Job& job) {
   return job.model.init_seed >= 0 ? static_cast<uint64_t>(job.model.init_seed) : job.seed;
@@ -243,6 +259,83 @@ class ScriptModel : public TaskModel {
   std::vector<NamedParam> params_;
 };
 
+// Extreme classification: a shared encoder (Θ) and an output layer of `classes` rows split into
+// `tasks` row slices, slice t = θ[t] (the store swaps each slice whole). A batch of task t holds
+// samples whose labels lie in slice t; the softmax runs over the batch's label classes plus
+// `negatives_per_step` classes sampled from the slice (all of the slice when 0).
+class ExtremeClassifier : public TaskModel {
+ public:
+  ExtremeClassifier(const config::Job& job, torch::Device device)
+      : negatives_(job.model.negatives_per_step) {
+    const auto& m = job.model;
+    num_tasks_ = static_cast<int>(m.tasks);
+    ParamBuilder pb(init_seed(job), device, params_);
+    int64_t dim = m.input_dim;
+    for (int64_t i = 0; i < std::max<int64_t>(m.trunk_layers, 1); ++i) {
+      encoder_.push_back(make_linear(pb, "encoder." + std::to_string(i), 0, dim, m.hidden));
+      dim = m.hidden;
+    }
+    for (int64_t t = 0; t < m.tasks; ++t) {
+      const int64_t rows = m.classes / m.tasks + (t < m.classes % m.tasks ? 1 : 0);
+      slices_.push_back(make_linear(pb, "output." + std::to_string(t), int(t) + 1, dim, rows));
+    }
+  }
+  std::vector<NamedParam>& params() override { return params_; }
+  torch::Tensor features(const torch::Tensor& x) {
+    torch::Tensor h = x;
+    for (const auto& l : encoder_) h = torch::gelu(l(h));
+    return h;
+  }
+  torch::Tensor forward(const torch::Tensor& x, int task) override { return slices_.at(task)(features(x)); }
+  LossKind loss_kind() const override { return LossKind::cross_entropy; }
+  torch::Tensor loss(const Batch& b, int task, uint64_t sample_seed) override {
+    const Linear& out = slices_.at(task);
+    const int64_t rows = out.w.size(0);
+    if (negatives_ <= 0 || negatives_ >= rows) return task_loss(loss_kind(), forward(b.x, task), b.y);
+    // Sampled softmax: the label classes and sampled negatives, deduplicated and sorted.
+    auto gen = generator(sample_seed);
+    auto neg = torch::randint(rows, {negatives_}, gen, torch::kInt64).to(b.y.device());
+    auto cls = std::get<0>(torch::_unique(torch::cat({b.y, neg}), /*sorted=*/true));
+    auto target = torch::searchsorted(cls, b.y);
+    auto logits = torch::addmm(out.b.index_select(0, cls), features(b.x), out.w.index_select(0, cls).t());
+    return torch::nn::functional::cross_entropy(logits, target);
+  }
+
+ private:
+  int64_t negatives_;
+  std::vector<NamedParam> params_;
+  std::vector<Linear> encoder_;
+  std::vector<Linear> slices_;
+};
+
+// Synthetic classification for the extreme classifier: per slice a fixed random linear teacher;
+// the label is the teacher's argmax over the slice's classes.
+class SyntheticClasses : public DataSource {
+ public:
+  SyntheticClasses(const config::Job& job, torch::Device device)
+      : seed_(job.seed), in_(job.model.input_dim), device_(device) {
+    for (int64_t t = 0; t < job.model.tasks; ++t) {
+      const int64_t rows = job.model.classes / job.model.tasks + (t < job.model.classes % job.model.tasks ? 1 : 0);
+      auto gen = generator(mix_seed(seed_, 0xc1a55, static_cast<uint64_t>(t)));
+      teachers_.push_back(torch::randn({in_, rows}, gen, torch::kFloat32));
+    }
+  }
+  Batch batch(int64_t step, int rank, int world, int task, int64_t rows) override {
+    (void)world;
+    auto gen = generator(mix_seed(seed_, static_cast<uint64_t>(step), static_cast<uint64_t>(rank),
+                                  static_cast<uint64_t>(task) + 1));
+    auto x = torch::randn({rows, in_}, gen, torch::kFloat32);
+    auto y = torch::matmul(x, teachers_.at(task)).argmax(1);
+    return {x.to(device_), y.to(device_)};
+  }
+
+ private:
+  uint64_t seed_;
+  int64_t in_;
+  torch::Device device_;
+  std::vector<torch::Tensor> teachers_;
+};
+
 // Synthetic regression: per task a fixed random two-layer teacher y = tanh(x A_t) B_t + noise.
 class SyntheticData : public DataSource {
  public:
@@ -254,18 +347,20 @@ class SyntheticData : public DataSource {
       auto gen = generator(mix_seed(seed_, 0x7eac4e2, static_cast<uint64_t>(t)));
       auto a = torch::randn({in_, k}, gen, torch::kFloat32) / std::sqrt(double(in_));
       auto b = torch::randn({k, out_}, gen, torch::kFloat32) / std::sqrt(double(k));
-      teachers_.push_back({a, b});
+      teachers_.push_back({a.to(device), b.to(device)});
     }
   }
   Batch batch(int64_t step, int rank, int world, int task, int64_t rows) override {
     (void)world;
-    auto gen = generator(mix_seed(seed_, static_cast<uint64_t>(step), static_cast<uint64_t>(rank),
-                                  static_cast<uint64_t>(task) + 1));
-    auto x = torch::randn({rows, in_}, gen, torch::kFloat32);
+    auto gen = generator_on(mix_seed(seed_, static_cast<uint64_t>(step), static_cast<uint64_t>(rank),
+                                     static_cast<uint64_t>(task) + 1),
+                            device_);
+    const auto opts = torch::TensorOptions().dtype(torch::kFloat32).device(device_);
+    auto x = torch::randn({rows, in_}, gen, opts);
     const auto& [a, b] = teachers_.at(task);
     auto y = torch::matmul(torch::tanh(torch::matmul(x, a) * 2.0), b);
-    if (noise_ > 0) y = y + noise_ * torch::randn({rows, out_}, gen, torch::kFloat32);
-    return {x.to(device_), y.to(device_)};
+    if (noise_ > 0) y = y + noise_ * torch::randn({rows, out_}, gen, opts);
+    return {x, y};
   }
 
  private:
@@ -287,6 +382,7 @@ std::unique_ptr<TaskModel> make_model(const config::Job& job, torch::Device devi
   if (kind == "multitask_mlp") return std::make_unique<MultitaskMlp>(job, device);
   if (kind == "multitask_adapter") return std::make_unique<MultitaskAdapter>(job, device);
   if (kind == "torchscript") return std::make_unique<ScriptModel>(job, device);
+  if (kind == "extreme_classifier") return std::make_unique<ExtremeClassifier>(job, device);
   throw ConfigError(job.source + ": model.kind: '" + kind + "' is not available in this build");
 }
 
@@ -295,8 +391,15 @@ std::unique_ptr<DataSource> make_npy_data(const config::Job& job, const TaskMode
 
 std::unique_ptr<DataSource> make_data(const config::Job& job, const TaskModel& model,
                                       torch::Device device) {
+  if (job.data.kind == "synthetic" && model.loss_kind() == LossKind::cross_entropy)
+    return std::make_unique<SyntheticClasses>(job, device);
   if (job.data.kind == "synthetic") return std::make_unique<SyntheticData>(job, device);
   return make_npy_data(job, model, device);
+}
+
+torch::Tensor TaskModel::loss(const Batch& batch, int task, uint64_t sample_seed) {
+  (void)sample_seed;
+  return task_loss(loss_kind(), forward(batch.x, task), batch.y);
 }
 
 torch::Tensor task_loss(LossKind kind, const torch::Tensor& out, const torch::Tensor& y) {

@@ -323,8 +323,8 @@ void Worker::train_step(int64_t step, StepRecord& rec) {
       const int64_t rows = plan.task_rows[i];
       if (rows == 0) continue;
       Batch b = data_->batch(micro, world_.rank, world_.size, task, rows);
-      torch::Tensor out = model_->forward(b.x, task);
-      torch::Tensor l = task_loss(model_->loss_kind(), out, b.y);
+      torch::Tensor l = model_->loss(b, task, mix_seed(job_.seed, 0x5a3b1e, static_cast<uint64_t>(micro),
+                                                       static_cast<uint64_t>(world_.rank) * 1000003u + task));
       task_losses_.push_back({task, l.detach()});
       torch::Tensor weighted = l * (double(rows) / double(batch * k));
       total = total.defined() ? total + weighted : weighted;
@@ -463,8 +463,9 @@ void Worker::build_store() {
     throw ConfigError(job_.source + ": offload.enabled: the host store steps Adam/AdamW only; "
                       "set optimizer.kind to adam or adamw");
   if (job_.offload.shard_mb > 0)
-    throw ConfigError(job_.source + ": offload.shard_mb: model '" + job_.model.kind +
-                      "' computes each task group whole; row shards need a shard-aware model");
+    throw ConfigError(job_.source + ": offload.shard_mb: the built-in models compute each task "
+                      "group whole, so row shards inside a group are not supported yet; use more, "
+                      "smaller task groups (extreme_classifier: more model.tasks) instead");
   offload::StoreOptions so;
   so.device_slots = job_.offload.device_slots;
   so.device_budget_bytes = static_cast<size_t>(job_.offload.device_budget_mb * (1 << 20));

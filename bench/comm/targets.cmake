@@ -1,4 +1,4 @@
-# The bench_engine_bw target; included by comm/CMakeLists.txt and by cmake/add_bench.cmake.
+# The bench_engine_bw target; included by bench/comm/CMakeLists.txt.
 # Its NCCL/CUDA part compiles when thetad_comm carries THETAD_WITH_CUDA (a public definition);
 # without it the program only says that it was built without CUDA.
 if(NOT TARGET bench_engine_bw)

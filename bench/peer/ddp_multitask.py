@@ -156,16 +156,24 @@ class SyntheticData:
             g = cpu_generator(mix_seed(self.seed, TEACHER_SALT, t))
             ta = torch.randn(self.in_dim, k, generator=g, dtype=torch.float32) / math.sqrt(float(self.in_dim))
             tb = torch.randn(k, self.out_dim, generator=g, dtype=torch.float32) / math.sqrt(float(k))
-            self.teachers.append((ta, tb))
+            self.teachers.append((ta.to(device), tb.to(device)))
 
     def batch(self, step, rank, task, rows):
-        g = cpu_generator(mix_seed(self.seed, step, rank, task + 1))
-        x = torch.randn(rows, self.in_dim, generator=g, dtype=torch.float32)
+        # As thetad's SyntheticData: drawn where the model runs (a CUDA generator on GPUs, the
+        # CPU generator otherwise), from the same per-(step, rank, task) seed.
+        seed = mix_seed(self.seed, step, rank, task + 1)
+        if torch.device(self.device).type == "cuda":
+            g = torch.Generator(device=self.device)
+            g.manual_seed(seed & MASK64)
+        else:
+            g = cpu_generator(seed)
+        x = torch.randn(rows, self.in_dim, generator=g, dtype=torch.float32, device=self.device)
         ta, tb = self.teachers[task]
         y = torch.matmul(torch.tanh(torch.matmul(x, ta) * 2.0), tb)
         if self.noise > 0:
-            y = y + self.noise * torch.randn(rows, self.out_dim, generator=g, dtype=torch.float32)
-        return x.to(self.device), y.to(self.device)
+            y = y + self.noise * torch.randn(rows, self.out_dim, generator=g, dtype=torch.float32,
+                                             device=self.device)
+        return x, y
 
 
 def task_of(step, rank, world, tasks):

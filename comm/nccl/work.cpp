@@ -61,7 +61,7 @@ void NcclWork::wait(std::chrono::milliseconds timeout) {
       throw TimeoutError(msg);
     }
     std::this_thread::sleep_for(nap);
-    nap = std::min(nap * 2, std::chrono::microseconds(1000));
+    nap = std::min(nap * 2, std::chrono::microseconds(20));  // a bucket takes ~0.1-2 ms: stay close
   }
   if (state_.load() == 2) {
     std::lock_guard<std::mutex> lock(mu_);

@@ -69,7 +69,8 @@ int main(int argc, char** argv) {
           for (size_t i = 0; i < plan.tasks.size(); ++i) {
             if (plan.task_rows[i] == 0) continue;
             Batch b = data->batch(micro, r, world, plan.tasks[i], plan.task_rows[i]);
-            auto l = task_loss(model->loss_kind(), model->forward(b.x, plan.tasks[i]), b.y) *
+            auto l = model->loss(b, plan.tasks[i], mix_seed(job.seed, 0x5a3b1e, static_cast<uint64_t>(micro),
+                                                            static_cast<uint64_t>(r) * 1000003u + plan.tasks[i])) *
                      (double(plan.task_rows[i]) / double(job.data.batch_per_rank * k));
             total = total.defined() ? total + l : l;
           }
