@@ -342,6 +342,11 @@ void Worker::train_step(int64_t step, StepRecord& rec) {
       std::lock_guard<std::mutex> lock(hook_error_mu_);
       if (!hook_error_.empty()) throw ConfigError(hook_error_);
     }
+#if THETAD_TORCH_CUDA
+    // The host runs ahead of the GPU: wait for backward's kernels first, so that the engine's
+    // comm_wait_ms is the communication not hidden behind backward, not backward itself.
+    if (last && device_.is_cuda()) c10::cuda::getCurrentCUDAStream(device_.index()).synchronize();
+#endif
     if (last) engine_->finish_backward();
     const double bwd_ms = ms_since(t1);
     rec.backward_ms += bwd_ms;

@@ -55,15 +55,17 @@ uint64_t mem_available_bytes() {
 
 size_t HostArena::required_bytes(const std::vector<ArenaEntry>& entries) {
   size_t total = round_up(entries.size() * kAlign, kPage);
-  for (const auto& e : entries) total += 4 * round_up(e.numel * sizeof(float), kAlign);
-  return round_up(total, kPage);
+  for (const auto& e : entries) total += round_up(4 * round_up(e.numel * sizeof(float), kAlign), kPage);
+  return total;
 }
 
 HostArena::HostArena(MPI_Comm comm, std::vector<ArenaEntry> entries, size_t host_limit_bytes,
                      Device* pinner)
     : entries_(std::move(entries)), pinner_(pinner) {
   // Layout: one cache line per sequence number (no false sharing between owners), then each
-  // group's params | m | v | grad, every buffer 64-byte aligned.
+  // group's params | m | v | grad, every buffer 64-byte aligned and every group page-aligned:
+  // pinned chunks are cut at group boundaries, because a CUDA copy may not span two
+  // cudaHostRegister'ed ranges (it fails with "invalid argument").
   header_ = round_up(entries_.size() * kAlign, kPage);
   size_t off = header_;
   size_t params = 0;
@@ -72,7 +74,7 @@ HostArena::HostArena(MPI_Comm comm, std::vector<ArenaEntry> entries, size_t host
                  " cannot live in the host arena (group 0, the shared Θ, is never offloaded)");
     offset_.push_back(off);
     stride_.push_back(round_up(e.numel * sizeof(float), kAlign));
-    off += 4 * stride_.back();
+    off = round_up(off + 4 * stride_.back(), kPage);
     params += e.numel;
   }
   total_ = round_up(off, kPage);
@@ -134,11 +136,20 @@ HostArena::HostArena(MPI_Comm comm, std::vector<ArenaEntry> entries, size_t host
   std::string pin_error;
   if (pinner_ != nullptr && !pinner_->is_host()) {
     try {
-      for (size_t o = 0; o < total_; o += kPinChunkBytes) {
-        const size_t len = std::min(kPinChunkBytes, total_ - o);
-        pinner_->pin_host(base_ + o, len);
-        pinned_chunks_.push_back(base_ + o);
+      // Chunks of up to kPinChunkBytes of whole groups (a larger group is a chunk of its own).
+      auto pin = [&](size_t from, size_t to) {
+        pinner_->pin_host(base_ + from, to - from);
+        pinned_chunks_.push_back(base_ + from);
+      };
+      size_t start = 0;
+      for (size_t i = 0; i < entries_.size(); ++i) {
+        const size_t end = i + 1 < entries_.size() ? offset_[i + 1] : total_;
+        if (end - start > kPinChunkBytes && offset_[i] > start) {
+          pin(start, offset_[i]);
+          start = offset_[i];
+        }
       }
+      if (total_ > start) pin(start, total_);
     } catch (const std::exception& e) {
       ok = 0;
       pin_error = e.what();

@@ -13,6 +13,7 @@
 #   BENCH_DDP_EXTRA_T=384  DDP-only points run when DDP did not run out of memory at the largest
 #                          sweep point ("" = none)
 #   BENCH_STEPS=60 BENCH_WARMUP=10   steps per run / steps left out of the medians
+#   BENCH_DDP_SWEEP=0      DDP only at the reference T (its sweep does not depend on thetad)
 #   BENCH_DRY_RUN=1        tiny model; on CPU (MPI for thetad, gloo for DDP, 2 ranks) when no GPU
 #   BENCH_BUILD_DIR=/tmp/build  BENCH_SKIP_BUILD=1  BENCH_FULL_BUILD=1 (all targets, not just
 #                          thetad, bench_engine_bw and the gpu-labelled tests)  BENCH_JOBS=16
@@ -251,6 +252,7 @@ thetad_point thetad_T${REF_T}_offload bench/jobs/reference-offload.yaml $REF_T o
 # largest T first (T = 256 is issue 7's headline goal and the slowest to set up).
 for T in $(for x in $SWEEP; do echo "$x"; done | sort -n -u); do
   [ "$T" = "$REF_T" ] && continue
+  [ "${BENCH_DDP_SWEEP:-1}" = 0 ] && continue
   # DDP's Adam state grows as heads get their first gradient: run until every head had one.
   ddp_steps=$(( (T + NP - 1) / NP + WARMUP + 5 )); [ "$ddp_steps" -lt "$STEPS" ] && ddp_steps=$STEPS
   ddp_point ddp_T$T "$T" fast "$ddp_steps" $CAP
@@ -258,7 +260,7 @@ done
 # If DDP survived the largest sweep point, look further for where it runs out of device memory
 # (DDP only; BENCH_DDP_EXTRA_T="" turns it off).
 last_T=$(for T in $SWEEP; do echo "$T"; done | sort -n | tail -1)
-if [ -n "$last_T" ] && [ -n "${BENCH_DDP_EXTRA_T-384}" ] && [ -f "$OUT/ddp_T$last_T/result.json" ] && \
+if [ "${BENCH_DDP_SWEEP:-1}" != 0 ] && [ -n "$last_T" ] && [ -n "${BENCH_DDP_EXTRA_T-384}" ] && [ -f "$OUT/ddp_T$last_T/result.json" ] && \
    ! grep -qs '"oom": true' "$OUT/ddp_T$last_T"/result.json*; then
   for T in ${BENCH_DDP_EXTRA_T-384}; do
     ddp_steps=$(( (T + NP - 1) / NP + WARMUP + 5 )); [ "$ddp_steps" -lt "$STEPS" ] && ddp_steps=$STEPS

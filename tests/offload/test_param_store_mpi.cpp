@@ -306,7 +306,7 @@ TEST(HostArenaMpi, OneSharedWindowPerHost) {
   size_t params = 0;
   for (const auto& e : entries) params += e.numel;
   EXPECT_GE(arena.bytes(), 16 * params);
-  EXPECT_LE(arena.bytes(), 16 * params + entries.size() * (4 * 64 + 64) + 2 * 4096);
+  EXPECT_LE(arena.bytes(), 16 * params + entries.size() * (4 * 64 + 4096) + 2 * 4096);
   // Owners write, everyone reads the same memory once the sequence number says so.
   for (size_t i = 0; i < arena.entries(); ++i) {
     EXPECT_EQ(reinterpret_cast<uintptr_t>(arena.params(i)) % 64, 0u);
