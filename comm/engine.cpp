@@ -27,7 +27,13 @@ struct Engine::Impl {
   StepStats& stats;
 
   std::mutex mu;
-  std::vector<std::shared_ptr<void>> buffers;  // one per bucket
+  std::vector<std::shared_ptr<void>> buffers;  // one per bucket (null for pooled groups)
+  // Pooled groups: group-sized buffers bound per window (see EngineOptions::pooled).
+  std::vector<size_t> bucket_offset;           // per bucket: element offset inside its group
+  size_t pool_elems = 0;                       // size of a pool buffer: the largest pooled group
+  std::vector<std::shared_ptr<void>> pool;
+  std::vector<int> free_slots;
+  std::vector<int> slot_of_group;              // per group: bound pool buffer or -1
   std::vector<uint8_t> local_active;           // per group, this window
   std::vector<uint8_t> dirty;                  // per bucket: written since its last zeroing
   std::vector<uint8_t> seen;                   // per param: marked at all in this window
@@ -92,6 +98,32 @@ struct Engine::Impl {
     return true;
   }
 
+  bool pooled(int g) const { return !opts.pooled.empty() && opts.pooled[g]; }
+
+  // Binds a pooled group to a zeroed pool buffer for this window (allocating one if none is
+  // free: the pool grows to the most groups one window uses).
+  float* group_base(int g) {
+    if (slot_of_group[g] < 0) {
+      int slot;
+      if (!free_slots.empty()) {
+        slot = free_slots.back();
+        free_slots.pop_back();
+      } else {
+        slot = static_cast<int>(pool.size());
+        pool.push_back(comm.allocate(pool_elems * sizeof(float)));
+      }
+      comm.zero(pool[slot].get(), pool_elems * sizeof(float));
+      slot_of_group[g] = slot;
+    }
+    return static_cast<float*>(pool[slot_of_group[g]].get());
+  }
+
+  float* bucket_ptr(int b) {
+    const int g = plan.buckets[b].group;
+    if (pooled(g)) return group_base(g) + bucket_offset[b];
+    return static_cast<float*>(buffers[b].get());
+  }
+
   bool bucket_ready(int b) const { return pending[b] == 0 || !local_active[plan.buckets[b].group]; }
 
   void launch(int b) {
@@ -103,7 +135,7 @@ struct Engine::Impl {
     else
       o.divisor = std::max<int32_t>(1, counts[bucket.group]);  // 0 only with prune off: zeros
     o.tag = CollectiveTag{"allreduce", stats.step, b};
-    works.push_back(comm.allreduce(buffers[b].get(), bucket.numel, DType::f32, o));
+    works.push_back(comm.allreduce(bucket_ptr(b), bucket.numel, DType::f32, o));
     launched[b] = 1;
     dirty[b] = 1;
     stats.buckets_launched += 1;
@@ -132,7 +164,17 @@ Engine::Engine(std::shared_ptr<Communicator> comm, BucketPlan plan, EngineOption
     throw ConfigError("the engine reduces float32 gradients; the bucket plan must use elem_size 4");
   Impl& s = *impl_;
   const size_t nb = plan_.buckets.size(), np = plan_.param_bucket.size();
-  for (const Bucket& b : plan_.buckets) s.buffers.push_back(comm_->allocate(b.numel * sizeof(float)));
+  if (!opts_.pooled.empty() && static_cast<int>(opts_.pooled.size()) != plan_.num_groups)
+    throw InternalError("EngineOptions::pooled needs one flag per group");
+  std::vector<size_t> group_elems(plan_.num_groups, 0);
+  for (const Bucket& b : plan_.buckets) {
+    s.bucket_offset.push_back(group_elems[b.group]);
+    group_elems[b.group] += b.numel;
+    s.buffers.push_back(s.pooled(b.group) ? nullptr : comm_->allocate(b.numel * sizeof(float)));
+  }
+  for (int g = 0; g < plan_.num_groups; ++g)
+    if (s.pooled(g)) s.pool_elems = std::max(s.pool_elems, group_elems[g]);
+  s.slot_of_group.assign(plan_.num_groups, -1);
   s.local_active.assign(plan_.num_groups, 0);
   s.dirty.assign(nb, 0);
   s.seen.assign(np, 0);
@@ -152,7 +194,15 @@ Engine::~Engine() = default;
 float* Engine::bucket_data(int bucket) {
   if (bucket < 0 || bucket >= static_cast<int>(plan_.buckets.size()))
     throw InternalError(detail::concat("no bucket ", bucket));
-  return static_cast<float*>(impl_->buffers[bucket].get());
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->bucket_ptr(bucket);
+}
+
+size_t Engine::buffer_bytes() const {
+  size_t bytes = 0;
+  for (size_t b = 0; b < plan_.buckets.size(); ++b)
+    if (impl_->buffers[b]) bytes += plan_.buckets[b].numel * sizeof(float);
+  return bytes + impl_->pool.size() * impl_->pool_elems * sizeof(float);
 }
 
 float* Engine::grad(int param) {
@@ -166,8 +216,14 @@ void Engine::start_window(int64_t step) {
   Impl& s = *impl_;
   for (size_t b = 0; b < plan_.buckets.size(); ++b)
     if (s.dirty[b]) {
-      comm_->zero(s.buffers[b].get(), plan_.buckets[b].numel * sizeof(float));
+      if (s.buffers[b]) comm_->zero(s.buffers[b].get(), plan_.buckets[b].numel * sizeof(float));
       s.dirty[b] = 0;
+    }
+  // Pooled groups give their buffers back; a group bound again is zeroed then.
+  for (int g = 0; g < plan_.num_groups; ++g)
+    if (s.slot_of_group[g] >= 0) {
+      s.free_slots.push_back(s.slot_of_group[g]);
+      s.slot_of_group[g] = -1;
     }
   std::fill(s.local_active.begin(), s.local_active.end(), 0);
   std::fill(s.seen.begin(), s.seen.end(), 0);

@@ -33,6 +33,11 @@ struct EngineOptions {
   Average average = Average::contributors;
   bool declared = true;  // declared mode: a gradient for a group not declared active is an error
   std::chrono::milliseconds timeout = kDefaultTimeout;
+  // Per group (empty = none): 1 = its gradient buffers are not held for the engine's lifetime
+  // but come from a pool of group-sized buffers bound per window to the groups in use (the
+  // offloaded θ[t]: device memory for their gradients follows the active groups, not T).
+  // grad(p) of such a group is valid for the current window only.
+  std::vector<uint8_t> pooled;
 };
 
 struct StepStats {
@@ -59,8 +64,11 @@ class Engine {
   Communicator& communicator() { return *comm_; }
 
   // Where parameter p's gradient lives (float32, plan.params[p].numel elements, in the
-  // communicator's memory kind). Stable for the engine's lifetime.
+  // communicator's memory kind). Stable for the engine's lifetime, except for pooled groups:
+  // there it binds the group to a zeroed pool buffer for the current window if needed.
   float* grad(int param);
+  // Bytes of device/host memory the gradient buffers hold now (fixed buckets + pool).
+  size_t buffer_bytes() const;
   float* bucket_data(int bucket);
 
   void start_window(int64_t step);

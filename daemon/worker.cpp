@@ -124,6 +124,7 @@ class Worker {
   void build_store();
   void bind_group(int group, int64_t step);
   torch::Tensor flat_grad(int group);
+  void bind_grads(int group);
   std::vector<torch::Tensor> read_store_group(int group);  // {params, exp_avg, exp_avg_sq} flat
   std::unique_ptr<MetricsWriter> metrics_;
   std::unique_ptr<Timeline> timeline_;
@@ -164,7 +165,7 @@ int64_t Worker::device_peak_bytes() {
   if (device_.is_cuda()) {
     const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device_.index());
     int64_t bytes = stats.allocated_bytes[0].peak;  // aggregate over pools
-    for (const auto& b : engine_->plan().buckets) bytes += static_cast<int64_t>(b.numel * 4);
+    bytes += static_cast<int64_t>(engine_->buffer_bytes());
     if (store_) bytes += static_cast<int64_t>(store_->stats().device_slot_bytes);
     return bytes;
   }
@@ -213,6 +214,10 @@ void Worker::build() {
   eopts.average = job_.comm.average == "world" ? comm::Average::world : comm::Average::contributors;
   eopts.declared = job_.comm.active == "declared";
   eopts.timeout = comm_->default_timeout();
+  if (offload) {  // θ[t]'s gradient buffers follow the active groups, not T
+    eopts.pooled.assign(num_groups, 1);
+    eopts.pooled[0] = 0;
+  }
   engine_ = std::make_unique<comm::Engine>(comm_, std::move(plan), eopts);
 
   group_steps_.assign(num_groups, 0);
@@ -222,10 +227,12 @@ void Worker::build() {
   if (offload) build_store();  // before the hooks: it moves θ[t]'s data to device placeholders
   for (size_t i = 0; i < params_->size(); ++i) {
     auto& p = (*params_)[i].tensor;
+    // θ[t] of the host store: gradient views are bound per step (pooled engine buffers), and
+    // their Adam state lives in the host arena.
+    if (offloaded((*params_)[i].group)) continue;
     // Gradients are views into the engine's flat bucket buffers (no copy-in).
     p.mutable_grad() = torch::from_blob(engine_->grad(static_cast<int>(i)), p.sizes(),
                                         torch::TensorOptions().dtype(torch::kFloat32).device(device_));
-    if (offloaded((*params_)[i].group)) continue;  // Adam state of θ[t] lives in the host store
     exp_avg_[i] = torch::zeros(p.sizes(), torch::TensorOptions().dtype(torch::kFloat32).device(device_));
     exp_avg_sq_[i] = torch::zeros(p.sizes(), torch::TensorOptions().dtype(torch::kFloat32).device(device_));
   }
@@ -291,7 +298,10 @@ void Worker::train_step(int64_t step, StepRecord& rec) {
       for (size_t g = 1; g < used.size(); ++g) used[g] |= plan.used[g];
     }
     for (size_t g = 1; g < used.size(); ++g)
-      if (used[g]) bind_group(static_cast<int>(g), step);
+      if (used[g]) {
+        bind_group(static_cast<int>(g), step);
+        bind_grads(static_cast<int>(g));
+      }
     store_->prefetch_for(step);
   }
   rec.task_loss.clear();
@@ -377,6 +387,7 @@ void Worker::optimizer_step(int64_t step, StepRecord& rec) {
     // Lazy semantics: a group no rank used this step is not stepped at all.
     if (contributors[g] == 0) continue;
     if (offloaded(static_cast<int>(g))) {
+      bind_grads(static_cast<int>(g));  // also the groups only other ranks trained (zero-filled)
       std::vector<torch::Tensor> gs;
       for (int p : group_params_[g]) gs.push_back((*params_)[p].tensor.grad());
       torch::Tensor flat = flat_grad(static_cast<int>(g));  // alive until step_group returns
@@ -544,6 +555,15 @@ std::vector<torch::Tensor> Worker::read_store_group(int group) {
   return out;
 }
 
+// Points an offloaded group's gradients at the engine's pool buffer bound to it this window.
+void Worker::bind_grads(int group) {
+  for (int p : group_params_[group]) {
+    auto& t = (*params_)[p].tensor;
+    t.mutable_grad() = torch::from_blob(engine_->grad(p), t.sizes(),
+                                        torch::TensorOptions().dtype(torch::kFloat32).device(device_));
+  }
+}
+
 // The group's reduced gradient, contiguous in the store's layout (registration order).
 torch::Tensor Worker::flat_grad(int group) {
   std::vector<torch::Tensor> gs;
@@ -596,7 +616,12 @@ uint64_t Worker::params_hash() {
   for (const auto& p : *params_) {
     torch::Tensor c;
     if (offloaded(p.group)) {
-      if (!store_groups[p.group].defined()) store_groups[p.group] = read_store_group(p.group)[0];
+      if (!store_groups[p.group].defined()) {
+        int64_t n = 0;
+        for (int q : group_params_[p.group]) n += (*params_)[q].tensor.numel();
+        store_groups[p.group] = torch::empty({n}, torch::kFloat32);
+        store_->read_group(p.group, store_groups[p.group].data_ptr<float>(), nullptr, nullptr);
+      }
       c = store_groups[p.group].narrow(0, store_offsets[p.group], p.tensor.numel());
       store_offsets[p.group] += p.tensor.numel();
     } else {
