@@ -1,6 +1,8 @@
 // `data.kind: npy`: per task, features `task{t}_x.npy` (float32 [N, input_dim]) and targets
-// `task{t}_y.npy` (float32 [N, output_dim] or [N] when output_dim is 1), memory-mapped and read
-// in a per-epoch shuffled order derived from the seed. Every file is checked before training.
+// `task{t}_y.npy`: float32 [N, output_dim] (or [N] when output_dim is 1) for regression models,
+// int64 class labels [N] in [0, classes of slice t) for the extreme classifier. Memory-mapped,
+// read in a per-epoch shuffled order derived from the seed; every file is checked (labels
+// included) before training.
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
@@ -19,8 +21,9 @@ namespace {
 
 class NpyData : public DataSource {
  public:
-  NpyData(const config::Job& job, torch::Device device)
-      : seed_(job.seed), in_(job.model.input_dim), out_(job.model.output_dim), device_(device) {
+  NpyData(const config::Job& job, bool labels, torch::Device device)
+      : seed_(job.seed), in_(job.model.input_dim), out_(job.model.output_dim), labels_(labels),
+        device_(device) {
     namespace fs = std::filesystem;
     const fs::path dir(job.data.dir);
     if (!fs::is_directory(dir))
@@ -33,9 +36,14 @@ class NpyData : public DataSource {
       Task task{NpyArray::open(xp), NpyArray::open(yp), {}};
       task.x.require_dtype("<f4");
       task.x.require_ndim(2);
-      task.y.require_dtype("<f4");
+      task.y.require_dtype(labels_ ? "<i8" : "<f4");
       const auto& xs = task.x.header().shape;
       const auto& ys = task.y.header().shape;
+      if (labels_) {
+        check_labels(job, t, task, xp, yp);
+        tasks_.push_back(std::move(task));
+        continue;
+      }
       if (xs[1] != in_)
         throw ConfigError(xp + ": has " + std::to_string(xs[1]) + " features per row, model.input_dim is " +
                           std::to_string(in_));
@@ -53,6 +61,20 @@ class NpyData : public DataSource {
   Batch batch(int64_t step, int rank, int world, int task, int64_t rows) override {
     Task& t = tasks_.at(task);
     const int64_t n = t.x.header().shape[0];
+    if (labels_) {
+      auto x = torch::empty({rows, in_}, torch::kFloat32);
+      auto y = torch::empty({rows}, torch::kInt64);
+      const float* xs = t.x.data_as<float>();
+      const int64_t* ys = t.y.data_as<int64_t>();
+      const int64_t base = (step * world + rank) * rows;
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t pos = base + r;
+        const int64_t idx = permutation(t, task, pos / n)[pos % n];
+        std::copy(xs + idx * in_, xs + (idx + 1) * in_, x.data_ptr<float>() + r * in_);
+        y.data_ptr<int64_t>()[r] = ys[idx];
+      }
+      return {x.to(device_), y.to(device_)};
+    }
     auto x = torch::empty({rows, in_}, torch::kFloat32);
     auto y = torch::empty({rows, out_}, torch::kFloat32);
     const float* xs = t.x.data_as<float>();
@@ -86,8 +108,30 @@ class NpyData : public DataSource {
     return t.perms.emplace(epoch, std::move(order)).first->second;
   }
 
+  // Class labels of slice t must lie in [0, classes of the slice).
+  void check_labels(const config::Job& job, int64_t t, const Task& task, const std::string& xp,
+                    const std::string& yp) {
+    const auto& xs = task.x.header().shape;
+    const auto& ys = task.y.header().shape;
+    if (xs[0] == 0) throw ConfigError(xp + ": has no rows");
+    if (xs[1] != in_)
+      throw ConfigError(xp + ": has " + std::to_string(xs[1]) + " features per row, model.input_dim is " +
+                        std::to_string(in_));
+    if (ys.size() != 1 || ys[0] != xs[0])
+      throw ConfigError(yp + ": expected " + std::to_string(xs[0]) + " int64 class labels (shape (" +
+                        std::to_string(xs[0]) + ",)), found shape " + npy_shape_string(ys));
+    const int64_t classes = job.model.classes / job.model.tasks + (t < job.model.classes % job.model.tasks ? 1 : 0);
+    const int64_t* y = task.y.data_as<int64_t>();
+    for (int64_t i = 0; i < ys[0]; ++i)
+      if (y[i] < 0 || y[i] >= classes)
+        throw ConfigError(yp + ": label " + std::to_string(y[i]) + " at row " + std::to_string(i) +
+                          " is out of range: slice " + std::to_string(t) + " has classes 0.." +
+                          std::to_string(classes - 1));
+  }
+
   uint64_t seed_;
   int64_t in_, out_;
+  bool labels_;
   torch::Device device_;
   std::vector<Task> tasks_;
 };
@@ -96,8 +140,7 @@ class NpyData : public DataSource {
 
 std::unique_ptr<DataSource> make_npy_data(const config::Job& job, const TaskModel& model,
                                           torch::Device device) {
-  (void)model;
-  return std::make_unique<NpyData>(job, device);
+  return std::make_unique<NpyData>(job, model.loss_kind() == LossKind::cross_entropy, device);
 }
 
 }  // namespace thetad::daemon

@@ -7,9 +7,21 @@
 
 #include <cmath>
 
-#include "offload/cpu_adam.hpp"
 
 namespace thetad::daemon {
+
+offload::AdamHyper to_hyper(const AdamSettings& s) {
+  offload::AdamHyper h;
+  h.lr = s.lr;
+  h.beta1 = s.beta1;
+  h.beta2 = s.beta2;
+  h.eps = s.eps;
+  h.weight_decay = s.weight_decay;
+  h.decoupled = s.kind == "adamw";
+  h.step = s.step;
+  h.grad_scale = s.grad_scale;
+  return h;
+}
 
 double clip_scale(const std::vector<at::Tensor>& grads, double clip_norm) {
   if (clip_norm <= 0) return 1.0;
@@ -49,15 +61,7 @@ void adam_group(std::vector<at::Tensor>& params, const std::vector<at::Tensor>& 
   for (size_t i = 0; i < params.size(); ++i) {
     at::Tensor& p = params[i];
     if (p.device().is_cpu() && p.is_contiguous() && grads[i].is_contiguous()) {
-      offload::AdamHyper h;
-      h.lr = s.lr;
-      h.beta1 = s.beta1;
-      h.beta2 = s.beta2;
-      h.eps = s.eps;
-      h.weight_decay = s.weight_decay;
-      h.decoupled = decoupled;
-      h.step = s.step;
-      h.grad_scale = s.grad_scale;
+      const offload::AdamHyper h = to_hyper(s);
       offload::adam_step(p.data_ptr<float>(), grads[i].data_ptr<float>(),
                          exp_avg[i].data_ptr<float>(), exp_avg_sq[i].data_ptr<float>(),
                          static_cast<size_t>(p.numel()), h);

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "offload/cpu_adam.hpp"
+
 namespace thetad::daemon {
 
 struct AdamSettings {
@@ -15,6 +17,9 @@ struct AdamSettings {
   int64_t step = 1;         // the group's own step count, 1-based (lazy: only steps it was used)
   double grad_scale = 1.0;  // from clipping
 };
+
+// The same settings for the fused CPU kernel of offload/ (host store and host tensors).
+offload::AdamHyper to_hyper(const AdamSettings& s);
 
 // Factor that brings the group's gradient norm down to clip_norm (1 when clip_norm <= 0 or the
 // norm is already below it).

@@ -299,8 +299,12 @@ void Worker::train_step(int64_t step, StepRecord& rec) {
     }
     for (size_t g = 1; g < used.size(); ++g)
       if (used[g]) {
+        const int64_t t_us = Timeline::now_us();
         bind_group(static_cast<int>(g), step);
         bind_grads(static_cast<int>(g));
+        if (timeline_)
+          timeline_->record(Lane::h2d, "acquire θ[" + std::to_string(g - 1) + "]", t_us,
+                            Timeline::now_us() - t_us, {{"group", int64_t(g)}});
       }
     store_->prefetch_for(step);
   }
@@ -357,7 +361,18 @@ void Worker::train_step(int64_t step, StepRecord& rec) {
     // comm_wait_ms is the communication not hidden behind backward, not backward itself.
     if (last && device_.is_cuda()) c10::cuda::getCurrentCUDAStream(device_.index()).synchronize();
 #endif
-    if (last) engine_->finish_backward();
+    if (last) {
+      const int64_t t_us = Timeline::now_us();
+      engine_->finish_backward();
+      if (timeline_) {
+        const auto& st = engine_->stats();
+        timeline_->record(Lane::comm, "allreduce (wait for the last buckets)", t_us,
+                          Timeline::now_us() - t_us,
+                          {{"buckets_launched", int64_t{st.buckets_launched}},
+                           {"buckets_pruned", int64_t{st.buckets_pruned}},
+                           {"bytes", int64_t{st.bytes_allreduced}}});
+      }
+    }
     const double bwd_ms = ms_since(t1);
     rec.backward_ms += bwd_ms;
     loss_sum = loss_sum.defined() ? loss_sum + total.detach() : total.detach();
@@ -391,17 +406,18 @@ void Worker::optimizer_step(int64_t step, StepRecord& rec) {
       std::vector<torch::Tensor> gs;
       for (int p : group_params_[g]) gs.push_back((*params_)[p].tensor.grad());
       torch::Tensor flat = flat_grad(static_cast<int>(g));  // alive until step_group returns
-      offload::AdamHyper h;
-      h.lr = s.lr;
-      h.beta1 = s.beta1;
-      h.beta2 = s.beta2;
-      h.eps = s.eps;
-      h.weight_decay = s.weight_decay;
-      h.decoupled = s.kind == "adamw";
-      h.step = ++group_steps_[g];
-      h.grad_scale = clip_scale(gs, job_.optimizer.clip_norm);
+      s.step = ++group_steps_[g];
+      s.grad_scale = clip_scale(gs, job_.optimizer.clip_norm);
+      const offload::AdamHyper h = to_hyper(s);
+      const int64_t t_us = Timeline::now_us();
       for (int u : store_->units_of(static_cast<int>(g))) store_->push_grad(u, flat.data_ptr<float>());
+      const int64_t t2_us = Timeline::now_us();
       store_->step_group(static_cast<int>(g), h);
+      if (timeline_) {
+        const std::string name = "θ[" + std::to_string(g - 1) + "]";
+        timeline_->record(Lane::d2h, "gradient " + name, t_us, t2_us - t_us);
+        timeline_->record(Lane::cpu_adam, "adam " + name, t2_us, Timeline::now_us() - t2_us);
+      }
       continue;
     }
     std::vector<torch::Tensor> ps, gs, ms, vs;
@@ -414,7 +430,11 @@ void Worker::optimizer_step(int64_t step, StepRecord& rec) {
     group_steps_[g] += 1;
     s.step = group_steps_[g];
     s.grad_scale = clip_scale(gs, job_.optimizer.clip_norm);
+    const int64_t t_us = Timeline::now_us();
     adam_group(ps, gs, ms, vs, s);
+    if (timeline_)
+      timeline_->record(Lane::compute, g == 0 ? "adam Θ" : "adam θ[" + std::to_string(g - 1) + "]",
+                        t_us, Timeline::now_us() - t_us);
   }
   if (store_) store_->release_step(step);
   rec.optimizer_ms = ms_since(t0);

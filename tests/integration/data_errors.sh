@@ -36,7 +36,23 @@ make_data "$WORK/fewer" 3
 run fewer "$WORK/fewer" 2; expect_in fewer "task3_x.npy"
 printf 'garbage' > "$WORK/good/task3_x.npy"
 run corrupt "$WORK/good" 2; expect_in corrupt "task3_x.npy"
-for n in missing dtype shape fewer corrupt; do
+# Class labels for the extreme classifier (int64, per slice): good ones train, one out of range fails.
+/usr/bin/python3 - "$WORK/labels" <<'PY'
+import numpy as np, sys, os
+d = sys.argv[1]; os.makedirs(d, exist_ok=True)
+rng = np.random.default_rng(1)
+for t in range(4):                      # 40 classes in 4 slices of 10
+    np.save(f"{d}/task{t}_x.npy", rng.standard_normal((30, 16)).astype(np.float32))
+    np.save(f"{d}/task{t}_y.npy", rng.integers(0, 10, 30).astype(np.int64))
+PY
+xc=(--set model.kind=extreme_classifier --set model.classes=40)
+expect_code 0 labels mpirun "${MPIRUN_FLAGS[@]}" -np 2 "$thetad" run "$job" --set data.kind=npy \
+  --set data.dir="$WORK/labels" --set steps=5 "${xc[@]}" --no-resume
+/usr/bin/python3 -c "import numpy as np; y=np.load('$WORK/labels/task2_y.npy'); y[7]=10; np.save('$WORK/labels/task2_y.npy', y)"
+expect_code 2 label_range mpirun "${MPIRUN_FLAGS[@]}" -np 2 "$thetad" run "$job" --set data.kind=npy \
+  --set data.dir="$WORK/labels" --set steps=5 "${xc[@]}" --no-resume --set metrics.path="$WORK/label_range.jsonl"
+expect_in label_range "task2_y.npy: label 10 at row 7 is out of range"
+for n in missing dtype shape fewer corrupt label_range; do
   [ ! -s "$WORK/$n.jsonl" ] && pass "$n: no training step ran" || fail "$n: steps ran before the error"
 done
 finish

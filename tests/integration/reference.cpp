@@ -119,10 +119,14 @@ int main(int argc, char** argv) {
       std::cerr << "reference: no checkpoint of step " << job.steps << " in " << compare_dir << "\n";
       return 1;
     }
+    // Relative to each group's parameter scale: max |thetad - reference| over the group divided
+    // by max |reference| over the group (a lone bias element is judged at its layer's scale).
     double worst = 0;
     std::string worst_name;
     for (int g = 0; g < G; ++g) {
       GroupState st = load_group(*ckpt, g, "");
+      double max_ref = 1e-12, max_diff = 0;
+      std::string where;
       for (size_t i = 0; i < st.names.size(); ++i) {
         const torch::Tensor* ref = nullptr;
         for (auto& p : params)
@@ -131,10 +135,11 @@ int main(int argc, char** argv) {
           std::cerr << "reference: checkpoint has unknown parameter " << st.names[i] << "\n";
           return 1;
         }
-        const double scale = std::max(1e-3, ref->abs().max().item<double>());
-        const double diff = (st.params[i] - *ref).abs().max().item<double>() / scale;
-        if (diff > worst) worst = diff, worst_name = st.names[i];
+        max_ref = std::max(max_ref, ref->abs().max().item<double>());
+        const double diff = (st.params[i] - *ref).abs().max().item<double>();
+        if (diff > max_diff) max_diff = diff, where = st.names[i];
       }
+      if (max_diff / max_ref > worst) worst = max_diff / max_ref, worst_name = where;
     }
     std::printf("reference: max relative difference %.3g (%s), tolerance %.1g\n", worst,
                 worst_name.empty() ? "-" : worst_name.c_str(), tol);
