@@ -443,7 +443,7 @@ void Worker::optimizer_step(int64_t step, StepRecord& rec) {
 bool Worker::agree_stop(int64_t step) {
   int32_t flag = g_stop_signal.load() ? 1 : 0;
   comm::AllreduceOptions o;
-  o.tag = {"stop agreement", step, -1};
+  o.tag = {"allreduce of the stop flag", step, -1};
   ctrl_->allreduce(&flag, 1, comm::DType::i32, o)->wait(ctrl_->default_timeout());
   return flag > 0;
 }
@@ -462,7 +462,7 @@ void Worker::checkpoint(int64_t completed) {
   w.all_ok = [this, completed](bool ok) {
     int32_t bad = ok ? 0 : 1;
     comm::AllreduceOptions o;
-    o.tag = {"checkpoint agreement", completed, -1};
+    o.tag = {"allreduce of the checkpoint status", completed, -1};
     ctrl_->allreduce(&bad, 1, comm::DType::i32, o)->wait(ctrl_->default_timeout());
     return bad == 0;
   };
