@@ -301,7 +301,10 @@ void Engine::finish_backward() {
   if (!s.synced) s.begin_sync();  // a window without begin_sync: exchange now
   const auto t0 = Clock::now();
   s.run(true);
-  for (auto& w : s.works) w->wait(opts_.timeout);
+  for (auto& w : s.works) {
+    if (opts_.wait_stream) w->block_stream(opts_.wait_stream, opts_.timeout);
+    else w->wait(opts_.timeout);
+  }
   s.fetch_counts(true);  // for the stats, also when the order needed none
   stats_.comm_wait_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
   for (const Bucket& b : plan_.buckets)

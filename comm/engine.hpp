@@ -38,6 +38,11 @@ struct EngineOptions {
   // offloaded θ[t]: device memory for their gradients follows the active groups, not T).
   // grad(p) of such a group is valid for the current window only.
   std::vector<uint8_t> pooled;
+  // Device backends: a stream (cudaStream_t) that finish_backward makes wait for the buckets
+  // instead of blocking the host, so the host queues the optimizer and the next step while the
+  // last buckets are in flight (as DDP does). comm_wait_ms then counts host time only; measure
+  // the stream's stall with events around finish_backward. nullptr: the host waits.
+  void* wait_stream = nullptr;
 };
 
 struct StepStats {
@@ -49,7 +54,7 @@ struct StepStats {
   int buckets_zero_filled = 0;   // launched for groups active on other ranks only
   int declared_without_grad = 0; // params of locally declared groups that got no gradient
   double count_exchange_ms = 0;  // latency of the count exchange
-  double comm_wait_ms = 0;       // finish_backward's wait for outstanding buckets
+  double comm_wait_ms = 0;       // finish_backward's (host) wait for outstanding buckets
   std::vector<int32_t> contributors;  // per group, ranks that used it this window
 };
 

@@ -54,6 +54,7 @@ struct OffloadConfig {
   int64_t prefetch = 1;           // steps of lookahead for prefetch
   double shard_mb = 0.0;          // > 0: groups larger than this are split into row shards
   double host_limit_mb = 0.0;     // > 0: refuse to pin a host arena larger than this
+  int64_t cpu_threads = 0;        // CPU Adam threads per rank (0 = this rank's share of the CPUs)
 };
 
 struct OptimizerConfig {

@@ -61,6 +61,7 @@ const std::vector<Field> kFields = {
     THETAD_FIELD("offload", "prefetch", Int, offload.prefetch, true),
     THETAD_FIELD("offload", "shard_mb", Double, offload.shard_mb, true),
     THETAD_FIELD("offload", "host_limit_mb", Double, offload.host_limit_mb, true),
+    THETAD_FIELD("offload", "cpu_threads", Int, offload.cpu_threads, false),
 
     THETAD_FIELD("optimizer", "kind", String, optimizer.kind, true),
     THETAD_FIELD("optimizer", "lr", Double, optimizer.lr, true),
@@ -94,7 +95,7 @@ const std::vector<std::string> kSections = {"model",     "data",       "comm",  
                                             "timeline"};
 
 const std::map<std::string, std::vector<std::string>> kEnums = {
-    {"precision", {"fp32"}},
+    {"precision", {"fp32", "tf32"}},
     {"model.kind", {"multitask_mlp", "multitask_adapter", "extreme_classifier", "torchscript"}},
     {"data.kind", {"synthetic", "npy"}},
     {"data.schedule", {"round_robin", "weighted", "per_rank", "all", "alternate"}},

@@ -277,6 +277,7 @@ class Checker {
     at_least<int64_t>("offload.prefetch", o.prefetch, 0);
     at_least("offload.shard_mb", o.shard_mb, 0.0);
     at_least("offload.host_limit_mb", o.host_limit_mb, 0.0);
+    at_least<int64_t>("offload.cpu_threads", o.cpu_threads, 0);
   }
 
   void optimizer() {

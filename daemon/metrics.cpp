@@ -105,6 +105,8 @@ std::string to_json(const StepRecord& r) {
   field(out, "swap_misses", r.swap_misses);
   field(out, "device_mem_peak_bytes", r.device_mem_peak_bytes);
   field(out, "host_pinned_bytes", r.host_pinned_bytes);
+  field(out, "cpu_adam_ms", r.cpu_adam_ms);
+  field(out, "acquire_wait_ms", r.acquire_wait_ms);
   out.back() = '}';  // replaces the last field's ','
   return out;
 }

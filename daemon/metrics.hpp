@@ -28,7 +28,7 @@ struct StepRecord {
   double step_ms = 0.0;
   double forward_ms = 0.0;
   double backward_ms = 0.0;
-  double comm_wait_ms = 0.0;        // time blocked on allreduce completion after backward
+  double comm_wait_ms = 0.0;        // compute stalled on allreduce completion after backward
   double optimizer_ms = 0.0;
   double count_exchange_ms = 0.0;   // the active-group count exchange (begin_step)
   int64_t bytes_allreduced = 0;
@@ -41,6 +41,8 @@ struct StepRecord {
   int64_t swap_misses = 0;
   int64_t device_mem_peak_bytes = 0;
   int64_t host_pinned_bytes = 0;
+  double cpu_adam_ms = 0.0;         // this rank's CPU Adam for the groups it owns (offload)
+  double acquire_wait_ms = 0.0;     // host time acquire() waited for a group's CPU update
 };
 
 // Appends `s` to `out` as a JSON string literal (quotes included): escapes '"', '\\' and

@@ -6,8 +6,11 @@
 #include <ATen/cuda/CUDAGeneratorImpl.h>
 #endif
 
+#include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <filesystem>
+#include <thread>
 
 #include "common/errors.hpp"
 #include "common/log.hpp"
@@ -52,11 +55,32 @@ torch::Tensor uniform_param(std::vector<int64_t> sizes, double bound, uint64_t s
   return t.to(device).set_requires_grad(true);
 }
 
-// Helper that registers parameters with names and groups.
+// Helper that registers parameters with names and groups. On the CPU (the host store builds
+// every θ[t] there) the values are drawn when the builder goes out of scope, in parallel over
+// parameters: each has a generator of its own, so the values do not depend on the order, and
+// T = 256 heads of 33.6 M parameters drawn one after another would take minutes.
 class ParamBuilder {
  public:
   ParamBuilder(uint64_t seed, torch::Device device, std::vector<NamedParam>& out)
       : seed_(seed), device_(device), out_(out) {}
+  ParamBuilder(const ParamBuilder&) = delete;
+  ParamBuilder& operator=(const ParamBuilder&) = delete;
+  ~ParamBuilder() {
+    const size_t threads =
+        std::min<size_t>({deferred_.size(), 16, std::max(1u, std::thread::hardware_concurrency())});
+    std::atomic<size_t> next{0};
+    auto work = [&] {
+      torch::NoGradGuard no_grad;  // thread-local: in-place fills of leaves that require grad
+      for (size_t i; (i = next.fetch_add(1)) < deferred_.size();) {
+        Deferred& d = deferred_[i];
+        d.tensor.uniform_(-d.bound, d.bound, generator(d.seed));
+      }
+    };
+    std::vector<std::thread> pool;
+    for (size_t t = 1; t < threads; ++t) pool.emplace_back(work);
+    work();
+    for (auto& t : pool) t.join();
+  }
   torch::Tensor linear_w(const std::string& name, int group, int64_t in, int64_t out) {
     return add(name + ".weight", group, {out, in}, 1.0 / std::sqrt(double(in)));
   }
@@ -65,13 +89,25 @@ class ParamBuilder {
   }
   torch::Tensor add(const std::string& name, int group, std::vector<int64_t> sizes, double bound) {
     int index_in_group = counts_[group]++;
-    auto t = uniform_param(std::move(sizes), bound,
-                           mix_seed(seed_, static_cast<uint64_t>(group), index_in_group), device_);
+    const uint64_t seed = mix_seed(seed_, static_cast<uint64_t>(group), index_in_group);
+    torch::Tensor t;
+    if (device_.is_cpu()) {
+      t = torch::empty(sizes, torch::kFloat32).set_requires_grad(true);
+      deferred_.push_back({t, bound, seed});
+    } else {
+      t = uniform_param(std::move(sizes), bound, seed, device_);
+    }
     out_.push_back({name, t, group});
     return t;
   }
 
  private:
+  struct Deferred {
+    torch::Tensor tensor;
+    double bound;
+    uint64_t seed;
+  };
+  std::vector<Deferred> deferred_;
   uint64_t seed_;
   torch::Device device_;
   std::vector<NamedParam>& out_;

@@ -8,6 +8,7 @@
 #include <torch/torch.h>
 
 #if THETAD_TORCH_CUDA
+#include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAStream.h>
@@ -20,6 +21,7 @@
 #include <mutex>
 #include <set>
 #include <sstream>
+#include <thread>
 #include <unordered_map>
 
 #include "comm/bootstrap.hpp"
@@ -73,6 +75,23 @@ std::string model_hash(const config::Job& job) {
   return hex64(comm::fnv1a64(lines));
 }
 
+// Phases of a step, marked on the compute stream.
+enum class Phase : int { start, forward, backward, comm, optimizer };
+
+// A step whose metrics wait for the device: its losses (copied back asynchronously) and, on
+// GPUs, CUDA events marking its phases on the compute stream. The host reads them one step
+// later (finish_step), so it never waits for the GPU inside a step and queues step s+1 while
+// the GPU runs step s. On the CPU everything is final when the step returns.
+struct PendingStep {
+  StepRecord rec;
+  std::vector<int> tasks;  // the task of each entry of losses after the first
+  torch::Tensor losses;    // host float32: the step's loss, then the task losses
+#if THETAD_TORCH_CUDA
+  std::vector<std::pair<Phase, std::shared_ptr<at::cuda::CUDAEvent>>> marks;
+  std::shared_ptr<at::cuda::CUDAEvent> done;  // losses copied
+#endif
+};
+
 class Worker {
  public:
   Worker(const config::Job& job, const RunOptions& opts)
@@ -85,8 +104,11 @@ class Worker {
   void install_hooks();
   void resume();
   std::vector<uint8_t> discover_groups(const torch::Tensor& loss);
-  void train_step(int64_t step, StepRecord& rec);
-  void optimizer_step(int64_t step, StepRecord& rec);
+  void train_step(int64_t step, PendingStep& p);
+  void optimizer_step(int64_t step, PendingStep& p);
+  void mark(PendingStep& p, Phase phase);
+  void queue_losses(PendingStep& p);
+  void finish_step(PendingStep& p);
   void checkpoint(int64_t completed_steps);
   bool agree_stop(int64_t step);
   uint64_t params_hash();
@@ -130,7 +152,7 @@ class Worker {
   std::unique_ptr<Timeline> timeline_;
   int64_t start_step_ = 0;
   int64_t total_bytes_pruned_ = 0;
-  Clock::time_point run_start_, last_progress_;
+  Clock::time_point run_start_, last_progress_, last_done_;
   int64_t samples_since_start_ = 0;
 };
 
@@ -150,6 +172,8 @@ void Worker::pick_device() {
     device_ = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(dev));
     c10::cuda::set_device(static_cast<c10::DeviceIndex>(dev));
     compute_stream_ = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(dev)).stream();
+    at::globalContext().setAllowTF32CuBLAS(job_.precision == "tf32");
+    at::globalContext().setAllowTF32CuDNN(job_.precision == "tf32");
     comm_ = comm::make_nccl_communicator(dev);
     comm_->set_compute_stream(compute_stream_);
   }
@@ -183,7 +207,10 @@ void Worker::build() {
   // With offload, θ[t] never lives on the device whole: the model is built on the host and only
   // Θ moves to the device; the store owns θ[t] from then on.
   const bool offload = job_.offload.enabled;
+  const auto t_model = Clock::now();
   model_ = make_model(job_, offload ? torch::Device(torch::kCPU) : device_);
+  THETAD_LOG(info, "train") << "model " << job_.model.kind << " built in " << std::fixed
+                            << std::setprecision(2) << ms_since(t_model) / 1000 << " s";
   data_ = make_data(job_, *model_, device_);
   params_ = &model_->params();
   const int num_groups = static_cast<int>(job_.model.tasks) + 1;
@@ -214,6 +241,7 @@ void Worker::build() {
   eopts.average = job_.comm.average == "world" ? comm::Average::world : comm::Average::contributors;
   eopts.declared = job_.comm.active == "declared";
   eopts.timeout = comm_->default_timeout();
+  if (device_.is_cuda()) eopts.wait_stream = compute_stream_;
   if (offload) {  // θ[t]'s gradient buffers follow the active groups, not T
     eopts.pooled.assign(num_groups, 1);
     eopts.pooled[0] = 0;
@@ -224,7 +252,12 @@ void Worker::build() {
   requires_grad_.assign(num_groups, 1);
   exp_avg_.resize(params_->size());
   exp_avg_sq_.resize(params_->size());
-  if (offload) build_store();  // before the hooks: it moves θ[t]'s data to device placeholders
+  if (offload) {  // before the hooks: it moves θ[t]'s data to device placeholders
+    const auto t_store = Clock::now();
+    build_store();
+    THETAD_LOG(info, "offload") << "host store ready in " << std::fixed << std::setprecision(2)
+                                << ms_since(t_store) / 1000 << " s";
+  }
   for (size_t i = 0; i < params_->size(); ++i) {
     auto& p = (*params_)[i].tensor;
     // θ[t] of the host store: gradient views are bound per step (pooled engine buffers), and
@@ -287,9 +320,11 @@ std::vector<uint8_t> Worker::discover_groups(const torch::Tensor& loss) {
 
 // One optimizer step: accumulate_steps micro-steps (micro-step m of step s uses the schedule
 // and data of index s*k+m); the engine reduces once, over the union of the window's groups.
-void Worker::train_step(int64_t step, StepRecord& rec) {
+void Worker::train_step(int64_t step, PendingStep& p) {
+  StepRecord& rec = p.rec;
   const int64_t k = job_.accumulate_steps;
   const bool declared = job_.comm.active == "declared";
+  mark(p, Phase::start);
   engine_->start_window(step);
   if (store_) {
     std::vector<uint8_t> used(group_params_.size(), 0);
@@ -345,6 +380,7 @@ void Worker::train_step(int64_t step, StepRecord& rec) {
     }
     const double fwd_ms = ms_since(t0);
     rec.forward_ms += fwd_ms;
+    mark(p, Phase::forward);
     if (!declared) {
       engine_->declare_active(discover_groups(total));
       if (last) engine_->begin_sync();
@@ -356,14 +392,13 @@ void Worker::train_step(int64_t step, StepRecord& rec) {
       std::lock_guard<std::mutex> lock(hook_error_mu_);
       if (!hook_error_.empty()) throw ConfigError(hook_error_);
     }
-#if THETAD_TORCH_CUDA
-    // The host runs ahead of the GPU: wait for backward's kernels first, so that the engine's
-    // comm_wait_ms is the communication not hidden behind backward, not backward itself.
-    if (last && device_.is_cuda()) c10::cuda::getCurrentCUDAStream(device_.index()).synchronize();
-#endif
+    // No host synchronization: on GPUs finish_backward makes the compute stream wait for the
+    // last buckets (EngineOptions::wait_stream) and the marks around it time that stall.
+    mark(p, Phase::backward);
     if (last) {
       const int64_t t_us = Timeline::now_us();
       engine_->finish_backward();
+      mark(p, Phase::comm);
       if (timeline_) {
         const auto& st = engine_->stats();
         timeline_->record(Lane::comm, "allreduce (wait for the last buckets)", t_us,
@@ -386,7 +421,8 @@ void Worker::train_step(int64_t step, StepRecord& rec) {
   loss_total_ = loss_sum;
 }
 
-void Worker::optimizer_step(int64_t step, StepRecord& rec) {
+void Worker::optimizer_step(int64_t step, PendingStep& p) {
+  StepRecord& rec = p.rec;
   auto t0 = Clock::now();
   const auto& contributors = engine_->contributors();
   AdamSettings s;
@@ -411,6 +447,12 @@ void Worker::optimizer_step(int64_t step, StepRecord& rec) {
       const offload::AdamHyper h = to_hyper(s);
       const int64_t t_us = Timeline::now_us();
       for (int u : store_->units_of(static_cast<int>(g))) store_->push_grad(u, flat.data_ptr<float>());
+#if THETAD_TORCH_CUDA
+      // The copy to the host runs on the store's D2H stream while the next step computes: the
+      // allocator must not hand `flat` out again before it is done.
+      if (void* d2h = store_->d2h_stream())
+        flat.record_stream(c10::cuda::getStreamFromExternal(static_cast<cudaStream_t>(d2h), device_.index()));
+#endif
       const int64_t t2_us = Timeline::now_us();
       store_->step_group(static_cast<int>(g), h);
       if (timeline_) {
@@ -438,6 +480,80 @@ void Worker::optimizer_step(int64_t step, StepRecord& rec) {
   }
   if (store_) store_->release_step(step);
   rec.optimizer_ms = ms_since(t0);
+  mark(p, Phase::optimizer);
+}
+
+void Worker::mark(PendingStep& p, Phase phase) {
+#if THETAD_TORCH_CUDA
+  if (!device_.is_cuda()) return;
+  auto ev = std::make_shared<at::cuda::CUDAEvent>(cudaEventDefault);  // with timing
+  ev->record(c10::cuda::getCurrentCUDAStream(device_.index()));
+  p.marks.emplace_back(phase, std::move(ev));
+#else
+  (void)p;
+  (void)phase;
+#endif
+}
+
+// Starts the copy of the step's losses to the host; finish_step reads them.
+void Worker::queue_losses(PendingStep& p) {
+  std::vector<torch::Tensor> ls{loss_total_.reshape({})};
+  for (const auto& [task, l] : task_losses_) {
+    ls.push_back(l.reshape({}));
+    p.tasks.push_back(task);
+  }
+  torch::Tensor packed = torch::stack(ls).to(torch::kFloat32);
+#if THETAD_TORCH_CUDA
+  if (device_.is_cuda()) {
+    p.losses = torch::empty({packed.numel()}, torch::TensorOptions().dtype(torch::kFloat32).pinned_memory(true));
+    p.losses.copy_(packed, /*non_blocking=*/true);
+    p.done = std::make_shared<at::cuda::CUDAEvent>();
+    p.done->record(c10::cuda::getCurrentCUDAStream(device_.index()));
+    return;
+  }
+#endif
+  p.losses = packed.contiguous();
+}
+
+// Waits for the step's device work (bounded by comm.timeout_s, never forever), fills in its
+// losses and device times, writes its metrics and the progress line.
+void Worker::finish_step(PendingStep& p) {
+  StepRecord& rec = p.rec;
+#if THETAD_TORCH_CUDA
+  if (p.done) {
+    const auto deadline = Clock::now() + std::chrono::duration<double>(job_.comm.timeout_s);
+    auto nap = std::chrono::microseconds(5);
+    while (!p.done->query()) {
+      if (Clock::now() > deadline)
+        throw TimeoutError(detail::concat("step ", rec.step, " did not finish on ", device_.str(),
+                                          " within comm.timeout_s = ", job_.comm.timeout_s, " s"));
+      std::this_thread::sleep_for(nap);
+      nap = std::min(nap * 2, std::chrono::microseconds(50));
+    }
+    // Device times between consecutive marks, charged to the later mark's phase.
+    rec.forward_ms = rec.backward_ms = rec.comm_wait_ms = rec.optimizer_ms = 0;
+    for (size_t i = 1; i < p.marks.size(); ++i) {
+      const double ms = p.marks[i - 1].second->elapsed_time(*p.marks[i].second);
+      switch (p.marks[i].first) {
+        case Phase::forward: rec.forward_ms += ms; break;
+        case Phase::backward: rec.backward_ms += ms; break;
+        case Phase::comm: rec.comm_wait_ms += ms; break;
+        case Phase::optimizer: rec.optimizer_ms += ms; break;
+        case Phase::start: break;
+      }
+    }
+  }
+#endif
+  const float* l = p.losses.data_ptr<float>();
+  rec.loss = l[0];
+  for (size_t i = 0; i < p.tasks.size(); ++i) rec.task_loss.push_back({p.tasks[i], l[i + 1]});
+  // Wall time per step: from the previous step's end to this one's, as the host observes it.
+  const auto now = Clock::now();
+  rec.step_ms = std::chrono::duration<double, std::milli>(now - last_done_).count();
+  last_done_ = now;
+  rec.device_mem_peak_bytes = device_peak_bytes();
+  if (metrics_) metrics_->write(rec);
+  progress(rec.step, rec);
 }
 
 bool Worker::agree_stop(int64_t step) {
@@ -507,6 +623,7 @@ void Worker::build_store() {
   so.device_budget_bytes = static_cast<size_t>(job_.offload.device_budget_mb * (1 << 20));
   so.prefetch = job_.offload.prefetch;
   so.host_limit_bytes = static_cast<size_t>(job_.offload.host_limit_mb * (1 << 20));
+  so.cpu_threads = job_.offload.cpu_threads;
   so.timeout_s = job_.comm.timeout_s;
   std::vector<offload::GroupShape> shapes;
   for (size_t g = 1; g < group_params_.size(); ++g) {
@@ -679,20 +796,22 @@ int Worker::run() {
                             << job_.model.tasks << " tasks, steps " << start_step_ << ".."
                             << job_.steps;
   int exit_code = kExitOk;
+  last_done_ = run_start_;
+  std::unique_ptr<PendingStep> pending;  // the previous step, until its device work is read
+  const auto flush = [&] {
+    if (pending) finish_step(*pending);
+    pending.reset();
+  };
   for (int64_t step = start_step_; step < job_.steps; ++step) {
-    StepRecord rec;
+    auto cur = std::make_unique<PendingStep>();
+    StepRecord& rec = cur->rec;
     rec.step = step;
     rec.rank = world_.rank;
-    auto t0 = Clock::now();
-    train_step(step, rec);
-    optimizer_step(step, rec);
-    // The one host synchronization of the step: the losses, after the optimizer is queued.
-    rec.loss = loss_total_.item<double>();
-    for (const auto& [task, l] : task_losses_) rec.task_loss.push_back({task, l.item<double>()});
-    rec.step_ms = ms_since(t0);
-    rec.device_mem_peak_bytes = device_peak_bytes();
+    train_step(step, *cur);
+    optimizer_step(step, *cur);
+    queue_losses(*cur);
     const auto& st = engine_->stats();
-    rec.comm_wait_ms = st.comm_wait_ms;
+    if (!device_.is_cuda()) rec.comm_wait_ms = st.comm_wait_ms;  // GPUs: device time, finish_step
     rec.count_exchange_ms = st.count_exchange_ms;
     rec.bytes_allreduced = st.bytes_allreduced;
     rec.bytes_pruned = st.bytes_pruned;
@@ -706,24 +825,31 @@ int Worker::run() {
       rec.swap_hits = static_cast<int64_t>(ss.swap_hits - last_store_stats_.swap_hits);
       rec.swap_misses = static_cast<int64_t>(ss.swap_misses - last_store_stats_.swap_misses);
       rec.host_pinned_bytes = static_cast<int64_t>(ss.host_pinned_bytes);
+      rec.cpu_adam_ms = ss.cpu_adam_ms - last_store_stats_.cpu_adam_ms;
+      rec.acquire_wait_ms = ss.acquire_wait_ms - last_store_stats_.acquire_wait_ms;
       last_store_stats_ = ss;
     }
     total_bytes_pruned_ += st.bytes_pruned;
     samples_since_start_ += job_.data.batch_per_rank * world_.size;
-    if (metrics_) metrics_->write(rec);
-    progress(step, rec);
+    // Step `step` is queued; the previous one has (nearly) finished on the device.
+    flush();
+    pending = std::move(cur);
     const int64_t completed = step + 1;
     const bool stop = agree_stop(step);
     if (stop) {
+      flush();
       THETAD_LOG(warn, "train") << "stop requested (signal); checkpointing at step " << completed;
       checkpoint(completed);
       exit_code = kExitInterrupted;
       break;
     }
     if (completed == job_.steps ||
-        (job_.checkpoint.every_steps > 0 && completed % job_.checkpoint.every_steps == 0))
+        (job_.checkpoint.every_steps > 0 && completed % job_.checkpoint.every_steps == 0)) {
+      flush();
       checkpoint(completed);
+    }
   }
+  flush();
   if (world_.rank == 0) {
     THETAD_LOG(info, "train") << "final params hash: " << hex64(params_hash());
   }

@@ -96,6 +96,7 @@ class CudaDevice final : public Device {
     if (f.empty()) return;
     THETAD_CUDA_CHECK(cudaEventSynchronize(event_of(f)));
   }
+  void* d2h_stream() override { return d2h_.get(); }
   bool done(const Fence& f) override {
     if (f.empty()) return true;
     const cudaError_t err = cudaEventQuery(event_of(f));

@@ -52,6 +52,9 @@ class Device {
   virtual void host_wait(const Fence& f) = 0;
   // True when f has completed (never blocks).
   virtual bool done(const Fence& f) = 0;
+  // The native handle of the D2H copy stream (a cudaStream_t), nullptr where copies are
+  // synchronous. Callers whose device buffers a D2H copy reads record their use on it.
+  virtual void* d2h_stream() { return nullptr; }
 };
 
 // Device "memory" in ordinary host memory; synchronous copies and empty fences.

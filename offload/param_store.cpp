@@ -9,6 +9,7 @@
 
 #include "common/errors.hpp"
 #include "common/log.hpp"
+#include "offload/thread_pool.hpp"
 
 namespace thetad::offload {
 namespace {
@@ -106,11 +107,15 @@ ParamStore::ParamStore(const StoreOptions& opts, std::vector<GroupShape> groups,
   grad_fences_.resize(groups_.size());
   stats_.host_pinned_bytes = arena_->bytes();
   stats_.device_slot_bytes = slot_bytes_ * slot_mem_.size();
+  const size_t threads = opts_.cpu_threads > 0 ? static_cast<size_t>(opts_.cpu_threads)
+                                               : ThreadPool::default_threads(arena_->local_size());
+  ThreadPool::configure(threads);
   if (opts_.async_step) worker_ = std::thread([this] { worker_loop(); });
   THETAD_LOG(info, "offload") << "parameter store: " << groups_.size() << " groups in "
                               << units_.size() << " units, " << slot_mem_.size() << " device slots of "
                               << mib(slot_bytes_) << " MiB on " << device_.name()
-                              << ", host arena " << mib(arena_->bytes()) << " MiB";
+                              << ", host arena " << mib(arena_->bytes()) << " MiB, CPU Adam on "
+                              << threads << " threads (" << adam_kernel_name() << ")";
 }
 
 ParamStore::~ParamStore() {
@@ -204,7 +209,14 @@ float* ParamStore::acquire(int u, int64_t step) {
   const UnitInfo& info = units_[static_cast<size_t>(u)];
   const size_t gi = index_of(info.group);
   // The owner's update of this group (maybe on another rank, maybe on our worker) must land.
-  arena_->wait_seq(gi, expected_[gi], opts_.timeout_s);
+  if (!arena_->seq_reached(gi, expected_[gi])) {
+    const auto t0 = std::chrono::steady_clock::now();
+    arena_->wait_seq(gi, expected_[gi], opts_.timeout_s);
+    const double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    std::lock_guard<std::mutex> lk(stats_mu_);
+    stats_.acquire_wait_ms += ms;
+  }
   const SlotCache::Result r = cache_.access(u, /*pin=*/true, [this](int64_t k) {
     return next_use(static_cast<int>(k));
   });
@@ -289,8 +301,6 @@ void ParamStore::step_group(int group, const AdamHyper& hyper) {
   if (!arena_->is_owner(gi)) return;
   Job job{gi, hyper, std::move(grad_fences_[gi]), expected_[gi]};
   grad_fences_[gi].clear();
-  // The caller may reuse its gradient buffers for work queued from now on.
-  for (const Fence& f : job.grads) device_.compute_wait(f);
   if (!opts_.async_step) {
     run_job(job);
     return;

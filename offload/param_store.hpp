@@ -52,6 +52,7 @@ struct StoreOptions {
   size_t shard_bytes = 0;          // > 0: groups larger than this split into row shards
   size_t host_limit_bytes = 0;     // > 0: refuse a host arena larger than this
   bool async_step = true;          // owner's CPU Adam on a worker thread, overlapping forward
+  int64_t cpu_threads = 0;         // CPU Adam threads (0 = ThreadPool::default_threads)
   double timeout_s = kDefaultTimeoutS;  // waits for another rank's update (TimeoutError)
 };
 
@@ -84,6 +85,7 @@ struct StoreStats {
   uint64_t host_pinned_bytes = 0;
   uint64_t device_slot_bytes = 0;
   double cpu_adam_ms = 0.0;    // time this rank spent in CPU Adam (owner steps)
+  double acquire_wait_ms = 0.0;  // time acquire() blocked on a group's pending CPU update
   uint64_t optimizer_steps = 0;  // group steps this rank ran as owner
 };
 
@@ -126,9 +128,13 @@ class ParamStore {
   void release_step(int64_t step);
 
   // Owner: async device->host copy of the unit's reduced gradient (numel floats, ready on the
-  // compute stream) into the landing area. Others: nothing. device_grad must stay unchanged
-  // until step_group of its group returns; compute queued after that is ordered after the copy.
+  // compute stream) into the landing area. Others: nothing. The copy runs on d2h_stream() and
+  // nothing orders the compute stream after it (the next step's forward must not wait for it):
+  // the caller keeps device_grad's memory from reuse until the copy is done, e.g. LibTorch's
+  // Tensor::record_stream on d2h_stream(), or by not writing it before the next step's backward.
   void push_grad(int unit, const float* device_grad);
+  // The D2H copy stream (cudaStream_t) of push_grad; nullptr where copies are synchronous.
+  void* d2h_stream() { return device_.d2h_stream(); }
   // Every rank, for every globally active group: counts the update; the owner runs adam_step
   // on the arena once its gradient copies have landed (on the worker thread when async_step).
   void step_group(int group, const AdamHyper& hyper);

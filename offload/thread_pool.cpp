@@ -2,6 +2,10 @@
 #include "offload/thread_pool.hpp"
 
 #include <sched.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <memory>
 
 namespace thetad::offload {
 
@@ -18,18 +22,43 @@ ThreadPool::~ThreadPool() {
   for (auto& t : workers_) t.join();
 }
 
+namespace {
+std::mutex g_instance_mu;
+std::unique_ptr<ThreadPool> g_instance;
+}  // namespace
+
+size_t ThreadPool::affinity_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  // The affinity mask, not hardware_concurrency: under mpirun --bind-to core a rank owns
+  // only its cores, and more threads than that would fight each other.
+  if (sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) > 0)
+    return static_cast<size_t>(CPU_COUNT(&set));
+  const unsigned hc = std::thread::hardware_concurrency();
+  return static_cast<size_t>(hc > 0 ? hc : 1);
+}
+
+size_t ThreadPool::default_threads(int local_ranks) {
+  size_t cpus = affinity_cpus();
+  const long online = sysconf(_SC_NPROCESSORS_ONLN);
+  // Unbound ranks all see every CPU: split them, or each rank's pool oversubscribes the host
+  // and preempts the threads that feed the GPU.
+  if (local_ranks > 1 && online > 0 && cpus >= static_cast<size_t>(online))
+    cpus = std::max<size_t>(1, cpus / static_cast<size_t>(local_ranks));
+  return cpus > 2 ? cpus - 1 : cpus;
+}
+
 ThreadPool& ThreadPool::instance() {
-  static ThreadPool pool([] {
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    // The affinity mask, not hardware_concurrency: under mpirun --bind-to core a rank owns
-    // only its cores, and more threads than that would fight each other.
-    if (sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) > 0)
-      return static_cast<size_t>(CPU_COUNT(&set));
-    const unsigned hc = std::thread::hardware_concurrency();
-    return static_cast<size_t>(hc > 0 ? hc : 1);
-  }());
-  return pool;
+  std::lock_guard<std::mutex> lk(g_instance_mu);
+  if (!g_instance) g_instance = std::make_unique<ThreadPool>(affinity_cpus());
+  return *g_instance;
+}
+
+void ThreadPool::configure(size_t threads) {
+  std::lock_guard<std::mutex> lk(g_instance_mu);
+  threads = std::max<size_t>(threads, 1);
+  if (g_instance && g_instance->threads() == threads) return;
+  g_instance = std::make_unique<ThreadPool>(threads);
 }
 
 void ThreadPool::run_chunks() {

@@ -22,8 +22,18 @@ class ThreadPool {
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
 
-  // The process-wide pool, sized to the CPUs this process may run on (sched_getaffinity).
+  // The process-wide pool: by default sized to the CPUs this process may run on
+  // (sched_getaffinity); configure() resizes it.
   static ThreadPool& instance();
+  // Replaces the process-wide pool with one of `threads` threads (>= 1). Only while no loop
+  // runs on it (startup); a reference from an earlier instance() must not be used afterwards.
+  static void configure(size_t threads);
+  // CPUs in this process's affinity mask.
+  static size_t affinity_cpus();
+  // A default for a process that shares the host with `local_ranks` processes: its affinity
+  // mask, divided among the local ranks when every rank may run on every CPU (mpirun
+  // --bind-to none), less one CPU for the rank's own training and communication threads.
+  static size_t default_threads(int local_ranks);
 
   size_t threads() const { return workers_.size() + 1; }
 

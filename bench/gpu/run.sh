@@ -14,6 +14,7 @@
 #                          sweep point ("" = none)
 #   BENCH_STEPS=60 BENCH_WARMUP=10   steps per run / steps left out of the medians
 #   BENCH_DDP_SWEEP=0      DDP only at the reference T (its sweep does not depend on thetad)
+#   BENCH_TF32=1           also the reference all-resident with TF32 matmuls, thetad and DDP (GPUs)
 #   BENCH_DRY_RUN=1        tiny model; on CPU (MPI for thetad, gloo for DDP, 2 ranks) when no GPU
 #   BENCH_BUILD_DIR=/tmp/build  BENCH_SKIP_BUILD=1  BENCH_FULL_BUILD=1 (all targets, not just
 #                          thetad, bench_engine_bw and the gpu-labelled tests)  BENCH_JOBS=16
@@ -219,20 +220,20 @@ else
 fi
 
 # ---- thetad and DDP --------------------------------------------------------------------------
-# thetad_point NAME JOB T MODE PEER AVERAGE CAP
+# thetad_point NAME JOB T MODE PEER AVERAGE CAP [PRECISION]
 thetad_point() {
-  local name=$1 job=$2 T=$3 mode=$4 peer=$5 avg=$6 cap=$7
-  local meta="\"T\": $T, \"mode\": \"$mode\", \"peer\": \"$peer\", \"average\": \"$avg\", \"warmup\": $WARMUP, \"steps\": $STEPS, \"np\": $NP, \"device\": \"$DEVICE\", \"dims\": [$D_IN, $D_H, $D_OUT, $TRUNK, $HEAD, $BATCH]"
+  local name=$1 job=$2 T=$3 mode=$4 peer=$5 avg=$6 cap=$7 prec=${8:-fp32}
+  local meta="\"T\": $T, \"mode\": \"$mode\", \"peer\": \"$peer\", \"average\": \"$avg\", \"precision\": \"$prec\", \"warmup\": $WARMUP, \"steps\": $STEPS, \"np\": $NP, \"device\": \"$DEVICE\", \"dims\": [$D_IN, $D_H, $D_OUT, $TRUNK, $HEAD, $BATCH]"
   if [ ! -x "$THETAD" ]; then record "$name" thetad skipped null 0 0 "$meta, \"reason\": \"not built\""; return; fi
   point "$name" thetad "$cap" "$meta" -- mpirun $MPI_FLAGS "${MPI_ENV[@]}" -np "$NP" "$THETAD" run "$job" --no-resume \
-        --set steps="$STEPS" --set model.tasks="$T" --set comm.average="$avg" \
+        --set steps="$STEPS" --set model.tasks="$T" --set comm.average="$avg" --set precision="$prec" \
         --set metrics.path="$OUT/$name/metrics.jsonl" --set log.progress_every_s=5 "${DIMS[@]}"
 }
-# ddp_point NAME T INIT STEPS CAP PORT
+# ddp_point NAME T INIT STEPS CAP [PRECISION]
 PORT=29511
 ddp_point() {
-  local name=$1 T=$2 init=$3 steps=$4 cap=$5
-  local meta="\"T\": $T, \"init\": \"$init\", \"average\": \"world\", \"warmup\": $WARMUP, \"steps\": $steps, \"np\": $NP, \"device\": \"$DEVICE\", \"dims\": [$D_IN, $D_H, $D_OUT, $TRUNK, $HEAD, $BATCH]"
+  local name=$1 T=$2 init=$3 steps=$4 cap=$5 prec=${6:-fp32}
+  local meta="\"T\": $T, \"init\": \"$init\", \"average\": \"world\", \"precision\": \"$prec\", \"warmup\": $WARMUP, \"steps\": $steps, \"np\": $NP, \"device\": \"$DEVICE\", \"dims\": [$D_IN, $D_H, $D_OUT, $TRUNK, $HEAD, $BATCH]"
   PORT=$((PORT + 1))
   if [ -z "$PY" ]; then record "$name" ddp skipped null 0 0 "$meta, \"reason\": \"no python with torch\""; return; fi
   local t; t=$(clamp "$cap")
@@ -240,7 +241,7 @@ ddp_point() {
         -np "$NP" "$PY" "$ROOT/bench/peer/ddp_multitask.py" --device "$DEVICE" --backend "$DDP_BACKEND" \
         --input-dim $D_IN --hidden $D_H --output-dim $D_OUT --trunk-layers $TRUNK --head-layers $HEAD \
         --tasks "$T" --batch $BATCH --steps "$steps" --warmup "$WARMUP" --lr 1e-3 --seed $SEED \
-        --init "$init" --average-world --max-seconds $(( t > 40 ? t - 20 : t / 2 )) --out "$OUT/$name/result.json"
+        --init "$init" --average-world --precision "$prec" --max-seconds $(( t > 40 ? t - 20 : t / 2 )) --out "$OUT/$name/result.json"
 }
 
 # The reference (both thetad runs with average: world, DDP's semantics, so that the loss curves
@@ -248,6 +249,11 @@ ddp_point() {
 thetad_point thetad_T${REF_T}_resident bench/jobs/reference.yaml $REF_T resident ddp_T${REF_T} world $CAP
 ddp_point ddp_T${REF_T} $REF_T exact "$STEPS" $CAP
 thetad_point thetad_T${REF_T}_offload bench/jobs/reference-offload.yaml $REF_T offload ddp_T${REF_T} world $CAP
+# TF32 matmuls (precision: tf32; DDP: torch.backends.cuda.matmul.allow_tf32), same comparison.
+if [ "${BENCH_TF32:-1}" = 1 ] && [ "$DEVICE" = cuda ]; then
+  thetad_point thetad_T${REF_T}_resident_tf32 bench/jobs/reference.yaml $REF_T resident ddp_T${REF_T}_tf32 world $CAP tf32
+  ddp_point ddp_T${REF_T}_tf32 $REF_T exact "$STEPS" $CAP tf32
+fi
 # The sweep: the DDP points first (cheap: device-side init, seconds of steps), then thetad's,
 # largest T first (T = 256 is issue 7's headline goal and the slowest to set up).
 for T in $(for x in $SWEEP; do echo "$x"; done | sort -n -u); do

@@ -107,6 +107,8 @@ def thetad_stats(rec, out):
     st["smi_peak"] = smi_peak(d)
     st["losses"] = {int(r["step"]): r.get("loss") for r in rows if "step" in r}
     st["h2d"] = median([r.get("h2d_bytes") for r in timed])
+    for k in ("forward_ms", "backward_ms", "optimizer_ms", "cpu_adam_ms", "acquire_wait_ms"):
+        st[k] = median([r.get(k) for r in timed])
     st["swap_misses"] = median([r.get("swap_misses") for r in timed])
     return st
 
@@ -164,8 +166,9 @@ def label(rec):
     mode = rec.get("mode", "")
     n = rec.get("np")
     what = "GPU" if rec.get("device", "cuda") == "cuda" else "CPU rank"
-    return "T=%s %s, %s %s%s" % (rec.get("T"), "all-resident" if mode == "resident" else mode,
-                                 n, what, "" if n == 1 else "s")
+    prec = rec.get("precision", "fp32")
+    return "T=%s %s, %s %s%s%s" % (rec.get("T"), "all-resident" if mode == "resident" else mode,
+                                   n, what, "" if n == 1 else "s", "" if prec == "fp32" else ", " + prec)
 
 
 def main(argv):
@@ -401,6 +404,21 @@ def main(argv):
         return " | ".join(c.ljust(widths[i]) for i, c in enumerate(cells)).rstrip()
 
     text_table = [fmt(header), "-+-".join("-" * w for w in widths)] + [fmt(r) for r in table]
+
+    # Where a thetad step goes (rank 0, medians after warm-up; device times on GPUs).
+    bd_head = ["config", "step", "forward", "backward", "comm_wait", "optimizer", "cpu_adam", "acquire_wait"]
+    bd = []
+    for name, (rec, st) in thetad_rows.items():
+        if st.get("step_ms") is None:
+            continue
+        bd.append([label(rec)] + [ms(st.get(k)) for k in ("step_ms", "forward_ms", "backward_ms", "comm_wait_ms",
+                                                          "optimizer_ms", "cpu_adam_ms", "acquire_wait_ms")])
+    bd_md = []
+    if bd:
+        bd_md = ["", "Step breakdown (thetad rank 0, median ms after warm-up):", "",
+                 "| " + " | ".join(bd_head) + " |", "|" + "|".join("---" for _ in bd_head) + "|"]
+        bd_md += ["| " + " | ".join(r) + " |" for r in bd]
+        notes.append("\n".join(bd_md[1:]))
     print("\n".join(lines))
     print()
     print("\n".join(text_table))

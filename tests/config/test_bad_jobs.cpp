@@ -124,6 +124,8 @@ const std::vector<BadJob>& bad_jobs() {
        {"bad.yaml:6:3: offload.device_slots: must be >= 1"}},
       {"prefetch_negative", kHead + "offload:\n  prefetch: -1\n",
        {"bad.yaml:5:3: offload.prefetch: must be >= 0"}},
+      {"cpu_threads_negative", kHead + "offload:\n  cpu_threads: -2\n",
+       {"bad.yaml:5:3: offload.cpu_threads: must be >= 0"}},
       {"shard_negative", kHead + "offload:\n  shard_mb: -1\n", {"bad.yaml:5:3: offload.shard_mb: must be >= 0"}},
       {"budget_negative", kHead + "offload:\n  enabled: true\n  device_budget_mb: -1\n",
        {"bad.yaml:6:3: offload.device_budget_mb: must be >= 0"}},
@@ -153,7 +155,7 @@ const std::vector<BadJob>& bad_jobs() {
       {"lr_schedule_bad", kHead + "optimizer:\n  lr_schedule: linear\n",
        {"bad.yaml:5:3: optimizer.lr_schedule: must be one of constant, cosine"}},
       {"log_level_bad", kHead + "log:\n  level: verbose\n", {"bad.yaml:5:3: log.level: must be one of trace, debug"}},
-      {"precision_bad", kHead + "precision: bf16\n", {"bad.yaml:4:1: precision: must be one of fp32; got 'bf16'"}},
+      {"precision_bad", kHead + "precision: bf16\n", {"bad.yaml:4:1: precision: must be one of fp32, tf32; got 'bf16'"}},
       // Contradictions.
       {"nccl_without_cuda", kHead + "comm:\n  backend: nccl\n",
        {"bad.yaml:5:3: comm.backend:", "this build has no CUDA LibTorch"}},

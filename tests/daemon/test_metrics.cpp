@@ -69,7 +69,8 @@ const char* kKeys[] = {"step", "rank", "loss", "task_loss", "lr", "samples", "st
                        "backward_ms", "comm_wait_ms", "optimizer_ms", "count_exchange_ms",
                        "bytes_allreduced", "bytes_pruned", "buckets_launched", "buckets_pruned",
                        "h2d_bytes", "d2h_bytes", "swap_hits", "swap_misses",
-                       "device_mem_peak_bytes", "host_pinned_bytes"};
+                       "device_mem_peak_bytes", "host_pinned_bytes", "cpu_adam_ms",
+                       "acquire_wait_ms"};
 
 TEST(Metrics, RecordHasEveryField) {
   const std::string j = to_json(sample());
@@ -132,7 +133,7 @@ TEST(Metrics, WriterCreatesDirsAndWritesLines) {
         "recs=[json.loads(l) for l in open(sys.argv[1])]\n"
         "assert len(recs)==3 and recs[1][\"step\"]==18 and recs[1][\"loss\"] is None\n"
         "assert recs[0][\"task_loss\"][0]==dict(task=3,loss=0.5)\n"
-        "assert len(recs[0])==22, len(recs[0])",
+        "assert len(recs[0])==24, len(recs[0])",
         path));
   }
 }
