@@ -2,6 +2,7 @@
 // Parsed and validated once (loader.cpp); docs/configuration.md documents each key.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -55,6 +56,9 @@ struct OffloadConfig {
   double shard_mb = 0.0;          // > 0: groups larger than this are split into row shards
   double host_limit_mb = 0.0;     // > 0: refuse to pin a host arena larger than this
   int64_t cpu_threads = 0;        // CPU Adam threads per rank (0 = this rank's share of the CPUs)
+
+  // shard_mb in bytes: the one conversion the store's shards and the model's chunks share.
+  size_t shard_bytes() const { return static_cast<size_t>(shard_mb * 1048576.0); }
 };
 
 struct OptimizerConfig {

@@ -278,6 +278,26 @@ class Checker {
     at_least("offload.shard_mb", o.shard_mb, 0.0);
     at_least("offload.host_limit_mb", o.host_limit_mb, 0.0);
     at_least<int64_t>("offload.cpu_threads", o.cpu_threads, 0);
+    if (o.shard_mb > 0 && ok("offload.shard_mb") && ok("model.kind")) shards();
+  }
+
+  // Row shards inside a group: only the extreme classifier computes over them (its full softmax
+  // streams the slice in chunks of shard_mb), with or without offload.
+  void shards() {
+    const ModelConfig& m = j_.model;
+    if (m.kind != "extreme_classifier") {
+      fail("offload.shard_mb", "row shards are computed by model.kind extreme_classifier only; '" +
+                                   m.kind + "' computes each task group whole (use 0)");
+    } else if (m.negatives_per_step > 0) {
+      fail("offload.shard_mb", "cannot be combined with model.negatives_per_step > 0 (got " +
+                                   num(m.negatives_per_step) +
+                                   "): the sharded slice runs the full softmax; set one of them to 0");
+    } else if (ok("model.hidden") && m.hidden > 0 &&
+               j_.offload.shard_bytes() < static_cast<size_t>(m.hidden + 1) * sizeof(float)) {
+      fail("offload.shard_mb", "must hold one row of the output layer, (model.hidden + 1) x 4 = " +
+                                   num(static_cast<int64_t>((m.hidden + 1) * 4)) + " bytes; got " +
+                                   num(j_.offload.shard_mb) + " MiB");
+    }
   }
 
   void optimizer() {

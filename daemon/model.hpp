@@ -20,6 +20,19 @@ struct NamedParam {
   int group = 0;
 };
 
+// Where a row-chunked group's parameter comes from, chunk by chunk: the model's own tensor, or
+// the worker's host store (device slots holding row shards). chunk(task, k) is a [rows_k x
+// row_elems] view on the compute device, valid until done(task, k); a caller may hold two chunks
+// at a time (the next one is requested before the current one is computed, so its copy overlaps
+// that compute) and calls done once the compute using the chunk is queued.
+class ShardSource {
+ public:
+  virtual ~ShardSource() = default;
+  virtual int num_chunks(int task) = 0;
+  virtual torch::Tensor chunk(int task, int k) = 0;
+  virtual void done(int task, int k) = 0;
+};
+
 class TaskModel {
  public:
   virtual ~TaskModel() = default;
@@ -32,6 +45,15 @@ class TaskModel {
   // rank, a resumed run and the reference draw the same. Default: task_loss(forward(x), y).
   virtual torch::Tensor loss(const struct Batch& batch, int task, uint64_t sample_seed);
   int num_tasks() const { return num_tasks_; }
+  // Row-chunked groups (extreme_classifier with offload.shard_mb > 0): the group's one parameter
+  // is a [rows x row_elems] matrix the model computes over in row chunks, read through the
+  // source given here (nullptr: its own parameter). The worker registers such groups with the
+  // store by rows and passes a source over the store's shards.
+  virtual bool row_chunked(int group) const {
+    (void)group;
+    return false;
+  }
+  virtual void set_shard_source(ShardSource* source) { (void)source; }
 
  protected:
   int num_tasks_ = 0;

@@ -14,6 +14,7 @@
 
 #include "common/errors.hpp"
 #include "common/log.hpp"
+#include "daemon/chunked_softmax.hpp"
 #include "daemon/model.hpp"
 
 namespace thetad::daemon {
@@ -88,8 +89,7 @@ class ParamBuilder {
     return add(name + ".bias", group, {out}, 1.0 / std::sqrt(double(in)));
   }
   torch::Tensor add(const std::string& name, int group, std::vector<int64_t> sizes, double bound) {
-    int index_in_group = counts_[group]++;
-    const uint64_t seed = mix_seed(seed_, static_cast<uint64_t>(group), index_in_group);
+    const uint64_t seed = next_seed(group);
     torch::Tensor t;
     if (device_.is_cpu()) {
       t = torch::empty(sizes, torch::kFloat32).set_requires_grad(true);
@@ -97,6 +97,14 @@ class ParamBuilder {
     } else {
       t = uniform_param(std::move(sizes), bound, seed, device_);
     }
+    return put(name, group, t);
+  }
+  // The group's next parameter values, drawn now and not registered (for a parameter built
+  // from several).
+  torch::Tensor draw(int group, std::vector<int64_t> sizes, double bound) {
+    return uniform_param(std::move(sizes), bound, next_seed(group), device_);
+  }
+  torch::Tensor put(const std::string& name, int group, torch::Tensor t) {
     out_.push_back({name, t, group});
     return t;
   }
@@ -107,6 +115,10 @@ class ParamBuilder {
     double bound;
     uint64_t seed;
   };
+  uint64_t next_seed(int group) {
+    const int index_in_group = counts_[group]++;
+    return mix_seed(seed_, static_cast<uint64_t>(group), index_in_group);
+  }
   std::vector<Deferred> deferred_;
   uint64_t seed_;
   torch::Device device_;
@@ -296,13 +308,17 @@ class ScriptModel : public TaskModel {
 };
 
 // Extreme classification: a shared encoder (Θ) and an output layer of `classes` rows split into
-// `tasks` row slices, slice t = θ[t] (the store swaps each slice whole). A batch of task t holds
-// samples whose labels lie in slice t; the softmax runs over the batch's label classes plus
-// `negatives_per_step` classes sampled from the slice (all of the slice when 0).
+// `tasks` row slices, slice t = θ[t]. A batch of task t holds samples whose labels lie in slice
+// t; the softmax runs over the batch's label classes plus `negatives_per_step` classes sampled
+// from the slice (all of the slice when 0).
+// With offload.shard_mb > 0 a slice is one parameter `output.<t>.weight_bias`, [rows x
+// (hidden+1)] with the bias as its last column (same initial values as weight and bias), and the
+// full softmax streams it in chunks of shard_mb worth of rows — from the store's row shards
+// when offloaded, else from the parameter itself, in the same chunks either way.
 class ExtremeClassifier : public TaskModel {
  public:
   ExtremeClassifier(const config::Job& job, torch::Device device)
-      : negatives_(job.model.negatives_per_step) {
+      : negatives_(job.model.negatives_per_step), sharded_(job.offload.shard_mb > 0) {
     const auto& m = job.model;
     num_tasks_ = static_cast<int>(m.tasks);
     ParamBuilder pb(init_seed(job), device, params_);
@@ -311,20 +327,43 @@ class ExtremeClassifier : public TaskModel {
       encoder_.push_back(make_linear(pb, "encoder." + std::to_string(i), 0, dim, m.hidden));
       dim = m.hidden;
     }
+    std::vector<torch::Tensor> mats;
     for (int64_t t = 0; t < m.tasks; ++t) {
       const int64_t rows = m.classes / m.tasks + (t < m.classes % m.tasks ? 1 : 0);
-      slices_.push_back(make_linear(pb, "output." + std::to_string(t), int(t) + 1, dim, rows));
+      const std::string name = "output." + std::to_string(t);
+      const int g = int(t) + 1;
+      if (!sharded_) {
+        slices_.push_back(make_linear(pb, name, g, dim, rows));
+        continue;
+      }
+      const double bound = 1.0 / std::sqrt(double(dim));
+      torch::Tensor w = pb.draw(g, {rows, dim}, bound), b = pb.draw(g, {rows}, bound);
+      mats.push_back(pb.put(name + ".weight_bias", g,
+                            torch::cat({w.detach(), b.detach().unsqueeze(1)}, 1).set_requires_grad(true)));
     }
+    if (sharded_) {
+      const int64_t chunk_rows = static_cast<int64_t>(job.offload.shard_bytes() / ((dim + 1) * sizeof(float)));
+      THETAD_CHECK(chunk_rows >= 1, ConfigError, job.source, ": offload.shard_mb: one row of the output layer is ",
+                   (dim + 1) * sizeof(float), " bytes, more than the shard");
+      own_ = ResidentChunks(mats, chunk_rows);
+    }
+    mats_ = std::move(mats);
   }
   std::vector<NamedParam>& params() override { return params_; }
+  bool row_chunked(int group) const override { return sharded_ && group >= 1; }
+  void set_shard_source(ShardSource* source) override { source_ = source; }
   torch::Tensor features(const torch::Tensor& x) {
     torch::Tensor h = x;
     for (const auto& l : encoder_) h = torch::gelu(l(h));
     return h;
   }
-  torch::Tensor forward(const torch::Tensor& x, int task) override { return slices_.at(task)(features(x)); }
+  torch::Tensor forward(const torch::Tensor& x, int task) override {
+    if (sharded_) return chunked_logits(features(x), chunks(), task);
+    return slices_.at(task)(features(x));
+  }
   LossKind loss_kind() const override { return LossKind::cross_entropy; }
   torch::Tensor loss(const Batch& b, int task, uint64_t sample_seed) override {
+    if (sharded_) return chunked_softmax_xent(features(b.x), mats_.at(task), b.y, chunks(), task);
     const Linear& out = slices_.at(task);
     const int64_t rows = out.w.size(0);
     if (negatives_ <= 0 || negatives_ >= rows) return task_loss(loss_kind(), forward(b.x, task), b.y);
@@ -338,10 +377,16 @@ class ExtremeClassifier : public TaskModel {
   }
 
  private:
+  ShardSource& chunks() { return source_ ? *source_ : own_; }
+
   int64_t negatives_;
+  bool sharded_;
   std::vector<NamedParam> params_;
   std::vector<Linear> encoder_;
-  std::vector<Linear> slices_;
+  std::vector<Linear> slices_;     // unsharded
+  std::vector<torch::Tensor> mats_;  // sharded: [rows x (hidden+1)] per slice
+  ResidentChunks own_;
+  ShardSource* source_ = nullptr;
 };
 
 // Synthetic classification for the extreme classifier: per slice a fixed random linear teacher;

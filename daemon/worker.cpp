@@ -92,6 +92,29 @@ struct PendingStep {
 #endif
 };
 
+// The row shards of offloaded row-chunked groups (ShardSource of the model), acquired from the
+// store as the model streams them and released once their compute is queued.
+class StoreChunks : public ShardSource {
+ public:
+  StoreChunks(offload::ParamStore& store, torch::Device device) : store_(store), device_(device) {}
+  void set_step(int64_t step) { step_ = step; }
+  int num_chunks(int task) override { return static_cast<int>(store_.units_of(task + 1).size()); }
+  torch::Tensor chunk(int task, int k) override {
+    const int u = unit(task, k);
+    const offload::UnitInfo& info = store_.unit(u);
+    return torch::from_blob(store_.acquire(u, step_),
+                            {static_cast<int64_t>(info.rows), static_cast<int64_t>(info.row_elems)},
+                            torch::TensorOptions().dtype(torch::kFloat32).device(device_));
+  }
+  void done(int task, int k) override { store_.release(unit(task, k)); }
+
+ private:
+  int unit(int task, int k) const { return store_.units_of(task + 1).at(static_cast<size_t>(k)); }
+  offload::ParamStore& store_;
+  torch::Device device_;
+  int64_t step_ = 0;
+};
+
 class Worker {
  public:
   Worker(const config::Job& job, const RunOptions& opts)
@@ -141,6 +164,7 @@ class Worker {
   // Host-resident store of the task groups (offload.enabled); group 0 stays on the device.
   std::unique_ptr<offload::Device> offload_device_;
   std::unique_ptr<offload::ParamStore> store_;
+  std::unique_ptr<StoreChunks> store_chunks_;  // row-chunked groups' shards, streamed by the model
   offload::StoreStats last_store_stats_;
   bool offloaded(int group) const { return store_ != nullptr && group > 0; }
   void build_store();
@@ -446,7 +470,8 @@ void Worker::optimizer_step(int64_t step, PendingStep& p) {
       s.grad_scale = clip_scale(gs, job_.optimizer.clip_norm);
       const offload::AdamHyper h = to_hyper(s);
       const int64_t t_us = Timeline::now_us();
-      for (int u : store_->units_of(static_cast<int>(g))) store_->push_grad(u, flat.data_ptr<float>());
+      for (int u : store_->units_of(static_cast<int>(g)))
+        store_->push_grad(u, flat.data_ptr<float>() + store_->unit(u).offset);
 #if THETAD_TORCH_CUDA
       // The copy to the host runs on the store's D2H stream while the next step computes: the
       // allocator must not hand `flat` out again before it is done.
@@ -614,21 +639,23 @@ void Worker::build_store() {
   if (job_.optimizer.kind == "sgd")
     throw ConfigError(job_.source + ": offload.enabled: the host store steps Adam/AdamW only; "
                       "set optimizer.kind to adam or adamw");
-  if (job_.offload.shard_mb > 0)
-    throw ConfigError(job_.source + ": offload.shard_mb: the built-in models compute each task "
-                      "group whole, so row shards inside a group are not supported yet; use more, "
-                      "smaller task groups (extreme_classifier: more model.tasks) instead");
   offload::StoreOptions so;
   so.device_slots = job_.offload.device_slots;
   so.device_budget_bytes = static_cast<size_t>(job_.offload.device_budget_mb * (1 << 20));
   so.prefetch = job_.offload.prefetch;
   so.host_limit_bytes = static_cast<size_t>(job_.offload.host_limit_mb * (1 << 20));
   so.cpu_threads = job_.offload.cpu_threads;
+  so.shard_bytes = job_.offload.shard_bytes();
   so.timeout_s = job_.comm.timeout_s;
   std::vector<offload::GroupShape> shapes;
   for (size_t g = 1; g < group_params_.size(); ++g) {
     size_t n = 0;
     for (int p : group_params_[g]) n += static_cast<size_t>((*params_)[p].tensor.numel());
+    if (model_->row_chunked(static_cast<int>(g))) {  // one [rows x row_elems] parameter
+      const auto& t = (*params_)[group_params_[g].at(0)].tensor;
+      shapes.push_back({static_cast<int>(g), static_cast<size_t>(t.size(0)), static_cast<size_t>(t.size(1))});
+      continue;
+    }
     shapes.push_back({static_cast<int>(g), n, 1});
   }
   if (device_.is_cuda())
@@ -652,6 +679,15 @@ void Worker::build_store() {
         return groups;
       },
       MPI_COMM_WORLD);
+  for (size_t g = 1; g < group_params_.size(); ++g)
+    if (model_->row_chunked(static_cast<int>(g)) && store_->units_of(static_cast<int>(g)).size() > 1 &&
+        store_->slots() < 2)
+      throw ConfigError(job_.source + ": offload.device_slots: row-sharded groups stream two shards at a "
+                        "time (the next one's copy overlaps the current one's compute), so the store "
+                        "needs at least 2 device slots; it has " + std::to_string(store_->slots()) +
+                        " (raise offload.device_slots or offload.device_budget_mb)");
+  store_chunks_ = std::make_unique<StoreChunks>(*store_, device_);
+  model_->set_shard_source(store_chunks_.get());
   torch::NoGradGuard no_grad;
   for (size_t g = 1; g < group_params_.size(); ++g) {
     std::vector<torch::Tensor> flat;
@@ -673,6 +709,10 @@ void Worker::build_store() {
 
 // Points the parameters of an offloaded group at its device slot for this step.
 void Worker::bind_group(int group, int64_t step) {
+  if (model_->row_chunked(group)) {  // the model acquires its row shards as it streams them
+    store_chunks_->set_step(step);
+    return;
+  }
   const auto& units = store_->units_of(group);
   float* base = store_->acquire(units.at(0), step);
   int64_t offset = 0;

@@ -127,6 +127,17 @@ const std::vector<BadJob>& bad_jobs() {
       {"cpu_threads_negative", kHead + "offload:\n  cpu_threads: -2\n",
        {"bad.yaml:5:3: offload.cpu_threads: must be >= 0"}},
       {"shard_negative", kHead + "offload:\n  shard_mb: -1\n", {"bad.yaml:5:3: offload.shard_mb: must be >= 0"}},
+      {"shard_on_mlp", kHead + "offload:\n  enabled: true\n  shard_mb: 8\n",
+       {"bad.yaml:6:3: offload.shard_mb: row shards are computed by model.kind extreme_classifier only",
+        "'multitask_mlp'"}},
+      {"shard_with_negatives",
+       "steps: 10\nmodel: {kind: extreme_classifier, classes: 100, negatives_per_step: 5}\ndata: {}\n"
+       "offload:\n  shard_mb: 8\n",
+       {"bad.yaml:5:3: offload.shard_mb: cannot be combined with model.negatives_per_step > 0"}},
+      {"shard_below_row",
+       "steps: 10\nmodel: {kind: extreme_classifier, classes: 100, hidden: 128}\ndata: {}\n"
+       "offload:\n  shard_mb: 0.0001\n",
+       {"bad.yaml:5:3: offload.shard_mb: must hold one row of the output layer", "516 bytes"}},
       {"budget_negative", kHead + "offload:\n  enabled: true\n  device_budget_mb: -1\n",
        {"bad.yaml:6:3: offload.device_budget_mb: must be >= 0"}},
       {"keep_zero", kHead + "checkpoint:\n  dir: ck\n  keep: 0\n", {"bad.yaml:6:3: checkpoint.keep: must be >= 1"}},

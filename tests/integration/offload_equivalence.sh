@@ -1,31 +1,80 @@
 #!/usr/bin/env bash
 # Offload on vs off: bitwise-identical parameters after 20 steps on 1, 2 and 4 ranks, with fewer
 # device slots than tasks (evictions happen) and 1-step prefetch; swaps show in the metrics.
+# The same for the extreme classifier with row shards (offload.shard_mb), whose slices are
+# streamed shard by shard with fewer device slots than shards; the sharded model also matches
+# the unsharded one within float tolerance and the single-process reference.
 source "$(dirname "$0")/lib.sh"
 thetad=$1
+reference=$2
 job=$HERE/jobs/small.yaml
-for np in 1 2 4; do
+# on_off NAME NP ARGS...: runs the job with offload off and on; same final hash, swaps in metrics.
+on_off() {
+  local name=$1 np=$2; shift 2
   for off in false true; do
-    expect_code 0 "np${np}_offload_$off" mpirun "${MPIRUN_FLAGS[@]}" -np "$np" "$thetad" run "$job" \
-      --no-resume --set steps=20 --set model.tasks=6 --set offload.enabled=$off --set offload.device_slots=2 \
-      --set offload.prefetch=1 --set metrics.path="$WORK/np${np}_$off.jsonl"
+    expect_code 0 "${name}_offload_$off" mpirun "${MPIRUN_FLAGS[@]}" -np "$np" "$thetad" run "$job" \
+      --no-resume --set steps=20 --set offload.enabled=$off --set offload.device_slots=2 \
+      --set offload.prefetch=1 --set metrics.path="$WORK/${name}_$off.jsonl" "$@"
   done
-  a=$(final_hash "$WORK/np${np}_offload_false.log"); b=$(final_hash "$WORK/np${np}_offload_true.log")
-  if [ -n "$a" ] && [ "$a" = "$b" ]; then pass "np=$np: offload on == off bitwise ($a)"
-  else fail "np=$np: offload on $b != off $a"; fi
-  /usr/bin/python3 - "$WORK/np${np}_true.jsonl" <<'PY' && pass "np=$np: swaps and host arena in metrics" || fail "np=$np: metrics lack swaps"
+  local a b
+  a=$(final_hash "$WORK/${name}_offload_false.log"); b=$(final_hash "$WORK/${name}_offload_true.log")
+  if [ -n "$a" ] && [ "$a" = "$b" ]; then pass "$name: offload on == off bitwise ($a)"
+  else fail "$name: offload on $b != off $a"; fi
+  /usr/bin/python3 - "$WORK/${name}_true.jsonl" <<'PY' && pass "$name: swaps and host arena in metrics" || fail "$name: metrics lack swaps"
 import json, sys
 recs = [json.loads(l) for l in open(sys.argv[1])]
 assert sum(r["swap_misses"] for r in recs) > 0 and sum(r["h2d_bytes"] for r in recs) > 0, "no swaps"
 assert all(r["host_pinned_bytes"] > 0 for r in recs), "no arena"
 PY
-done
+}
+for np in 1 2 4; do on_off "np$np" "$np" --set model.tasks=6; done
 expect_in np4_offload_true "host store: 6 task groups, 2 device slots"
-# Bad settings exit 2 with a clear message: slots < 1, an arena larger than the host limit.
+
+# Extreme classifier, 400 classes in 4 slices of 100 rows of 33 floats (hidden 32 + bias):
+# shard_mb 0.004 (4194 bytes) makes shards of 31 rows, 4 per slice, streamed through 2 slots.
+xc=(--set model.kind=extreme_classifier --set model.classes=400 --set optimizer.lr=0.03
+    --set offload.shard_mb=0.004)
+for np in 1 2 4; do on_off "xc_np$np" "$np" "${xc[@]}" --set checkpoint.dir="$WORK/xc_ck_np$np"; done
+expect_in xc_np2_offload_true "4 groups in 16 units, 2 device slots"
+on_off xc_accumulate_np2 2 "${xc[@]}" --set accumulate_steps=2
+# Sharded vs the single-process reference (same chunks, plain autograd), and vs the unsharded
+# model (weight and bias apart, one matmul per slice) within float tolerance.
+expect_code 0 xc_reference "$reference" "$job" --world 2 --set steps=20 "${xc[@]}" --compare "$WORK/xc_ck_np2"
+expect_code 0 xc_unsharded mpirun "${MPIRUN_FLAGS[@]}" -np 2 "$thetad" run "$job" --no-resume \
+  --set steps=20 "${xc[@]}" --set offload.shard_mb=0 --set offload.enabled=true --set offload.device_slots=2 \
+  --set checkpoint.dir="$WORK/xc_ck_unsharded"
+/usr/bin/python3 - "$WORK/xc_ck_np2/step-00000020" "$WORK/xc_ck_unsharded/step-00000020" <<'PY' \
+  && pass "sharded == unsharded within 1e-4" || fail "sharded differs from unsharded"
+import glob, os, sys, torch
+sharded, plain = sys.argv[1], sys.argv[2]
+files = sorted(glob.glob(os.path.join(sharded, "group-*.pt")))
+assert len(files) == 5, files
+worst = 0.0
+for f in files:
+    a, b = torch.load(f), torch.load(os.path.join(plain, os.path.basename(f)))
+    for key in (k for k in a if k.startswith("param/")):
+        if key.endswith(".weight_bias"):  # [rows x (hidden+1)]: weight, then bias as last column
+            base = key[: -len("_bias")]
+            want = torch.cat([b[base], b[base[: -len("weight")] + "bias"].unsqueeze(1)], 1)
+        else:
+            want = b[key]
+        worst = max(worst, ((a[key] - want).abs().max() / want.abs().max()).item())
+print(f"max relative difference {worst:.3g}")
+assert worst < 1e-4
+PY
+
+# Bad settings exit 2 with a clear message: slots < 1, an arena larger than the host limit, row
+# shards on a model that does not compute over them, one slot for two-at-a-time shards.
 expect_code 2 zero_slots mpirun "${MPIRUN_FLAGS[@]}" -np 2 "$thetad" run "$job" --no-resume \
   --set offload.enabled=true --set offload.device_slots=0
 expect_in zero_slots "offload.device_slots"
 expect_code 2 host_limit mpirun "${MPIRUN_FLAGS[@]}" -np 2 "$thetad" run "$job" --no-resume \
   --set offload.enabled=true --set offload.host_limit_mb=0.001
 expect_in host_limit "offload"
+expect_code 2 shard_mlp mpirun "${MPIRUN_FLAGS[@]}" -np 2 "$thetad" run "$job" --no-resume \
+  --set offload.enabled=true --set offload.shard_mb=1
+expect_in shard_mlp "offload.shard_mb: .*extreme_classifier"
+expect_code 2 shard_one_slot mpirun "${MPIRUN_FLAGS[@]}" -np 2 "$thetad" run "$job" --no-resume \
+  "${xc[@]}" --set offload.enabled=true --set offload.device_slots=1
+expect_in shard_one_slot "offload.device_slots: .*at least 2 device slots"
 finish

@@ -1,0 +1,145 @@
+// The chunked softmax cross-entropy (see chunked_softmax.hpp): a custom autograd Function whose
+// two passes stream the output layer's row chunks from a ShardSource.
+#include "daemon/chunked_softmax.hpp"
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <utility>
+
+#include "common/errors.hpp"
+
+namespace thetad::daemon {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// Calls fn(k, W_k) for each of the task's chunks, in order or in reverse, holding at most two:
+// the next chunk is requested before the current one is computed (its copy overlaps that
+// compute), and the current one is given back once its compute is queued.
+template <typename Fn>
+void stream_chunks(ShardSource& source, int task, bool reverse, Fn&& fn) {
+  const int n = source.num_chunks(task);
+  THETAD_CHECK(n >= 1, InternalError, "task ", task, " has no chunks");
+  const auto at = [n, reverse](int i) { return reverse ? n - 1 - i : i; };
+  torch::Tensor cur = source.chunk(task, at(0));
+  for (int i = 0; i < n; ++i) {
+    torch::Tensor next = i + 1 < n ? source.chunk(task, at(i + 1)) : torch::Tensor();
+    fn(at(i), cur);
+    source.done(task, at(i));
+    cur = std::move(next);
+  }
+}
+
+torch::Tensor with_ones(const torch::Tensor& h) {
+  return torch::cat({h, torch::ones({h.size(0), 1}, h.options())}, 1);
+}
+
+// Column index of each row's label within the chunk starting at row r0 of rk rows (clamped),
+// and whether the label lies in the chunk.
+std::pair<torch::Tensor, torch::Tensor> local_labels(const torch::Tensor& y, int64_t r0, int64_t rk) {
+  const torch::Tensor local = y - r0;
+  const torch::Tensor in = local.ge(0).logical_and(local.lt(rk));
+  return {local.clamp(0, rk - 1).unsqueeze(1), in};
+}
+
+class ChunkedSoftmaxXent : public torch::autograd::Function<ChunkedSoftmaxXent> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, torch::Tensor h, torch::Tensor weight,
+                               torch::Tensor y, ShardSource* source, int64_t task) {
+    const torch::Tensor h1 = with_ones(h);
+    const int64_t batch = h.size(0);
+    auto opts = h.options();
+    torch::Tensor m = torch::full({batch}, -std::numeric_limits<float>::infinity(), opts);
+    torch::Tensor s = torch::zeros({batch}, opts);
+    torch::Tensor target = torch::zeros({batch}, opts);
+    std::vector<int64_t> begins;
+    int64_t r0 = 0;
+    stream_chunks(*source, static_cast<int>(task), false, [&](int k, const torch::Tensor& w) {
+      THETAD_CHECK_EQ(static_cast<size_t>(k), begins.size(), "chunks out of order");
+      const int64_t rk = w.size(0);
+      const torch::Tensor logits = torch::mm(h1, w.t());
+      // Online log-sum-exp: rescale the running sum to the new running max.
+      const torch::Tensor m_new = torch::maximum(m, std::get<0>(logits.max(1)));
+      s = s * torch::exp(m - m_new) + torch::exp(logits - m_new.unsqueeze(1)).sum(1);
+      m = m_new;
+      const auto [idx, in] = local_labels(y, r0, rk);
+      target.add_(logits.gather(1, idx).squeeze(1).masked_fill_(in.logical_not(), 0));
+      begins.push_back(r0);
+      r0 += rk;
+    });
+    THETAD_CHECK_EQ(r0, weight.size(0), "chunks of task ", task, " do not cover its rows");
+    const torch::Tensor lse = m + torch::log(s);
+    ctx->save_for_backward({h1, weight, y, lse});
+    ctx->saved_data["source"] = static_cast<int64_t>(reinterpret_cast<intptr_t>(source));
+    ctx->saved_data["task"] = task;
+    ctx->saved_data["begins"] = begins;
+    return (lse - target).mean();
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
+    const auto saved = ctx->get_saved_variables();
+    const torch::Tensor& h1 = saved[0];
+    torch::Tensor weight = saved[1];
+    const torch::Tensor& y = saved[2];
+    const torch::Tensor& lse = saved[3];
+    auto* source = reinterpret_cast<ShardSource*>(static_cast<intptr_t>(ctx->saved_data["source"].toInt()));
+    const int task = static_cast<int>(ctx->saved_data["task"].toInt());
+    const std::vector<int64_t> begins = ctx->saved_data["begins"].toIntVector();
+    const bool want_h = ctx->needs_input_grad(0), want_w = ctx->needs_input_grad(1);
+    const torch::Tensor scale = grad_out[0] / static_cast<double>(h1.size(0));
+    torch::Tensor dh1 = want_h ? torch::zeros_like(h1) : torch::Tensor();
+    torch::Tensor dw;
+    if (want_w) {
+      if (!weight.grad().defined()) weight.mutable_grad() = torch::zeros(weight.sizes(), h1.options());
+      dw = weight.grad();
+    }
+    if (want_h || want_w) {
+      stream_chunks(*source, task, true, [&](int k, const torch::Tensor& w) {
+        const int64_t r0 = begins.at(static_cast<size_t>(k)), rk = w.size(0);
+        torch::Tensor dlogits = torch::exp(torch::mm(h1, w.t()) - lse.unsqueeze(1));  // softmax
+        const auto [idx, in] = local_labels(y, r0, rk);
+        dlogits.scatter_add_(1, idx, in.to(dlogits.scalar_type()).neg().unsqueeze(1));
+        dlogits.mul_(scale);
+        if (want_w) dw.narrow(0, r0, rk).addmm_(dlogits.t(), h1);
+        if (want_h) dh1.addmm_(dlogits, w);
+      });
+    }
+    torch::Tensor dh = want_h ? dh1.narrow(1, 0, h1.size(1) - 1) : torch::Tensor();
+    return {dh, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+ResidentChunks::ResidentChunks(std::vector<torch::Tensor> mats, int64_t chunk_rows)
+    : mats_(std::move(mats)), chunk_rows_(chunk_rows) {
+  THETAD_CHECK(chunk_rows_ >= 1, InternalError, "chunk rows must be >= 1, got ", chunk_rows_);
+}
+
+int ResidentChunks::num_chunks(int task) {
+  const int64_t rows = mats_.at(static_cast<size_t>(task)).size(0);
+  return static_cast<int>((rows + chunk_rows_ - 1) / chunk_rows_);
+}
+
+torch::Tensor ResidentChunks::chunk(int task, int k) {
+  const torch::Tensor& m = mats_.at(static_cast<size_t>(task));
+  const int64_t r0 = static_cast<int64_t>(k) * chunk_rows_;
+  return m.detach().narrow(0, r0, std::min(chunk_rows_, m.size(0) - r0));
+}
+
+torch::Tensor chunked_softmax_xent(const torch::Tensor& h, const torch::Tensor& weight,
+                                   const torch::Tensor& y, ShardSource& source, int task) {
+  return ChunkedSoftmaxXent::apply(h, weight, y, &source, static_cast<int64_t>(task));
+}
+
+torch::Tensor chunked_logits(const torch::Tensor& h, ShardSource& source, int task) {
+  torch::NoGradGuard no_grad;
+  const torch::Tensor h1 = with_ones(h);
+  std::vector<torch::Tensor> parts;
+  stream_chunks(source, task, false, [&](int, const torch::Tensor& w) { parts.push_back(torch::mm(h1, w.t())); });
+  return torch::cat(parts, 1);
+}
+
+}  // namespace thetad::daemon
