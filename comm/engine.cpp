@@ -136,6 +136,10 @@ struct Engine::Impl {
       o.divisor = std::max<int32_t>(1, counts[bucket.group]);  // 0 only with prune off: zeros
     o.tag = CollectiveTag{"allreduce", stats.step, b};
     works.push_back(comm.allreduce(bucket_ptr(b), bucket.numel, DType::f32, o));
+    if (opts.on_launch) {
+      fetch_counts(/*block=*/false);  // prune off, average world: maybe not fetched yet
+      opts.on_launch(b, counts_ready ? counts[bucket.group] : -1, *works.back());
+    }
     launched[b] = 1;
     dirty[b] = 1;
     stats.buckets_launched += 1;

@@ -43,6 +43,11 @@ struct EngineOptions {
   // last buckets are in flight (as DDP does). comm_wait_ms then counts host time only; measure
   // the stream's stall with events around finish_backward. nullptr: the host waits.
   void* wait_stream = nullptr;
+  // Called as each bucket's allreduce is launched (from the thread that launches it, the
+  // engine's lock held: it must not call back into the engine), with the number of ranks
+  // that contributed to the bucket's group. Device backends can order work after the bucket
+  // with work.block_stream(stream), e.g. that bucket's optimizer step.
+  std::function<void(int bucket, int contributors, Work& work)> on_launch;
 };
 
 struct StepStats {

@@ -72,6 +72,7 @@ struct OptimizerConfig {
   int64_t warmup_steps = 0;
   std::string lr_schedule = "constant";  // constant | cosine
   double min_lr = 0.0;
+  bool overlap = true;            // GPUs: step each bucket's groups as its allreduce lands
 };
 
 struct CheckpointConfig {

@@ -72,6 +72,7 @@ const std::vector<Field> kFields = {
     THETAD_FIELD("optimizer", "warmup_steps", Int, optimizer.warmup_steps, true),
     THETAD_FIELD("optimizer", "lr_schedule", String, optimizer.lr_schedule, true),
     THETAD_FIELD("optimizer", "min_lr", Double, optimizer.min_lr, true),
+    THETAD_FIELD("optimizer", "overlap", Bool, optimizer.overlap, true),
 
     THETAD_FIELD("checkpoint", "dir", String, checkpoint.dir, true),
     THETAD_FIELD("checkpoint", "every_steps", Int, checkpoint.every_steps, true),

@@ -11,6 +11,7 @@
 #include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #endif
 
@@ -130,6 +131,16 @@ class Worker {
   void train_step(int64_t step, PendingStep& p);
   void optimizer_step(int64_t step, PendingStep& p);
   void mark(PendingStep& p, Phase phase);
+  AdamSettings adam_settings(int64_t step) const;
+  [[maybe_unused]] void step_bucket(int bucket, int contributors, comm::Work& work);
+  // optimizer.overlap: resident groups are stepped bucket by bucket on opt_stream_ as their
+  // allreduce lands (step_bucket, from the engine's launch); optimizer_step does the rest.
+  bool overlap_opt_ = false;
+  std::vector<uint8_t> bucket_stepped_;  // per bucket, this step
+  AdamSettings step_settings_;           // the current step's (step count: per group)
+#if THETAD_TORCH_CUDA
+  std::unique_ptr<c10::cuda::CUDAStream> opt_stream_;
+#endif
   void queue_losses(PendingStep& p);
   void finish_step(PendingStep& p);
   void checkpoint(int64_t completed_steps);
@@ -266,6 +277,14 @@ void Worker::build() {
   eopts.declared = job_.comm.active == "declared";
   eopts.timeout = comm_->default_timeout();
   if (device_.is_cuda()) eopts.wait_stream = compute_stream_;
+#if THETAD_TORCH_CUDA
+  overlap_opt_ = device_.is_cuda() && job_.optimizer.overlap && job_.optimizer.clip_norm <= 0;
+  if (overlap_opt_) {
+    opt_stream_ = std::make_unique<c10::cuda::CUDAStream>(
+        c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device_.index()));
+    eopts.on_launch = [this](int b, int contributors, comm::Work& w) { step_bucket(b, contributors, w); };
+  }
+#endif
   if (offload) {  // θ[t]'s gradient buffers follow the active groups, not T
     eopts.pooled.assign(num_groups, 1);
     eopts.pooled[0] = 0;
@@ -349,6 +368,8 @@ void Worker::train_step(int64_t step, PendingStep& p) {
   const int64_t k = job_.accumulate_steps;
   const bool declared = job_.comm.active == "declared";
   mark(p, Phase::start);
+  step_settings_ = adam_settings(step);
+  bucket_stepped_.assign(engine_->plan().buckets.size(), 0);
   engine_->start_window(step);
   if (store_) {
     std::vector<uint8_t> used(group_params_.size(), 0);
@@ -449,15 +470,16 @@ void Worker::optimizer_step(int64_t step, PendingStep& p) {
   StepRecord& rec = p.rec;
   auto t0 = Clock::now();
   const auto& contributors = engine_->contributors();
-  AdamSettings s;
-  s.lr = lr_at(job_.optimizer, step, job_.steps);
-  s.beta1 = job_.optimizer.beta1;
-  s.beta2 = job_.optimizer.beta2;
-  s.eps = job_.optimizer.eps;
-  s.weight_decay = job_.optimizer.weight_decay;
-  s.kind = job_.optimizer.kind;
+  AdamSettings s = adam_settings(step);
   rec.lr = s.lr;
   torch::NoGradGuard no_grad;
+#if THETAD_TORCH_CUDA
+  if (overlap_opt_) {  // the buckets' steps queued so far come before the next forward
+    at::cuda::CUDAEvent opt_done;
+    opt_done.record(*opt_stream_);
+    opt_done.block(c10::cuda::getCurrentCUDAStream(device_.index()));
+  }
+#endif
   for (size_t g = 0; g < group_params_.size(); ++g) {
     // Lazy semantics: a group no rank used this step is not stepped at all.
     if (contributors[g] == 0) continue;
@@ -488,13 +510,16 @@ void Worker::optimizer_step(int64_t step, PendingStep& p) {
       continue;
     }
     std::vector<torch::Tensor> ps, gs, ms, vs;
+    const comm::BucketPlan& plan = engine_->plan();
     for (int p : group_params_[g]) {
+      if (bucket_stepped_[plan.param_bucket[p]]) continue;  // stepped as its bucket landed
       ps.push_back((*params_)[p].tensor);
       gs.push_back((*params_)[p].tensor.grad());
       ms.push_back(exp_avg_[p]);
       vs.push_back(exp_avg_sq_[p]);
     }
     group_steps_[g] += 1;
+    if (ps.empty()) continue;
     s.step = group_steps_[g];
     s.grad_scale = clip_scale(gs, job_.optimizer.clip_norm);
     const int64_t t_us = Timeline::now_us();
@@ -506,6 +531,49 @@ void Worker::optimizer_step(int64_t step, PendingStep& p) {
   if (store_) store_->release_step(step);
   rec.optimizer_ms = ms_since(t0);
   mark(p, Phase::optimizer);
+}
+
+AdamSettings Worker::adam_settings(int64_t step) const {
+  AdamSettings s;
+  s.lr = lr_at(job_.optimizer, step, job_.steps);
+  s.beta1 = job_.optimizer.beta1;
+  s.beta2 = job_.optimizer.beta2;
+  s.eps = job_.optimizer.eps;
+  s.weight_decay = job_.optimizer.weight_decay;
+  s.kind = job_.optimizer.kind;
+  return s;
+}
+
+// optimizer.overlap (GPUs): the optimizer step of one resident bucket, on opt_stream_ once the
+// bucket's allreduce has landed. Its parameters are done with for this backward: their
+// gradients were final when the bucket launched, after every kernel that reads them was queued
+// on the compute stream, and the allreduce waited for those. The arithmetic is the group's
+// (elementwise, same step count and settings), so the parameters come out bit for bit the same.
+void Worker::step_bucket(int b, int contributors, comm::Work& work) {
+#if THETAD_TORCH_CUDA
+  const comm::Bucket& bucket = engine_->plan().buckets[static_cast<size_t>(b)];
+  const int g = bucket.group;
+  // Unused groups are not stepped (lazy); unknown counts and offloaded groups: optimizer_step.
+  if (contributors <= 0 || offloaded(g)) return;
+  work.block_stream(opt_stream_->stream(), engine_->communicator().default_timeout());
+  c10::cuda::CUDAStreamGuard on_opt(*opt_stream_);
+  torch::NoGradGuard no_grad;  // thread-local: this may run on autograd's device thread
+  std::vector<torch::Tensor> ps, gs, ms, vs;
+  for (int p : bucket.params) {
+    ps.push_back((*params_)[p].tensor);
+    gs.push_back((*params_)[p].tensor.grad());
+    ms.push_back(exp_avg_[p]);
+    vs.push_back(exp_avg_sq_[p]);
+  }
+  AdamSettings s = step_settings_;
+  s.step = group_steps_[g] + 1;
+  adam_group(ps, gs, ms, vs, s);
+  bucket_stepped_[static_cast<size_t>(b)] = 1;
+#else
+  (void)b;
+  (void)contributors;
+  (void)work;
+#endif
 }
 
 void Worker::mark(PendingStep& p, Phase phase) {
@@ -786,10 +854,30 @@ void Worker::resume() {
   THETAD_LOG(info, "ckpt") << "resumed from " << ckpt->path << " at step " << start_step_;
 }
 
+// FNV-1a of a parameter's bytes: chained directly for up to 16 MiB, else over the hashes of
+// its 16 MiB pieces, hashed in parallel (rank 0 fingerprints 34 GB of parameters at T = 256:
+// bytewise on one thread that took over a minute).
+uint64_t bytes_hash(const void* data, size_t bytes, uint64_t seed) {
+  constexpr size_t kPiece = size_t{16} << 20;
+  const size_t pieces = (bytes + kPiece - 1) / kPiece;
+  if (pieces <= 1) return comm::fnv1a64(data, bytes, seed);
+  std::vector<uint64_t> hs(pieces);
+  const char* base = static_cast<const char*>(data);
+  at::parallel_for(0, static_cast<int64_t>(pieces), 1, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      const size_t off = static_cast<size_t>(i) * kPiece;
+      hs[static_cast<size_t>(i)] = comm::fnv1a64(base + off, std::min(kPiece, bytes - off));
+    }
+  });
+  return comm::fnv1a64(hs.data(), hs.size() * sizeof(uint64_t), seed);
+}
+
 uint64_t Worker::params_hash() {
   uint64_t h = comm::fnv1a64("", 0);
   std::vector<torch::Tensor> store_groups(group_params_.size());
   std::vector<int64_t> store_offsets(group_params_.size(), 0);
+  std::vector<size_t> left(group_params_.size());  // params not hashed yet, per group
+  for (size_t g = 0; g < group_params_.size(); ++g) left[g] = group_params_[g].size();
   for (const auto& p : *params_) {
     torch::Tensor c;
     if (offloaded(p.group)) {
@@ -804,7 +892,8 @@ uint64_t Worker::params_hash() {
     } else {
       c = p.tensor.detach().cpu().contiguous();
     }
-    h = comm::fnv1a64(c.data_ptr(), static_cast<size_t>(c.numel()) * sizeof(float), h);
+    h = bytes_hash(c.data_ptr(), static_cast<size_t>(c.numel()) * sizeof(float), h);
+    if (--left[static_cast<size_t>(p.group)] == 0) store_groups[static_cast<size_t>(p.group)].reset();
   }
   return h;
 }

@@ -2,7 +2,8 @@
 // fp32 parameters, and adam_step as a fraction of the memory-bandwidth bound (28 bytes moved per
 // parameter: read p, g, m, v; write p, m, v) taken from a memcpy measured in the same run.
 //
-//   bench_cpu_adam [millions of elements, default 64] [iterations, default 5]
+//   bench_cpu_adam [millions of elements, default 64] [iterations, default 5] [threads, default:
+//                  the CPUs of the affinity mask]
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -40,6 +41,7 @@ double best_of(int iters, F&& fn) {
 int main(int argc, char** argv) {
   const size_t n = static_cast<size_t>(argc > 1 ? std::atof(argv[1]) : 64.0) * (1u << 20);
   const int iters = argc > 2 ? std::atoi(argv[2]) : 5;
+  if (argc > 3) thetad::offload::ThreadPool::configure(static_cast<size_t>(std::atoi(argv[3])));
   const size_t bytes = n * sizeof(float);
 
   // Copy bandwidth: memcpy over the pool's threads, as adam_step uses them, counting bytes read
