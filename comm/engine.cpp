@@ -22,6 +22,7 @@ using Clock = std::chrono::steady_clock;
 
 struct Engine::Impl {
   Communicator& comm;
+  Communicator& counts_comm;  // the count exchange's: EngineOptions::count_comm, else comm
   const BucketPlan& plan;
   const EngineOptions& opts;
   StepStats& stats;
@@ -56,18 +57,18 @@ struct Engine::Impl {
   std::vector<WorkPtr> works;
 
   Impl(Communicator& c, const BucketPlan& p, const EngineOptions& o, StepStats& st)
-      : comm(c), plan(p), opts(o), stats(st) {}
+      : comm(c), counts_comm(o.count_comm ? *o.count_comm : c), plan(p), opts(o), stats(st) {}
 
   // All below run with `mu` held.
   void begin_sync() {
     sync_start = Clock::now();
     std::vector<int32_t> flags(plan.num_groups);
     for (int g = 0; g < plan.num_groups; ++g) flags[g] = local_active[g] ? 1 : 0;
-    comm.copy_from_host(count_buf.get(), flags.data(), flags.size() * sizeof(int32_t));
+    counts_comm.copy_from_host(count_buf.get(), flags.data(), flags.size() * sizeof(int32_t));
     AllreduceOptions o;
     o.tag = CollectiveTag{"count exchange", stats.step, -1};
     o.after_compute = false;  // flags only: do not wait for forward's kernels
-    count_work = comm.allreduce(count_buf.get(), flags.size(), DType::i32, o);
+    count_work = counts_comm.allreduce(count_buf.get(), flags.size(), DType::i32, o);
     synced = true;
     std::fill(ready.begin(), ready.end(), 0);
     for (const Bucket& b : plan.buckets) pending[b.index] = static_cast<int>(b.params.size());
@@ -79,7 +80,7 @@ struct Engine::Impl {
     if (!count_work) return false;
     if (!block && !count_work->is_completed()) return false;
     count_work->wait(opts.timeout);
-    comm.copy_to_host(counts.data(), count_buf.get(), counts.size() * sizeof(int32_t));
+    counts_comm.copy_to_host(counts.data(), count_buf.get(), counts.size() * sizeof(int32_t));
     observed_exchange_ms = std::chrono::duration<double, std::milli>(Clock::now() - sync_start).count();
     counts_ready = true;
     return true;
@@ -186,7 +187,7 @@ Engine::Engine(std::shared_ptr<Communicator> comm, BucketPlan plan, EngineOption
   s.pending.assign(nb, 0);
   s.launched.assign(nb, 0);
   s.counts.assign(plan_.num_groups, 0);
-  s.count_buf = comm_->allocate(plan_.num_groups * sizeof(int32_t));
+  s.count_buf = s.counts_comm.allocate(plan_.num_groups * sizeof(int32_t));
   THETAD_LOG(info, "comm") << "engine: " << nb << " buckets over " << plan_.num_groups
                            << " groups on " << comm_->backend_name() << ", prune "
                            << (opts_.prune ? "on" : "off") << ", average "

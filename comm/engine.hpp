@@ -48,6 +48,11 @@ struct EngineOptions {
   // that contributed to the bucket's group. Device backends can order work after the bucket
   // with work.block_stream(stream), e.g. that bucket's optimizer step.
   std::function<void(int bucket, int contributors, Work& work)> on_launch;
+  // The count exchange's communicator (null: the gradients'). With NCCL gradients, a host
+  // (MPI) one keeps the exchange off the GPU: on the comm stream it would queue behind the
+  // previous step's buckets, and with the host a step ahead the next step's buckets could not
+  // launch until then, i.e. not during their backward. Every rank must use the same kind.
+  std::shared_ptr<Communicator> count_comm;
 };
 
 struct StepStats {

@@ -276,7 +276,10 @@ void Worker::build() {
   eopts.average = job_.comm.average == "world" ? comm::Average::world : comm::Average::contributors;
   eopts.declared = job_.comm.active == "declared";
   eopts.timeout = comm_->default_timeout();
-  if (device_.is_cuda()) eopts.wait_stream = compute_stream_;
+  if (device_.is_cuda()) {
+    eopts.wait_stream = compute_stream_;
+    eopts.count_comm = ctrl_;  // host flags, host result: MPI, independent of the GPU's queue
+  }
 #if THETAD_TORCH_CUDA
   overlap_opt_ = device_.is_cuda() && job_.optimizer.overlap && job_.optimizer.clip_norm <= 0;
   if (overlap_opt_) {

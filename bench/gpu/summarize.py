@@ -24,6 +24,9 @@ import sys
 
 LOSS_STEPS = 20
 LOSS_REL_TOL = 1e-4
+# TF32 rounds every matmul input to a 10-bit mantissa (relative error ~5e-4 per product): two
+# programs that pick different GEMM kernels agree to ~1e-3, not to float32's 1e-4.
+LOSS_REL_TOL_BY_PRECISION = {"fp32": LOSS_REL_TOL, "tf32": 1e-2}
 
 
 def load_jsonl(path):
@@ -376,8 +379,9 @@ def main(argv):
                           status_text(rec) or "no metrics"))
     for name, (rec, st) in thetad_rows.items():
         if "loss_rel" in st:
-            goals.append(("loss curve matches DDP (%s, first %d steps, rel <= %g)" % (name, LOSS_STEPS, LOSS_REL_TOL),
-                          "PASS" if st["loss_rel"] <= LOSS_REL_TOL else "FAIL", "max rel %.1e" % st["loss_rel"]))
+            tol = LOSS_REL_TOL_BY_PRECISION.get(rec.get("precision", "fp32"), LOSS_REL_TOL)
+            goals.append(("loss curve matches DDP (%s, first %d steps, rel <= %g)" % (name, LOSS_STEPS, tol),
+                          "PASS" if st["loss_rel"] <= tol else "FAIL", "max rel %.1e" % st["loss_rel"]))
 
     ct = by_name.get("ctest_gpu")
     if ct is not None and ct.get("status") != "skipped":
