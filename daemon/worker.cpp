@@ -931,7 +931,10 @@ int Worker::run() {
   last_done_ = run_start_;
   std::unique_ptr<PendingStep> pending;  // the previous step, until its device work is read
   const auto flush = [&] {
-    if (pending) finish_step(*pending);
+    if (pending) {
+      Timeline::Scope span(timeline_.get(), Lane::compute, "wait for the previous step's device work");
+      finish_step(*pending);
+    }
     pending.reset();
   };
   for (int64_t step = start_step_; step < job_.steps; ++step) {
@@ -940,8 +943,11 @@ int Worker::run() {
     rec.step = step;
     rec.rank = world_.rank;
     train_step(step, *cur);
-    optimizer_step(step, *cur);
-    queue_losses(*cur);
+    {
+      Timeline::Scope span(timeline_.get(), Lane::compute, "optimizer (queue)");
+      optimizer_step(step, *cur);
+      queue_losses(*cur);
+    }
     const auto& st = engine_->stats();
     if (!device_.is_cuda()) rec.comm_wait_ms = st.comm_wait_ms;  // GPUs: device time, finish_step
     rec.count_exchange_ms = st.count_exchange_ms;
@@ -967,7 +973,11 @@ int Worker::run() {
     flush();
     pending = std::move(cur);
     const int64_t completed = step + 1;
-    const bool stop = agree_stop(step);
+    bool stop = false;
+    {
+      Timeline::Scope span(timeline_.get(), Lane::comm, "stop agreement");
+      stop = agree_stop(step);
+    }
     if (stop) {
       flush();
       THETAD_LOG(warn, "train") << "stop requested (signal); checkpointing at step " << completed;
