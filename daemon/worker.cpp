@@ -558,6 +558,8 @@ void Worker::step_bucket(int b, int contributors, comm::Work& work) {
   const int g = bucket.group;
   // Unused groups are not stepped (lazy); unknown counts and offloaded groups: optimizer_step.
   if (contributors <= 0 || offloaded(g)) return;
+  // Host time of queueing it (the timeline shows whether it holds up backward's launches).
+  Timeline::Scope span(timeline_.get(), Lane::cpu_adam, "queue adam of bucket " + std::to_string(b));
   work.block_stream(opt_stream_->stream(), engine_->communicator().default_timeout());
   c10::cuda::CUDAStreamGuard on_opt(*opt_stream_);
   torch::NoGradGuard no_grad;  // thread-local: this may run on autograd's device thread
