@@ -444,6 +444,10 @@ void Worker::train_step(int64_t step, PendingStep& p) {
     // last buckets (EngineOptions::wait_stream) and the marks around it time that stall.
     mark(p, Phase::backward);
     if (last) {
+      if (timeline_) {  // separates the count exchange's wait from the launches that follow
+        Timeline::Scope span(timeline_.get(), Lane::comm, "wait for the count exchange");
+        engine_->contributors();
+      }
       const int64_t t_us = Timeline::now_us();
       engine_->finish_backward();
       mark(p, Phase::comm);

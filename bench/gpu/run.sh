@@ -156,6 +156,7 @@ SKIPPED=()
 # ---- build ----------------------------------------------------------------------------------
 THETAD="$BUILD/daemon/thetad"
 ENGINE_BW="$BUILD/bench/comm/bench_engine_bw"
+STORE_H2D="$BUILD/bench/offload/bench_store_h2d"
 build() {  # build TIMEOUT_S
   local bt=$1
   mkdir -p "$OUT/build"
@@ -175,7 +176,7 @@ except Exception:
 for t in d.get("tests", []):
     for a in t.get("command", []) or []:
         print(os.path.basename(a))')
-    targets="thetad bench_engine_bw"
+    targets="thetad bench_engine_bw bench_store_h2d"
     for t in $gpu_exes; do
       if echo "$known" | grep -qx -- "$t" && ! echo " $targets " | grep -q " $t "; then targets="$targets $t"; fi
     done
@@ -217,6 +218,15 @@ if [ -x "$ENGINE_BW" ]; then
   grep -E '^(engine|raw|comm|RESULT|bench_engine_bw: SKIP)' "$OUT/engine_bw/log.txt" | sed 's/^/           /'
 else
   record engine_bw engine_bw skipped null 0 0 '"reason": "not built"'
+fi
+
+# ---- the store's host->device bandwidth (issue 4) ------------------------------------------------
+if [ -x "$STORE_H2D" ] && [ "$NGPU" -gt 0 ]; then
+  point store_h2d store_h2d 90 "" -- mpirun $MPI_FLAGS "${MPI_ENV[@]}" -np "$NP" "$STORE_H2D" \
+        --json "$OUT/store_h2d/result.json"
+  grep -E '^(rank|RESULT)' "$OUT/store_h2d/log.txt" | sed 's/^/           /'
+else
+  record store_h2d store_h2d skipped null 0 0 '"reason": "no GPU or not built"'
 fi
 
 # ---- thetad and DDP --------------------------------------------------------------------------

@@ -383,6 +383,13 @@ def main(argv):
             goals.append(("loss curve matches DDP (%s, first %d steps, rel <= %g)" % (name, LOSS_STEPS, tol),
                           "PASS" if st["loss_rel"] <= tol else "FAIL", "max rel %.1e" % st["loss_rel"]))
 
+    sh = load_json(os.path.join(out, "store_h2d", "result.json"))
+    if sh:
+        goals.append(("store H2D >= 0.9x pinned cudaMemcpyAsync (issue 4)",
+                      "PASS" if sh["ratio_min"] >= 0.9 else "FAIL",
+                      "%.2fx (store %.1f GB/s, pinned %.1f GB/s, %d rank(s) at once)" %
+                      (sh["ratio_min"], sh["store_gbs"], sh["pinned_gbs"], sh["ranks"])))
+
     ct = by_name.get("ctest_gpu")
     if ct is not None and ct.get("status") != "skipped":
         summary = ""
