@@ -1,16 +1,15 @@
 // Built-in models (multitask_mlp, multitask_adapter), TorchScript models with groups from name
 // patterns, and the synthetic teacher data. The one LibTorch translation unit for models/data.
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Parallel.h>
 #include <torch/script.h>
 #if THETAD_TORCH_CUDA
 #include <ATen/cuda/CUDAGeneratorImpl.h>
 #endif
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <filesystem>
-#include <thread>
 
 #include "common/errors.hpp"
 #include "common/log.hpp"
@@ -67,20 +66,13 @@ class ParamBuilder {
   ParamBuilder(const ParamBuilder&) = delete;
   ParamBuilder& operator=(const ParamBuilder&) = delete;
   ~ParamBuilder() {
-    const size_t threads =
-        std::min<size_t>({deferred_.size(), 16, std::max(1u, std::thread::hardware_concurrency())});
-    std::atomic<size_t> next{0};
-    auto work = [&] {
+    at::parallel_for(0, static_cast<int64_t>(deferred_.size()), 1, [&](int64_t b, int64_t e) {
       torch::NoGradGuard no_grad;  // thread-local: in-place fills of leaves that require grad
-      for (size_t i; (i = next.fetch_add(1)) < deferred_.size();) {
-        Deferred& d = deferred_[i];
+      for (int64_t i = b; i < e; ++i) {
+        Deferred& d = deferred_[static_cast<size_t>(i)];
         d.tensor.uniform_(-d.bound, d.bound, generator(d.seed));
       }
-    };
-    std::vector<std::thread> pool;
-    for (size_t t = 1; t < threads; ++t) pool.emplace_back(work);
-    work();
-    for (auto& t : pool) t.join();
+    });
   }
   torch::Tensor linear_w(const std::string& name, int group, int64_t in, int64_t out) {
     return add(name + ".weight", group, {out, in}, 1.0 / std::sqrt(double(in)));

@@ -132,6 +132,7 @@ class Worker {
   void optimizer_step(int64_t step, PendingStep& p);
   void mark(PendingStep& p, Phase phase);
   AdamSettings adam_settings(int64_t step) const;
+  void adam_params(const std::vector<int>& params, AdamSettings s);
   [[maybe_unused]] void step_bucket(int bucket, int contributors, comm::Work& work);
   // optimizer.overlap: resident groups are stepped bucket by bucket on opt_stream_ as their
   // allreduce lands (step_bucket, from the engine's launch); optimizer_step does the rest.
@@ -516,21 +517,15 @@ void Worker::optimizer_step(int64_t step, PendingStep& p) {
       }
       continue;
     }
-    std::vector<torch::Tensor> ps, gs, ms, vs;
+    std::vector<int> todo;
     const comm::BucketPlan& plan = engine_->plan();
-    for (int p : group_params_[g]) {
-      if (bucket_stepped_[plan.param_bucket[p]]) continue;  // stepped as its bucket landed
-      ps.push_back((*params_)[p].tensor);
-      gs.push_back((*params_)[p].tensor.grad());
-      ms.push_back(exp_avg_[p]);
-      vs.push_back(exp_avg_sq_[p]);
-    }
+    for (int p : group_params_[g])
+      if (!bucket_stepped_[plan.param_bucket[p]]) todo.push_back(p);  // else stepped as it landed
     group_steps_[g] += 1;
-    if (ps.empty()) continue;
+    if (todo.empty()) continue;
     s.step = group_steps_[g];
-    s.grad_scale = clip_scale(gs, job_.optimizer.clip_norm);
     const int64_t t_us = Timeline::now_us();
-    adam_group(ps, gs, ms, vs, s);
+    adam_params(todo, s);
     if (timeline_)
       timeline_->record(Lane::compute, g == 0 ? "adam Θ" : "adam θ[" + std::to_string(g - 1) + "]",
                         t_us, Timeline::now_us() - t_us);
@@ -538,6 +533,19 @@ void Worker::optimizer_step(int64_t step, PendingStep& p) {
   if (store_) store_->release_step(step);
   rec.optimizer_ms = ms_since(t0);
   mark(p, Phase::optimizer);
+}
+
+// The optimizer step of resident parameters (indices into params_), clipped by their joint norm.
+void Worker::adam_params(const std::vector<int>& params, AdamSettings s) {
+  std::vector<torch::Tensor> ps, gs, ms, vs;
+  for (int p : params) {
+    ps.push_back((*params_)[p].tensor);
+    gs.push_back((*params_)[p].tensor.grad());
+    ms.push_back(exp_avg_[p]);
+    vs.push_back(exp_avg_sq_[p]);
+  }
+  s.grad_scale = clip_scale(gs, job_.optimizer.clip_norm);
+  adam_group(ps, gs, ms, vs, s);
 }
 
 AdamSettings Worker::adam_settings(int64_t step) const {
@@ -567,16 +575,9 @@ void Worker::step_bucket(int b, int contributors, comm::Work& work) {
   work.block_stream(opt_stream_->stream(), engine_->communicator().default_timeout());
   c10::cuda::CUDAStreamGuard on_opt(*opt_stream_);
   torch::NoGradGuard no_grad;  // thread-local: this may run on autograd's device thread
-  std::vector<torch::Tensor> ps, gs, ms, vs;
-  for (int p : bucket.params) {
-    ps.push_back((*params_)[p].tensor);
-    gs.push_back((*params_)[p].tensor.grad());
-    ms.push_back(exp_avg_[p]);
-    vs.push_back(exp_avg_sq_[p]);
-  }
   AdamSettings s = step_settings_;
   s.step = group_steps_[g] + 1;
-  adam_group(ps, gs, ms, vs, s);
+  adam_params(bucket.params, s);
   bucket_stepped_[static_cast<size_t>(b)] = 1;
 #else
   (void)b;

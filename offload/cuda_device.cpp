@@ -5,17 +5,9 @@
 #include <memory>
 #include <string>
 
+#include "common/cuda_check.hpp"
 #include "common/errors.hpp"
 #include "offload/device.hpp"
-
-#define THETAD_CUDA_CHECK(call)                                                                 \
-  do {                                                                                          \
-    const cudaError_t thetad_err_ = (call);                                                     \
-    if (thetad_err_ != cudaSuccess)                                                             \
-      throw ::thetad::InternalError(::thetad::detail::concat(                                   \
-          __FILE__, ":", __LINE__, ": CUDA error in ", #call, ": ",                             \
-          cudaGetErrorString(thetad_err_)));                                                    \
-  } while (0)
 
 namespace thetad::offload {
 namespace {
@@ -24,8 +16,8 @@ namespace {
 class Stream {
  public:
   explicit Stream(int device) {
-    THETAD_CUDA_CHECK(cudaSetDevice(device));
-    THETAD_CUDA_CHECK(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaSetDevice(device));
+    CUDA_CHECK(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking));
   }
   ~Stream() {
     if (s_) cudaStreamDestroy(s_);
@@ -49,7 +41,7 @@ class CudaDevice final : public Device {
   bool is_host() const override { return false; }
 
   void* alloc(size_t bytes) override {
-    THETAD_CUDA_CHECK(cudaSetDevice(device_));
+    CUDA_CHECK(cudaSetDevice(device_));
     void* p = nullptr;
     const cudaError_t err = cudaMalloc(&p, bytes);
     if (err != cudaSuccess) {
@@ -66,7 +58,7 @@ class CudaDevice final : public Device {
   }
 
   void pin_host(void* ptr, size_t bytes) override {
-    THETAD_CUDA_CHECK(cudaSetDevice(device_));
+    CUDA_CHECK(cudaSetDevice(device_));
     const cudaError_t err = cudaHostRegister(ptr, bytes, cudaHostRegisterPortable);
     if (err != cudaSuccess) {
       cudaGetLastError();
@@ -90,37 +82,37 @@ class CudaDevice final : public Device {
   Fence record_compute() override { return record(compute_); }
   void compute_wait(const Fence& f) override {
     if (f.empty()) return;
-    THETAD_CUDA_CHECK(cudaStreamWaitEvent(compute_, event_of(f), 0));
+    CUDA_CHECK(cudaStreamWaitEvent(compute_, event_of(f), 0));
   }
   void host_wait(const Fence& f) override {
     if (f.empty()) return;
-    THETAD_CUDA_CHECK(cudaEventSynchronize(event_of(f)));
+    CUDA_CHECK(cudaEventSynchronize(event_of(f)));
   }
   void* d2h_stream() override { return d2h_.get(); }
   bool done(const Fence& f) override {
     if (f.empty()) return true;
     const cudaError_t err = cudaEventQuery(event_of(f));
     if (err == cudaErrorNotReady) return false;
-    THETAD_CUDA_CHECK(err);
+    CUDA_CHECK(err);
     return true;
   }
 
  private:
   Fence record(cudaStream_t s) {
-    THETAD_CUDA_CHECK(cudaSetDevice(device_));
+    CUDA_CHECK(cudaSetDevice(device_));
     cudaEvent_t ev = nullptr;
-    THETAD_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
     // The fence owns the event: destroyed with its last copy (destroying a pending event is
     // allowed; CUDA releases it once it completes).
     Fence f{std::shared_ptr<void>(ev, [](void* e) { cudaEventDestroy(static_cast<cudaEvent_t>(e)); })};
-    THETAD_CUDA_CHECK(cudaEventRecord(ev, s));
+    CUDA_CHECK(cudaEventRecord(ev, s));
     return f;
   }
   Fence copy(cudaStream_t s, void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
              const Fence& after) {
-    THETAD_CUDA_CHECK(cudaSetDevice(device_));
-    if (!after.empty()) THETAD_CUDA_CHECK(cudaStreamWaitEvent(s, event_of(after), 0));
-    THETAD_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, s));
+    CUDA_CHECK(cudaSetDevice(device_));
+    if (!after.empty()) CUDA_CHECK(cudaStreamWaitEvent(s, event_of(after), 0));
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, s));
     return record(s);
   }
 

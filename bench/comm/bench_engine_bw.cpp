@@ -43,6 +43,8 @@
 #if THETAD_WITH_CUDA
 #include <cuda_runtime.h>
 #include <nccl.h>
+
+#include "comm/nccl/handles.hpp"
 #endif
 
 namespace {
@@ -135,19 +137,6 @@ struct Result {
 
 #if THETAD_WITH_CUDA
 
-#define BCUDA(call)                                                                            \
-  do {                                                                                         \
-    cudaError_t e_ = (call);                                                                   \
-    if (e_ != cudaSuccess)                                                                     \
-      throw std::runtime_error(std::string("CUDA: ") + cudaGetErrorString(e_) + " (" #call ")"); \
-  } while (0)
-#define BNCCL(call)                                                                            \
-  do {                                                                                         \
-    ncclResult_t r_ = (call);                                                                  \
-    if (r_ != ncclSuccess)                                                                     \
-      throw std::runtime_error(std::string("NCCL: ") + ncclGetErrorString(r_) + " (" #call ")"); \
-  } while (0)
-
 using Clock = std::chrono::steady_clock;
 
 // Runs prep() (untimed), then times op() from a barrier to its completion; median over iters of
@@ -156,7 +145,7 @@ double time_median_ms(const Args& a, const std::function<void(int)>& prep, const
   std::vector<double> t;
   for (int i = 0; i < a.warmup + a.iters; ++i) {
     prep(i);
-    BCUDA(cudaDeviceSynchronize());
+    CUDA_CHECK(cudaDeviceSynchronize());
     MPI_Barrier(MPI_COMM_WORLD);
     const auto t0 = Clock::now();
     op(i);
@@ -187,7 +176,7 @@ int run_gpu(const Args& a, const thetad::comm::WorldInfo& w) {
     return skip(w.rank, a, os.str());
   }
   const int device = w.local_rank % ndev;
-  BCUDA(cudaSetDevice(device));
+  CUDA_CHECK(cudaSetDevice(device));
   std::shared_ptr<Communicator> comm = make_nccl_communicator(device);
 
   // The model: equal parameters of --param-mb, spread over --groups groups, all active.
@@ -217,15 +206,15 @@ int run_gpu(const Args& a, const thetad::comm::WorldInfo& w) {
 
   // A plain NCCL communicator over the same GPUs for the raw calls.
   ncclUniqueId id;
-  if (w.rank == 0) BNCCL(ncclGetUniqueId(&id));
+  if (w.rank == 0) NCCL_CHECK(ncclGetUniqueId(&id));
   MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
   ncclComm_t raw = nullptr;
-  BNCCL(ncclCommInitRank(&raw, w.size, id, w.rank));
+  NCCL_CHECK(ncclCommInitRank(&raw, w.size, id, w.rank));
   cudaStream_t stream = nullptr;
-  BCUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   float* rawbuf = nullptr;
-  BCUDA(cudaMalloc(&rawbuf, total_numel * sizeof(float)));
-  BCUDA(cudaMemset(rawbuf, 0, total_numel * sizeof(float)));
+  CUDA_CHECK(cudaMalloc(&rawbuf, total_numel * sizeof(float)));
+  CUDA_CHECK(cudaMemset(rawbuf, 0, total_numel * sizeof(float)));
   std::shared_ptr<void> commbuf = comm->allocate(total_numel * sizeof(float));
 
   auto nothing = [](int) {};
@@ -252,16 +241,16 @@ int run_gpu(const Args& a, const thetad::comm::WorldInfo& w) {
         engine_step(i);
       }));
   add("raw_single", time_median_ms(a, nothing, [&](int) {
-        BNCCL(ncclAllReduce(rawbuf, rawbuf, total_numel, ncclFloat, ncclSum, raw, stream));
-        BCUDA(cudaStreamSynchronize(stream));
+        NCCL_CHECK(ncclAllReduce(rawbuf, rawbuf, total_numel, ncclFloat, ncclSum, raw, stream));
+        CUDA_CHECK(cudaStreamSynchronize(stream));
       }));
   add("raw_chunked", time_median_ms(a, nothing, [&](int) {
         size_t off = 0;
         for (size_t n : bucket_numel) {
-          BNCCL(ncclAllReduce(rawbuf + off, rawbuf + off, n, ncclFloat, ncclSum, raw, stream));
+          NCCL_CHECK(ncclAllReduce(rawbuf + off, rawbuf + off, n, ncclFloat, ncclSum, raw, stream));
           off += n;
         }
-        BCUDA(cudaStreamSynchronize(stream));
+        CUDA_CHECK(cudaStreamSynchronize(stream));
       }));
   add("comm_single", time_median_ms(a, nothing, [&](int) {
         AllreduceOptions o;

@@ -28,7 +28,7 @@
 #include "offload/param_store.hpp"
 
 #if THETAD_WITH_CUDA
-#include <cuda_runtime.h>
+#include "common/cuda_check.hpp"
 #endif
 
 namespace {
@@ -82,11 +82,11 @@ int main(int argc, char** argv) {
       return 0;
     }
     int ngpu = 0;
-    cudaGetDeviceCount(&ngpu);
+    CUDA_CHECK(cudaGetDeviceCount(&ngpu));
     const int dev = world.local_rank % ngpu;
-    cudaSetDevice(dev);
+    CUDA_CHECK(cudaSetDevice(dev));
     cudaStream_t compute = nullptr;
-    cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking);
+    CUDA_CHECK(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking));
     const size_t numel = static_cast<size_t>(a.group_mb * (1 << 20)) / sizeof(float);
     const size_t bytes = numel * sizeof(float);
     using Clock = std::chrono::steady_clock;
@@ -112,7 +112,7 @@ int main(int argc, char** argv) {
       const int unit = store.units_of(s % G + 1).at(0);
       const auto t0 = Clock::now();
       store.acquire(unit, s);
-      cudaStreamSynchronize(compute);
+      CUDA_CHECK(cudaStreamSynchronize(compute));
       const double t = ms_since(t0);
       store.release_step(s);
       if (s >= a.warmup) store_ms.push_back(t);
@@ -121,19 +121,17 @@ int main(int argc, char** argv) {
     // The peer: a plain pinned buffer copied the same way.
     void* host = nullptr;
     void* dst = nullptr;
-    if (cudaHostAlloc(&host, bytes, cudaHostAllocDefault) != cudaSuccess || cudaMalloc(&dst, bytes) != cudaSuccess)
-      throw thetad::ConfigError("bench_store_h2d: cannot allocate the peer's buffers");
+    CUDA_CHECK(cudaHostAlloc(&host, bytes, cudaHostAllocDefault));
+    CUDA_CHECK(cudaMalloc(&dst, bytes));
     std::vector<double> raw_ms;
     for (int s = 0; s < a.warmup + a.iters; ++s) {
       const auto t0 = Clock::now();
-      cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, compute);
-      cudaStreamSynchronize(compute);
+      CUDA_CHECK(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, compute));
+      CUDA_CHECK(cudaStreamSynchronize(compute));
       if (s >= a.warmup) raw_ms.push_back(ms_since(t0));
     }
-    cudaFreeHost(host);
-    cudaFree(dst);
-    const cudaError_t err = cudaGetLastError();
-    if (err != cudaSuccess) throw thetad::InternalError(std::string("CUDA: ") + cudaGetErrorString(err));
+    CUDA_CHECK(cudaFreeHost(host));
+    CUDA_CHECK(cudaFree(dst));
 
     const double store_gbs = static_cast<double>(bytes) / (median(store_ms) * 1e6);
     const double raw_gbs = static_cast<double>(bytes) / (median(raw_ms) * 1e6);

@@ -7,18 +7,8 @@
 
 #include <utility>
 
+#include "common/cuda_check.hpp"
 #include "common/errors.hpp"
-
-// "CUDA error in file:line: <cudaGetErrorString> (call)" as InternalError: a CUDA failure
-// here is a bug or a broken device, not a peer problem.
-#define CUDA_CHECK(call)                                                                        \
-  do {                                                                                          \
-    const cudaError_t thetad_cuda_rc_ = (call);                                                 \
-    if (thetad_cuda_rc_ != cudaSuccess)                                                         \
-      throw ::thetad::InternalError(::thetad::detail::concat(                                   \
-          "CUDA error in ", __FILE__, ":", __LINE__, ": ", cudaGetErrorString(thetad_cuda_rc_), \
-          " (", #call, ")"));                                                                   \
-  } while (0)
 
 // "NCCL error in file:line: <ncclGetErrorString> (<ncclGetLastError>) (call)" as CommError.
 #define NCCL_CHECK(call)                                                                      \
