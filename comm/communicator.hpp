@@ -54,6 +54,11 @@ struct AllreduceOptions {
   // Device backends: order the collective after the work queued on the compute stream. The
   // engine's count exchange turns it off: it reads no gradients, so it must not wait for forward.
   bool after_compute = true;
+  // >= 0: only this rank's buffer can be nonzero (the engine's bucket of a group one rank used),
+  // so the result is that buffer / divisor on every rank, and the backend broadcasts it from
+  // that rank instead of summing: a ring broadcast puts each byte on a link once, a ring
+  // allreduce 2(n-1)/n times. Sum only; the result equals the allreduce's bit for bit.
+  int from_root = -1;
 };
 
 // Where a communicator's buffers live.
@@ -66,6 +71,9 @@ class Communicator {
   virtual int size() const = 0;
   virtual MemoryKind memory_kind() const = 0;
   virtual const char* backend_name() const = 0;
+  // Whether collectives complete in launch order (one device stream): then making a stream
+  // wait for the last one also orders it after every earlier one.
+  virtual bool completes_in_order() const { return false; }
   std::chrono::milliseconds default_timeout() const { return timeout_; }
   void set_default_timeout(std::chrono::milliseconds t) { timeout_ = t; }
 

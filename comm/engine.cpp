@@ -37,6 +37,7 @@ struct Engine::Impl {
   std::vector<int> slot_of_group;              // per group: bound pool buffer or -1
   std::vector<uint8_t> local_active;           // per group, this window
   std::vector<uint8_t> dirty;                  // per bucket: written since its last zeroing
+  std::vector<uint8_t> stale;                  // per bucket (overwrite groups): dirty at window start
   std::vector<uint8_t> seen;                   // per param: marked at all in this window
   std::vector<uint8_t> ready;                  // per param: marked since begin_sync
   std::vector<int> pending;                    // per bucket: params not yet ready
@@ -44,10 +45,11 @@ struct Engine::Impl {
 
   bool synced = false;     // begin_sync called in this window
   bool finished = false;   // finish_backward done in this window
-  std::shared_ptr<void> count_buf;  // int32[num_groups] in the communicator's memory
+  std::shared_ptr<void> count_buf;  // int32[2 x num_groups] in the communicator's memory
   WorkPtr count_work;
   bool counts_ready = false;
   std::vector<int32_t> counts;
+  std::vector<int> only_root;  // per group: the one contributing rank, -1 if not exactly one
   Clock::time_point sync_start;
   double observed_exchange_ms = -1;
 
@@ -62,8 +64,14 @@ struct Engine::Impl {
   // All below run with `mu` held.
   void begin_sync() {
     sync_start = Clock::now();
-    std::vector<int32_t> flags(plan.num_groups);
-    for (int g = 0; g < plan.num_groups; ++g) flags[g] = local_active[g] ? 1 : 0;
+    // Per group: 1 if active here, then rank+1 if active here. Summed: the contributors, and
+    // for a group with one contributor, that rank + 1.
+    const int G = plan.num_groups;
+    std::vector<int32_t> flags(2 * static_cast<size_t>(G));
+    for (int g = 0; g < G; ++g) {
+      flags[g] = local_active[g] ? 1 : 0;
+      flags[G + g] = local_active[g] ? comm.rank() + 1 : 0;
+    }
     counts_comm.copy_from_host(count_buf.get(), flags.data(), flags.size() * sizeof(int32_t));
     AllreduceOptions o;
     o.tag = CollectiveTag{"count exchange", stats.step, -1};
@@ -80,7 +88,10 @@ struct Engine::Impl {
     if (!count_work) return false;
     if (!block && !count_work->is_completed()) return false;
     count_work->wait(opts.timeout);
-    counts_comm.copy_to_host(counts.data(), count_buf.get(), counts.size() * sizeof(int32_t));
+    std::vector<int32_t> sums(2 * counts.size());
+    counts_comm.copy_to_host(sums.data(), count_buf.get(), sums.size() * sizeof(int32_t));
+    std::copy(sums.begin(), sums.begin() + static_cast<std::ptrdiff_t>(counts.size()), counts.begin());
+    for (size_t g = 0; g < counts.size(); ++g) only_root[g] = counts[g] == 1 ? sums[counts.size() + g] - 1 : -1;
     observed_exchange_ms = std::chrono::duration<double, std::milli>(Clock::now() - sync_start).count();
     counts_ready = true;
     return true;
@@ -100,6 +111,26 @@ struct Engine::Impl {
   }
 
   bool pooled(int g) const { return !opts.pooled.empty() && opts.pooled[g]; }
+  bool overwrite(int g) const { return !opts.overwrite.empty() && opts.overwrite[g]; }
+
+  // Overwrite groups: before bucket b is reduced, zeroes what no gradient overwrote this window
+  // (runs of unseen parameters), unless the buffer is already zero.
+  void zero_unwritten(int b) {
+    const Bucket& bucket = plan.buckets[b];
+    if (!overwrite(bucket.group) || !stale[b]) return;
+    float* base = bucket_ptr(b);
+    size_t i = 0;
+    while (i < bucket.params.size()) {
+      if (seen[bucket.params[i]]) {
+        ++i;
+        continue;
+      }
+      const size_t begin = bucket.offsets[i];
+      size_t end = begin;
+      while (i < bucket.params.size() && !seen[bucket.params[i]]) end += plan.params[bucket.params[i++]].numel;
+      comm.zero(base + begin, (end - begin) * sizeof(float));
+    }
+  }
 
   // Binds a pooled group to a zeroed pool buffer for this window (allocating one if none is
   // free: the pool grows to the most groups one window uses).
@@ -136,10 +167,21 @@ struct Engine::Impl {
     else
       o.divisor = std::max<int32_t>(1, counts[bucket.group]);  // 0 only with prune off: zeros
     o.tag = CollectiveTag{"allreduce", stats.step, b};
-    works.push_back(comm.allreduce(bucket_ptr(b), bucket.numel, DType::f32, o));
+    if (counts_ready && opts.broadcast_min_ranks > 0 && comm.size() >= opts.broadcast_min_ranks &&
+        only_root[bucket.group] >= 0) {
+      o.from_root = only_root[bucket.group];
+      stats.buckets_broadcast += 1;
+    }
+    float* data = bucket_ptr(b);
+    zero_unwritten(b);
+    const auto t0 = Clock::now();
+    works.push_back(comm.allreduce(data, bucket.numel, DType::f32, o));
+    const auto t1 = Clock::now();
+    stats.launch_call_ms += std::chrono::duration<double, std::milli>(t1 - t0).count();
     if (opts.on_launch) {
       fetch_counts(/*block=*/false);  // prune off, average world: maybe not fetched yet
       opts.on_launch(b, counts_ready ? counts[bucket.group] : -1, *works.back());
+      stats.on_launch_ms += std::chrono::duration<double, std::milli>(Clock::now() - t1).count();
     }
     launched[b] = 1;
     dirty[b] = 1;
@@ -171,6 +213,11 @@ Engine::Engine(std::shared_ptr<Communicator> comm, BucketPlan plan, EngineOption
   const size_t nb = plan_.buckets.size(), np = plan_.param_bucket.size();
   if (!opts_.pooled.empty() && static_cast<int>(opts_.pooled.size()) != plan_.num_groups)
     throw InternalError("EngineOptions::pooled needs one flag per group");
+  if (!opts_.overwrite.empty() && static_cast<int>(opts_.overwrite.size()) != plan_.num_groups)
+    throw InternalError("EngineOptions::overwrite needs one flag per group");
+  for (int g = 0; g < plan_.num_groups && !opts_.overwrite.empty(); ++g)
+    if (s.overwrite(g) && s.pooled(g))
+      throw InternalError(detail::concat("group ", g, " cannot be both pooled and overwrite"));
   std::vector<size_t> group_elems(plan_.num_groups, 0);
   for (const Bucket& b : plan_.buckets) {
     s.bucket_offset.push_back(group_elems[b.group]);
@@ -182,12 +229,14 @@ Engine::Engine(std::shared_ptr<Communicator> comm, BucketPlan plan, EngineOption
   s.slot_of_group.assign(plan_.num_groups, -1);
   s.local_active.assign(plan_.num_groups, 0);
   s.dirty.assign(nb, 0);
+  s.stale.assign(nb, 0);
   s.seen.assign(np, 0);
   s.ready.assign(np, 0);
   s.pending.assign(nb, 0);
   s.launched.assign(nb, 0);
   s.counts.assign(plan_.num_groups, 0);
-  s.count_buf = s.counts_comm.allocate(plan_.num_groups * sizeof(int32_t));
+  s.only_root.assign(plan_.num_groups, -1);
+  s.count_buf = s.counts_comm.allocate(2 * plan_.num_groups * sizeof(int32_t));
   THETAD_LOG(info, "comm") << "engine: " << nb << " buckets over " << plan_.num_groups
                            << " groups on " << comm_->backend_name() << ", prune "
                            << (opts_.prune ? "on" : "off") << ", average "
@@ -219,11 +268,13 @@ float* Engine::grad(int param) {
 void Engine::start_window(int64_t step) {
   std::lock_guard<std::mutex> lock(impl_->mu);
   Impl& s = *impl_;
-  for (size_t b = 0; b < plan_.buckets.size(); ++b)
-    if (s.dirty[b]) {
+  for (size_t b = 0; b < plan_.buckets.size(); ++b) {
+    s.stale[b] = s.dirty[b];
+    if (s.dirty[b] && !s.overwrite(plan_.buckets[b].group)) {  // overwrite: zero_unwritten
       if (s.buffers[b]) comm_->zero(s.buffers[b].get(), plan_.buckets[b].numel * sizeof(float));
       s.dirty[b] = 0;
     }
+  }
   // Pooled groups give their buffers back; a group bound again is zeroed then.
   for (int g = 0; g < plan_.num_groups; ++g)
     if (s.slot_of_group[g] >= 0) {
@@ -305,11 +356,25 @@ void Engine::finish_backward() {
   if (s.finished) throw InternalError("finish_backward called twice in one window");
   if (!s.synced) s.begin_sync();  // a window without begin_sync: exchange now
   const auto t0 = Clock::now();
+  s.ensure_order(true);
+  const auto t1 = Clock::now();
+  const size_t before = s.works.size();
   s.run(true);
-  for (auto& w : s.works) {
-    if (opts_.wait_stream) w->block_stream(opts_.wait_stream, opts_.timeout);
-    else w->wait(opts_.timeout);
+  const auto t2 = Clock::now();
+  stats_.finish_order_ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
+  stats_.finish_launch_ms = std::chrono::duration<double, std::milli>(t2 - t1).count();
+  stats_.finish_launched = static_cast<int>(s.works.size() - before);
+  if (opts_.wait_stream && comm_->completes_in_order()) {
+    // One stream wait for the last bucket orders the stream after all of them: fewer commands
+    // in a compute queue that the host has filled a step ahead.
+    if (!s.works.empty()) s.works.back()->block_stream(opts_.wait_stream, opts_.timeout);
+  } else {
+    for (auto& w : s.works) {
+      if (opts_.wait_stream) w->block_stream(opts_.wait_stream, opts_.timeout);
+      else w->wait(opts_.timeout);
+    }
   }
+  stats_.finish_block_ms = std::chrono::duration<double, std::milli>(Clock::now() - t2).count();
   s.fetch_counts(true);  // for the stats, also when the order needed none
   stats_.comm_wait_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
   for (const Bucket& b : plan_.buckets)

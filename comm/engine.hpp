@@ -38,6 +38,14 @@ struct EngineOptions {
   // offloaded θ[t]: device memory for their gradients follows the active groups, not T).
   // grad(p) of such a group is valid for the current window only.
   std::vector<uint8_t> pooled;
+  // Per group (empty = none; not with pooled): 1 = the first mark_ready of a parameter in a
+  // window means its whole gradient region was overwritten (the caller copied the gradient in,
+  // as DDP does), not added to. Such buckets are not zeroed at start_window; at launch the
+  // engine zeroes only the regions of parameters that got no gradient in the window. That
+  // saves a memset of the bucket and the accumulate's extra read each step. The buffers of an
+  // overwrite group that no rank used in a window are not zero after finish_backward: they
+  // hold stale values (the group is not stepped; lazy semantics).
+  std::vector<uint8_t> overwrite;
   // Device backends: a stream (cudaStream_t) that finish_backward makes wait for the buckets
   // instead of blocking the host, so the host queues the optimizer and the next step while the
   // last buckets are in flight (as DDP does). comm_wait_ms then counts host time only; measure
@@ -53,6 +61,11 @@ struct EngineOptions {
   // previous step's buckets, and with the host a step ahead the next step's buckets could not
   // launch until then, i.e. not during their backward. Every rank must use the same kind.
   std::shared_ptr<Communicator> count_comm;
+  // A bucket whose group exactly one rank used is sent from that rank (AllreduceOptions::
+  // from_root: a broadcast, same result) when the world has at least this many ranks; 0 = never.
+  // A ring allreduce puts 2(n-1)/n of the bytes on each link, a broadcast 1: from 3 ranks on
+  // it moves less (4 ranks: a third less for such buckets).
+  int broadcast_min_ranks = 3;
 };
 
 struct StepStats {
@@ -62,9 +75,18 @@ struct StepStats {
   int buckets_launched = 0;
   int buckets_pruned = 0;
   int buckets_zero_filled = 0;   // launched for groups active on other ranks only
+  int buckets_broadcast = 0;     // launched as a broadcast from their one contributor
   int declared_without_grad = 0; // params of locally declared groups that got no gradient
   double count_exchange_ms = 0;  // latency of the count exchange
   double comm_wait_ms = 0;       // finish_backward's (host) wait for outstanding buckets
+  // Host time, for the timeline: in the communicator's launch calls, in on_launch, and inside
+  // finish_backward waiting for the launch order (the counts) and launching what was left.
+  double launch_call_ms = 0;
+  double on_launch_ms = 0;
+  double finish_order_ms = 0;
+  double finish_launch_ms = 0;
+  double finish_block_ms = 0;    // making the wait stream (or the host) wait for the buckets
+  int finish_launched = 0;       // buckets that finish_backward launched (not the hooks)
   std::vector<int32_t> contributors;  // per group, ranks that used it this window
 };
 
@@ -98,7 +120,8 @@ class Engine {
   void mark_ready(int param);
   // Launches every globally active bucket not yet launched (zero-filled where this rank had no
   // gradient), waits for all of them, divides (contributors or world). After it the gradients
-  // of every globally active group are final on every rank; others are zero.
+  // of every globally active group are final on every rank; others are zero (overwrite groups:
+  // unspecified).
   void finish_backward();
   const StepStats& stats() const { return stats_; }
 

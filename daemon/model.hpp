@@ -4,6 +4,7 @@
 
 #include <torch/torch.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -14,10 +15,17 @@ namespace thetad::daemon {
 
 enum class LossKind { mse, cross_entropy };
 
+// Fills a contiguous CPU float32 tensor of a parameter's shape with its initial values.
+using ParamInit = std::function<void(torch::Tensor& dst)>;
+
 struct NamedParam {
   std::string name;
   torch::Tensor tensor;  // a leaf that requires grad
   int group = 0;
+  // Set for task parameters built lazily (make_model's lazy_tasks): `tensor` is then a
+  // placeholder of the right shape (an expanded zero) and `init` writes the values wherever
+  // they are to live (the host store's arena), without a full copy on every rank.
+  ParamInit init;
 };
 
 // Where a row-chunked group's parameter comes from, chunk by chunk: the model's own tensor, or
@@ -60,8 +68,10 @@ class TaskModel {
 };
 
 // Builds the model of job.model on `device`; parameters are initialized identically on every
-// rank from (init seed, group, parameter index), independent of the other groups.
-std::unique_ptr<TaskModel> make_model(const config::Job& job, torch::Device device);
+// rank from (init seed, group, parameter index), independent of the other groups. With
+// `lazy_tasks` (the host store; device must be the CPU) task parameters are placeholders with
+// NamedParam::init set, where the model can (all but torchscript).
+std::unique_ptr<TaskModel> make_model(const config::Job& job, torch::Device device, bool lazy_tasks = false);
 
 struct Batch {
   torch::Tensor x;  // [rows, input_dim] float32

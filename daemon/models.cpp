@@ -59,10 +59,12 @@ torch::Tensor uniform_param(std::vector<int64_t> sizes, double bound, uint64_t s
 // every θ[t] there) the values are drawn when the builder goes out of scope, in parallel over
 // parameters: each has a generator of its own, so the values do not depend on the order, and
 // T = 256 heads of 33.6 M parameters drawn one after another would take minutes.
+// With `lazy` (CPU only), task parameters (group > 0) are not drawn at all: they are
+// placeholders with an init function (NamedParam::init) that draws the same values later.
 class ParamBuilder {
  public:
-  ParamBuilder(uint64_t seed, torch::Device device, std::vector<NamedParam>& out)
-      : seed_(seed), device_(device), out_(out) {}
+  ParamBuilder(uint64_t seed, torch::Device device, std::vector<NamedParam>& out, bool lazy = false)
+      : seed_(seed), device_(device), out_(out), lazy_(lazy && device.is_cpu()) {}
   ParamBuilder(const ParamBuilder&) = delete;
   ParamBuilder& operator=(const ParamBuilder&) = delete;
   ~ParamBuilder() {
@@ -82,6 +84,9 @@ class ParamBuilder {
   }
   torch::Tensor add(const std::string& name, int group, std::vector<int64_t> sizes, double bound) {
     const uint64_t seed = next_seed(group);
+    if (lazy_ && group > 0)
+      return put(name, group, placeholder(sizes),
+                 [bound, seed](torch::Tensor& d) { d.uniform_(-bound, bound, generator(seed)); });
     torch::Tensor t;
     if (device_.is_cpu()) {
       t = torch::empty(sizes, torch::kFloat32).set_requires_grad(true);
@@ -91,13 +96,22 @@ class ParamBuilder {
     }
     return put(name, group, t);
   }
-  // The group's next parameter values, drawn now and not registered (for a parameter built
-  // from several).
-  torch::Tensor draw(int group, std::vector<int64_t> sizes, double bound) {
-    return uniform_param(std::move(sizes), bound, next_seed(group), device_);
+  // A [rows x (cols+1)] parameter: a U(-bound, bound) weight with the bias (same bound) as its
+  // last column, drawn from the group's next two seeds (weight, then bias).
+  torch::Tensor add_weight_bias(const std::string& name, int group, int64_t rows, int64_t cols, double bound) {
+    const uint64_t ws = next_seed(group), bs = next_seed(group);
+    ParamInit init = [=](torch::Tensor& d) {
+      torch::NoGradGuard no_grad;
+      d.narrow(1, 0, cols).copy_(torch::empty({rows, cols}, torch::kFloat32).uniform_(-bound, bound, generator(ws)));
+      d.select(1, cols).copy_(torch::empty({rows}, torch::kFloat32).uniform_(-bound, bound, generator(bs)));
+    };
+    if (lazy_ && group > 0) return put(name, group, placeholder({rows, cols + 1}), std::move(init));
+    torch::Tensor t = torch::empty({rows, cols + 1}, torch::kFloat32);
+    init(t);
+    return put(name, group, t.to(device_).set_requires_grad(true));
   }
-  torch::Tensor put(const std::string& name, int group, torch::Tensor t) {
-    out_.push_back({name, t, group});
+  torch::Tensor put(const std::string& name, int group, torch::Tensor t, ParamInit init = {}) {
+    out_.push_back({name, t, group, std::move(init)});
     return t;
   }
 
@@ -111,10 +125,15 @@ class ParamBuilder {
     const int index_in_group = counts_[group]++;
     return mix_seed(seed_, static_cast<uint64_t>(group), index_in_group);
   }
+  // Shape and autograd metadata only: one zero, expanded.
+  static torch::Tensor placeholder(const std::vector<int64_t>& sizes) {
+    return torch::zeros({1}, torch::kFloat32).expand(sizes).detach().set_requires_grad(true);
+  }
   std::vector<Deferred> deferred_;
   uint64_t seed_;
   torch::Device device_;
   std::vector<NamedParam>& out_;
+  bool lazy_;
   std::map<int, int> counts_;
 };
 
@@ -133,10 +152,10 @@ Linear make_linear(ParamBuilder& pb, const std::string& name, int group, int64_t
 // Shared trunk of Linear+GELU layers, one head per task (Linear+GELU ..., Linear).
 class MultitaskMlp : public TaskModel {
  public:
-  MultitaskMlp(const config::Job& job, torch::Device device) {
+  MultitaskMlp(const config::Job& job, torch::Device device, bool lazy) {
     const auto& m = job.model;
     num_tasks_ = static_cast<int>(m.tasks);
-    ParamBuilder pb(init_seed(job), device, params_);
+    ParamBuilder pb(init_seed(job), device, params_, lazy);
     int64_t dim = m.input_dim;
     for (int64_t i = 0; i < m.trunk_layers; ++i) {
       trunk_.push_back(make_linear(pb, "trunk." + std::to_string(i), 0, dim, m.hidden));
@@ -176,10 +195,10 @@ class MultitaskMlp : public TaskModel {
 // (h + B_t A_t h), and a per-task linear head. θ[t] = the task's adapters and head.
 class MultitaskAdapter : public TaskModel {
  public:
-  MultitaskAdapter(const config::Job& job, torch::Device device) {
+  MultitaskAdapter(const config::Job& job, torch::Device device, bool lazy) {
     const auto& m = job.model;
     num_tasks_ = static_cast<int>(m.tasks);
-    ParamBuilder pb(init_seed(job), device, params_);
+    ParamBuilder pb(init_seed(job), device, params_, lazy);
     in_ = make_linear(pb, "embed", 0, m.input_dim, m.hidden);
     int64_t blocks = std::max<int64_t>(m.trunk_layers, 1);
     for (int64_t i = 0; i < blocks; ++i) {
@@ -309,11 +328,11 @@ class ScriptModel : public TaskModel {
 // when offloaded, else from the parameter itself, in the same chunks either way.
 class ExtremeClassifier : public TaskModel {
  public:
-  ExtremeClassifier(const config::Job& job, torch::Device device)
+  ExtremeClassifier(const config::Job& job, torch::Device device, bool lazy)
       : negatives_(job.model.negatives_per_step), sharded_(job.offload.shard_mb > 0) {
     const auto& m = job.model;
     num_tasks_ = static_cast<int>(m.tasks);
-    ParamBuilder pb(init_seed(job), device, params_);
+    ParamBuilder pb(init_seed(job), device, params_, lazy);
     int64_t dim = m.input_dim;
     for (int64_t i = 0; i < std::max<int64_t>(m.trunk_layers, 1); ++i) {
       encoder_.push_back(make_linear(pb, "encoder." + std::to_string(i), 0, dim, m.hidden));
@@ -328,10 +347,7 @@ class ExtremeClassifier : public TaskModel {
         slices_.push_back(make_linear(pb, name, g, dim, rows));
         continue;
       }
-      const double bound = 1.0 / std::sqrt(double(dim));
-      torch::Tensor w = pb.draw(g, {rows, dim}, bound), b = pb.draw(g, {rows}, bound);
-      mats.push_back(pb.put(name + ".weight_bias", g,
-                            torch::cat({w.detach(), b.detach().unsqueeze(1)}, 1).set_requires_grad(true)));
+      mats.push_back(pb.add_weight_bias(name + ".weight_bias", g, rows, dim, 1.0 / std::sqrt(double(dim))));
     }
     if (sharded_) {
       const int64_t chunk_rows = static_cast<int64_t>(job.offload.shard_bytes() / ((dim + 1) * sizeof(float)));
@@ -450,12 +466,12 @@ uint64_t mix_seed(uint64_t a, uint64_t b, uint64_t c, uint64_t d) {
   return splitmix(splitmix(splitmix(splitmix(a) ^ b) ^ c) ^ d);
 }
 
-std::unique_ptr<TaskModel> make_model(const config::Job& job, torch::Device device) {
+std::unique_ptr<TaskModel> make_model(const config::Job& job, torch::Device device, bool lazy_tasks) {
   const std::string& kind = job.model.kind;
-  if (kind == "multitask_mlp") return std::make_unique<MultitaskMlp>(job, device);
-  if (kind == "multitask_adapter") return std::make_unique<MultitaskAdapter>(job, device);
+  if (kind == "multitask_mlp") return std::make_unique<MultitaskMlp>(job, device, lazy_tasks);
+  if (kind == "multitask_adapter") return std::make_unique<MultitaskAdapter>(job, device, lazy_tasks);
   if (kind == "torchscript") return std::make_unique<ScriptModel>(job, device);
-  if (kind == "extreme_classifier") return std::make_unique<ExtremeClassifier>(job, device);
+  if (kind == "extreme_classifier") return std::make_unique<ExtremeClassifier>(job, device, lazy_tasks);
   throw ConfigError(job.source + ": model.kind: '" + kind + "' is not available in this build");
 }
 

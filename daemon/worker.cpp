@@ -20,6 +20,7 @@
 #include <iomanip>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -133,6 +134,10 @@ class Worker {
   void mark(PendingStep& p, Phase phase);
   AdamSettings adam_settings(int64_t step) const;
   void adam_params(const std::vector<int>& params, AdamSettings s);
+  void on_bucket_launch(int bucket, int contributors, comm::Work& work);
+  void take_grad(int param);
+  std::vector<uint8_t> overwrite_;        // per group: EngineOptions::overwrite
+  std::vector<torch::Tensor> grad_views_;  // per resident parameter: its gradient in the bucket
   [[maybe_unused]] void step_bucket(int bucket, int contributors, comm::Work& work);
   // optimizer.overlap: resident groups are stepped bucket by bucket on opt_stream_ as their
   // allreduce lands (step_bucket, from the engine's launch); optimizer_step does the rest.
@@ -146,6 +151,8 @@ class Worker {
   void finish_step(PendingStep& p);
   void checkpoint(int64_t completed_steps);
   bool agree_stop(int64_t step);
+  comm::WorkPtr stop_work_;  // the stop agreement posted by the previous step
+  int32_t stop_flag_ = 0;    // its buffer
   uint64_t params_hash();
   void progress(int64_t step, const StepRecord& rec);
 
@@ -207,6 +214,11 @@ void Worker::pick_device() {
     const int dev = world_.local_rank % count;
     device_ = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(dev));
     c10::cuda::set_device(static_cast<c10::DeviceIndex>(dev));
+    // Compute runs on a stream of its own, not the legacy default stream: on that one,
+    // cudaStreamWaitEvent (the engine's wait for the last buckets) blocked the host until the
+    // event completed, ~6 ms per step on 2×H200, so the host could not queue the next step.
+    c10::cuda::setCurrentCUDAStream(c10::cuda::getStreamFromPool(/*isHighPriority=*/false,
+                                                                  static_cast<c10::DeviceIndex>(dev)));
     compute_stream_ = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(dev)).stream();
     at::globalContext().setAllowTF32CuBLAS(job_.precision == "tf32");
     at::globalContext().setAllowTF32CuDNN(job_.precision == "tf32");
@@ -244,7 +256,7 @@ void Worker::build() {
   // Θ moves to the device; the store owns θ[t] from then on.
   const bool offload = job_.offload.enabled;
   const auto t_model = Clock::now();
-  model_ = make_model(job_, offload ? torch::Device(torch::kCPU) : device_);
+  model_ = make_model(job_, offload ? torch::Device(torch::kCPU) : device_, /*lazy_tasks=*/offload);
   THETAD_LOG(info, "train") << "model " << job_.model.kind << " built in " << std::fixed
                             << std::setprecision(2) << ms_since(t_model) / 1000 << " s";
   data_ = make_data(job_, *model_, device_);
@@ -286,19 +298,28 @@ void Worker::build() {
   if (overlap_opt_) {
     opt_stream_ = std::make_unique<c10::cuda::CUDAStream>(
         c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device_.index()));
-    eopts.on_launch = [this](int b, int contributors, comm::Work& w) { step_bucket(b, contributors, w); };
   }
 #endif
+  if (overlap_opt_ || !job_.timeline.path.empty())
+    eopts.on_launch = [this](int b, int contributors, comm::Work& w) { on_bucket_launch(b, contributors, w); };
   if (offload) {  // θ[t]'s gradient buffers follow the active groups, not T
     eopts.pooled.assign(num_groups, 1);
     eopts.pooled[0] = 0;
   }
+  // Resident groups take their gradient by copy on its first arrival in a window (the hook),
+  // then by accumulation, instead of a memset per step and an add. Not the pooled groups (bound
+  // zeroed per window) nor row-chunked ones (their backward adds rows into the buffer itself).
+  overwrite_.assign(num_groups, 0);
+  for (int g = 0; g < num_groups; ++g)
+    overwrite_[g] = !(offload && g > 0) && !model_->row_chunked(g);
+  eopts.overwrite = overwrite_;
   engine_ = std::make_unique<comm::Engine>(comm_, std::move(plan), eopts);
 
   group_steps_.assign(num_groups, 0);
   requires_grad_.assign(num_groups, 1);
   exp_avg_.resize(params_->size());
   exp_avg_sq_.resize(params_->size());
+  grad_views_.resize(params_->size());
   if (offload) {  // before the hooks: it moves θ[t]'s data to device placeholders
     const auto t_store = Clock::now();
     build_store();
@@ -310,9 +331,10 @@ void Worker::build() {
     // θ[t] of the host store: gradient views are bound per step (pooled engine buffers), and
     // their Adam state lives in the host arena.
     if (offloaded((*params_)[i].group)) continue;
-    // Gradients are views into the engine's flat bucket buffers (no copy-in).
-    p.mutable_grad() = torch::from_blob(engine_->grad(static_cast<int>(i)), p.sizes(),
-                                        torch::TensorOptions().dtype(torch::kFloat32).device(device_));
+    // Gradients live in the engine's flat bucket buffers: .grad is a view of them.
+    grad_views_[i] = torch::from_blob(engine_->grad(static_cast<int>(i)), p.sizes(),
+                                      torch::TensorOptions().dtype(torch::kFloat32).device(device_));
+    p.mutable_grad() = grad_views_[i];
     exp_avg_[i] = torch::zeros(p.sizes(), torch::TensorOptions().dtype(torch::kFloat32).device(device_));
     exp_avg_sq_[i] = torch::zeros(p.sizes(), torch::TensorOptions().dtype(torch::kFloat32).device(device_));
   }
@@ -325,6 +347,25 @@ void Worker::build() {
                                            world_.rank);
 }
 
+// From parameter i's gradient hook: the first gradient of a window in an overwrite group is a
+// tensor of its own (autograd's); it is copied into the bucket, on the compute stream that the
+// bucket's allreduce is ordered after, and .grad becomes the bucket view, which later
+// micro-steps accumulate into.
+void Worker::take_grad(int i) {
+  auto& p = (*params_)[i].tensor;
+  if (!overwrite_[(*params_)[i].group]) return;
+  const torch::Tensor& g = p.grad();
+  const torch::Tensor& view = grad_views_[i];
+  if (!g.defined() || g.data_ptr() == view.data_ptr()) return;
+#if THETAD_TORCH_CUDA
+  std::optional<c10::cuda::CUDAStreamGuard> on_compute;
+  if (device_.is_cuda())
+    on_compute.emplace(c10::cuda::getStreamFromExternal(static_cast<cudaStream_t>(compute_stream_), device_.index()));
+#endif
+  view.copy_(g);
+  p.mutable_grad() = view;
+}
+
 void Worker::install_hooks() {
   for (size_t i = 0; i < params_->size(); ++i) {
     auto acc = torch::autograd::impl::grad_accumulator((*params_)[i].tensor);
@@ -334,6 +375,7 @@ void Worker::install_hooks() {
         [this, index](const torch::autograd::variable_list& outputs,
                       const torch::autograd::variable_list&) {
           try {
+            take_grad(index);
             engine_->mark_ready(index);
           } catch (const std::exception& e) {
             // Exceptions do not cross the autograd engine intact; rethrown after backward.
@@ -375,6 +417,10 @@ void Worker::train_step(int64_t step, PendingStep& p) {
   step_settings_ = adam_settings(step);
   bucket_stepped_.assign(engine_->plan().buckets.size(), 0);
   engine_->start_window(step);
+  // Overwrite groups: autograd leaves each gradient in a tensor of its own, which take_grad
+  // copies into the bucket on its first arrival in this window (see EngineOptions::overwrite).
+  for (size_t i = 0; i < params_->size(); ++i)
+    if (overwrite_[(*params_)[i].group]) (*params_)[i].tensor.mutable_grad().reset();
   if (store_) {
     std::vector<uint8_t> used(group_params_.size(), 0);
     for (int64_t m = 0; m < k; ++m) {
@@ -451,6 +497,7 @@ void Worker::train_step(int64_t step, PendingStep& p) {
       }
       const int64_t t_us = Timeline::now_us();
       engine_->finish_backward();
+      const int64_t mark_us = Timeline::now_us();
       mark(p, Phase::comm);
       if (timeline_) {
         const auto& st = engine_->stats();
@@ -458,9 +505,19 @@ void Worker::train_step(int64_t step, PendingStep& p) {
                           Timeline::now_us() - t_us,
                           {{"buckets_launched", int64_t{st.buckets_launched}},
                            {"buckets_pruned", int64_t{st.buckets_pruned}},
-                           {"bytes", int64_t{st.bytes_allreduced}}});
+                           {"bytes", int64_t{st.bytes_allreduced}},
+                           {"finish_launched", int64_t{st.finish_launched}},
+                           {"finish_order_ms", st.finish_order_ms},
+                           {"finish_launch_ms", st.finish_launch_ms},
+                           {"finish_block_ms", st.finish_block_ms},
+                           {"mark_ms", double(Timeline::now_us() - mark_us) / 1000.0},
+                           {"launch_call_ms", st.launch_call_ms},
+                           {"on_launch_ms", st.on_launch_ms}});
       }
     }
+    if (last)  // .grad is the bucket view again, also where no gradient came (zeroed there)
+      for (size_t i = 0; i < params_->size(); ++i)
+        if (overwrite_[(*params_)[i].group]) (*params_)[i].tensor.mutable_grad() = grad_views_[i];
     const double bwd_ms = ms_since(t1);
     rec.backward_ms += bwd_ms;
     loss_sum = loss_sum.defined() ? loss_sum + total.detach() : total.detach();
@@ -540,7 +597,7 @@ void Worker::adam_params(const std::vector<int>& params, AdamSettings s) {
   std::vector<torch::Tensor> ps, gs, ms, vs;
   for (int p : params) {
     ps.push_back((*params_)[p].tensor);
-    gs.push_back((*params_)[p].tensor.grad());
+    gs.push_back(grad_views_[p]);  // also where .grad is not bound yet (a bucket's early step)
     ms.push_back(exp_avg_[p]);
     vs.push_back(exp_avg_sq_[p]);
   }
@@ -564,6 +621,12 @@ AdamSettings Worker::adam_settings(int64_t step) const {
 // gradients were final when the bucket launched, after every kernel that reads them was queued
 // on the compute stream, and the allreduce waited for those. The arithmetic is the group's
 // (elementwise, same step count and settings), so the parameters come out bit for bit the same.
+// The engine launched bucket b (engine lock held, possibly on autograd's device thread).
+void Worker::on_bucket_launch(int b, int contributors, comm::Work& work) {
+  if (timeline_) timeline_->record(Lane::comm, "launch bucket " + std::to_string(b), Timeline::now_us(), 0);
+  if (overlap_opt_) step_bucket(b, contributors, work);
+}
+
 void Worker::step_bucket(int b, int contributors, comm::Work& work) {
 #if THETAD_TORCH_CUDA
   const comm::Bucket& bucket = engine_->plan().buckets[static_cast<size_t>(b)];
@@ -659,12 +722,24 @@ void Worker::finish_step(PendingStep& p) {
   progress(rec.step, rec);
 }
 
+// Pipelined: step s posts this rank's flag and step s+1 reads the sum, so no step waits on
+// the control plane for the slowest rank's host. Every rank reads the same sums at the same
+// steps, so all stop at the same step (one later than a blocking agreement would). The last
+// step posts nothing: nothing is left in flight when the loop ends.
 bool Worker::agree_stop(int64_t step) {
-  int32_t flag = g_stop_signal.load() ? 1 : 0;
-  comm::AllreduceOptions o;
-  o.tag = {"allreduce of the stop flag", step, -1};
-  ctrl_->allreduce(&flag, 1, comm::DType::i32, o)->wait(ctrl_->default_timeout());
-  return flag > 0;
+  bool stop = false;
+  if (stop_work_) {
+    stop_work_->wait(ctrl_->default_timeout());
+    stop_work_.reset();
+    stop = stop_flag_ > 0;
+  }
+  if (!stop && step + 1 < job_.steps) {
+    stop_flag_ = g_stop_signal.load() ? 1 : 0;
+    comm::AllreduceOptions o;
+    o.tag = {"allreduce of the stop flag", step, -1};
+    stop_work_ = ctrl_->allreduce(&stop_flag_, 1, comm::DType::i32, o);
+  }
+  return stop;
 }
 
 void Worker::checkpoint(int64_t completed) {
@@ -766,15 +841,26 @@ void Worker::build_store() {
                         " (raise offload.device_slots or offload.device_budget_mb)");
   store_chunks_ = std::make_unique<StoreChunks>(*store_, device_);
   model_->set_shard_source(store_chunks_.get());
+  // Each group's owner writes its initial values straight into the arena, groups in parallel:
+  // lazily built parameters draw them there (no rank holds a copy of θ), others are copied.
+  store_->init_all([this](int g, float* dst) {
+    torch::NoGradGuard no_grad;  // thread-local: this runs on the store's threads
+    size_t off = 0;
+    for (int p : group_params_[static_cast<size_t>(g)]) {
+      const NamedParam& np = (*params_)[p];
+      torch::Tensor view = torch::from_blob(dst + off, np.tensor.sizes(), torch::kFloat32);
+      if (np.init) np.init(view);
+      else view.copy_(np.tensor.detach());
+      off += static_cast<size_t>(np.tensor.numel());
+    }
+  });
   torch::NoGradGuard no_grad;
   for (size_t g = 1; g < group_params_.size(); ++g) {
-    std::vector<torch::Tensor> flat;
-    for (int p : group_params_[g]) flat.push_back((*params_)[p].tensor.detach().reshape({-1}).cpu());
-    torch::Tensor values = torch::cat(flat).contiguous();
-    store_->init_params(static_cast<int>(g), values.data_ptr<float>());
-    // The model's own copy of θ[t] is dropped: a placeholder of the right shape and device
-    // (one element, expanded) keeps autograd's metadata until bind_group points it at a slot.
+    // The model's own copy of θ[t] (or its placeholder) is dropped: a placeholder of the right
+    // shape and device (one element, expanded) keeps autograd's metadata until bind_group
+    // points it at a slot.
     for (int p : group_params_[g]) {
+      (*params_)[p].init = nullptr;
       auto& t = (*params_)[p].tensor;
       t.set_data(torch::zeros({1}, torch::TensorOptions().dtype(torch::kFloat32).device(device_))
                      .expand(t.sizes()));
@@ -884,26 +970,16 @@ uint64_t bytes_hash(const void* data, size_t bytes, uint64_t seed) {
 
 uint64_t Worker::params_hash() {
   uint64_t h = comm::fnv1a64("", 0);
-  std::vector<torch::Tensor> store_groups(group_params_.size());
   std::vector<int64_t> store_offsets(group_params_.size(), 0);
-  std::vector<size_t> left(group_params_.size());  // params not hashed yet, per group
-  for (size_t g = 0; g < group_params_.size(); ++g) left[g] = group_params_[g].size();
   for (const auto& p : *params_) {
-    torch::Tensor c;
-    if (offloaded(p.group)) {
-      if (!store_groups[p.group].defined()) {
-        int64_t n = 0;
-        for (int q : group_params_[p.group]) n += (*params_)[q].tensor.numel();
-        store_groups[p.group] = torch::empty({n}, torch::kFloat32);
-        store_->read_group(p.group, store_groups[p.group].data_ptr<float>(), nullptr, nullptr);
-      }
-      c = store_groups[p.group].narrow(0, store_offsets[p.group], p.tensor.numel());
-      store_offsets[p.group] += p.tensor.numel();
-    } else {
-      c = p.tensor.detach().cpu().contiguous();
+    if (offloaded(p.group)) {  // hashed where it lives: no copy of θ (T = 384: 52 GB)
+      const float* values = store_->group_params(p.group) + store_offsets[static_cast<size_t>(p.group)];
+      store_offsets[static_cast<size_t>(p.group)] += p.tensor.numel();
+      h = bytes_hash(values, static_cast<size_t>(p.tensor.numel()) * sizeof(float), h);
+      continue;
     }
+    torch::Tensor c = p.tensor.detach().cpu().contiguous();
     h = bytes_hash(c.data_ptr(), static_cast<size_t>(c.numel()) * sizeof(float), h);
-    if (--left[static_cast<size_t>(p.group)] == 0) store_groups[static_cast<size_t>(p.group)].reset();
   }
   return h;
 }

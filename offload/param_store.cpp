@@ -378,6 +378,13 @@ void ParamStore::wait_idle() {
   rethrow_worker_error();
 }
 
+const float* ParamStore::group_params(int group) {
+  rethrow_worker_error();
+  const size_t gi = index_of(group);
+  arena_->wait_seq(gi, expected_[gi], opts_.timeout_s);
+  return arena_->params(gi);
+}
+
 void ParamStore::read_group(int group, float* params, float* exp_avg, float* exp_avg_sq) {
   rethrow_worker_error();
   const size_t gi = index_of(group);
@@ -388,9 +395,27 @@ void ParamStore::read_group(int group, float* params, float* exp_avg, float* exp
   if (exp_avg_sq) std::memcpy(exp_avg_sq, arena_->exp_avg_sq(gi), bytes);
 }
 
-void ParamStore::init_params(int group, const float* values) {
-  THETAD_CHECK(values != nullptr, InternalError, "init_params(", group, ") without values");
-  write_common(group, values, nullptr, nullptr);
+void ParamStore::init_all(const std::function<void(int group, float* dst)>& fill) {
+  rethrow_worker_error();
+  std::vector<size_t> mine;
+  for (size_t gi = 0; gi < groups_.size(); ++gi) {
+    THETAD_CHECK(expected_[gi] == 0, InternalError, "init_all after group ", groups_[gi].group, " was updated");
+    if (arena_->is_owner(gi)) mine.push_back(gi);
+  }
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  arena_->node_barrier();
+  ThreadPool::instance().parallel_for(mine.size(), [&](size_t i) {
+    const size_t gi = mine[i];
+    const size_t bytes = arena_->entry(gi).numel * sizeof(float);
+    fill(groups_[gi].group, arena_->params(gi));
+    std::memset(arena_->exp_avg(gi), 0, bytes);
+    std::memset(arena_->exp_avg_sq(gi), 0, bytes);
+    std::memset(arena_->grad(gi), 0, bytes);
+  });
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  arena_->node_barrier();  // after it, the owners' writes are visible to the host's ranks
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  for (size_t u = 0; u < version_.size(); ++u) version_[u] = kNoCopy;
 }
 
 void ParamStore::write_group(int group, const float* params, const float* exp_avg,

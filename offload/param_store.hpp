@@ -111,9 +111,11 @@ class ParamStore {
   size_t slot_bytes() const { return slot_bytes_; }
   const HostArena& arena() const { return *arena_; }
 
-  // Startup, collective over the host's ranks: every rank passes identical values; the owner
-  // writes them and zeroes Adam's m and v.
-  void init_params(int group, const float* values);
+  // Startup, collective over the host's ranks: each group's owner calls fill(group, dst) to
+  // write the group's initial values straight into the arena (groups in parallel on the CPU
+  // Adam threads; fill must be thread-safe) and zeroes Adam's m and v. The other ranks never
+  // hold the values: no rank needs a copy of θ.
+  void init_all(const std::function<void(int group, float* dst)>& fill);
 
   // Device pointer to the unit's current parameters, valid until release(unit) or
   // release_step(step). Waits for a pending update of its group, copies on a miss, and orders
@@ -143,6 +145,9 @@ class ParamStore {
 
   // Checkpoints: copy out the group's current values (null pointers are skipped).
   void read_group(int group, float* params, float* exp_avg, float* exp_avg_sq);
+  // The group's parameters where they live (the arena), once its pending update landed:
+  // read-only, valid until the group is next updated. For reading a whole store without a copy.
+  const float* group_params(int group);
   // Resume, collective over the host's ranks, identical values on every rank.
   void write_group(int group, const float* params, const float* exp_avg, const float* exp_avg_sq);
 

@@ -13,6 +13,7 @@
 #   BENCH_DDP_EXTRA_T=384  DDP-only points run when DDP did not run out of memory at the largest
 #                          sweep point ("" = none)
 #   BENCH_STEPS=60 BENCH_WARMUP=10   steps per run / steps left out of the medians
+#   BENCH_CAP_BIG_S=240    timeout of a sweep point of thetad (offload set-up grows with T)
 #   BENCH_DDP_SWEEP=0      DDP only at the reference T (its sweep does not depend on thetad)
 #   BENCH_TF32=1           also the reference all-resident with TF32 matmuls, thetad and DDP (GPUs)
 #   BENCH_DRY_RUN=1        tiny model; on CPU (MPI for thetad, gloo for DDP, 2 ranks) when no GPU
@@ -89,7 +90,7 @@ if [ "$DRY" = 1 ]; then
 else
   D_IN=4096; D_H=4096; D_OUT=4096; TRUNK=8; HEAD=2; BATCH=256; REF_T=16
   DIMS=()
-  CAP=150; CAP_BIG=240; ENGINE_ARGS=()
+  CAP=150; CAP_BIG=${BENCH_CAP_BIG_S:-240}; ENGINE_ARGS=()
 fi
 SEED=1234
 

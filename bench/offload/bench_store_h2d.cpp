@@ -105,8 +105,7 @@ int main(int argc, char** argv) {
     thetad::offload::ParamStore store(so, shapes, *device, [G](int64_t s) {
       return std::vector<int>{static_cast<int>(s % G) + 1};
     });
-    std::vector<float> init(numel, 0.5f);
-    for (int g = 1; g <= a.groups; ++g) store.init_params(g, init.data());
+    store.init_all([numel](int, float* dst) { std::fill(dst, dst + numel, 0.5f); });
     std::vector<double> store_ms;
     for (int s = 0; s < a.warmup + a.iters; ++s) {
       const int unit = store.units_of(s % G + 1).at(0);

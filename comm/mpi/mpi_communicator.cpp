@@ -321,7 +321,13 @@ WorkPtr MpiCommunicator::allreduce(void* buf, size_t count, DType dtype, const A
   MpiProgress::Op o;
   o.work = work;
   MPI_Comm comm = comm_;
-  o.post = [=](MPI_Request* req) { return MPI_Iallreduce(MPI_IN_PLACE, buf, n, type, op, comm, req); };
+  const int root = opts.from_root;
+  if (root >= 0 && (root >= size_ || opts.op != ReduceOp::sum))
+    throw ConfigError(detail::concat(tag.describe(), ": from_root ", root, " needs a rank and a sum"));
+  if (root >= 0)  // the others' buffers are zero: the sum is root's buffer
+    o.post = [=](MPI_Request* req) { return MPI_Ibcast(buf, n, type, root, comm, req); };
+  else
+    o.post = [=](MPI_Request* req) { return MPI_Iallreduce(MPI_IN_PLACE, buf, n, type, op, comm, req); };
   if (opts.divisor != 1.0) {
     const double d = opts.divisor;
     o.finish = [=] { divide(buf, count, dtype, d); };

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "comm/mpi/work.hpp"  // format_seconds
+#include "comm/nccl/scale.hpp"
 #include "common/log.hpp"
 
 namespace thetad::comm {
@@ -97,7 +98,17 @@ WorkPtr NcclCommunicator::allreduce(void* buf, size_t count, DType dtype, const 
     throw ConfigError(detail::concat(tag.describe(), ": the NCCL backend divides only float sums (",
                                      dtype_name(dtype), ", divisor ", opts.divisor, ")"));
   const ncclDataType_t type = nccl_type(dtype);
+  const int root = opts.from_root;
+  if (root >= 0 && (root >= size_ || opts.op != ReduceOp::sum || (scaled && dtype != DType::f32)))
+    throw ConfigError(detail::concat(tag.describe(), ": from_root ", root, " needs a rank, a sum and, divided, float32"));
   return launch(std::move(tag), opts.after_compute, [&](ncclComm_t comm, cudaStream_t stream) {
+    if (root >= 0) {
+      // The root scales its buffer by the same float factor PreMulSum would apply, then sends.
+      if (scaled && rank_ == root)
+        scale_f32_async(static_cast<float*>(buf), count, static_cast<float>(1.0 / opts.divisor), stream);
+      NCCL_CHECK(ncclBroadcast(buf, buf, count, type, root, comm, stream));
+      return;
+    }
     if (!scaled) {
       NCCL_CHECK(ncclAllReduce(buf, buf, count, type, opts.op == ReduceOp::sum ? ncclSum : ncclMax,
                                comm, stream));

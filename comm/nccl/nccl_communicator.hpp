@@ -30,6 +30,7 @@ class NcclCommunicator : public Communicator {
   int size() const override { return size_; }
   MemoryKind memory_kind() const override { return MemoryKind::device; }
   const char* backend_name() const override { return "nccl"; }
+  bool completes_in_order() const override { return true; }  // all on the comm stream
 
   WorkPtr allreduce(void* buf, size_t count, DType dtype, const AllreduceOptions& opts) override;
   WorkPtr broadcast(void* buf, size_t count, DType dtype, int root, const CollectiveTag& tag) override;

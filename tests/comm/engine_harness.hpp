@@ -91,13 +91,15 @@ inline Reference reference(const BucketPlan& plan, int world, int64_t step, int 
 struct Memory {
   std::function<void(float* dst, const std::vector<float>& add)> accumulate;
   std::function<std::vector<float>(const float* src, size_t n)> read;
+  std::function<void(float* dst, const std::vector<float>& values)> write;
 };
 
 inline Memory host_memory() {
   return {[](float* dst, const std::vector<float>& add) {
             for (size_t i = 0; i < add.size(); ++i) dst[i] += add[i];
           },
-          [](const float* src, size_t n) { return std::vector<float>(src, src + n); }};
+          [](const float* src, size_t n) { return std::vector<float>(src, src + n); },
+          [](float* dst, const std::vector<float>& v) { std::copy(v.begin(), v.end(), dst); }};
 }
 
 struct RunResult {
@@ -106,12 +108,16 @@ struct RunResult {
 };
 
 // Runs `steps` windows of `micros` micro-steps; marks parameters in a per-rank shuffled order.
-inline RunResult run_engine(Engine& engine, const Memory& mem, int steps, int micros) {
+// Groups flagged in `overwrite` (EngineOptions::overwrite) get each parameter's first gradient
+// of a window written over the buffer's old contents, later ones added.
+inline RunResult run_engine(Engine& engine, const Memory& mem, int steps, int micros,
+                            const std::vector<uint8_t>& overwrite = {}) {
   const BucketPlan& plan = engine.plan();
   const int rank = engine.communicator().rank();
   RunResult out;
   for (int64_t step = 0; step < steps; ++step) {
     engine.start_window(step);
+    std::vector<uint8_t> written(plan.params.size(), 0);
     for (int m = 0; m < micros; ++m) {
       auto active = active_groups(rank, step, m);
       engine.declare_active(active);
@@ -123,7 +129,11 @@ inline RunResult run_engine(Engine& engine, const Memory& mem, int steps, int mi
         if (!active[plan.params[p].group]) continue;
         std::vector<float> g(plan.params[p].numel);
         for (size_t i = 0; i < g.size(); ++i) g[i] = fake_grad(rank, step, m, p, i);
-        mem.accumulate(engine.grad(p), g);
+        if (!overwrite.empty() && overwrite[plan.params[p].group] && !written[p])
+          mem.write(engine.grad(p), g);
+        else
+          mem.accumulate(engine.grad(p), g);
+        written[p] = 1;
         engine.mark_ready(p);
       }
     }
@@ -151,6 +161,9 @@ inline void expect_matches_reference(const RunResult& run, const BucketPlan& pla
     EXPECT_EQ(run.stats[step].bytes_allreduced + run.stats[step].bytes_pruned, total);
     for (size_t p = 0; p < plan.params.size(); ++p)
       for (size_t i = 0; i < plan.params[p].numel; ++i) {
+        const int g = plan.params[p].group;
+        // Overwrite groups that no rank used keep stale values (not reduced, never read).
+        if (!opts.overwrite.empty() && opts.overwrite[g] && ref.contributors[g] == 0) break;
         const float want = ref.grads[p][i], got = run.grads[step][p][i];
         if (rel == 0)
           ASSERT_EQ(got, want) << "step " << step << " param " << plan.params[p].name << " element " << i;

@@ -219,6 +219,76 @@ TEST(Engine, StatsCountExchangeAndWait) {
   EXPECT_EQ(r.stats[1].step, 1);
 }
 
+// Overwrite groups (gradients copied in on first arrival, DDP-style): no memset per window, yet
+// the same reduced gradients bit for bit, over windows where groups move between ranks (stale
+// buffers zero-filled), with and without pruning and with accumulation.
+TEST(Engine, OverwriteGroupsMatchTheReferenceBitwise) {
+  int world = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  const BucketPlan plan = model_plan();
+  for (bool prune : {true, false})
+    for (int micros : {1, 2}) {
+      EngineOptions o = options(prune, Average::contributors);
+      o.overwrite.assign(plan.num_groups, 1);
+      Engine engine(make_mpi_communicator(), plan, o);
+      RunResult r = run_engine(engine, host_memory(), kSteps, micros, o.overwrite);
+      expect_matches_reference(r, plan, world, micros, o, 0.0);
+    }
+}
+
+// Buckets of a group that one rank used go as a broadcast from it (from 2 ranks here, so every
+// world size of the suite takes that path): the same gradients bit for bit.
+TEST(Engine, SingleContributorBucketsBroadcastBitwise) {
+  int world = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  const BucketPlan plan = model_plan();
+  for (Average avg : {Average::contributors, Average::world})
+    for (int min_ranks : {0, 2}) {
+      EngineOptions o = options(true, avg);
+      o.broadcast_min_ranks = min_ranks;
+      Engine engine(make_mpi_communicator(), plan, o);
+      RunResult r = run_engine(engine, host_memory(), kSteps, 1);
+      expect_matches_reference(r, plan, world, 1, o, 0.0);
+      int broadcast = 0;
+      for (const StepStats& st : r.stats) broadcast += st.buckets_broadcast;
+      if (min_ranks == 0) EXPECT_EQ(broadcast, 0);
+      else EXPECT_GT(broadcast, 0) << "no group had exactly one contributor in " << kSteps << " steps";
+    }
+}
+
+// A parameter of an active overwrite group that gets no gradient in a window contributes zeros,
+// not the previous window's reduced values still in its buffer.
+TEST(Engine, OverwriteZeroesWhatNoGradientWrote) {
+  auto comm = make_mpi_communicator();
+  const int world = comm->size();
+  const BucketPlan plan = model_plan();
+  EngineOptions o = options(true, Average::world);
+  o.overwrite.assign(plan.num_groups, 1);
+  Engine engine(comm, plan, o);
+  std::vector<int> params;  // of group 1
+  for (size_t p = 0; p < plan.params.size(); ++p)
+    if (plan.params[p].group == 1) params.push_back(static_cast<int>(p));
+  ASSERT_GE(params.size(), 2u);
+  std::vector<uint8_t> active(kGroups, 0);
+  active[1] = 1;
+  for (int window = 0; window < 2; ++window) {
+    engine.start_window(window);
+    engine.declare_active(active);
+    engine.begin_sync();
+    for (size_t k = 0; k < (window == 0 ? params.size() : 1); ++k) {
+      const int p = params[k];
+      std::fill(engine.grad(p), engine.grad(p) + plan.params[p].numel, 3.0f);
+      engine.mark_ready(p);
+    }
+    engine.finish_backward();
+  }
+  EXPECT_EQ(engine.stats().declared_without_grad, static_cast<int>(params.size()) - 1);
+  for (size_t k = 0; k < params.size(); ++k)
+    for (size_t i = 0; i < plan.params[params[k]].numel; ++i)
+      ASSERT_EQ(engine.grad(params[k])[i], k == 0 ? 3.0f : 0.0f) << "param " << k << " element " << i
+                                                               << " (world " << world << ")";
+}
+
 // Pooled gradient buffers (the offloaded θ[t]): same results bit for bit, and the memory held
 // follows the groups a window uses instead of all groups.
 TEST(Engine, PooledGroupsMatchFixedBuffersBitwise) {

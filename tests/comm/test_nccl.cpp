@@ -44,6 +44,9 @@ Memory device_memory() {
             std::vector<float> out(n);
             cudaMemcpy(out.data(), src, n * 4, cudaMemcpyDeviceToHost);
             return out;
+          },
+          [](float* dst, const std::vector<float>& v) {
+            cudaMemcpy(dst, v.data(), v.size() * 4, cudaMemcpyHostToDevice);
           }};
 }
 
@@ -74,13 +77,17 @@ TEST(Nccl, EngineMatchesReference) {
   auto comm = nccl();
   const int world = comm->size();
   for (bool prune : {true, false})
-    for (Average avg : {Average::contributors, Average::world}) {
+    for (Average avg : {Average::contributors, Average::world})
+      for (bool overwrite : {false, true}) {
       EngineOptions o;
       o.prune = prune;
       o.average = avg;
       o.timeout = 60s;
+      if (overwrite) o.overwrite.assign(model_plan().num_groups, 1);  // gradients copied in
+      // With overwrite, single-contributor buckets also go as broadcasts (root scales first).
+      o.broadcast_min_ranks = overwrite ? 2 : 0;
       Engine engine(comm, model_plan(), o);
-      RunResult r = run_engine(engine, device_memory(), 20, 1);
+      RunResult r = run_engine(engine, device_memory(), 20, 1, o.overwrite);
       // PreMulSum multiplies by 1/divisor before summing: equal within float32 rounding.
       expect_matches_reference(r, model_plan(), world, 1, o, 1e-6);
     }

@@ -2,6 +2,8 @@
 // each group's optimizer step run exactly once per host per active step, offload-on bitwise
 // equal to a direct update over 20 steps with evictions and a sharded group, bad settings.
 #include <gtest/gtest.h>
+
+#include <atomic>
 #include <mpi.h>
 
 #include <algorithm>
@@ -129,6 +131,16 @@ struct RunResult {
   size_t slots = 0, slot_bytes = 0;
 };
 
+// Sum over the ranks of this host.
+uint64_t node_sum(uint64_t x) {
+  MPI_Comm node;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+  uint64_t sum = 0;
+  MPI_Allreduce(&x, &sum, 1, MPI_UINT64_T, MPI_SUM, node);
+  MPI_Comm_free(&node);
+  return sum;
+}
+
 // Trains kSteps steps through the store and, alongside, a direct update of plain arrays; every
 // acquired unit and the final params, m and v must equal the direct update bit for bit.
 RunResult train(const off::StoreOptions& opts, off::Device& device, const Mover& mover,
@@ -149,8 +161,14 @@ RunResult train(const off::StoreOptions& opts, off::Device& device, const Mover&
     rp[g.group] = initial(g.group, n);
     rm[g.group].assign(n, 0.f);
     rv[g.group].assign(n, 0.f);
-    store.init_params(g.group, rp[g.group].data());
   }
+  // Each group's owner writes it straight into the arena, once per host.
+  std::atomic<uint64_t> fills{0};
+  store.init_all([&](int group, float* dst) {
+    std::memcpy(dst, rp[group].data(), rp[group].size() * sizeof(float));
+    fills += 1;
+  });
+  EXPECT_EQ(node_sum(fills.load()), groups.size());
 
   std::vector<float> host(2000), mine(2000), all, reduced;
   for (int64_t s = 0; s < kSteps; ++s) {
@@ -228,15 +246,6 @@ RunResult train(const off::StoreOptions& opts, off::Device& device, const Mover&
   res.stats = store.stats();
   MPI_Barrier(MPI_COMM_WORLD);
   return res;
-}
-
-uint64_t node_sum(uint64_t x) {
-  MPI_Comm node;
-  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
-  uint64_t sum = 0;
-  MPI_Allreduce(&x, &sum, 1, MPI_UINT64_T, MPI_SUM, node);
-  MPI_Comm_free(&node);
-  return sum;
 }
 
 void check_run(const RunResult& r) {
