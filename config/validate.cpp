@@ -288,10 +288,6 @@ class Checker {
     if (m.kind != "extreme_classifier") {
       fail("offload.shard_mb", "row shards are computed by model.kind extreme_classifier only; '" +
                                    m.kind + "' computes each task group whole (use 0)");
-    } else if (m.negatives_per_step > 0) {
-      fail("offload.shard_mb", "cannot be combined with model.negatives_per_step > 0 (got " +
-                                   num(m.negatives_per_step) +
-                                   "): the sharded slice runs the full softmax; set one of them to 0");
     } else if (ok("model.hidden") && m.hidden > 0 &&
                j_.offload.shard_bytes() < static_cast<size_t>(m.hidden + 1) * sizeof(float)) {
       fail("offload.shard_mb", "must hold one row of the output layer, (model.hidden + 1) x 4 = " +

@@ -44,13 +44,48 @@ std::pair<torch::Tensor, torch::Tensor> local_labels(const torch::Tensor& y, int
   return {local.clamp(0, rk - 1).unsqueeze(1), in};
 }
 
+// The columns a chunk contributes to the softmax: all its rows (no class subset), or the rows
+// of the sorted class subset that fall in it. `c0` is the first column's index in the softmax's
+// class space (row r0 without a subset, the position in the subset with one).
+struct ChunkCols {
+  int64_t c0 = 0, cols = 0;
+  torch::Tensor rows;  // subset: row indices within the chunk (int64, on the device); else undefined
+};
+
+// Per chunk of rows [r0, r0+rk): the columns above. `subset_host` is the sorted subset on the
+// CPU (undefined: every row is a class).
+ChunkCols chunk_cols(const torch::Tensor& subset_host, const torch::Tensor& subset_dev, int64_t r0, int64_t rk) {
+  ChunkCols c;
+  if (!subset_host.defined()) {
+    c.c0 = r0;
+    c.cols = rk;
+    return c;
+  }
+  const int64_t* v = subset_host.data_ptr<int64_t>();
+  const int64_t n = subset_host.numel();
+  const int64_t a = std::lower_bound(v, v + n, r0) - v, b = std::lower_bound(v, v + n, r0 + rk) - v;
+  c.c0 = a;
+  c.cols = b - a;
+  if (c.cols > 0) c.rows = subset_dev.narrow(0, a, c.cols) - r0;
+  return c;
+}
+
+// The chunk's weights for its columns.
+torch::Tensor chunk_weights(const torch::Tensor& w, const ChunkCols& c) {
+  return c.rows.defined() ? w.index_select(0, c.rows) : w;
+}
+
 class ChunkedSoftmaxXent : public torch::autograd::Function<ChunkedSoftmaxXent> {
  public:
+  // `labels`: each row's class in the softmax's class space (its row, or its position in the
+  // subset). `subset`: sorted class rows (empty: all rows).
   static torch::Tensor forward(AutogradContext* ctx, torch::Tensor h, torch::Tensor weight,
-                               torch::Tensor y, ShardSource* source, int64_t task) {
+                               torch::Tensor labels, torch::Tensor subset, ShardSource* source,
+                               int64_t task) {
     const torch::Tensor h1 = with_ones(h);
     const int64_t batch = h.size(0);
     auto opts = h.options();
+    const torch::Tensor subset_host = subset.numel() > 0 ? subset.cpu() : torch::Tensor();
     torch::Tensor m = torch::full({batch}, -std::numeric_limits<float>::infinity(), opts);
     torch::Tensor s = torch::zeros({batch}, opts);
     torch::Tensor target = torch::zeros({batch}, opts);
@@ -59,19 +94,21 @@ class ChunkedSoftmaxXent : public torch::autograd::Function<ChunkedSoftmaxXent> 
     stream_chunks(*source, static_cast<int>(task), false, [&](int k, const torch::Tensor& w) {
       THETAD_CHECK_EQ(static_cast<size_t>(k), begins.size(), "chunks out of order");
       const int64_t rk = w.size(0);
-      const torch::Tensor logits = torch::mm(h1, w.t());
+      begins.push_back(r0);
+      const ChunkCols c = chunk_cols(subset_host, subset, r0, rk);
+      r0 += rk;
+      if (c.cols == 0) return;
+      const torch::Tensor logits = torch::mm(h1, chunk_weights(w, c).t());
       // Online log-sum-exp: rescale the running sum to the new running max.
       const torch::Tensor m_new = torch::maximum(m, std::get<0>(logits.max(1)));
       s = s * torch::exp(m - m_new) + torch::exp(logits - m_new.unsqueeze(1)).sum(1);
       m = m_new;
-      const auto [idx, in] = local_labels(y, r0, rk);
+      const auto [idx, in] = local_labels(labels, c.c0, c.cols);
       target.add_(logits.gather(1, idx).squeeze(1).masked_fill_(in.logical_not(), 0));
-      begins.push_back(r0);
-      r0 += rk;
     });
     THETAD_CHECK_EQ(r0, weight.size(0), "chunks of task ", task, " do not cover its rows");
     const torch::Tensor lse = m + torch::log(s);
-    ctx->save_for_backward({h1, weight, y, lse});
+    ctx->save_for_backward({h1, weight, labels, lse, subset});
     ctx->saved_data["source"] = static_cast<int64_t>(reinterpret_cast<intptr_t>(source));
     ctx->saved_data["task"] = task;
     ctx->saved_data["begins"] = begins;
@@ -82,8 +119,10 @@ class ChunkedSoftmaxXent : public torch::autograd::Function<ChunkedSoftmaxXent> 
     const auto saved = ctx->get_saved_variables();
     const torch::Tensor& h1 = saved[0];
     torch::Tensor weight = saved[1];
-    const torch::Tensor& y = saved[2];
+    const torch::Tensor& labels = saved[2];
     const torch::Tensor& lse = saved[3];
+    const torch::Tensor& subset = saved[4];
+    const torch::Tensor subset_host = subset.numel() > 0 ? subset.cpu() : torch::Tensor();
     auto* source = reinterpret_cast<ShardSource*>(static_cast<intptr_t>(ctx->saved_data["source"].toInt()));
     const int task = static_cast<int>(ctx->saved_data["task"].toInt());
     const std::vector<int64_t> begins = ctx->saved_data["begins"].toIntVector();
@@ -98,16 +137,22 @@ class ChunkedSoftmaxXent : public torch::autograd::Function<ChunkedSoftmaxXent> 
     if (want_h || want_w) {
       stream_chunks(*source, task, true, [&](int k, const torch::Tensor& w) {
         const int64_t r0 = begins.at(static_cast<size_t>(k)), rk = w.size(0);
-        torch::Tensor dlogits = torch::exp(torch::mm(h1, w.t()) - lse.unsqueeze(1));  // softmax
-        const auto [idx, in] = local_labels(y, r0, rk);
+        const ChunkCols c = chunk_cols(subset_host, subset, r0, rk);
+        if (c.cols == 0) return;
+        const torch::Tensor wc = chunk_weights(w, c);
+        torch::Tensor dlogits = torch::exp(torch::mm(h1, wc.t()) - lse.unsqueeze(1));  // softmax
+        const auto [idx, in] = local_labels(labels, c.c0, c.cols);
         dlogits.scatter_add_(1, idx, in.to(dlogits.scalar_type()).neg().unsqueeze(1));
         dlogits.mul_(scale);
-        if (want_w) dw.narrow(0, r0, rk).addmm_(dlogits.t(), h1);
-        if (want_h) dh1.addmm_(dlogits, w);
+        if (want_w) {
+          if (c.rows.defined()) dw.narrow(0, r0, rk).index_add_(0, c.rows, torch::mm(dlogits.t(), h1));
+          else dw.narrow(0, r0, rk).addmm_(dlogits.t(), h1);
+        }
+        if (want_h) dh1.addmm_(dlogits, wc);
       });
     }
     torch::Tensor dh = want_h ? dh1.narrow(1, 0, h1.size(1) - 1) : torch::Tensor();
-    return {dh, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    return {dh, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -131,7 +176,17 @@ torch::Tensor ResidentChunks::chunk(int task, int k) {
 
 torch::Tensor chunked_softmax_xent(const torch::Tensor& h, const torch::Tensor& weight,
                                    const torch::Tensor& y, ShardSource& source, int task) {
-  return ChunkedSoftmaxXent::apply(h, weight, y, &source, static_cast<int64_t>(task));
+  // No subset: an empty tensor (an undefined one is not a valid autograd Function input).
+  return ChunkedSoftmaxXent::apply(h, weight, y, torch::empty({0}, y.options()), &source,
+                                   static_cast<int64_t>(task));
+}
+
+torch::Tensor chunked_sampled_softmax_xent(const torch::Tensor& h, const torch::Tensor& weight,
+                                           const torch::Tensor& y, const torch::Tensor& classes,
+                                           ShardSource& source, int task) {
+  // Each label's position among the classes (the classes include every label).
+  const torch::Tensor labels = torch::searchsorted(classes, y);
+  return ChunkedSoftmaxXent::apply(h, weight, labels, classes, &source, static_cast<int64_t>(task));
 }
 
 torch::Tensor chunked_logits(const torch::Tensor& h, ShardSource& source, int task) {

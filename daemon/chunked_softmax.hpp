@@ -43,6 +43,13 @@ class ResidentChunks : public ShardSource {
 torch::Tensor chunked_softmax_xent(const torch::Tensor& h, const torch::Tensor& weight,
                                    const torch::Tensor& y, ShardSource& source, int task);
 
+// The same over a subset of the rows (sampled softmax): `classes` is sorted, unique, int64 row
+// indices that include every label in y; the softmax runs over those rows only, and only their
+// rows of .grad are written. Chunks stream as above (a chunk without a class is skipped).
+torch::Tensor chunked_sampled_softmax_xent(const torch::Tensor& h, const torch::Tensor& weight,
+                                           const torch::Tensor& y, const torch::Tensor& classes,
+                                           ShardSource& source, int task);
+
 // Logits h' W^T computed chunk by chunk, without gradient (evaluation; training uses the loss).
 torch::Tensor chunked_logits(const torch::Tensor& h, ShardSource& source, int task);
 

@@ -371,14 +371,16 @@ class ExtremeClassifier : public TaskModel {
   }
   LossKind loss_kind() const override { return LossKind::cross_entropy; }
   torch::Tensor loss(const Batch& b, int task, uint64_t sample_seed) override {
-    if (sharded_) return chunked_softmax_xent(features(b.x), mats_.at(task), b.y, chunks(), task);
-    const Linear& out = slices_.at(task);
-    const int64_t rows = out.w.size(0);
-    if (negatives_ <= 0 || negatives_ >= rows) return task_loss(loss_kind(), forward(b.x, task), b.y);
+    const int64_t rows = sharded_ ? mats_.at(task).size(0) : slices_.at(task).w.size(0);
+    const bool sampled = negatives_ > 0 && negatives_ < rows;
+    if (sharded_ && !sampled) return chunked_softmax_xent(features(b.x), mats_.at(task), b.y, chunks(), task);
+    if (!sampled) return task_loss(loss_kind(), forward(b.x, task), b.y);
     // Sampled softmax: the label classes and sampled negatives, deduplicated and sorted.
     auto gen = generator(sample_seed);
     auto neg = torch::randint(rows, {negatives_}, gen, torch::kInt64).to(b.y.device());
     auto cls = std::get<0>(torch::_unique(torch::cat({b.y, neg}), /*sorted=*/true));
+    if (sharded_) return chunked_sampled_softmax_xent(features(b.x), mats_.at(task), b.y, cls, chunks(), task);
+    const Linear& out = slices_.at(task);
     auto target = torch::searchsorted(cls, b.y);
     auto logits = torch::addmm(out.b.index_select(0, cls), features(b.x), out.w.index_select(0, cls).t());
     return torch::nn::functional::cross_entropy(logits, target);

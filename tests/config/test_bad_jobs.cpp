@@ -130,10 +130,6 @@ const std::vector<BadJob>& bad_jobs() {
       {"shard_on_mlp", kHead + "offload:\n  enabled: true\n  shard_mb: 8\n",
        {"bad.yaml:6:3: offload.shard_mb: row shards are computed by model.kind extreme_classifier only",
         "'multitask_mlp'"}},
-      {"shard_with_negatives",
-       "steps: 10\nmodel: {kind: extreme_classifier, classes: 100, negatives_per_step: 5}\ndata: {}\n"
-       "offload:\n  shard_mb: 8\n",
-       {"bad.yaml:5:3: offload.shard_mb: cannot be combined with model.negatives_per_step > 0"}},
       {"shard_below_row",
        "steps: 10\nmodel: {kind: extreme_classifier, classes: 100, hidden: 128}\ndata: {}\n"
        "offload:\n  shard_mb: 0.0001\n",

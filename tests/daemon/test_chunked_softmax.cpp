@@ -107,6 +107,39 @@ TEST_P(ChunkedSoftmax, StreamsFromSourceOnly) {
   EXPECT_TRUE(source.held_.empty());
 }
 
+// Sampled softmax: the classes are the labels plus a few more (rows 0, 4 and 9 stay out so
+// that some chunks of 1 and 3 rows hold no class); against cross_entropy over those rows.
+TEST_P(ChunkedSoftmax, SampledMatchesCrossEntropyOverTheClasses) {
+  const Case c = make_case(41);
+  std::set<int64_t> keep{2, 5, 7};
+  for (int64_t i = 0; i < kBatch; ++i) keep.insert(c.y[i].item<int64_t>());
+  keep.erase(0);
+  keep.erase(4);
+  keep.erase(9);
+  torch::Tensor y = c.y.clone();
+  for (int64_t i = 0; i < kBatch; ++i)  // labels must be classes: move the dropped ones
+    if (!keep.count(y[i].item<int64_t>())) y[i] = 5;
+  const torch::Tensor cls = torch::tensor(std::vector<int64_t>(keep.begin(), keep.end()), torch::kInt64);
+  // Plain LibTorch over the selected rows.
+  auto h = c.h.detach().clone().set_requires_grad(true);
+  auto w = c.w.detach().clone().set_requires_grad(true);
+  auto ws = w.index_select(0, cls);
+  auto logits = torch::addmm(ws.select(1, kHidden), h, ws.narrow(1, 0, kHidden).t());
+  auto want = torch::nn::functional::cross_entropy(logits, torch::searchsorted(cls, y));
+  want.backward();
+  CopyingSource source(c.w.detach(), GetParam());
+  auto placeholder = torch::zeros({1}).expand({kRows, kHidden + 1}).set_requires_grad(true);
+  placeholder.mutable_grad() = torch::zeros({kRows, kHidden + 1});
+  auto loss = chunked_sampled_softmax_xent(c.h, placeholder, y, cls, source, 0);
+  loss.backward();
+  expect_close(loss.detach(), want.detach(), "loss");
+  expect_close(c.h.grad(), h.grad(), "dh");
+  expect_close(placeholder.grad(), w.grad(), "dW (zero outside the classes)");
+  for (int64_t r : {0, 4, 9}) EXPECT_EQ(placeholder.grad()[r].abs().max().item<float>(), 0.0f) << "row " << r;
+  EXPECT_LE(source.max_held_, 2u);
+  EXPECT_TRUE(source.held_.empty());
+}
+
 INSTANTIATE_TEST_SUITE_P(ChunkRows, ChunkedSoftmax, ::testing::Values(1, 3, kRows));
 
 TEST(ChunkedSoftmaxHooks, ParameterPostHookFires) {

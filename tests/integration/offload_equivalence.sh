@@ -37,6 +37,11 @@ xc=(--set model.kind=extreme_classifier --set model.classes=400 --set optimizer.
 for np in 1 2 4; do on_off "xc_np$np" "$np" "${xc[@]}" --set checkpoint.dir="$WORK/xc_ck_np$np"; done
 expect_in xc_np2_offload_true "4 groups in 16 units, 2 device slots"
 on_off xc_accumulate_np2 2 "${xc[@]}" --set accumulate_steps=2
+# Sampled softmax over the shards (the label classes plus 20 sampled ones per step): offload on
+# == off bitwise, and the single-process reference agrees.
+xcn=("${xc[@]}" --set model.negatives_per_step=20)
+on_off xc_negatives_np2 2 "${xcn[@]}" --set checkpoint.dir="$WORK/xcn_ck_np2"
+expect_code 0 xcn_reference "$reference" "$job" --world 2 --set steps=20 "${xcn[@]}" --compare "$WORK/xcn_ck_np2"
 # Sharded vs the single-process reference (same chunks, plain autograd), and vs the unsharded
 # model (weight and bias apart, one matmul per slice) within float tolerance.
 expect_code 0 xc_reference "$reference" "$job" --world 2 --set steps=20 "${xc[@]}" --compare "$WORK/xc_ck_np2"
