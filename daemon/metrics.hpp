@@ -35,6 +35,7 @@ struct StepRecord {
   int64_t bytes_pruned = 0;         // bytes a prune-less engine would have sent in addition
   int64_t buckets_launched = 0;
   int64_t buckets_pruned = 0;
+  int64_t buckets_broadcast = 0;  // of the launched: sent from their one contributor
   int64_t h2d_bytes = 0;
   int64_t d2h_bytes = 0;
   int64_t swap_hits = 0;

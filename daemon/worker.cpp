@@ -1038,6 +1038,7 @@ int Worker::run() {
     rec.bytes_pruned = st.bytes_pruned;
     rec.buckets_launched = st.buckets_launched;
     rec.buckets_pruned = st.buckets_pruned;
+    rec.buckets_broadcast = st.buckets_broadcast;
     rec.samples = job_.data.batch_per_rank;
     if (store_) {
       const offload::StoreStats ss = store_->stats();

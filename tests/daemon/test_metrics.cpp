@@ -56,6 +56,7 @@ StepRecord sample() {
   r.bytes_pruned = int64_t{3} << 30;
   r.buckets_launched = 4;
   r.buckets_pruned = 12;
+  r.buckets_broadcast = 2;
   r.h2d_bytes = 100;
   r.d2h_bytes = 200;
   r.swap_hits = 5;
@@ -67,7 +68,7 @@ StepRecord sample() {
 
 const char* kKeys[] = {"step", "rank", "loss", "task_loss", "lr", "samples", "step_ms", "forward_ms",
                        "backward_ms", "comm_wait_ms", "optimizer_ms", "count_exchange_ms",
-                       "bytes_allreduced", "bytes_pruned", "buckets_launched", "buckets_pruned",
+                       "bytes_allreduced", "bytes_pruned", "buckets_launched", "buckets_pruned", "buckets_broadcast",
                        "h2d_bytes", "d2h_bytes", "swap_hits", "swap_misses",
                        "device_mem_peak_bytes", "host_pinned_bytes", "cpu_adam_ms",
                        "acquire_wait_ms"};
@@ -133,7 +134,7 @@ TEST(Metrics, WriterCreatesDirsAndWritesLines) {
         "recs=[json.loads(l) for l in open(sys.argv[1])]\n"
         "assert len(recs)==3 and recs[1][\"step\"]==18 and recs[1][\"loss\"] is None\n"
         "assert recs[0][\"task_loss\"][0]==dict(task=3,loss=0.5)\n"
-        "assert len(recs[0])==24, len(recs[0])",
+        "assert len(recs[0])==25, len(recs[0])",
         path));
   }
 }

@@ -2,7 +2,8 @@
 # The gold test: W real ranks under mpirun must end with the parameters of the single-process
 # reference (thetad_reference), for every combination of prune on/off x average contributors/
 # world x declared/discover x six schedules (incl. gradient accumulation and frozen groups); prune on and off must be bitwise identical; with
-# prune on, bytes_allreduced per step must be exactly 4 x (|Θ| + Σ|θ[t]| of active tasks).
+# prune on, bytes_allreduced per step must be exactly 4 x (|Θ| + Σ|θ[t]| of active tasks); from 3
+# ranks on, single-contributor buckets must have gone as broadcasts.
 #   equivalence.sh THETAD REFERENCE W
 set -euo pipefail
 thetad=$1 reference=$2 world=$3
@@ -67,6 +68,16 @@ if [ "$got" != "$expect" ]; then
   echo "FAIL bytes_allreduced per step: got $got, expected exactly $expect"; fails=$((fails + 1))
 else
   echo "ok   bytes_allreduced per step = $got = 4 x (|Θ| + $active x |θ[t]|)"
+fi
+# From 3 ranks on, the buckets of a task one rank trained go as a broadcast from that rank (the
+# parameters were checked above); with 2 ranks, never.
+bc=$(/usr/bin/python3 -c '
+import json,sys
+print(sum(json.loads(l)["buckets_broadcast"] for l in open(sys.argv[1])))' "$work/one_task_per_rank-world-declared-prune_true/metrics.jsonl")
+if { [ "$world" -ge 3 ] && [ "$bc" -gt 0 ]; } || { [ "$world" -lt 3 ] && [ "$bc" -eq 0 ]; }; then
+  echo "ok   buckets sent as broadcasts: $bc (W=$world)"
+else
+  echo "FAIL buckets sent as broadcasts: $bc (W=$world)"; fails=$((fails + 1))
 fi
 echo "equivalence (W=$world): $runs runs, $fails failures"
 [ "$fails" -eq 0 ]
