@@ -27,7 +27,7 @@ NP=${GAP_NP:-$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')}
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0} TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_btl_vader_single_copy_mechanism=none PMIX_MCA_gds=hash
-MPI_FLAGS=(--oversubscribe --bind-to none --mca btl self,vader,tcp --mca btl_tcp_if_include lo
+MPI_FLAGS=(--oversubscribe --bind-to none --mca btl "self,vader,tcp" --mca btl_tcp_if_include lo
            --mca oob_tcp_if_include lo --mca pml ob1 --mca osc ^ucx
            -x NCCL_NVLS_ENABLE -x TORCH_SYMM_MEM_DISABLE_MULTICAST -x NVSHMEM_DISABLE_NVLS -x PATH)
 [ -n "${LD_LIBRARY_PATH:-}" ] && MPI_FLAGS+=(-x LD_LIBRARY_PATH)
