@@ -173,7 +173,7 @@ struct Engine::Impl {
       stats.buckets_broadcast += 1;
     }
     float* data = bucket_ptr(b);
-    zero_unwritten(b);
+    if (o.from_root < 0 || o.from_root == comm.rank()) zero_unwritten(b);  // else overwritten
     const auto t0 = Clock::now();
     works.push_back(comm.allreduce(data, bucket.numel, DType::f32, o));
     const auto t1 = Clock::now();

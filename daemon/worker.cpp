@@ -616,17 +616,17 @@ AdamSettings Worker::adam_settings(int64_t step) const {
   return s;
 }
 
-// optimizer.overlap (GPUs): the optimizer step of one resident bucket, on opt_stream_ once the
-// bucket's allreduce has landed. Its parameters are done with for this backward: their
-// gradients were final when the bucket launched, after every kernel that reads them was queued
-// on the compute stream, and the allreduce waited for those. The arithmetic is the group's
-// (elementwise, same step count and settings), so the parameters come out bit for bit the same.
 // The engine launched bucket b (engine lock held, possibly on autograd's device thread).
 void Worker::on_bucket_launch(int b, int contributors, comm::Work& work) {
   if (timeline_) timeline_->record(Lane::comm, "launch bucket " + std::to_string(b), Timeline::now_us(), 0);
   if (overlap_opt_) step_bucket(b, contributors, work);
 }
 
+// optimizer.overlap (GPUs): the optimizer step of one resident bucket, on opt_stream_ once the
+// bucket's allreduce has landed. Its parameters are done with for this backward: their
+// gradients were final when the bucket launched, after every kernel that reads them was queued
+// on the compute stream, and the allreduce waited for those. The arithmetic is the group's
+// (elementwise, same step count and settings), so the parameters come out bit for bit the same.
 void Worker::step_bucket(int b, int contributors, comm::Work& work) {
 #if THETAD_TORCH_CUDA
   const comm::Bucket& bucket = engine_->plan().buckets[static_cast<size_t>(b)];
