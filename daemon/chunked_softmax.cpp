@@ -52,21 +52,22 @@ struct ChunkCols {
   torch::Tensor rows;  // subset: row indices within the chunk (int64, on the device); else undefined
 };
 
+ChunkCols cols_at(const torch::Tensor& subset_dev, int64_t r0, int64_t c0, int64_t cols);
+
 // Per chunk of rows [r0, r0+rk): the columns above. `subset_host` is the sorted subset on the
 // CPU (undefined: every row is a class).
 ChunkCols chunk_cols(const torch::Tensor& subset_host, const torch::Tensor& subset_dev, int64_t r0, int64_t rk) {
-  ChunkCols c;
-  if (!subset_host.defined()) {
-    c.c0 = r0;
-    c.cols = rk;
-    return c;
-  }
+  if (!subset_host.defined()) return {r0, rk, torch::Tensor()};
   const int64_t* v = subset_host.data_ptr<int64_t>();
   const int64_t n = subset_host.numel();
   const int64_t a = std::lower_bound(v, v + n, r0) - v, b = std::lower_bound(v, v + n, r0 + rk) - v;
-  c.c0 = a;
-  c.cols = b - a;
-  if (c.cols > 0) c.rows = subset_dev.narrow(0, a, c.cols) - r0;
+  return cols_at(subset_dev, r0, a, b - a);
+}
+
+// The same from a range of the subset found before (backward reuses forward's ranges).
+ChunkCols cols_at(const torch::Tensor& subset_dev, int64_t r0, int64_t c0, int64_t cols) {
+  ChunkCols c{c0, cols, torch::Tensor()};
+  if (subset_dev.numel() > 0 && cols > 0) c.rows = subset_dev.narrow(0, c0, cols) - r0;
   return c;
 }
 
@@ -89,13 +90,15 @@ class ChunkedSoftmaxXent : public torch::autograd::Function<ChunkedSoftmaxXent> 
     torch::Tensor m = torch::full({batch}, -std::numeric_limits<float>::infinity(), opts);
     torch::Tensor s = torch::zeros({batch}, opts);
     torch::Tensor target = torch::zeros({batch}, opts);
-    std::vector<int64_t> begins;
+    std::vector<int64_t> begins, col_begins, col_counts;  // per chunk, for backward
     int64_t r0 = 0;
     stream_chunks(*source, static_cast<int>(task), false, [&](int k, const torch::Tensor& w) {
       THETAD_CHECK_EQ(static_cast<size_t>(k), begins.size(), "chunks out of order");
       const int64_t rk = w.size(0);
-      begins.push_back(r0);
       const ChunkCols c = chunk_cols(subset_host, subset, r0, rk);
+      begins.push_back(r0);
+      col_begins.push_back(c.c0);
+      col_counts.push_back(c.cols);
       r0 += rk;
       if (c.cols == 0) return;
       const torch::Tensor logits = torch::mm(h1, chunk_weights(w, c).t());
@@ -112,6 +115,8 @@ class ChunkedSoftmaxXent : public torch::autograd::Function<ChunkedSoftmaxXent> 
     ctx->saved_data["source"] = static_cast<int64_t>(reinterpret_cast<intptr_t>(source));
     ctx->saved_data["task"] = task;
     ctx->saved_data["begins"] = begins;
+    ctx->saved_data["col_begins"] = col_begins;
+    ctx->saved_data["col_counts"] = col_counts;
     return (lse - target).mean();
   }
 
@@ -122,10 +127,11 @@ class ChunkedSoftmaxXent : public torch::autograd::Function<ChunkedSoftmaxXent> 
     const torch::Tensor& labels = saved[2];
     const torch::Tensor& lse = saved[3];
     const torch::Tensor& subset = saved[4];
-    const torch::Tensor subset_host = subset.numel() > 0 ? subset.cpu() : torch::Tensor();
     auto* source = reinterpret_cast<ShardSource*>(static_cast<intptr_t>(ctx->saved_data["source"].toInt()));
     const int task = static_cast<int>(ctx->saved_data["task"].toInt());
     const std::vector<int64_t> begins = ctx->saved_data["begins"].toIntVector();
+    const std::vector<int64_t> col_begins = ctx->saved_data["col_begins"].toIntVector();
+    const std::vector<int64_t> col_counts = ctx->saved_data["col_counts"].toIntVector();
     const bool want_h = ctx->needs_input_grad(0), want_w = ctx->needs_input_grad(1);
     const torch::Tensor scale = grad_out[0] / static_cast<double>(h1.size(0));
     torch::Tensor dh1 = want_h ? torch::zeros_like(h1) : torch::Tensor();
@@ -137,7 +143,8 @@ class ChunkedSoftmaxXent : public torch::autograd::Function<ChunkedSoftmaxXent> 
     if (want_h || want_w) {
       stream_chunks(*source, task, true, [&](int k, const torch::Tensor& w) {
         const int64_t r0 = begins.at(static_cast<size_t>(k)), rk = w.size(0);
-        const ChunkCols c = chunk_cols(subset_host, subset, r0, rk);
+        const auto kk = static_cast<size_t>(k);
+        const ChunkCols c = cols_at(subset, r0, col_begins.at(kk), col_counts.at(kk));
         if (c.cols == 0) return;
         const torch::Tensor wc = chunk_weights(w, c);
         torch::Tensor dlogits = torch::exp(torch::mm(h1, wc.t()) - lse.unsqueeze(1));  // softmax

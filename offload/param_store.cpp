@@ -378,6 +378,14 @@ void ParamStore::wait_idle() {
   rethrow_worker_error();
 }
 
+// A node barrier with full fences on both sides: memory written before it on one rank of the
+// host is seen after it on the others.
+void ParamStore::fenced_node_barrier() {
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  arena_->node_barrier();
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+}
+
 const float* ParamStore::group_params(int group) {
   rethrow_worker_error();
   const size_t gi = index_of(group);
@@ -402,8 +410,7 @@ void ParamStore::init_all(const std::function<void(int group, float* dst)>& fill
     THETAD_CHECK(expected_[gi] == 0, InternalError, "init_all after group ", groups_[gi].group, " was updated");
     if (arena_->is_owner(gi)) mine.push_back(gi);
   }
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-  arena_->node_barrier();
+  fenced_node_barrier();
   ThreadPool::instance().parallel_for(mine.size(), [&](size_t i) {
     const size_t gi = mine[i];
     const size_t bytes = arena_->entry(gi).numel * sizeof(float);
@@ -412,9 +419,7 @@ void ParamStore::init_all(const std::function<void(int group, float* dst)>& fill
     std::memset(arena_->exp_avg_sq(gi), 0, bytes);
     std::memset(arena_->grad(gi), 0, bytes);
   });
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-  arena_->node_barrier();  // after it, the owners' writes are visible to the host's ranks
-  std::atomic_thread_fence(std::memory_order_seq_cst);
+  fenced_node_barrier();  // after it, the owners' writes are visible to the host's ranks
   for (size_t u = 0; u < version_.size(); ++u) version_[u] = kNoCopy;
 }
 
@@ -432,8 +437,7 @@ void ParamStore::write_common(int group, const float* params, const float* exp_a
   arena_->wait_seq(gi, expected_[gi], opts_.timeout_s);
   // Nobody still reads the old values (copies in flight are waited for below).
   for (int u : group_units_[gi]) device_.host_wait(copied_[static_cast<size_t>(u)]);
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-  arena_->node_barrier();
+  fenced_node_barrier();
   if (arena_->is_owner(gi)) {
     const size_t bytes = arena_->entry(gi).numel * sizeof(float);
     parallel_copy(arena_->params(gi), params, bytes);
@@ -441,9 +445,7 @@ void ParamStore::write_common(int group, const float* params, const float* exp_a
     parallel_copy(arena_->exp_avg_sq(gi), exp_avg_sq, bytes);
     parallel_copy(arena_->grad(gi), nullptr, bytes);
   }
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-  arena_->node_barrier();  // after it, the owner's writes are visible to the host's ranks
-  std::atomic_thread_fence(std::memory_order_seq_cst);
+  fenced_node_barrier();  // after it, the owner's writes are visible to the host's ranks
   for (int u : group_units_[gi]) version_[static_cast<size_t>(u)] = kNoCopy;
 }
 

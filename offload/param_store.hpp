@@ -175,6 +175,7 @@ class ParamStore {
   StoreOptions opts_;
   Device& device_;
   Schedule schedule_;
+  void fenced_node_barrier();
   std::vector<GroupShape> groups_;
   std::unordered_map<int, size_t> index_;       // group id -> arena entry
   std::vector<UnitInfo> units_;
