@@ -39,7 +39,7 @@ std::string canonical(const BucketPlan& plan) {
      << " elem=" << plan.options.elem_size << " groups=" << plan.num_groups << "\n";
   for (size_t i = 0; i < plan.params.size(); ++i)
     os << "p " << i << " " << plan.params[i].name << " " << plan.params[i].numel << " "
-       << plan.params[i].group << "\n";
+       << plan.params[i].group << (plan.params[i].alone ? " alone" : "") << "\n";
   for (const Bucket& b : plan.buckets) {
     os << "b " << b.index << " " << b.group << " " << b.numel;
     for (size_t k = 0; k < b.params.size(); ++k) os << " " << b.params[k] << "@" << b.offsets[k];
@@ -77,6 +77,16 @@ BucketPlan make_bucket_plan(const std::vector<ParamInfo>& params, int num_groups
   for (int i = static_cast<int>(params.size()) - 1; i >= 0; --i) {
     const int g = params[i].group;
     const size_t bytes = params[i].numel * opts.elem_size;
+    if (bytes == 0) continue;  // a placeholder: no bucket
+    if (params[i].alone) {
+      if (is_open[g]) close(g);
+      open[g].group = g;
+      open[g].params.push_back(i);
+      open[g].bytes = bytes;
+      first_opened = true;
+      close(g);
+      continue;
+    }
     if (is_open[g] && !open[g].params.empty() && open[g].bytes + bytes > open[g].cap) close(g);
     if (!is_open[g]) {
       open[g].group = g;

@@ -13,6 +13,7 @@ struct ParamInfo {
   std::string name;
   size_t numel = 0;
   int group = 0;  // 0 = Θ, t = θ[t]
+  bool alone = false;  // in a bucket of its own (the engine's streamed groups need that)
 };
 
 struct BucketPlanOptions {
@@ -44,7 +45,9 @@ struct BucketPlan {
 // Groups must lie in [0, num_groups). Params of each group are walked in reverse registration
 // order and cut at the cap; the first bucket of the whole plan (the first to be ready in
 // backward) is capped at first_bucket_bytes. Buckets never mix groups. A single parameter larger
-// than the cap gets a bucket of its own. Throws ConfigError on a bad group index.
+// than the cap, or marked `alone`, gets a bucket of its own; a parameter without elements gets
+// none (param_bucket -1: a placeholder, e.g. a matrix whose row shards are planned instead).
+// Throws ConfigError on a bad group index.
 BucketPlan make_bucket_plan(const std::vector<ParamInfo>& params, int num_groups,
                             const BucketPlanOptions& opts);
 

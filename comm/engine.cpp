@@ -42,6 +42,13 @@ struct Engine::Impl {
   std::vector<uint8_t> ready;                  // per param: marked since begin_sync
   std::vector<int> pending;                    // per bucket: params not yet ready
   std::vector<uint8_t> launched;               // per bucket
+  // Streamed groups: per bucket, the buffer handed over (or scratch) this window and its owner;
+  // then, once launched, the owners held until their bucket's work completes.
+  std::vector<float*> ext;
+  std::vector<std::shared_ptr<void>> ext_keep;
+  std::vector<std::pair<WorkPtr, size_t>> held_work;  // (work, bytes) per held owner below
+  std::vector<std::shared_ptr<void>> held;
+  int64_t held_bytes = 0;
 
   bool synced = false;     // begin_sync called in this window
   bool finished = false;   // finish_backward done in this window
@@ -112,6 +119,47 @@ struct Engine::Impl {
 
   bool pooled(int g) const { return !opts.pooled.empty() && opts.pooled[g]; }
   bool overwrite(int g) const { return !opts.overwrite.empty() && opts.overwrite[g]; }
+  bool streamed(int g) const { return !opts.streamed.empty() && opts.streamed[g]; }
+
+  // Streamed bucket b without a handed-over buffer: zeroed scratch memory.
+  float* scratch(int b) {
+    const size_t bytes = plan.buckets[b].numel * sizeof(float);
+    std::shared_ptr<void> mem;
+    if (opts.scratch) {
+      mem = opts.scratch(bytes);
+    } else {
+      mem = comm.allocate(bytes);
+      comm.zero(mem.get(), bytes);
+    }
+    if (!mem) throw InternalError(detail::concat("no scratch memory for streamed bucket ", b));
+    release_held(false);  // the callback may have waited for earlier buckets
+    hold_bytes(static_cast<int64_t>(bytes));
+    ext[b] = static_cast<float*>(mem.get());
+    ext_keep[b] = std::move(mem);
+    return ext[b];
+  }
+
+  void hold_bytes(int64_t bytes) {
+    held_bytes += bytes;
+    stats.streamed_bytes_peak = std::max(stats.streamed_bytes_peak, held_bytes);
+  }
+
+  // Drops the owners of streamed buffers whose bucket's work has completed (all: `all`).
+  void release_held(bool all) {
+    size_t kept = 0;
+    for (size_t i = 0; i < held.size(); ++i) {
+      if (all || held_work[i].first->is_completed()) {
+        held_bytes -= static_cast<int64_t>(held_work[i].second);
+        held[i].reset();
+        continue;
+      }
+      held[kept] = std::move(held[i]);
+      held_work[kept] = std::move(held_work[i]);
+      ++kept;
+    }
+    held.resize(kept);
+    held_work.resize(kept);
+  }
 
   // Overwrite groups: before bucket b is reduced, zeroes what no gradient overwrote this window
   // (runs of unseen parameters), unless the buffer is already zero.
@@ -152,6 +200,7 @@ struct Engine::Impl {
 
   float* bucket_ptr(int b) {
     const int g = plan.buckets[b].group;
+    if (streamed(g)) return ext[b] ? ext[b] : scratch(b);
     if (pooled(g)) return group_base(g) + bucket_offset[b];
     return static_cast<float*>(buffers[b].get());
   }
@@ -180,8 +229,13 @@ struct Engine::Impl {
     stats.launch_call_ms += std::chrono::duration<double, std::milli>(t1 - t0).count();
     if (opts.on_launch) {
       fetch_counts(/*block=*/false);  // prune off, average world: maybe not fetched yet
-      opts.on_launch(b, counts_ready ? counts[bucket.group] : -1, *works.back());
+      opts.on_launch(b, counts_ready ? counts[bucket.group] : -1, *works.back(), data);
       stats.on_launch_ms += std::chrono::duration<double, std::milli>(Clock::now() - t1).count();
+    }
+    if (streamed(bucket.group)) {
+      held_work.emplace_back(works.back(), bucket.numel * sizeof(float));
+      held.push_back(std::move(ext_keep[b]));
+      ext[b] = nullptr;
     }
     launched[b] = 1;
     dirty[b] = 1;
@@ -215,14 +269,22 @@ Engine::Engine(std::shared_ptr<Communicator> comm, BucketPlan plan, EngineOption
     throw InternalError("EngineOptions::pooled needs one flag per group");
   if (!opts_.overwrite.empty() && static_cast<int>(opts_.overwrite.size()) != plan_.num_groups)
     throw InternalError("EngineOptions::overwrite needs one flag per group");
-  for (int g = 0; g < plan_.num_groups && !opts_.overwrite.empty(); ++g)
-    if (s.overwrite(g) && s.pooled(g))
-      throw InternalError(detail::concat("group ", g, " cannot be both pooled and overwrite"));
+  if (!opts_.streamed.empty() && static_cast<int>(opts_.streamed.size()) != plan_.num_groups)
+    throw InternalError("EngineOptions::streamed needs one flag per group");
+  for (int g = 0; g < plan_.num_groups; ++g)
+    if (static_cast<int>(s.overwrite(g)) + static_cast<int>(s.pooled(g)) + static_cast<int>(s.streamed(g)) > 1)
+      throw InternalError(detail::concat("group ", g, " can be only one of pooled, overwrite and streamed"));
+  for (const Bucket& b : plan_.buckets)
+    if (s.streamed(b.group) && b.params.size() != 1)
+      throw InternalError(detail::concat("bucket ", b.index, " of streamed group ", b.group, " holds ",
+                                         b.params.size(), " parameters; streamed parameters need a "
+                                         "bucket of their own (ParamInfo::alone)"));
   std::vector<size_t> group_elems(plan_.num_groups, 0);
   for (const Bucket& b : plan_.buckets) {
     s.bucket_offset.push_back(group_elems[b.group]);
     group_elems[b.group] += b.numel;
-    s.buffers.push_back(s.pooled(b.group) ? nullptr : comm_->allocate(b.numel * sizeof(float)));
+    const bool own = !s.pooled(b.group) && !s.streamed(b.group);
+    s.buffers.push_back(own ? comm_->allocate(b.numel * sizeof(float)) : nullptr);
   }
   for (int g = 0; g < plan_.num_groups; ++g)
     if (s.pooled(g)) s.pool_elems = std::max(s.pool_elems, group_elems[g]);
@@ -234,6 +296,8 @@ Engine::Engine(std::shared_ptr<Communicator> comm, BucketPlan plan, EngineOption
   s.ready.assign(np, 0);
   s.pending.assign(nb, 0);
   s.launched.assign(nb, 0);
+  s.ext.assign(nb, nullptr);
+  s.ext_keep.assign(nb, nullptr);
   s.counts.assign(plan_.num_groups, 0);
   s.only_root.assign(plan_.num_groups, -1);
   s.count_buf = s.counts_comm.allocate(2 * plan_.num_groups * sizeof(int32_t));
@@ -249,6 +313,8 @@ float* Engine::bucket_data(int bucket) {
   if (bucket < 0 || bucket >= static_cast<int>(plan_.buckets.size()))
     throw InternalError(detail::concat("no bucket ", bucket));
   std::lock_guard<std::mutex> lock(impl_->mu);
+  if (impl_->streamed(plan_.buckets[bucket].group))
+    throw InternalError(detail::concat("bucket ", bucket, " is streamed: the caller holds its memory"));
   return impl_->bucket_ptr(bucket);
 }
 
@@ -260,8 +326,10 @@ size_t Engine::buffer_bytes() const {
 }
 
 float* Engine::grad(int param) {
-  if (param < 0 || param >= static_cast<int>(plan_.param_bucket.size()))
-    throw InternalError(detail::concat("no parameter ", param));
+  if (param < 0 || param >= static_cast<int>(plan_.param_bucket.size()) || plan_.param_bucket[param] < 0)
+    throw InternalError(detail::concat("no gradient buffer for parameter ", param));
+  if (impl_->streamed(plan_.buckets[plan_.param_bucket[param]].group))
+    throw InternalError(detail::concat("parameter ", param, " is streamed: the caller holds its gradient"));
   return bucket_data(plan_.param_bucket[param]) + plan_.param_offset[param];
 }
 
@@ -285,6 +353,10 @@ void Engine::start_window(int64_t step) {
   std::fill(s.seen.begin(), s.seen.end(), 0);
   std::fill(s.ready.begin(), s.ready.end(), 0);
   std::fill(s.launched.begin(), s.launched.end(), 0);
+  std::fill(s.ext.begin(), s.ext.end(), nullptr);
+  std::fill(s.ext_keep.begin(), s.ext_keep.end(), nullptr);
+  s.release_held(true);
+  s.held_bytes = 0;
   s.synced = s.finished = s.counts_ready = s.order_ready = false;
   s.count_work.reset();
   s.observed_exchange_ms = -1;
@@ -327,22 +399,59 @@ bool Engine::group_active_globally(int group) {
 
 void Engine::mark_ready(int param) {
   std::lock_guard<std::mutex> lock(impl_->mu);
-  Impl& s = *impl_;
   if (param < 0 || param >= static_cast<int>(plan_.param_bucket.size()))
     throw InternalError(detail::concat("mark_ready: no parameter ", param));
   const int b = plan_.param_bucket[param];
-  const int g = plan_.buckets[b].group;
+  if (b < 0) return;  // a placeholder without elements
+  if (impl_->streamed(plan_.buckets[b].group))
+    throw InternalError(detail::concat("mark_ready: parameter ", param, " is streamed: hand its gradient over"));
+  mark_locked(param);
+}
+
+void Engine::mark_ready(int param, float* data, std::shared_ptr<void> keep) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  Impl& s = *impl_;
+  if (param < 0 || param >= static_cast<int>(plan_.param_bucket.size()) || plan_.param_bucket[param] < 0)
+    throw InternalError(detail::concat("mark_ready: no bucket for parameter ", param));
+  const int b = plan_.param_bucket[param];
+  if (!s.streamed(plan_.buckets[b].group))
+    throw InternalError(detail::concat("mark_ready: parameter ", param, " is not streamed"));
+  if (!s.synced || s.ready[param] || s.launched[b] || s.ext[b])
+    throw InternalError(detail::concat("mark_ready: parameter ", param, " of a streamed group must be handed "
+                                       "over once per window, after begin_sync, before its bucket launched"));
+  if (!data) throw InternalError(detail::concat("mark_ready: no data for parameter ", param));
+  check_declared(param);
+  s.ext[b] = data;
+  s.ext_keep[b] = std::move(keep);
+  s.hold_bytes(static_cast<int64_t>(plan_.buckets[b].numel * sizeof(float)));
+  // The launch order needs the counts: rather than pile up handed-over buffers until they land,
+  // wait for them (posted before backward by every rank, normally long done).
+  s.fetch_counts(/*block=*/true);
+  mark_locked(param);
+  s.release_held(false);
+}
+
+// A gradient for a group not active on this rank: an error once the exchange started (or in
+// declared mode); in discover mode before it, the group becomes active.
+void Engine::check_declared(int param) {
+  Impl& s = *impl_;
+  const int g = plan_.buckets[plan_.param_bucket[param]].group;
+  if (s.local_active[g]) return;
+  const std::string name =
+      param < static_cast<int>(plan_.params.size()) ? plan_.params[param].name : std::to_string(param);
+  if (opts_.declared || s.synced)
+    throw ConfigError(detail::concat(
+        "gradient for parameter '", name, "' of group ", g, " at step ", stats_.step,
+        ", but this rank did not declare group ", g,
+        " active in this step (declare every task the batch trains, or freeze the group)"));
+  s.local_active[g] = 1;  // discover mode, before the exchange: still in time
+}
+
+void Engine::mark_locked(int param) {
+  Impl& s = *impl_;
+  const int b = plan_.param_bucket[param];
   s.dirty[b] = 1;  // autograd already wrote into the view
-  if (!s.local_active[g]) {
-    const std::string name =
-        param < static_cast<int>(plan_.params.size()) ? plan_.params[param].name : std::to_string(param);
-    if (opts_.declared || s.synced)
-      throw ConfigError(detail::concat(
-          "gradient for parameter '", name, "' of group ", g, " at step ", stats_.step,
-          ", but this rank did not declare group ", g,
-          " active in this step (declare every task the batch trains, or freeze the group)"));
-    s.local_active[g] = 1;  // discover mode, before the exchange: still in time
-  }
+  check_declared(param);
   s.seen[param] = 1;
   if (!s.synced || s.finished || s.ready[param]) return;
   s.ready[param] = 1;
@@ -375,6 +484,8 @@ void Engine::finish_backward() {
     }
   }
   stats_.finish_block_ms = std::chrono::duration<double, std::milli>(Clock::now() - t2).count();
+  // Streamed buffers: the wait stream (or the host) is now after every bucket.
+  s.release_held(true);
   s.fetch_counts(true);  // for the stats, also when the order needed none
   stats_.comm_wait_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
   for (const Bucket& b : plan_.buckets)
@@ -383,7 +494,7 @@ void Engine::finish_backward() {
       stats_.bytes_pruned += static_cast<int64_t>(b.numel * sizeof(float));
     }
   for (size_t p = 0; p < s.seen.size(); ++p)
-    if (!s.seen[p] && s.local_active[plan_.buckets[plan_.param_bucket[p]].group])
+    if (!s.seen[p] && plan_.param_bucket[p] >= 0 && s.local_active[plan_.buckets[plan_.param_bucket[p]].group])
       stats_.declared_without_grad += 1;
   const double exchange = s.count_work ? s.count_work->elapsed_ms() : -1.0;
   stats_.count_exchange_ms = exchange >= 0 ? exchange : s.observed_exchange_ms;

@@ -46,6 +46,19 @@ struct EngineOptions {
   // overwrite group that no rank used in a window are not zero after finish_backward: they
   // hold stale values (the group is not stepped; lazy semantics).
   std::vector<uint8_t> overwrite;
+  // Per group (empty = none; not with pooled or overwrite): streamed. The group's buckets hold
+  // one parameter each (ParamInfo::alone) and no engine memory: the caller hands each gradient
+  // over in the window's last micro-step with mark_ready(param, data, keep), in memory of its
+  // own, and the engine reduces it there in place. `keep` is held until the bucket's work has
+  // completed (polled) or, at the latest, until finish_backward has made the wait stream (or
+  // the host) wait for it; on_launch is where the caller consumes the reduced values (e.g. a
+  // device->host copy ordered after `work`). Memory for such a group follows the buckets in
+  // flight, not the group's size: the row shards of a huge output layer. grad(p) is an error.
+  std::vector<uint8_t> streamed;
+  // Zeroed memory of `bytes` for a streamed bucket that got no gradient here (a group other
+  // ranks trained, or a parameter with no gradient); its result is the group's reduced values
+  // like any other. Held like `keep`. Empty: the communicator's allocate + zero.
+  std::function<std::shared_ptr<void>(size_t bytes)> scratch;
   // Device backends: a stream (cudaStream_t) that finish_backward makes wait for the buckets
   // instead of blocking the host, so the host queues the optimizer and the next step while the
   // last buckets are in flight (as DDP does). comm_wait_ms then counts host time only; measure
@@ -53,9 +66,10 @@ struct EngineOptions {
   void* wait_stream = nullptr;
   // Called as each bucket's allreduce is launched (from the thread that launches it, the
   // engine's lock held: it must not call back into the engine), with the number of ranks
-  // that contributed to the bucket's group. Device backends can order work after the bucket
-  // with work.block_stream(stream), e.g. that bucket's optimizer step.
-  std::function<void(int bucket, int contributors, Work& work)> on_launch;
+  // that contributed to the bucket's group (-1: not known yet) and the bucket's memory. Device
+  // backends can order work after the bucket with work.block_stream(stream), e.g. that
+  // bucket's optimizer step or the copy of its values to the host; host backends wait.
+  std::function<void(int bucket, int contributors, Work& work, float* data)> on_launch;
   // The count exchange's communicator (null: the gradients'). With NCCL gradients, a host
   // (MPI) one keeps the exchange off the GPU: on the comm stream it would queue behind the
   // previous step's buckets, and with the host a step ahead the next step's buckets could not
@@ -86,6 +100,7 @@ struct StepStats {
   double finish_order_ms = 0;
   double finish_launch_ms = 0;
   double finish_block_ms = 0;    // making the wait stream (or the host) wait for the buckets
+  int64_t streamed_bytes_peak = 0;  // streamed groups: most bytes of handed-over buffers held at once
   int finish_launched = 0;       // buckets that finish_backward launched (not the hooks)
   std::vector<int32_t> contributors;  // per group, ranks that used it this window
 };
@@ -116,8 +131,14 @@ class Engine {
   // Waits for the count exchange (normally long done); contributors per group.
   const std::vector<int32_t>& contributors();
   bool group_active_globally(int group);
-  // From the autograd hook after param's gradient has been accumulated. Thread-safe.
+  // From the autograd hook after param's gradient has been accumulated. Thread-safe. A
+  // parameter without a bucket (no elements in the plan) is ignored.
   void mark_ready(int param);
+  // Streamed groups: param's whole gradient is at `data` (the communicator's memory kind,
+  // plan.params[param].numel floats); `keep` owns that memory (see EngineOptions::streamed).
+  // Only after begin_sync, once per window. Waits for the count exchange if it has not landed
+  // (the launch order needs it; the buffers do not pile up meanwhile).
+  void mark_ready(int param, float* data, std::shared_ptr<void> keep);
   // Launches every globally active bucket not yet launched (zero-filled where this rank had no
   // gradient), waits for all of them, divides (contributors or world). After it the gradients
   // of every globally active group are final on every rank; others are zero (overwrite groups:
@@ -127,6 +148,8 @@ class Engine {
 
  private:
   struct Impl;
+  void mark_locked(int param);
+  void check_declared(int param);
   std::shared_ptr<Communicator> comm_;
   BucketPlan plan_;
   EngineOptions opts_;

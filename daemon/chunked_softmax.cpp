@@ -135,11 +135,13 @@ class ChunkedSoftmaxXent : public torch::autograd::Function<ChunkedSoftmaxXent> 
     const bool want_h = ctx->needs_input_grad(0), want_w = ctx->needs_input_grad(1);
     const torch::Tensor scale = grad_out[0] / static_cast<double>(h1.size(0));
     torch::Tensor dh1 = want_h ? torch::zeros_like(h1) : torch::Tensor();
-    torch::Tensor dw;
-    if (want_w) {
+    // The chunk's weight gradient: where the source wants it, else a slice of .grad (whole).
+    const auto dw_chunk = [&](int k, int64_t r0, int64_t rk) {
+      torch::Tensor g = source->grad_chunk(task, k);
+      if (g.defined()) return g;
       if (!weight.grad().defined()) weight.mutable_grad() = torch::zeros(weight.sizes(), h1.options());
-      dw = weight.grad();
-    }
+      return weight.grad().narrow(0, r0, rk);
+    };
     if (want_h || want_w) {
       stream_chunks(*source, task, true, [&](int k, const torch::Tensor& w) {
         const int64_t r0 = begins.at(static_cast<size_t>(k)), rk = w.size(0);
@@ -152,8 +154,10 @@ class ChunkedSoftmaxXent : public torch::autograd::Function<ChunkedSoftmaxXent> 
         dlogits.scatter_add_(1, idx, in.to(dlogits.scalar_type()).neg().unsqueeze(1));
         dlogits.mul_(scale);
         if (want_w) {
-          if (c.rows.defined()) dw.narrow(0, r0, rk).index_add_(0, c.rows, torch::mm(dlogits.t(), h1));
-          else dw.narrow(0, r0, rk).addmm_(dlogits.t(), h1);
+          torch::Tensor dw = dw_chunk(k, r0, rk);
+          if (c.rows.defined()) dw.index_add_(0, c.rows, torch::mm(dlogits.t(), h1));
+          else dw.addmm_(dlogits.t(), h1);
+          source->grad_done(task, k);
         }
         if (want_h) dh1.addmm_(dlogits, wc);
       });

@@ -100,6 +100,7 @@ std::string to_json(const StepRecord& r) {
   field(out, "buckets_launched", r.buckets_launched);
   field(out, "buckets_pruned", r.buckets_pruned);
   field(out, "buckets_broadcast", r.buckets_broadcast);
+  field(out, "grad_stream_peak_bytes", r.grad_stream_peak_bytes);
   field(out, "h2d_bytes", r.h2d_bytes);
   field(out, "d2h_bytes", r.d2h_bytes);
   field(out, "swap_hits", r.swap_hits);

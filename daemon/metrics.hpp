@@ -36,6 +36,7 @@ struct StepRecord {
   int64_t buckets_launched = 0;
   int64_t buckets_pruned = 0;
   int64_t buckets_broadcast = 0;  // of the launched: sent from their one contributor
+  int64_t grad_stream_peak_bytes = 0;  // shard gradients (streamed groups) the engine held at once
   int64_t h2d_bytes = 0;
   int64_t d2h_bytes = 0;
   int64_t swap_hits = 0;

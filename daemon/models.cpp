@@ -299,7 +299,7 @@ class ScriptModel : public TaskModel {
       }
       torch::Tensor t = np.value;
       t.set_requires_grad(true);
-      params_.push_back({np.name, t, groups[0]});
+      params_.push_back({np.name, t, groups[0], nullptr});
     }
     if (!problems.empty()) {
       std::string all;

@@ -16,6 +16,7 @@
 #endif
 
 #include <chrono>
+#include <deque>
 #include <cmath>
 #include <iomanip>
 #include <map>
@@ -95,11 +96,37 @@ struct PendingStep {
 };
 
 // The row shards of offloaded row-chunked groups (ShardSource of the model), acquired from the
-// store as the model streams them and released once their compute is queued.
+// store as the model streams them and released once their compute is queued. Their gradients
+// accumulate shard by shard in tensors of their own over an optimizer window; in its last
+// micro-step each one is handed over (to the engine, which reduces it and copies it to the
+// host) as soon as backward has queued it, so the whole gradient never exists on the device.
 class StoreChunks : public ShardSource {
  public:
-  StoreChunks(offload::ParamStore& store, torch::Device device) : store_(store), device_(device) {}
+  using HandOver = std::function<void(int unit, torch::Tensor grad)>;
+  using Throttle = std::function<void(size_t bytes)>;  // before a new gradient buffer
+  StoreChunks(offload::ParamStore& store, torch::Device device, HandOver hand_over, Throttle throttle)
+      : store_(store), device_(device), hand_over_(std::move(hand_over)), throttle_(std::move(throttle)) {}
   void set_step(int64_t step) { step_ = step; }
+  // Whether the coming backward is the window's last (gradients are handed over in it).
+  void set_last(bool last) { last_ = last; }
+  torch::Tensor grad_chunk(int task, int k) override {
+    torch::Tensor& g = grads_[unit(task, k)];
+    if (!g.defined()) {
+      const offload::UnitInfo& info = store_.unit(unit(task, k));
+      throttle_(info.numel * sizeof(float));
+      g = torch::zeros({static_cast<int64_t>(info.rows), static_cast<int64_t>(info.row_elems)},
+                       torch::TensorOptions().dtype(torch::kFloat32).device(device_));
+    }
+    return g;
+  }
+  void grad_done(int task, int k) override {
+    if (last_) hand_over(unit(task, k));
+  }
+  // After the last backward: what it did not hand over (shards that got no gradient in it but
+  // did earlier in the window).
+  void hand_over_rest() {
+    while (!grads_.empty()) hand_over(grads_.begin()->first);
+  }
   int num_chunks(int task) override { return static_cast<int>(store_.units_of(task + 1).size()); }
   torch::Tensor chunk(int task, int k) override {
     const int u = unit(task, k);
@@ -112,9 +139,20 @@ class StoreChunks : public ShardSource {
 
  private:
   int unit(int task, int k) const { return store_.units_of(task + 1).at(static_cast<size_t>(k)); }
+  void hand_over(int u) {
+    auto it = grads_.find(u);
+    if (it == grads_.end()) return;
+    torch::Tensor g = std::move(it->second);
+    grads_.erase(it);
+    hand_over_(u, std::move(g));
+  }
   offload::ParamStore& store_;
   torch::Device device_;
+  HandOver hand_over_;
+  Throttle throttle_;
   int64_t step_ = 0;
+  bool last_ = true;
+  std::map<int, torch::Tensor> grads_;  // unit -> its gradient so far in this window
 };
 
 class Worker {
@@ -134,7 +172,25 @@ class Worker {
   void mark(PendingStep& p, Phase phase);
   AdamSettings adam_settings(int64_t step) const;
   void adam_params(const std::vector<int>& params, AdamSettings s);
-  void on_bucket_launch(int bucket, int contributors, comm::Work& work);
+  void on_bucket_launch(int bucket, int contributors, comm::Work& work, float* data);
+  void push_bucket(int bucket, int contributors, comm::Work& work, const float* data);
+  void hand_over_shard(int unit, torch::Tensor grad);
+  std::shared_ptr<void> grad_memory(torch::Tensor t);
+  // Offloaded row-chunked groups: streamed through the engine shard by shard (one engine
+  // parameter per store unit, after the model's parameters; the matrix itself has none).
+  std::vector<uint8_t> streamed_;            // per group
+  std::vector<std::vector<int>> shard_params_;  // per group: engine parameters of its shards
+  std::vector<int> unit_param_;              // per store unit: its engine parameter (or -1)
+  std::vector<size_t> grad_offset_;          // per engine parameter: element offset in its group
+  // GPUs: shard gradients launched and not yet copied out (their memory is not reusable before
+  // then): at most grad_inflight_cap_ bytes before a new one is allocated (throttle_grads).
+  void throttle_grads(size_t bytes);
+  std::mutex inflight_mu_;
+  size_t grad_inflight_cap_ = 0;
+  size_t grad_inflight_bytes_ = 0;
+#if THETAD_TORCH_CUDA
+  std::deque<std::pair<size_t, std::shared_ptr<at::cuda::CUDAEvent>>> grad_inflight_;
+#endif
   void take_grad(int param);
   std::vector<uint8_t> overwrite_;        // per group: EngineOptions::overwrite
   std::vector<torch::Tensor> grad_views_;  // per resident parameter: its gradient in the bucket
@@ -188,7 +244,6 @@ class Worker {
   bool offloaded(int group) const { return store_ != nullptr && group > 0; }
   void build_store();
   void bind_group(int group, int64_t step);
-  torch::Tensor flat_grad(int group);
   void bind_grads(int group);
   std::vector<torch::Tensor> read_store_group(int group);  // {params, exp_avg, exp_avg_sq} flat
   std::unique_ptr<MetricsWriter> metrics_;
@@ -269,6 +324,34 @@ void Worker::build() {
     infos.push_back({p.name, static_cast<size_t>(p.tensor.numel()), p.group});
     group_params_.at(p.group).push_back(static_cast<int>(i));
   }
+  // Where each gradient lands in its group's host layout (offloaded groups: registration order).
+  grad_offset_.assign(infos.size(), 0);
+  for (const auto& members : group_params_) {
+    size_t off = 0;
+    for (int p : members) {
+      grad_offset_[static_cast<size_t>(p)] = off;
+      off += infos[static_cast<size_t>(p)].numel;
+    }
+  }
+  // Offloaded row-chunked groups are planned by the store's row shards, each a bucket of its
+  // own; the matrix itself becomes a placeholder without a bucket.
+  streamed_.assign(num_groups, 0);
+  shard_params_.assign(num_groups, {});
+  for (int g = 1; g < num_groups && offload; ++g) {
+    if (!model_->row_chunked(g)) continue;
+    streamed_[g] = 1;
+    const int w = group_params_[g].at(0);
+    const auto& t = (*params_)[w].tensor;
+    const auto row_elems = static_cast<size_t>(t.size(1));
+    infos[w].numel = 0;
+    for (const auto& [r0, rows] : offload::row_shards(static_cast<size_t>(t.size(0)), row_elems,
+                                                      job_.offload.shard_bytes())) {
+      shard_params_[g].push_back(static_cast<int>(infos.size()));
+      grad_offset_.push_back(r0 * row_elems);
+      infos.push_back({(*params_)[w].name + "[" + std::to_string(r0) + ":" + std::to_string(r0 + rows) + "]",
+                       rows * row_elems, g, /*alone=*/true});
+    }
+  }
   if (offload && !device_.is_cpu()) {
     torch::NoGradGuard no_grad;
     for (int p : group_params_[0]) {
@@ -300,11 +383,26 @@ void Worker::build() {
         c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device_.index()));
   }
 #endif
-  if (overlap_opt_ || !job_.timeline.path.empty())
-    eopts.on_launch = [this](int b, int contributors, comm::Work& w) { on_bucket_launch(b, contributors, w); };
+  if (overlap_opt_ || offload || !job_.timeline.path.empty())
+    eopts.on_launch = [this](int b, int contributors, comm::Work& w, float* data) {
+      on_bucket_launch(b, contributors, w, data);
+    };
   if (offload) {  // θ[t]'s gradient buffers follow the active groups, not T
     eopts.pooled.assign(num_groups, 1);
     eopts.pooled[0] = 0;
+    for (int g = 1; g < num_groups; ++g)
+      if (streamed_[g]) eopts.pooled[g] = 0;
+    eopts.streamed = streamed_;
+    eopts.scratch = [this](size_t bytes) {
+#if THETAD_TORCH_CUDA
+      std::optional<c10::cuda::CUDAStreamGuard> on_compute;  // the stream the allreduce waits for
+      if (device_.is_cuda())
+        on_compute.emplace(c10::cuda::getStreamFromExternal(static_cast<cudaStream_t>(compute_stream_), device_.index()));
+#endif
+      throttle_grads(bytes);
+      return grad_memory(torch::zeros({static_cast<int64_t>(bytes / sizeof(float))},
+                                      torch::TensorOptions().dtype(torch::kFloat32).device(device_)));
+    };
   }
   // Resident groups take their gradient by copy on its first arrival in a window (the hook),
   // then by accumulation, instead of a memset per step and an add. Not the pooled groups (bound
@@ -422,6 +520,9 @@ void Worker::train_step(int64_t step, PendingStep& p) {
   for (size_t i = 0; i < params_->size(); ++i)
     if (overwrite_[(*params_)[i].group]) (*params_)[i].tensor.mutable_grad().reset();
   if (store_) {
+    // The previous step's gradient copies read pooled buffers that this step re-binds (and
+    // zeroes on the compute stream); they started during that step's backward.
+    store_->compute_after_pushes();
     std::vector<uint8_t> used(group_params_.size(), 0);
     for (int64_t m = 0; m < k; ++m) {
       const StepPlan plan = schedule_->plan(step * k + m, world_.rank);
@@ -482,11 +583,13 @@ void Worker::train_step(int64_t step, PendingStep& p) {
     }
     const int64_t bwd_us = Timeline::now_us();
     auto t1 = Clock::now();
+    if (store_chunks_) store_chunks_->set_last(last);
     total.backward();
     {
       std::lock_guard<std::mutex> lock(hook_error_mu_);
       if (!hook_error_.empty()) throw ConfigError(hook_error_);
     }
+    if (store_chunks_ && last) store_chunks_->hand_over_rest();
     // No host synchronization: on GPUs finish_backward makes the compute stream wait for the
     // last buckets (EngineOptions::wait_stream) and the marks around it time that stall.
     mark(p, Phase::backward);
@@ -549,29 +652,15 @@ void Worker::optimizer_step(int64_t step, PendingStep& p) {
     // Lazy semantics: a group no rank used this step is not stepped at all.
     if (contributors[g] == 0) continue;
     if (offloaded(static_cast<int>(g))) {
-      bind_grads(static_cast<int>(g));  // also the groups only other ranks trained (zero-filled)
-      std::vector<torch::Tensor> gs;
-      for (int p : group_params_[g]) gs.push_back((*params_)[p].tensor.grad());
-      torch::Tensor flat = flat_grad(static_cast<int>(g));  // alive until step_group returns
+      // Its reduced gradient went to the host bucket by bucket as the allreduces finished
+      // (push_bucket); the owner clips by its norm there and steps it on the CPU.
       s.step = ++group_steps_[g];
-      s.grad_scale = clip_scale(gs, job_.optimizer.clip_norm);
-      const offload::AdamHyper h = to_hyper(s);
+      offload::AdamHyper h = to_hyper(s);
+      h.clip_norm = job_.optimizer.clip_norm;
       const int64_t t_us = Timeline::now_us();
-      for (int u : store_->units_of(static_cast<int>(g)))
-        store_->push_grad(u, flat.data_ptr<float>() + store_->unit(u).offset);
-#if THETAD_TORCH_CUDA
-      // The copy to the host runs on the store's D2H stream while the next step computes: the
-      // allocator must not hand `flat` out again before it is done.
-      if (void* d2h = store_->d2h_stream())
-        flat.record_stream(c10::cuda::getStreamFromExternal(static_cast<cudaStream_t>(d2h), device_.index()));
-#endif
-      const int64_t t2_us = Timeline::now_us();
       store_->step_group(static_cast<int>(g), h);
-      if (timeline_) {
-        const std::string name = "θ[" + std::to_string(g - 1) + "]";
-        timeline_->record(Lane::d2h, "gradient " + name, t_us, t2_us - t_us);
-        timeline_->record(Lane::cpu_adam, "adam " + name, t2_us, Timeline::now_us() - t2_us);
-      }
+      if (timeline_)
+        timeline_->record(Lane::cpu_adam, "adam θ[" + std::to_string(g - 1) + "]", t_us, Timeline::now_us() - t_us);
       continue;
     }
     std::vector<int> todo;
@@ -617,9 +706,81 @@ AdamSettings Worker::adam_settings(int64_t step) const {
 }
 
 // The engine launched bucket b (engine lock held, possibly on autograd's device thread).
-void Worker::on_bucket_launch(int b, int contributors, comm::Work& work) {
+void Worker::on_bucket_launch(int b, int contributors, comm::Work& work, float* data) {
   if (timeline_) timeline_->record(Lane::comm, "launch bucket " + std::to_string(b), Timeline::now_us(), 0);
+  if (offloaded(engine_->plan().buckets[static_cast<size_t>(b)].group)) push_bucket(b, contributors, work, data);
   if (overlap_opt_) step_bucket(b, contributors, work);
+}
+
+// An offloaded group's bucket goes to the host landing area as soon as its allreduce is done,
+// while the rest of backward runs: on GPUs the D2H stream waits for the bucket's work (the host
+// does not), on the host device the copy follows the wait. Only the group's owner on this host
+// copies; a group no rank used is not stepped, so nothing is copied for it.
+void Worker::push_bucket(int b, int contributors, comm::Work& work, const float* data) {
+  const comm::BucketPlan& plan = engine_->plan();
+  const comm::Bucket& bucket = plan.buckets[static_cast<size_t>(b)];
+  const bool copy = contributors != 0 && store_->owns(bucket.group);
+  if (!copy && !streamed_[bucket.group]) return;
+  const int64_t t_us = Timeline::now_us();
+  const auto timeout = engine_->communicator().default_timeout();
+  void* d2h = store_->d2h_stream();
+  if (d2h) work.block_stream(d2h, timeout);
+  else work.wait(timeout);
+  if (copy)
+    for (size_t k = 0; k < bucket.params.size(); ++k) {
+      const auto p = static_cast<size_t>(bucket.params[k]);
+      store_->push_grad_range(bucket.group, grad_offset_[p], data + bucket.offsets[k], plan.params[p].numel);
+    }
+#if THETAD_TORCH_CUDA
+  if (d2h && streamed_[bucket.group]) {  // its memory is free again once the D2H stream passes here
+    auto done = std::make_shared<at::cuda::CUDAEvent>();
+    done->record(c10::cuda::getStreamFromExternal(static_cast<cudaStream_t>(d2h), device_.index()));
+    std::lock_guard<std::mutex> lock(inflight_mu_);
+    grad_inflight_.emplace_back(bucket.numel * sizeof(float), std::move(done));
+    grad_inflight_bytes_ += bucket.numel * sizeof(float);
+  }
+#endif
+  if (!copy) return;
+  if (timeline_)
+    timeline_->record(Lane::d2h, "gradient θ[" + std::to_string(bucket.group - 1) + "] bucket " + std::to_string(b),
+                      t_us, Timeline::now_us() - t_us, {{"bytes", int64_t(bucket.numel * sizeof(float))}});
+}
+
+// The engine holds gradient memory of its streamed groups until their bucket's work is done;
+// the D2H copy that push_bucket queues may read it later still, so on GPUs the caching
+// allocator is told about that stream too.
+std::shared_ptr<void> Worker::grad_memory(torch::Tensor t) {
+#if THETAD_TORCH_CUDA
+  if (void* d2h = store_ ? store_->d2h_stream() : nullptr)
+    t.record_stream(c10::cuda::getStreamFromExternal(static_cast<cudaStream_t>(d2h), device_.index()));
+#endif
+  auto holder = std::make_shared<torch::Tensor>(std::move(t));
+  return std::shared_ptr<void>(holder, holder->data_ptr());
+}
+
+// Before a new shard gradient buffer: waits (host) for the oldest launched ones to be copied
+// out while more than the cap would be in flight. Only launched ones are waited for (a bucket
+// waiting for its turn to launch might wait for this very backward), so the cap is soft when
+// launches lag.
+void Worker::throttle_grads(size_t bytes) {
+#if THETAD_TORCH_CUDA
+  std::lock_guard<std::mutex> lock(inflight_mu_);
+  while (!grad_inflight_.empty() &&
+         (grad_inflight_.front().second->query() || grad_inflight_bytes_ + bytes > grad_inflight_cap_)) {
+    grad_inflight_.front().second->synchronize();
+    grad_inflight_bytes_ -= grad_inflight_.front().first;
+    grad_inflight_.pop_front();
+  }
+#else
+  (void)bytes;
+#endif
+}
+
+// StoreChunks hands a shard's gradient of the window over: the engine reduces it in place.
+void Worker::hand_over_shard(int unit, torch::Tensor grad) {
+  const int param = unit_param_.at(static_cast<size_t>(unit));
+  float* data = grad.data_ptr<float>();
+  engine_->mark_ready(param, data, grad_memory(std::move(grad)));
 }
 
 // optimizer.overlap (GPUs): the optimizer step of one resident bucket, on opt_stream_ once the
@@ -839,7 +1000,24 @@ void Worker::build_store() {
                         "time (the next one's copy overlaps the current one's compute), so the store "
                         "needs at least 2 device slots; it has " + std::to_string(store_->slots()) +
                         " (raise offload.device_slots or offload.device_budget_mb)");
-  store_chunks_ = std::make_unique<StoreChunks>(*store_, device_);
+  unit_param_.assign(static_cast<size_t>(store_->num_units()), -1);
+  for (size_t g = 1; g < group_params_.size(); ++g) {
+    if (!streamed_[g]) continue;
+    const auto& units = store_->units_of(static_cast<int>(g));
+    THETAD_CHECK_EQ(units.size(), shard_params_[g].size(), "group ", g, ": store shards vs engine shards");
+    for (size_t k = 0; k < units.size(); ++k) {
+      const int p = shard_params_[g][k];
+      THETAD_CHECK(store_->unit(units[k]).offset == grad_offset_[static_cast<size_t>(p)] &&
+                       store_->unit(units[k]).numel == engine_->plan().params[static_cast<size_t>(p)].numel,
+                   InternalError, "group ", g, " shard ", k, ": the store's unit and the engine's bucket differ");
+      unit_param_[static_cast<size_t>(units[k])] = p;
+    }
+  }
+  // Shard gradients in flight on the device: as many as the store has slots for shards.
+  grad_inflight_cap_ = static_cast<size_t>(std::max<int64_t>(2, store_->slots())) * store_->slot_bytes();
+  store_chunks_ = std::make_unique<StoreChunks>(
+      *store_, device_, [this](int u, torch::Tensor g) { hand_over_shard(u, std::move(g)); },
+      [this](size_t bytes) { throttle_grads(bytes); });
   model_->set_shard_source(store_chunks_.get());
   // Each group's owner writes its initial values straight into the arena, groups in parallel:
   // lazily built parameters draw them there (no rank holds a copy of θ), others are copied.
@@ -898,6 +1076,7 @@ std::vector<torch::Tensor> Worker::read_store_group(int group) {
 
 // Points an offloaded group's gradients at the engine's pool buffer bound to it this window.
 void Worker::bind_grads(int group) {
+  if (streamed_[group]) return;  // handed over shard by shard (StoreChunks)
   for (int p : group_params_[group]) {
     auto& t = (*params_)[p].tensor;
     t.mutable_grad() = torch::from_blob(engine_->grad(p), t.sizes(),
@@ -905,12 +1084,6 @@ void Worker::bind_grads(int group) {
   }
 }
 
-// The group's reduced gradient, contiguous in the store's layout (registration order).
-torch::Tensor Worker::flat_grad(int group) {
-  std::vector<torch::Tensor> gs;
-  for (int p : group_params_[group]) gs.push_back((*params_)[p].tensor.grad().reshape({-1}));
-  return torch::cat(gs).contiguous();
-}
 
 void Worker::resume() {
   if (!opts_.resume || job_.checkpoint.dir.empty()) return;
@@ -1039,6 +1212,7 @@ int Worker::run() {
     rec.buckets_launched = st.buckets_launched;
     rec.buckets_pruned = st.buckets_pruned;
     rec.buckets_broadcast = st.buckets_broadcast;
+    rec.grad_stream_peak_bytes = st.streamed_bytes_peak;
     rec.samples = job_.data.batch_per_rank;
     if (store_) {
       const offload::StoreStats ss = store_->stats();

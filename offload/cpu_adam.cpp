@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <vector>
 #include <cmath>
 
 #include "offload/thread_pool.hpp"
@@ -189,6 +190,21 @@ void adam_step(float* p, const float* g, float* m, float* v, size_t n, const Ada
     const size_t e = std::min(n, b + chunk);
     k(p + b, g + b, m + b, v + b, e - b, c);
   });
+}
+
+double sum_squares(const float* g, size_t n) {
+  const size_t chunk = 1 << 16;
+  const size_t chunks = (n + chunk - 1) / chunk;
+  std::vector<double> part(chunks, 0.0);
+  ThreadPool::instance().parallel_for(chunks, [&](size_t ci) {
+    const size_t b = ci * chunk, e = std::min(n, b + chunk);
+    double s = 0.0;
+    for (size_t i = b; i < e; ++i) s += static_cast<double>(g[i]) * static_cast<double>(g[i]);
+    part[ci] = s;
+  });
+  double total = 0.0;
+  for (double s : part) total += s;
+  return total;
 }
 
 std::string adam_kernel_name() {

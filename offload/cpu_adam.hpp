@@ -28,12 +28,19 @@ struct AdamHyper {
   bool decoupled = true;     // true: AdamW, false: Adam (L2 penalty added to the gradient)
   int64_t step = 1;          // 1-based count of steps taken by this group, this one included
   double grad_scale = 1.0;   // multiplies the gradient on the fly (gradient clipping factor)
+  // > 0: the parameter store clips by the gradient's norm before the step: grad_scale becomes
+  // clip_norm / (norm + 1e-6) where the norm (sum of squares in double) exceeds clip_norm.
+  double clip_norm = 0.0;
 };
 
 // One optimizer step over n elements, in place on p, m, v. g is read only. Large n is split
 // over a persistent pool of worker threads (one per hardware thread). Thread-safe: concurrent
 // callers share the pool one at a time.
 void adam_step(float* p, const float* g, float* m, float* v, size_t n, const AdamHyper& h);
+
+// Sum of g[i]^2 over n elements, in double, on the thread pool (deterministic: fixed chunks,
+// added in order).
+double sum_squares(const float* g, size_t n);
 
 // Which kernel adam_step uses on this CPU: "avx512", "avx2" or "scalar".
 std::string adam_kernel_name();

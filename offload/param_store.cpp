@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 
 #include "common/errors.hpp"
@@ -59,19 +60,18 @@ ParamStore::ParamStore(const StoreOptions& opts, std::vector<GroupShape> groups,
                  " given twice");
     const size_t row_bytes = g.row_elems * sizeof(float);
     const size_t bytes = g.rows * row_bytes;
-    size_t rows_per_unit = g.rows;
-    if (opts_.shard_bytes > 0 && bytes > opts_.shard_bytes) {
+    if (opts_.shard_bytes > 0 && bytes > opts_.shard_bytes)
       THETAD_CHECK(row_bytes <= opts_.shard_bytes, ConfigError, "offload: one row of group ",
                    g.group, " is ", mib(row_bytes), " MiB, larger than offload.shard_mb (",
                    mib(opts_.shard_bytes), " MiB); groups are sharded by rows, raise offload.shard_mb");
-      rows_per_unit = opts_.shard_bytes / row_bytes;
-    }
-    for (size_t r = 0, k = 0; r < g.rows; r += rows_per_unit, ++k) {
+    const auto shards = row_shards(g.rows, g.row_elems, opts_.shard_bytes);
+    for (size_t k = 0; k < shards.size(); ++k) {
+      const size_t r = shards[k].first;
       UnitInfo u;
       u.group = g.group;
       u.shard = static_cast<int>(k);
       u.row_begin = r;
-      u.rows = std::min(rows_per_unit, g.rows - r);
+      u.rows = shards[k].second;
       u.row_elems = g.row_elems;
       u.numel = u.rows * u.row_elems;
       u.offset = r * g.row_elems;
@@ -148,6 +148,15 @@ ParamStore::~ParamStore() {
   }
   for (void* p : slot_mem_) device_.free(p);
   // arena_ (collective MPI_Win_free) goes with the members.
+}
+
+std::vector<std::pair<size_t, size_t>> row_shards(size_t rows, size_t row_elems, size_t shard_bytes) {
+  const size_t row_bytes = row_elems * sizeof(float);
+  size_t per = rows;
+  if (shard_bytes > 0 && rows * row_bytes > shard_bytes) per = std::max<size_t>(1, shard_bytes / row_bytes);
+  std::vector<std::pair<size_t, size_t>> out;
+  for (size_t r = 0; r < rows; r += per) out.emplace_back(r, std::min(per, rows - r));
+  return out;
 }
 
 size_t ParamStore::index_of(int group) const {
@@ -297,11 +306,31 @@ void ParamStore::push_grad(int u, const float* device_grad) {
   const UnitInfo& info = units_.at(static_cast<size_t>(u));
   const size_t gi = index_of(info.group);
   if (!arena_->is_owner(gi)) return;
+  push(gi, info.offset, device_grad, info.numel, device_.record_compute());
+}
+
+void ParamStore::push_grad_range(int group, size_t offset, const float* device_grad, size_t numel) {
+  rethrow_worker_error();
+  const size_t gi = index_of(group);
+  if (!arena_->is_owner(gi)) return;
+  THETAD_CHECK(offset + numel <= arena_->entry(gi).numel, InternalError, "push_grad_range: [", offset, ", ",
+               offset + numel, ") outside group ", group, " of ", arena_->entry(gi).numel, " elements");
+  push(gi, offset, device_grad, numel, Fence{});
+}
+
+bool ParamStore::owns(int group) const { return arena_->is_owner(index_of(group)); }
+
+void ParamStore::compute_after_pushes() {
+  if (!last_push_.empty()) device_.compute_wait(last_push_);
+  last_push_ = Fence{};
+}
+
+void ParamStore::push(size_t gi, size_t offset, const float* src, size_t numel, const Fence& after) {
   // Our worker may still be reading the landing area for the previous update.
   arena_->wait_seq(gi, expected_[gi], opts_.timeout_s);
-  const size_t bytes = info.numel * sizeof(float);
-  grad_fences_[gi].push_back(device_.d2h(arena_->grad(gi) + info.offset, device_grad, bytes,
-                                         device_.record_compute()));
+  const size_t bytes = numel * sizeof(float);
+  last_push_ = device_.d2h(arena_->grad(gi) + offset, src, bytes, after);
+  grad_fences_[gi].push_back(last_push_);
   std::lock_guard<std::mutex> lk(stats_mu_);
   stats_.d2h_bytes += bytes;
 }
@@ -330,8 +359,13 @@ void ParamStore::run_job(Job& job) {
   const uint64_t before = arena_->seq(gi).load(std::memory_order_acquire);
   THETAD_CHECK_EQ(before + 1, job.target, "offload: group updates out of order");
   const auto t0 = std::chrono::steady_clock::now();
+  AdamHyper h = job.hyper;
+  if (h.clip_norm > 0) {  // the reduced gradient is here whole: clip by its norm
+    const double norm = std::sqrt(sum_squares(arena_->grad(gi), arena_->entry(gi).numel));
+    h.grad_scale = norm > h.clip_norm ? h.clip_norm / (norm + 1e-6) : 1.0;
+  }
   adam_step(arena_->params(gi), arena_->grad(gi), arena_->exp_avg(gi), arena_->exp_avg_sq(gi),
-            arena_->entry(gi).numel, job.hyper);
+            arena_->entry(gi).numel, h);
   const double ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   arena_->publish(gi);

@@ -75,6 +75,10 @@ struct UnitInfo {
   size_t offset = 0;      // first element within the group (row_begin * row_elems)
 };
 
+// The row shards (first row, rows) a [rows x row_elems] group splits into with shard_bytes
+// (0 = no sharding): the store's units of that group, in order.
+std::vector<std::pair<size_t, size_t>> row_shards(size_t rows, size_t row_elems, size_t shard_bytes);
+
 struct StoreStats {
   uint64_t h2d_bytes = 0;
   uint64_t d2h_bytes = 0;
@@ -135,6 +139,17 @@ class ParamStore {
   // the caller keeps device_grad's memory from reuse until the copy is done, e.g. LibTorch's
   // Tensor::record_stream on d2h_stream(), or by not writing it before the next step's backward.
   void push_grad(int unit, const float* device_grad);
+  // Owner: the same for `numel` floats at element `offset` of the group, copied as soon as the
+  // D2H stream gets to it: the caller has ordered that stream after the values are final (e.g.
+  // a bucket's allreduce: Work::block_stream(d2h_stream())), or, where copies are synchronous,
+  // they are final now. A group's copies must all be pushed before its step_group. Waits while
+  // the owner's previous update of the group still reads the landing area.
+  void push_grad_range(int group, size_t offset, const float* device_grad, size_t numel);
+  // True when this rank writes the group's gradient and runs its step on this host.
+  bool owns(int group) const;
+  // The compute stream waits for every device->host copy pushed so far (before it overwrites
+  // memory those copies read, e.g. a pooled gradient buffer bound to another group).
+  void compute_after_pushes();
   // The D2H copy stream (cudaStream_t) of push_grad; nullptr where copies are synchronous.
   void* d2h_stream() { return device_.d2h_stream(); }
   // Every rank, for every globally active group: counts the update; the owner runs adam_step
@@ -191,6 +206,8 @@ class ParamStore {
   std::vector<int> pinned_;         // units pinned in the current step
   std::vector<uint64_t> expected_;  // per entry: updates counted so far
   std::vector<std::vector<Fence>> grad_fences_;  // per entry (owner): pending D2H copies
+  Fence last_push_;                              // the latest of them (one in-order stream)
+  void push(size_t gi, size_t offset, const float* src, size_t numel, const Fence& after);
   std::map<int64_t, std::vector<int>> schedule_cache_;
   int64_t now_ = -1;
 

@@ -48,7 +48,13 @@ void expect_valid(const BucketPlan& plan, const std::vector<ParamInfo>& ps) {
     }
     EXPECT_EQ(b.numel, off);
   }
-  EXPECT_EQ(seen.size(), ps.size());
+  for (size_t p = 0; p < ps.size(); ++p) {  // every parameter with elements is in exactly one bucket
+    if (ps[p].numel == 0) {
+      EXPECT_EQ(plan.param_bucket[p], -1) << "placeholder " << ps[p].name << " got a bucket";
+    } else {
+      EXPECT_EQ(seen.count(static_cast<int>(p)), 1u) << ps[p].name;
+    }
+  }
   for (int g = 0; g < plan.num_groups; ++g)
     for (size_t k = 0; k < plan.group_buckets[g].size(); ++k) {
       EXPECT_EQ(plan.buckets[plan.group_buckets[g][k]].group, g);
@@ -116,6 +122,7 @@ TEST(BucketPlan, EmptyGroupsAndZeroSizedParams) {
   std::vector<ParamInfo> ps = {{"a", 0, 0}, {"b", 5, 2}};
   auto plan = make_bucket_plan(ps, 4, opts(64, 64));
   expect_valid(plan, ps);
+  EXPECT_TRUE(plan.group_buckets[0].empty());  // a placeholder without elements: no bucket
   EXPECT_TRUE(plan.group_buckets[1].empty());
   EXPECT_TRUE(plan.group_buckets[3].empty());
 }
@@ -165,4 +172,20 @@ TEST(BucketPlan, DescribeNamesEveryParameter) {
   for (const auto& p : ps) EXPECT_NE(d.find(p.name), std::string::npos) << p.name;
   EXPECT_EQ(fnv1a64(std::string("")), 14695981039346656037ull);  // the FNV-1a offset basis
   EXPECT_EQ(fnv1a64(std::string("a")), 0xaf63dc4c8601ec8cull);
+}
+
+TEST(BucketPlan, AloneParamsAndPlaceholders) {
+  std::vector<ParamInfo> ps{{"a", 10, 0}, {"b", 10, 0}, {"w", 0, 1}, {"w[0:2]", 8, 1, true}, {"w[2:4]", 8, 1, true}};
+  BucketPlanOptions o;
+  o.bucket_cap_bytes = 1 << 20;
+  o.first_bucket_bytes = 1 << 20;
+  const BucketPlan plan = make_bucket_plan(ps, 2, o);
+  EXPECT_EQ(plan.param_bucket[2], -1);
+  ASSERT_EQ(plan.buckets.size(), 3u);
+  EXPECT_EQ(plan.buckets[0].params, std::vector<int>{4});  // backward order: the last shard first
+  EXPECT_EQ(plan.buckets[1].params, std::vector<int>{3});
+  EXPECT_EQ(plan.buckets[2].params, (std::vector<int>{1, 0}));
+  std::vector<ParamInfo> together = ps;
+  together[3].alone = together[4].alone = false;
+  EXPECT_NE(make_bucket_plan(together, 2, o).hash, plan.hash);
 }

@@ -36,12 +36,32 @@ xc=(--set model.kind=extreme_classifier --set model.classes=400 --set optimizer.
     --set offload.shard_mb=0.004)
 for np in 1 2 4; do on_off "xc_np$np" "$np" "${xc[@]}" --set checkpoint.dir="$WORK/xc_ck_np$np"; done
 expect_in xc_np2_offload_true "4 groups in 16 units, 2 device slots"
+# Each shard's gradient is reduced and copied to the host on its own: the engine never holds
+# more than two shards' gradients (4092 bytes each) of a 13200-byte slice at once.
+for np in 2 4; do
+  /usr/bin/python3 - "$WORK/xc_np${np}_true.jsonl" <<'PY' && pass "xc_np$np: shard gradients streamed (at most 2 shards held)" \
+    || fail "xc_np$np: shard gradients not streamed"
+import json, sys
+peak = max(json.loads(l)["grad_stream_peak_bytes"] for l in open(sys.argv[1]))
+assert 0 < peak <= 2 * 31 * 33 * 4, "grad_stream_peak_bytes %d" % peak
+PY
+done
 on_off xc_accumulate_np2 2 "${xc[@]}" --set accumulate_steps=2
 # Sampled softmax over the shards (the label classes plus 20 sampled ones per step): offload on
 # == off bitwise, and the single-process reference agrees.
 xcn=("${xc[@]}" --set model.negatives_per_step=20)
 on_off xc_negatives_np2 2 "${xcn[@]}" --set checkpoint.dir="$WORK/xcn_ck_np2"
 expect_code 0 xcn_reference "$reference" "$job" --world 2 --set steps=20 "${xcn[@]}" --compare "$WORK/xcn_ck_np2"
+# Gradient clipping of offloaded groups: the owner clips by the norm of the reduced gradient on
+# the host (it never is whole on the device with shards); the reference clips on the tensors.
+# clip_norm 0.05 clips most steps; same parameters within 1e-5.
+expect_code 0 xc_clip mpirun "${MPIRUN_FLAGS[@]}" -np 2 "$thetad" run "$job" --no-resume --set steps=20 \
+  "${xc[@]}" --set optimizer.clip_norm=0.05 --set offload.enabled=true --set offload.device_slots=2 \
+  --set checkpoint.dir="$WORK/xc_ck_clip"
+expect_code 0 xc_clip_reference "$reference" "$job" --world 2 --set steps=20 "${xc[@]}" \
+  --set optimizer.clip_norm=0.05 --compare "$WORK/xc_ck_clip" --tol 1e-5
+expect_code 1 xc_clip_differs "$reference" "$job" --world 2 --set steps=20 "${xc[@]}" \
+  --set optimizer.clip_norm=0 --compare "$WORK/xc_ck_clip" --tol 1e-5
 # Sharded vs the single-process reference (same chunks, plain autograd), and vs the unsharded
 # model (weight and bias apart, one matmul per slice) within float tolerance.
 expect_code 0 xc_reference "$reference" "$job" --world 2 --set steps=20 "${xc[@]}" --compare "$WORK/xc_ck_np2"

@@ -112,3 +112,19 @@ TEST(CpuAdamKernels, MatchesDoubleReference) {
     }
   }
 }
+
+// The clip norm of offloaded groups: the sum of squares in double, over sizes that split into
+// several threaded chunks and ones that do not; deterministic (same bits on every call).
+TEST(CpuAdamKernels, SumSquaresIsTheDoubleSum) {
+  for (size_t n : {size_t{0}, size_t{1}, size_t{37}, size_t{1} << 16, (size_t{1} << 18) + 13}) {
+    std::vector<float> g(n);
+    std::mt19937 rng(static_cast<uint32_t>(n));
+    std::normal_distribution<float> d(0.0f, 3.0f);
+    for (float& x : g) x = d(rng);
+    long double want = 0;
+    for (float x : g) want += static_cast<long double>(x) * x;
+    const double got = thetad::offload::sum_squares(g.data(), n);
+    EXPECT_NEAR(got, static_cast<double>(want), 1e-12 * static_cast<double>(want) + 1e-300) << "n " << n;
+    EXPECT_EQ(got, thetad::offload::sum_squares(g.data(), n)) << "n " << n;
+  }
+}
