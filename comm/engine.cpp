@@ -46,8 +46,12 @@ struct Engine::Impl {
   // then, once launched, the owners held until their bucket's work completes.
   std::vector<float*> ext;
   std::vector<std::shared_ptr<void>> ext_keep;
-  std::vector<std::pair<WorkPtr, size_t>> held_work;  // (work, bytes) per held owner below
-  std::vector<std::shared_ptr<void>> held;
+  struct Held {
+    WorkPtr work;
+    size_t bytes;
+    std::shared_ptr<void> keep;
+  };
+  std::vector<Held> held;
   int64_t held_bytes = 0;
 
   bool synced = false;     // begin_sync called in this window
@@ -146,19 +150,13 @@ struct Engine::Impl {
 
   // Drops the owners of streamed buffers whose bucket's work has completed (all: `all`).
   void release_held(bool all) {
-    size_t kept = 0;
-    for (size_t i = 0; i < held.size(); ++i) {
-      if (all || held_work[i].first->is_completed()) {
-        held_bytes -= static_cast<int64_t>(held_work[i].second);
-        held[i].reset();
-        continue;
-      }
-      held[kept] = std::move(held[i]);
-      held_work[kept] = std::move(held_work[i]);
-      ++kept;
-    }
-    held.resize(kept);
-    held_work.resize(kept);
+    held.erase(std::remove_if(held.begin(), held.end(),
+                              [&](const Held& h) {
+                                if (!all && !h.work->is_completed()) return false;
+                                held_bytes -= static_cast<int64_t>(h.bytes);
+                                return true;
+                              }),
+               held.end());
   }
 
   // Overwrite groups: before bucket b is reduced, zeroes what no gradient overwrote this window
@@ -233,8 +231,7 @@ struct Engine::Impl {
       stats.on_launch_ms += std::chrono::duration<double, std::milli>(Clock::now() - t1).count();
     }
     if (streamed(bucket.group)) {
-      held_work.emplace_back(works.back(), bucket.numel * sizeof(float));
-      held.push_back(std::move(ext_keep[b]));
+      held.push_back({works.back(), bucket.numel * sizeof(float), std::move(ext_keep[b])});
       ext[b] = nullptr;
     }
     launched[b] = 1;

@@ -720,6 +720,8 @@ void Worker::push_bucket(int b, int contributors, comm::Work& work, const float*
   const comm::BucketPlan& plan = engine_->plan();
   const comm::Bucket& bucket = plan.buckets[static_cast<size_t>(b)];
   const bool copy = contributors != 0 && store_->owns(bucket.group);
+  // Streamed buckets are waited for also where nothing is copied: the engine gives their
+  // memory back once the work completes (host backends: once waited for).
   if (!copy && !streamed_[bucket.group]) return;
   const int64_t t_us = Timeline::now_us();
   const auto timeout = engine_->communicator().default_timeout();
