@@ -13,6 +13,7 @@
 #   BENCH_DDP_EXTRA_T=384  DDP-only points run when DDP did not run out of memory at the largest
 #                          sweep point ("" = none)
 #   BENCH_STEPS=60 BENCH_WARMUP=10   steps per run / steps left out of the medians
+#   BENCH_FLOOR_STEPS=40   steps of the host-floor measurement of the offload step (store_h2d)
 #   BENCH_CAP_BIG_S=240    timeout of a sweep point of thetad (offload set-up grows with T)
 #   BENCH_DDP_SWEEP=0      DDP only at the reference T (its sweep does not depend on thetad)
 #   BENCH_TF32=1           also the reference all-resident with TF32 matmuls, thetad and DDP (GPUs)
@@ -223,7 +224,9 @@ fi
 
 # ---- the store's host->device bandwidth (issue 4) ------------------------------------------------
 if [ -x "$STORE_H2D" ] && [ "$NGPU" -gt 0 ]; then
-  point store_h2d store_h2d 90 "" -- mpirun $MPI_FLAGS "${MPI_ENV[@]}" -np "$NP" "$STORE_H2D" \
+  # --floor-*: the host's floor of the reference offload step (its heads are 128 MiB, T = 16).
+  point store_h2d store_h2d 150 "" -- mpirun $MPI_FLAGS "${MPI_ENV[@]}" -np "$NP" "$STORE_H2D" \
+        --floor-steps "${BENCH_FLOOR_STEPS:-40}" --floor-groups "$REF_T" --group-mb 128 \
         --json "$OUT/store_h2d/result.json"
   grep -E '^(rank|RESULT)' "$OUT/store_h2d/log.txt" | sed 's/^/           /'
 else

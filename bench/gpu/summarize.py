@@ -395,6 +395,17 @@ def main(argv):
                       "PASS" if sh["ratio_min"] >= 0.9 else "FAIL",
                       "%.2fx (store %.1f GB/s, pinned %.1f GB/s, %d rank(s) at once)" %
                       (sh["ratio_min"], sh["store_gbs"], sh["pinned_gbs"], sh["ranks"])))
+    if sh and sh.get("floor_step_ms") and off_st and res_st and off_st["step_ms"] and res_st["step_ms"]:
+        # The store's per-step work alone (bench_store_h2d --floor-steps): no offloaded step can
+        # beat max(all-resident step, floor) on this host; how close the offload step gets to it.
+        fl = sh["floor_step_ms"]
+        bound = max(res_st["step_ms"], fl)
+        r = off_st["step_ms"] / bound
+        goals.append(("offload step <= 1.1x max(all-resident, host floor)", "PASS" if r <= 1.1 else "FAIL",
+                      "%.2fx; host floor %.2f ms (CPU AdamW %.2f ms, %.0f GB/s of host memory traffic), so "
+                      "offload can reach at most %.2fx all-resident throughput on this host" %
+                      (r, fl, sh.get("floor_adam_ms", 0), sh.get("floor_host_gbs", 0),
+                       min(1.0, res_st["step_ms"] / fl))))
 
     ct = by_name.get("ctest_gpu")
     if ct is not None and ct.get("status") != "skipped":
