@@ -323,10 +323,14 @@ size_t Engine::buffer_bytes() const {
 }
 
 float* Engine::grad(int param) {
-  if (param < 0 || param >= static_cast<int>(plan_.param_bucket.size()) || plan_.param_bucket[param] < 0)
+  if (param < 0 || param >= static_cast<int>(plan_.param_bucket.size()))
     throw InternalError(detail::concat("no gradient buffer for parameter ", param));
-  if (impl_->streamed(plan_.buckets[plan_.param_bucket[param]].group))
+  if (impl_->streamed(plan_.params[static_cast<size_t>(param)].group))
     throw InternalError(detail::concat("parameter ", param, " is streamed: the caller holds its gradient"));
+  if (plan_.param_bucket[param] < 0) {  // no elements: a valid address of nothing
+    static float nothing = 0.0f;
+    return &nothing;
+  }
   return bucket_data(plan_.param_bucket[param]) + plan_.param_offset[param];
 }
 
@@ -405,19 +409,27 @@ void Engine::mark_ready(int param) {
   mark_locked(param);
 }
 
+// The bucket of a streamed parameter whose gradient (or its absence) may be given now: after
+// begin_sync, once per window, before the bucket launched. Engine lock held.
+int Engine::streamed_bucket(const char* call, int param) {
+  Impl& s = *impl_;
+  if (param < 0 || param >= static_cast<int>(plan_.param_bucket.size()) || plan_.param_bucket[param] < 0)
+    throw InternalError(detail::concat(call, ": no bucket for parameter ", param));
+  const int b = plan_.param_bucket[param];
+  if (!s.streamed(plan_.buckets[b].group))
+    throw InternalError(detail::concat(call, ": parameter ", param, " is not streamed"));
+  if (!s.synced || s.ready[param] || s.launched[b] || s.ext[b])
+    throw InternalError(detail::concat(call, ": parameter ", param, " of a streamed group must be given "
+                                       "once per window, after begin_sync, before its bucket launched"));
+  check_declared(param);
+  return b;
+}
+
 void Engine::mark_ready(int param, float* data, std::shared_ptr<void> keep) {
   std::lock_guard<std::mutex> lock(impl_->mu);
   Impl& s = *impl_;
-  if (param < 0 || param >= static_cast<int>(plan_.param_bucket.size()) || plan_.param_bucket[param] < 0)
-    throw InternalError(detail::concat("mark_ready: no bucket for parameter ", param));
-  const int b = plan_.param_bucket[param];
-  if (!s.streamed(plan_.buckets[b].group))
-    throw InternalError(detail::concat("mark_ready: parameter ", param, " is not streamed"));
-  if (!s.synced || s.ready[param] || s.launched[b] || s.ext[b])
-    throw InternalError(detail::concat("mark_ready: parameter ", param, " of a streamed group must be handed "
-                                       "over once per window, after begin_sync, before its bucket launched"));
   if (!data) throw InternalError(detail::concat("mark_ready: no data for parameter ", param));
-  check_declared(param);
+  const int b = streamed_bucket("mark_ready", param);
   s.ext[b] = data;
   s.ext_keep[b] = std::move(keep);
   s.hold_bytes(static_cast<int64_t>(plan_.buckets[b].numel * sizeof(float)));
@@ -426,6 +438,23 @@ void Engine::mark_ready(int param, float* data, std::shared_ptr<void> keep) {
   s.fetch_counts(/*block=*/true);
   mark_locked(param);
   s.release_held(false);
+}
+
+void Engine::mark_absent(int param) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  Impl& s = *impl_;
+  const int b = streamed_bucket("mark_absent", param);
+  // Ready without a gradient (it still counts in declared_without_grad); nothing is held: the
+  // bucket's scratch memory is taken when it launches.
+  s.ready[param] = 1;
+  s.pending[b] -= 1;
+  s.run(false);
+}
+
+bool Engine::locally_active(int group) const {
+  if (group < 0 || group >= plan_.num_groups) throw InternalError(detail::concat("no group ", group));
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->local_active[static_cast<size_t>(group)] != 0;
 }
 
 // A gradient for a group not active on this rank: an error once the exchange started (or in

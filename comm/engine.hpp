@@ -117,7 +117,8 @@ class Engine {
 
   // Where parameter p's gradient lives (float32, plan.params[p].numel elements, in the
   // communicator's memory kind). Stable for the engine's lifetime, except for pooled groups:
-  // there it binds the group to a zeroed pool buffer for the current window if needed.
+  // there it binds the group to a zeroed pool buffer for the current window if needed. A
+  // parameter without elements gets a valid address that holds none of its gradient.
   float* grad(int param);
   // Bytes of device/host memory the gradient buffers hold now (fixed buckets + pool).
   size_t buffer_bytes() const;
@@ -139,6 +140,12 @@ class Engine {
   // Only after begin_sync, once per window. Waits for the count exchange if it has not landed
   // (the launch order needs it; the buffers do not pile up meanwhile).
   void mark_ready(int param, float* data, std::shared_ptr<void> keep);
+  // Streamed groups: this rank has no gradient for param in this window (a shard without rows in
+  // the batch, a group declared but not computed). Its bucket reduces zeros (scratch memory,
+  // taken at launch), and later buckets need not wait for finish_backward. Same rules as above.
+  void mark_absent(int param);
+  // Whether this rank declared (or discovered) the group active in the current window.
+  bool locally_active(int group) const;
   // Launches every globally active bucket not yet launched (zero-filled where this rank had no
   // gradient), waits for all of them, divides (contributors or world). After it the gradients
   // of every globally active group are final on every rank; others are zero (overwrite groups:
@@ -150,6 +157,7 @@ class Engine {
   struct Impl;
   void mark_locked(int param);
   void check_declared(int param);
+  int streamed_bucket(const char* call, int param);
   std::shared_ptr<Communicator> comm_;
   BucketPlan plan_;
   EngineOptions opts_;

@@ -147,7 +147,10 @@ class ChunkedSoftmaxXent : public torch::autograd::Function<ChunkedSoftmaxXent> 
         const int64_t r0 = begins.at(static_cast<size_t>(k)), rk = w.size(0);
         const auto kk = static_cast<size_t>(k);
         const ChunkCols c = cols_at(subset, r0, col_begins.at(kk), col_counts.at(kk));
-        if (c.cols == 0) return;
+        if (c.cols == 0) {  // no class of the subset here: no gradient, but the chunk is done
+          if (want_w) source->grad_done(task, k);
+          return;
+        }
         const torch::Tensor wc = chunk_weights(w, c);
         torch::Tensor dlogits = torch::exp(torch::mm(h1, wc.t()) - lse.unsqueeze(1));  // softmax
         const auto [idx, in] = local_labels(labels, c.c0, c.cols);

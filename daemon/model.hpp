@@ -41,8 +41,9 @@ class ShardSource {
   virtual void done(int task, int k) = 0;
   // Where backward accumulates chunk k's weight gradient ([rows_k x row_elems], zeroed at its
   // first use in an optimizer window), or undefined: into the parameter's .grad, whole (the
-  // default). grad_done(task, k) follows once that chunk's gradient is queued; a source can
-  // then reduce and move it away, so the whole gradient never exists on the device.
+  // default). grad_done(task, k) follows once that chunk's gradient is queued, or without
+  // grad_chunk for a chunk that gets no gradient in this backward (sampled rows elsewhere); a
+  // source can then reduce and move it away, so the whole gradient never exists on the device.
   virtual torch::Tensor grad_chunk(int task, int k) {
     (void)task;
     (void)k;

@@ -119,11 +119,18 @@ class StoreChunks : public ShardSource {
     }
     return g;
   }
+  // Backward is done with chunk k (it got rows of gradient or none): in the window's last
+  // backward the shard is handed over, or marked absent where no micro-step gave it a gradient.
   void grad_done(int task, int k) override {
     if (last_) hand_over(unit(task, k));
   }
-  // After the last backward: what it did not hand over (shards that got no gradient in it but
-  // did earlier in the window).
+  // The window's last micro-step computes nothing for this task (it ran in earlier ones only,
+  // or it is declared with no rows): its shards are final, hand them over before backward.
+  void hand_over_task(int task) {
+    for (int u : store_.units_of(task + 1)) hand_over(u);
+  }
+  // After the last backward: what it did not hand over (none where every chunk of the window's
+  // tasks reached grad_done or hand_over_task; kept as the safe default).
   void hand_over_rest() {
     while (!grads_.empty()) hand_over(grads_.begin()->first);
   }
@@ -139,11 +146,15 @@ class StoreChunks : public ShardSource {
 
  private:
   int unit(int task, int k) const { return store_.units_of(task + 1).at(static_cast<size_t>(k)); }
+  // Hands shard u's gradient of the window over, or, where it has none, an undefined tensor
+  // (the engine reduces zeros for it).
   void hand_over(int u) {
+    torch::Tensor g;
     auto it = grads_.find(u);
-    if (it == grads_.end()) return;
-    torch::Tensor g = std::move(it->second);
-    grads_.erase(it);
+    if (it != grads_.end()) {
+      g = std::move(it->second);
+      grads_.erase(it);
+    }
     hand_over_(u, std::move(g));
   }
   offload::ParamStore& store_;
@@ -175,6 +186,7 @@ class Worker {
   void on_bucket_launch(int bucket, int contributors, comm::Work& work, float* data);
   void push_bucket(int bucket, int contributors, comm::Work& work, const float* data);
   void hand_over_shard(int unit, torch::Tensor grad);
+  void hand_over_idle_shards(const StepPlan& last_plan);
   std::shared_ptr<void> grad_memory(torch::Tensor t);
   // Offloaded row-chunked groups: streamed through the engine shard by shard (one engine
   // parameter per store unit, after the model's parameters; the matrix itself has none).
@@ -583,7 +595,10 @@ void Worker::train_step(int64_t step, PendingStep& p) {
     }
     const int64_t bwd_us = Timeline::now_us();
     auto t1 = Clock::now();
-    if (store_chunks_) store_chunks_->set_last(last);
+    if (store_chunks_) {
+      store_chunks_->set_last(last);
+      if (last) hand_over_idle_shards(plan);
+    }
     total.backward();
     {
       std::lock_guard<std::mutex> lock(hook_error_mu_);
@@ -650,7 +665,10 @@ void Worker::optimizer_step(int64_t step, PendingStep& p) {
 #endif
   for (size_t g = 0; g < group_params_.size(); ++g) {
     // Lazy semantics: a group no rank used this step is not stepped at all.
-    if (contributors[g] == 0) continue;
+    if (contributors[g] == 0) {
+      if (offloaded(static_cast<int>(g))) store_->discard_pushes(static_cast<int>(g));
+      continue;
+    }
     if (offloaded(static_cast<int>(g))) {
       // Its reduced gradient went to the host bucket by bucket as the allreduces finished
       // (push_bucket); the owner clips by its norm there and steps it on the CPU.
@@ -781,8 +799,26 @@ void Worker::throttle_grads(size_t bytes) {
 // StoreChunks hands a shard's gradient of the window over: the engine reduces it in place.
 void Worker::hand_over_shard(int unit, torch::Tensor grad) {
   const int param = unit_param_.at(static_cast<size_t>(unit));
+  if (!grad.defined()) {  // no gradient in this window: later buckets need not wait for it
+    engine_->mark_absent(param);
+    return;
+  }
   float* data = grad.data_ptr<float>();
   engine_->mark_ready(param, data, grad_memory(std::move(grad)));
+}
+
+// Before the window's last backward: the shards of groups active in this window whose task that
+// backward does not compute (trained in earlier micro-steps only, declared without rows) are
+// handed over now, so that their buckets do not hold up the launches until finish_backward.
+void Worker::hand_over_idle_shards(const StepPlan& last_plan) {
+  for (size_t g = 1; g < streamed_.size(); ++g) {
+    if (!streamed_[g] || !engine_->locally_active(static_cast<int>(g))) continue;
+    const int task = static_cast<int>(g) - 1;
+    bool computed = false;  // backward reaches grad_done for each of its chunks
+    for (size_t i = 0; i < last_plan.tasks.size(); ++i)
+      computed = computed || (last_plan.tasks[i] == task && last_plan.task_rows[i] > 0 && last_plan.trained[g]);
+    if (!computed) store_chunks_->hand_over_task(task);
+  }
 }
 
 // optimizer.overlap (GPUs): the optimizer step of one resident bucket, on opt_stream_ once the

@@ -139,7 +139,8 @@ ParamStore::~ParamStore() {
     q_cv_.notify_all();
     worker_.join();
   }
-  // Copies into or out of the slots may still be in flight.
+  // Copies into the slots, and out of the device into the arena, may still be in flight.
+  copied_.push_back(last_d2h_);
   for (const Fence& f : copied_) {
     try {
       device_.host_wait(f);
@@ -330,9 +331,15 @@ void ParamStore::push(size_t gi, size_t offset, const float* src, size_t numel, 
   arena_->wait_seq(gi, expected_[gi], opts_.timeout_s);
   const size_t bytes = numel * sizeof(float);
   last_push_ = device_.d2h(arena_->grad(gi) + offset, src, bytes, after);
+  last_d2h_ = last_push_;
   grad_fences_[gi].push_back(last_push_);
   std::lock_guard<std::mutex> lk(stats_mu_);
   stats_.d2h_bytes += bytes;
+}
+
+void ParamStore::discard_pushes(int group) {
+  // Later copies of the group follow these on the one D2H stream: waiting for those covers them.
+  grad_fences_[index_of(group)].clear();
 }
 
 void ParamStore::step_group(int group, const AdamHyper& hyper) {

@@ -145,6 +145,10 @@ class ParamStore {
   // they are final now. A group's copies must all be pushed before its step_group. Waits while
   // the owner's previous update of the group still reads the landing area.
   void push_grad_range(int group, size_t offset, const float* device_grad, size_t numel);
+  // The copies pushed for a group that is not stepped this step (no rank used it; with prune off
+  // a bucket can launch before the counts say so, and is copied): forgotten, so that they do not
+  // pile up. The landing area is rewritten, after them, before the group's next step.
+  void discard_pushes(int group);
   // True when this rank writes the group's gradient and runs its step on this host.
   bool owns(int group) const;
   // The compute stream waits for every device->host copy pushed so far (before it overwrites
@@ -207,6 +211,7 @@ class ParamStore {
   std::vector<uint64_t> expected_;  // per entry: updates counted so far
   std::vector<std::vector<Fence>> grad_fences_;  // per entry (owner): pending D2H copies
   Fence last_push_;                              // the latest of them (one in-order stream)
+  Fence last_d2h_;                               // the latest D2H ever (the destructor waits)
   void push(size_t gi, size_t offset, const float* src, size_t numel, const Fence& after);
   std::map<int64_t, std::vector<int>> schedule_cache_;
   int64_t now_ = -1;

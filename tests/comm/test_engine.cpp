@@ -61,6 +61,17 @@ class RecordingComm : public Communicator {
   std::shared_ptr<Communicator> inner_;
 };
 
+// The test model with every task parameter in a bucket of its own (streamed groups), small
+// buckets for Θ.
+BucketPlan streamed_plan() {
+  std::vector<ParamInfo> params = model_params();
+  for (ParamInfo& p : params) p.alone = p.group > 0;
+  BucketPlanOptions po;
+  po.bucket_cap_bytes = 200;
+  po.first_bucket_bytes = 64;
+  return make_bucket_plan(params, kGroups, po);
+}
+
 RunResult run(bool prune, Average avg, int micros = 1) {
   Engine engine(make_mpi_communicator(), model_plan(), options(prune, avg));
   return run_engine(engine, host_memory(), kSteps, micros);
@@ -316,15 +327,109 @@ TEST(Engine, PooledGroupsMatchFixedBuffersBitwise) {
 // bucket of its own and is handed over in memory the caller owns; the engine reduces it there,
 // on_launch sees the reduced values, zero-filled buckets use scratch, and every handed-over
 // buffer is given back by finish_backward. Same results as the reference, bit for bit.
+// A parameter without elements (an empty tensor of a TorchScript model) has no bucket, but its
+// gradient still has a valid address (a view of nothing), and marking it changes nothing.
+TEST(Engine, ZeroElementParamsHaveAnAddressAndNoBucket) {
+  int world = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  const std::vector<ParamInfo> params = {{"a", 8, 0, false}, {"empty", 0, 0, false}, {"b", 4, 1, false}};
+  const BucketPlan plan = make_bucket_plan(params, 2, BucketPlanOptions{});
+  Engine engine(make_mpi_communicator(), plan, options(true, Average::world));
+  const int rank = engine.communicator().rank();
+  engine.start_window(0);
+  engine.declare_active({1, 1});
+  engine.begin_sync();
+  EXPECT_NE(engine.grad(1), nullptr);
+  for (int p : {2, 1, 0}) {
+    float* g = engine.grad(p);
+    for (size_t i = 0; i < params[static_cast<size_t>(p)].numel; ++i) g[i] = static_cast<float>(rank + 1);
+    engine.mark_ready(p);
+  }
+  engine.finish_backward();
+  const float want = static_cast<float>(world + 1) / 2.0f;  // mean of 1..world
+  for (int p : {0, 2})
+    for (size_t i = 0; i < params[static_cast<size_t>(p)].numel; ++i) EXPECT_FLOAT_EQ(engine.grad(p)[i], want);
+  EXPECT_EQ(engine.stats().bytes_allreduced, static_cast<int64_t>((8 + 4) * sizeof(float)));
+}
+
+// A streamed parameter this rank has no gradient for (a shard without rows in the batch) is
+// marked absent: its bucket reduces zeros from this rank, and the buckets after it launch during
+// "backward", not at finish_backward. Every rank declares every group; rank r has no gradient
+// for the streamed parameters p with (p + r) % 3 == 0, except the first one handed over.
+TEST(Engine, AbsentStreamedParamsDoNotHoldUpLaterBuckets) {
+  int world = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  const BucketPlan plan = streamed_plan();
+  EngineOptions o = options(true, Average::contributors);
+  o.streamed.assign(kGroups, 1);
+  o.streamed[0] = 0;
+  int launched = 0;
+  std::vector<std::vector<float>> seen(plan.params.size());
+  o.on_launch = [&](int b, int, Work& work, float* data) {
+    ++launched;
+    const Bucket& bucket = plan.buckets[static_cast<size_t>(b)];
+    if (bucket.group == 0) return;
+    work.wait(30s);
+    seen[static_cast<size_t>(bucket.params[0])].assign(data, data + bucket.numel);
+  };
+  Engine engine(make_mpi_communicator(), plan, o);
+  const int rank = engine.communicator().rank();
+  const std::vector<uint8_t> all(kGroups, 1);
+  auto absent = [&](int p, int r, int first) { return p != first && (p + r) % 3 == 0; };
+  for (int64_t step = 0; step < 3; ++step) {
+    engine.start_window(step);
+    for (auto& v : seen) v.clear();
+    launched = 0;
+    engine.declare_active(all);
+    engine.begin_sync();
+    int first = -1;  // the first streamed parameter in backward order: handed over everywhere
+    for (int p = static_cast<int>(plan.params.size()) - 1; p >= 0; --p) {
+      const ParamInfo& info = plan.params[static_cast<size_t>(p)];
+      std::vector<float> g(info.numel);
+      for (size_t i = 0; i < g.size(); ++i) g[i] = fake_grad(rank, step, 0, p, i);
+      if (info.group == 0) {
+        std::copy(g.begin(), g.end(), engine.grad(p));
+        engine.mark_ready(p);
+        continue;
+      }
+      if (first < 0) first = p;
+      if (absent(p, rank, first)) {
+        engine.mark_absent(p);
+        EXPECT_THROW(engine.mark_absent(p), thetad::InternalError);  // once per window
+        continue;
+      }
+      auto mem = std::make_shared<std::vector<float>>(std::move(g));
+      engine.mark_ready(p, mem->data(), mem);
+    }
+    EXPECT_EQ(launched, static_cast<int>(plan.buckets.size()))
+        << "buckets waited for finish_backward at step " << step;
+    engine.finish_backward();
+    EXPECT_EQ(engine.stats().declared_without_grad, [&] {
+      int n = 0;
+      for (size_t p = 0; p < plan.params.size(); ++p)
+        n += plan.params[p].group > 0 && absent(static_cast<int>(p), rank, first);
+      return n;
+    }());
+    // Each streamed gradient: the sum over the ranks that had one, divided by the world (every
+    // rank declared every group).
+    for (size_t p = 0; p < plan.params.size(); ++p) {
+      if (plan.params[p].group == 0) continue;
+      ASSERT_EQ(seen[p].size(), plan.params[p].numel) << "param " << p;
+      for (size_t i = 0; i < seen[p].size(); ++i) {
+        double want = 0;
+        for (int r = 0; r < world; ++r)
+          if (!absent(static_cast<int>(p), r, first)) want += fake_grad(r, step, 0, static_cast<int>(p), i);
+        want /= world;
+        EXPECT_NEAR(seen[p][i], want, 1e-6 * (1 + std::abs(want))) << "param " << p << " element " << i;
+      }
+    }
+  }
+}
+
 TEST(Engine, StreamedGroupsMatchTheReferenceBitwise) {
   int world = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
-  std::vector<ParamInfo> params = model_params();
-  for (ParamInfo& p : params) p.alone = p.group > 0;
-  BucketPlanOptions po;
-  po.bucket_cap_bytes = 200;
-  po.first_bucket_bytes = 64;
-  const BucketPlan plan = make_bucket_plan(params, kGroups, po);
+  const BucketPlan plan = streamed_plan();
   for (const Bucket& b : plan.buckets) {
     if (b.group > 0) {
       ASSERT_EQ(b.params.size(), 1u) << "bucket " << b.index;

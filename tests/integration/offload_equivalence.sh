@@ -28,6 +28,9 @@ assert all(r["host_pinned_bytes"] > 0 for r in recs), "no arena"
 PY
 }
 for np in 1 2 4; do on_off "np$np" "$np" --set model.tasks=6; done
+# DDP's semantics (prune off, average world): every bucket is reduced, groups nobody used
+# included; those are not stepped (their copies to the host are discarded), as with offload off.
+on_off np2_prune_off 2 --set model.tasks=6 --set comm.prune=false --set comm.average=world
 expect_in np4_offload_true "host store: 6 task groups, 2 device slots"
 
 # Extreme classifier, 400 classes in 4 slices of 100 rows of 33 floats (hidden 32 + bias):
@@ -52,6 +55,22 @@ on_off xc_accumulate_np2 2 "${xc[@]}" --set accumulate_steps=2
 xcn=("${xc[@]}" --set model.negatives_per_step=20)
 on_off xc_negatives_np2 2 "${xcn[@]}" --set checkpoint.dir="$WORK/xcn_ck_np2"
 expect_code 0 xcn_reference "$reference" "$job" --world 2 --set steps=20 "${xcn[@]}" --compare "$WORK/xcn_ck_np2"
+# Sampled softmax over small shards (3 rows, 34 per slice; 16 labels and 2 negatives per step):
+# most shards get no class in a step. They are marked absent, so the shards after them launch
+# during backward instead of at finish_backward, and the engine holds at most 2 shards' gradients
+# (3 rows of 33 floats each) at once. With accumulate_steps 2, the shards of the first
+# micro-step's task are handed over before the last backward. Offload on == off bitwise.
+xcs=(--set model.kind=extreme_classifier --set model.classes=400 --set optimizer.lr=0.03
+     --set offload.shard_mb=0.0004 --set model.negatives_per_step=2)
+on_off xc_sparse_np2 2 "${xcs[@]}"
+expect_in xc_sparse_np2_offload_true "4 groups in 136 units"
+/usr/bin/python3 - "$WORK/xc_sparse_np2_true.jsonl" <<'PY' && pass "xc_sparse_np2: empty shards hold nothing up (at most 2 shards held)" \
+  || fail "xc_sparse_np2: shard gradients piled up behind empty shards"
+import json, sys
+peak = max(json.loads(l)["grad_stream_peak_bytes"] for l in open(sys.argv[1]))
+assert 0 < peak <= 2 * 3 * 33 * 4, "grad_stream_peak_bytes %d" % peak
+PY
+on_off xc_sparse_accumulate_np2 2 "${xcs[@]}" --set accumulate_steps=2
 # Gradient clipping of offloaded groups: the owner clips by the norm of the reduced gradient on
 # the host (it never is whole on the device with shards); the reference clips on the tensors.
 # clip_norm 0.05 clips most steps; same parameters within 1e-5.
