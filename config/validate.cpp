@@ -49,6 +49,16 @@ class Checker {
   void above(const std::string& path, T v, T lo) {
     if (!(v > lo)) fail(path, "must be > " + num(lo) + ", got " + num(v));
   }
+  // Upper bounds far beyond any machine: sizes past them cannot be allocated, and products of
+  // them would overflow the size arithmetic downstream (reported here with file and line).
+  template <typename T>
+  void at_most(const std::string& path, T v, T hi, const std::string& why) {
+    if (v > hi) fail(path, "must be <= " + num(hi) + " (" + why + "), got " + num(v));
+  }
+  static constexpr int64_t kMaxDim = int64_t{1} << 24;        // one layer's rows or columns
+  static constexpr int64_t kMaxLayers = 1024;
+  static constexpr int64_t kMaxTasks = int64_t{1} << 20;      // the schedule's bound
+  static constexpr double kMaxMiB = double(int64_t{1} << 30);  // 1 PiB
   void one_of(const std::string& path, const std::string& v) {
     const auto* allowed = allowed_values(path);
     for (const auto& a : *allowed)
@@ -103,6 +113,13 @@ class Checker {
     above<int64_t>("model.output_dim", m.output_dim, 0);
     at_least<int64_t>("model.trunk_layers", m.trunk_layers, 0);
     at_least<int64_t>("model.head_layers", m.head_layers, 1);
+    at_most<int64_t>("model.tasks", m.tasks, kMaxTasks, "task groups, each with its own parameters");
+    for (const auto& [key, v] : {std::pair<const char*, int64_t>{"model.input_dim", m.input_dim},
+                                 {"model.hidden", m.hidden}, {"model.output_dim", m.output_dim}})
+      at_most<int64_t>(key, v, kMaxDim, "a layer dimension; a square layer of it is 1 PiB");
+    at_most<int64_t>("model.trunk_layers", m.trunk_layers, kMaxLayers, "layers");
+    at_most<int64_t>("model.head_layers", m.head_layers, kMaxLayers, "layers");
+    at_most<int64_t>("model.classes", m.classes, int64_t{1} << 32, "output rows");
     at_least<int64_t>("model.init_seed", m.init_seed, -1);
     if (!ok("model.kind")) return;
     if (m.kind == "multitask_adapter") {
@@ -158,6 +175,7 @@ class Checker {
     one_of("data.kind", dc.kind);
     one_of("data.schedule", dc.schedule);
     above<int64_t>("data.batch_per_rank", dc.batch_per_rank, 0);
+    at_most<int64_t>("data.batch_per_rank", dc.batch_per_rank, kMaxDim, "rows of one rank's batch");
     at_least("data.noise", dc.noise, 0.0);
     if (dc.kind == "npy" && dc.dir.empty())
       fail("data.dir", "required when data.kind is 'npy' (directory of task{t}_x.npy, "
@@ -268,6 +286,9 @@ class Checker {
                ") must be <= comm.bucket_cap_mb (" + num(c.bucket_cap_mb) + ")");
     }
     above("comm.timeout_s", c.timeout_s, 0.0);
+    at_most("comm.timeout_s", c.timeout_s, 1e7, "116 days");
+    at_most("comm.bucket_cap_mb", c.bucket_cap_mb, kMaxMiB, "1 PiB");
+    at_most("comm.first_bucket_mb", c.first_bucket_mb, kMaxMiB, "1 PiB");
   }
 
   void offload() {
@@ -278,7 +299,13 @@ class Checker {
     at_least("offload.shard_mb", o.shard_mb, 0.0);
     at_least("offload.host_limit_mb", o.host_limit_mb, 0.0);
     at_least<int64_t>("offload.cpu_threads", o.cpu_threads, 0);
-    if (o.shard_mb > 0 && ok("offload.shard_mb") && ok("model.kind")) shards();
+    for (const auto& [key, v] : {std::pair<const char*, double>{"offload.device_budget_mb", o.device_budget_mb},
+                                 {"offload.shard_mb", o.shard_mb}, {"offload.host_limit_mb", o.host_limit_mb}})
+      at_most(key, v, kMaxMiB, "1 PiB");
+    if (o.shard_mb > 0 && o.shard_mb <= kMaxMiB && ok("offload.shard_mb") && ok("model.kind")) shards();
+    if (o.enabled && j_.optimizer.kind == "sgd")
+      fail("offload.enabled", "the host store steps Adam/AdamW only; set optimizer.kind to adam or "
+                              "adamw, or offload.enabled to false", "optimizer.kind");
   }
 
   // Row shards inside a group: only the extreme classifier computes over them (its full softmax
@@ -288,7 +315,7 @@ class Checker {
     if (m.kind != "extreme_classifier") {
       fail("offload.shard_mb", "row shards are computed by model.kind extreme_classifier only; '" +
                                    m.kind + "' computes each task group whole (use 0)");
-    } else if (ok("model.hidden") && m.hidden > 0 &&
+    } else if (ok("model.hidden") && m.hidden > 0 && m.hidden <= kMaxDim &&
                j_.offload.shard_bytes() < static_cast<size_t>(m.hidden + 1) * sizeof(float)) {
       fail("offload.shard_mb", "must hold one row of the output layer, (model.hidden + 1) x 4 = " +
                                    num(static_cast<int64_t>((m.hidden + 1) * 4)) + " bytes; got " +

@@ -1,7 +1,8 @@
 // Checkpoints: a directory per step, `step-00000040/` with manifest.json and one file per group
 // (`group-0003.pt`, a dict of tensors that Python's torch.load reads). Written under a temporary
-// name by the ranks that own the groups and renamed once all have finished, so a directory named
-// step-* is always complete.
+// name by the ranks that own the groups, each file synced to disk, and renamed (then the rename
+// synced) once all have finished, so a directory named step-* is always complete, also after a
+// crash of the machine. Keep-N pruning runs after that and never removes the new checkpoint.
 #pragma once
 
 #include <torch/torch.h>
@@ -29,6 +30,13 @@ struct CheckpointInfo {
 
 // Newest complete checkpoint under dir, if any.
 std::optional<CheckpointInfo> find_latest_checkpoint(const std::string& dir);
+// The directory of the checkpoint after `step` completed steps.
+std::string checkpoint_path(const std::string& dir, int64_t step);
+
+// A fresh start (--no-resume) in a directory holding checkpoints: moves them into
+// dir/previous-<UTC time>/ so that a later resume cannot pick another run's newer step, and
+// keep-N pruning never touches them. Returns that directory ("" when nothing was moved).
+std::string set_aside_checkpoints(const std::string& dir);
 
 // Writes this rank's share of a checkpoint. `barrier` is a collective barrier across ranks;
 // `all_ok` an agreement that every rank succeeded. Returns the final directory.

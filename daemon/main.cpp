@@ -74,6 +74,11 @@ thetad::config::Job load(const Args& a) {
 void on_signal(int sig) { thetad::daemon::g_stop_signal.store(sig); }
 
 int cmd_run(const Args& a) {
+  // First: a stop asked for during start-up (a launcher's SIGTERM after Ctrl-C or preemption)
+  // is honoured at the first step, with a checkpoint and exit 4, instead of killing the rank.
+  std::signal(SIGTERM, on_signal);
+  std::signal(SIGINT, on_signal);
+  std::signal(SIGUSR1, on_signal);  // `kill -USR1 <mpirun>` stops a plain mpirun job gracefully
   thetad::config::Job job = load(a);  // before MPI: a bad job starts nothing
   thetad::comm::MpiSession session;
   const auto world = thetad::comm::world_info();
@@ -84,9 +89,6 @@ int cmd_run(const Args& a) {
   int code = thetad::kExitOk;
   try {
     thetad::log::init(lo);
-    std::signal(SIGTERM, on_signal);
-    std::signal(SIGINT, on_signal);
-    std::signal(SIGUSR1, on_signal);  // `kill -USR1 <mpirun>` stops a plain mpirun job gracefully
     code = thetad::daemon::run_worker(job, thetad::daemon::RunOptions{a.resume});
   } catch (const std::exception& e) {
     code = thetad::exit_code_for(e);

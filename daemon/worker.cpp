@@ -272,12 +272,19 @@ void Worker::pick_device() {
   const auto timeout = std::chrono::milliseconds(int64_t(job_.comm.timeout_s * 1000));
   ctrl_ = comm::make_mpi_communicator();
   ctrl_->set_default_timeout(timeout);
-  bool gpu = false;
+  // Every rank agrees on the data plane before any of them starts one (NCCL set-up is
+  // collective): `auto` where only some nodes see a GPU is an error on every rank.
+  std::string plane = "mpi";
 #if THETAD_TORCH_CUDA
-  gpu = job_.comm.backend == "nccl" || (job_.comm.backend == "auto" && torch::cuda::is_available());
+  if (job_.comm.backend == "nccl" || (job_.comm.backend == "auto" && torch::cuda::is_available()))
+    plane = torch::cuda::device_count() > 0 ? "nccl" : "nccl, but no GPU is visible";
+#endif
+  comm::check_consistent("data plane (comm.backend: " + job_.comm.backend + ")", "data plane: " + plane + "\n");
+  if (plane != "nccl" && plane != "mpi") throw ConfigError(job_.source + ": comm.backend: " + plane);
+  const bool gpu = plane == "nccl";
+#if THETAD_TORCH_CUDA
   if (gpu) {
     const int count = static_cast<int>(torch::cuda::device_count());
-    if (count == 0) throw ConfigError(job_.source + ": comm.backend: nccl, but no GPU is visible");
     const int dev = world_.local_rank % count;
     device_ = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(dev));
     c10::cuda::set_device(static_cast<c10::DeviceIndex>(dev));
@@ -313,10 +320,10 @@ int64_t Worker::device_peak_bytes() {
 }
 
 void Worker::build() {
-  pick_device();
   // Every rank must run the same job: compare the settings that matter, name the first
-  // differing key.
+  // differing key. First of all: ranks with different jobs must not start different collectives.
   comm::check_consistent("job", config::fingerprint(job_));
+  pick_device();
 
   schedule_ = Schedule::create(job_, world_.size);
   // With offload, θ[t] never lives on the device whole: the model is built on the host and only
@@ -450,8 +457,6 @@ void Worker::build() {
   }
   install_hooks();
 
-  if (!job_.metrics.path.empty() && (world_.rank == 0 || job_.metrics.all_ranks))
-    metrics_ = std::make_unique<MetricsWriter>(config::expand_path(job_.metrics.path, job_, world_.rank));
   if (!job_.timeline.path.empty())
     timeline_ = std::make_unique<Timeline>(config::expand_path(job_.timeline.path, job_, world_.rank),
                                            world_.rank);
@@ -1123,10 +1128,34 @@ void Worker::bind_grads(int group) {
 }
 
 
+// A fresh start sets earlier checkpoints aside (rank 0, every rank learns whether it worked);
+// a resume takes the newest checkpoint that rank 0 sees, so that every rank starts at the same
+// step whatever its view of a shared directory.
 void Worker::resume() {
-  if (!opts_.resume || job_.checkpoint.dir.empty()) return;
-  auto ckpt = find_latest_checkpoint(config::expand_path(job_.checkpoint.dir, job_, 0));
-  if (!ckpt) return;
+  if (job_.checkpoint.dir.empty()) return;
+  const std::string dir = config::expand_path(job_.checkpoint.dir, job_, 0);
+  int64_t step = -1;
+  std::string error;
+  if (world_.rank == 0) try {
+    if (!opts_.resume) {
+      const std::string aside = set_aside_checkpoints(dir);
+      if (!aside.empty()) {
+        THETAD_LOG(warn, "ckpt") << "--no-resume: the checkpoints already in " << dir << " were moved to "
+                                 << aside << " (a later resume would otherwise pick them up)";
+      }
+    } else if (auto found = find_latest_checkpoint(dir)) {
+      step = found->step;
+    }
+  } catch (const std::exception& e) {
+    error = e.what();
+    step = -2;
+  }
+  MPI_Bcast(&step, 1, MPI_INT64_T, 0, MPI_COMM_WORLD);
+  if (step == -2) throw Error(error.empty() ? "checkpoint: setting aside earlier checkpoints in " + dir +
+                                                  " failed on rank 0"
+                                            : error);
+  if (step < 0) return;
+  const std::optional<CheckpointInfo> ckpt = CheckpointInfo{checkpoint_path(dir, step), step};
   torch::NoGradGuard no_grad;
   const std::string hash = model_hash(job_);
   for (size_t g = 0; g < group_params_.size(); ++g) {
@@ -1217,6 +1246,10 @@ void Worker::progress(int64_t step, const StepRecord& rec) {
 int Worker::run() {
   build();
   resume();
+  // After resume: a resumed run appends to its metrics, a fresh one starts the file anew.
+  if (!job_.metrics.path.empty() && (world_.rank == 0 || job_.metrics.all_ranks))
+    metrics_ = std::make_unique<MetricsWriter>(config::expand_path(job_.metrics.path, job_, world_.rank),
+                                               /*append=*/start_step_ > 0);
   run_start_ = last_progress_ = Clock::now();
   THETAD_LOG(info, "train") << "job " << job_.name << ": " << world_.size << " ranks, "
                             << job_.model.tasks << " tasks, steps " << start_step_ << ".."
@@ -1299,7 +1332,18 @@ int Worker::run() {
 
 int run_worker(const config::Job& job, const RunOptions& opts) {
   Worker w(job, opts);
-  return w.run();
+  try {
+    return w.run();
+  } catch (...) {
+    // The job is about to be aborted (main): the worker's destructor must not wait in the
+    // collective free of the host's shared window for ranks that may never join it, before
+    // anyone heard of the failure. Its MPI threads still stop first (MPI_Abort hangs while a
+    // thread is inside MPI).
+    int size = 1;  // (not world_info(): that one is collective)
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    if (size > 1) offload::HostArena::abandon_on_destruction();
+    throw;
+  }
 }
 
 }  // namespace thetad::daemon

@@ -68,8 +68,12 @@ class CudaDevice final : public Device {
                                        "groups (offload.enabled) or raise the memlock limit (ulimit -l)"));
     }
   }
+  // Also on helper threads (the arena unpins in parallel): a CUDA call on a thread without a
+  // current device would create a context on GPU 0 (~0.5 GiB there per process).
   void unpin_host(void* ptr) noexcept override {
-    if (ptr) cudaHostUnregister(ptr);
+    if (!ptr) return;
+    cudaSetDevice(device_);
+    cudaHostUnregister(ptr);
   }
 
   Fence h2d(void* dst, const void* src, size_t bytes, const Fence& after) override {
@@ -104,7 +108,11 @@ class CudaDevice final : public Device {
     CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
     // The fence owns the event: destroyed with its last copy (destroying a pending event is
     // allowed; CUDA releases it once it completes).
-    Fence f{std::shared_ptr<void>(ev, [](void* e) { cudaEventDestroy(static_cast<cudaEvent_t>(e)); })};
+    // The last copy may go on another thread (the store's optimizer worker): on this device.
+    Fence f{std::shared_ptr<void>(ev, [dev = device_](void* e) {
+      cudaSetDevice(dev);
+      cudaEventDestroy(static_cast<cudaEvent_t>(e));
+    })};
     CUDA_CHECK(cudaEventRecord(ev, s));
     return f;
   }

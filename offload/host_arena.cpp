@@ -237,7 +237,17 @@ HostArena::HostArena(MPI_Comm comm, std::vector<ArenaEntry> entries, size_t host
                               << " s, pinned in " << pin_s << " s)";
 }
 
+namespace {
+std::atomic<bool> g_abandoned{false};
+}  // namespace
+
+void HostArena::abandon_on_destruction() { g_abandoned.store(true); }
+
 HostArena::~HostArena() {
+  if (g_abandoned.load()) {
+    THETAD_LOG(warn, "offload") << "host arena left to the process's exit (the job is aborting)";
+    return;
+  }
   if (!pinned_chunks_.empty()) {
     const auto t0 = std::chrono::steady_clock::now();
     try {
@@ -265,7 +275,8 @@ bool HostArena::seq_reached(size_t i, uint64_t expected) const {
   return seq(i).load(std::memory_order_acquire) >= expected;
 }
 
-void HostArena::wait_seq(size_t i, uint64_t expected, double timeout_s) const {
+void HostArena::wait_seq(size_t i, uint64_t expected, double timeout_s,
+                         const std::function<void()>& poll) const {
   if (seq_reached(i, expected)) return;
   const auto start = std::chrono::steady_clock::now();
   for (int spin = 0;; ++spin) {
@@ -277,6 +288,7 @@ void HostArena::wait_seq(size_t i, uint64_t expected, double timeout_s) const {
       continue;
     }
     std::this_thread::sleep_for(std::chrono::microseconds(50));
+    if (poll) poll();
     const double waited =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (timeout_s > 0 && waited > timeout_s)

@@ -21,6 +21,7 @@
 #include <mpi.h>
 
 #include <atomic>
+#include <functional>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -61,8 +62,15 @@ class HostArena {
 
   // Owner side: makes the group's writes visible and bumps its sequence number.
   void publish(size_t i) const;
-  // Reader side: waits until seq(i) >= expected; TimeoutError after timeout_s.
-  void wait_seq(size_t i, uint64_t expected, double timeout_s) const;
+  // A process about to abort: arenas destroyed from now on skip the collective MPI_Win_free
+  // (and the unpinning), which ranks that failed elsewhere may never join. The memory goes
+  // with the process.
+  static void abandon_on_destruction();
+
+  // Reader side: waits until seq(i) >= expected; TimeoutError after timeout_s. `poll` (if any)
+  // runs while it waits and may throw (the owner's own optimizer thread failed).
+  void wait_seq(size_t i, uint64_t expected, double timeout_s,
+                const std::function<void()>& poll = {}) const;
   bool seq_reached(size_t i, uint64_t expected) const;
 
   int owner(size_t i) const { return entries_[i].group % local_size_; }

@@ -105,12 +105,21 @@ ParamStore::ParamStore(const StoreOptions& opts, std::vector<GroupShape> groups,
   // Collective from here on; every rank reached it with the same decisions.
   arena_ = std::make_unique<HostArena>(comm, entries, opts_.host_limit_bytes, &device_);
 
+  // Every rank learns whether all got their device slots: a rank failing alone would otherwise
+  // leave the others waiting in the next collective while its arena's (collective) free waits.
+  std::string slot_error;
   try {
     for (int64_t s = 0; s < cache_.slots(); ++s) slot_mem_.push_back(device_.alloc(slot_bytes_));
-  } catch (...) {
+  } catch (const std::exception& e) {
     for (void* p : slot_mem_) device_.free(p);
-    throw;
+    slot_mem_.clear();
+    slot_error = e.what();
   }
+  int bad = slot_error.empty() ? 0 : 1, any_bad = 0;
+  if (MPI_Allreduce(&bad, &any_bad, 1, MPI_INT, MPI_MAX, comm) != MPI_SUCCESS)
+    throw CommError("offload: the agreement on the device slots (MPI_Allreduce) failed");
+  if (bad) throw ConfigError(slot_error);
+  if (any_bad) throw ConfigError("offload: another rank could not allocate its device slots (its log says why)");
   slot_free_.resize(slot_mem_.size());
   version_.assign(units_.size(), kNoCopy);
   copied_.resize(units_.size());
@@ -233,7 +242,7 @@ float* ParamStore::acquire(int u, int64_t step) {
   // The owner's update of this group (maybe on another rank, maybe on our worker) must land.
   if (!arena_->seq_reached(gi, expected_[gi])) {
     const auto t0 = std::chrono::steady_clock::now();
-    arena_->wait_seq(gi, expected_[gi], opts_.timeout_s);
+    wait_update(gi);
     const double ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     std::lock_guard<std::mutex> lk(stats_mu_);
@@ -328,7 +337,7 @@ void ParamStore::compute_after_pushes() {
 
 void ParamStore::push(size_t gi, size_t offset, const float* src, size_t numel, const Fence& after) {
   // Our worker may still be reading the landing area for the previous update.
-  arena_->wait_seq(gi, expected_[gi], opts_.timeout_s);
+  wait_update(gi);
   const size_t bytes = numel * sizeof(float);
   last_push_ = device_.d2h(arena_->grad(gi) + offset, src, bytes, after);
   last_d2h_ = last_push_;
@@ -406,6 +415,15 @@ void ParamStore::worker_loop() {
   }
 }
 
+// Waits until the group's counted updates have landed; where this rank is the owner, a failure
+// of its own optimizer thread ends the wait with that error (not with a timeout).
+void ParamStore::wait_update(size_t gi) {
+  const bool mine = arena_->is_owner(gi);
+  arena_->wait_seq(gi, expected_[gi], opts_.timeout_s, [this, mine] {
+    if (mine) rethrow_worker_error();
+  });
+}
+
 void ParamStore::rethrow_worker_error() {
   std::lock_guard<std::mutex> lk(q_mu_);
   if (worker_error_) std::rethrow_exception(worker_error_);
@@ -430,14 +448,14 @@ void ParamStore::fenced_node_barrier() {
 const float* ParamStore::group_params(int group) {
   rethrow_worker_error();
   const size_t gi = index_of(group);
-  arena_->wait_seq(gi, expected_[gi], opts_.timeout_s);
+  wait_update(gi);
   return arena_->params(gi);
 }
 
 void ParamStore::read_group(int group, float* params, float* exp_avg, float* exp_avg_sq) {
   rethrow_worker_error();
   const size_t gi = index_of(group);
-  arena_->wait_seq(gi, expected_[gi], opts_.timeout_s);
+  wait_update(gi);
   const size_t bytes = arena_->entry(gi).numel * sizeof(float);
   if (params) std::memcpy(params, arena_->params(gi), bytes);
   if (exp_avg) std::memcpy(exp_avg, arena_->exp_avg(gi), bytes);
@@ -475,7 +493,7 @@ void ParamStore::write_common(int group, const float* params, const float* exp_a
                               const float* exp_avg_sq) {
   rethrow_worker_error();
   const size_t gi = index_of(group);
-  arena_->wait_seq(gi, expected_[gi], opts_.timeout_s);
+  wait_update(gi);
   // Nobody still reads the old values (copies in flight are waited for below).
   for (int u : group_units_[gi]) device_.host_wait(copied_[static_cast<size_t>(u)]);
   fenced_node_barrier();

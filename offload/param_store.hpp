@@ -189,6 +189,7 @@ class ParamStore {
   void run_job(Job& job);
   void worker_loop();
   void rethrow_worker_error();
+  void wait_update(size_t gi);
   void write_common(int group, const float* params, const float* exp_avg, const float* exp_avg_sq);
 
   StoreOptions opts_;

@@ -1,6 +1,8 @@
 // Persistent worker pool for CPU Adam (see thread_pool.hpp).
 #include "offload/thread_pool.hpp"
 
+#include <utility>
+
 #include <sched.h>
 #include <unistd.h>
 
@@ -62,7 +64,9 @@ void ThreadPool::configure(size_t threads) {
 }
 
 void ThreadPool::run_chunks() {
-  // Chunks are handed out one at a time so that a slow thread does not hold up the loop.
+  // Chunks are handed out one at a time so that a slow thread does not hold up the loop. The
+  // first exception stops handing out chunks and goes to parallel_for's caller once every
+  // thread is out of fn.
   for (;;) {
     size_t c;
     {
@@ -70,7 +74,13 @@ void ThreadPool::run_chunks() {
       if (next_ >= chunks_) return;
       c = next_++;
     }
-    (*fn_)(c);
+    try {
+      (*fn_)(c);
+    } catch (...) {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (!error_) error_ = std::current_exception();
+      next_ = chunks_;
+    }
   }
 }
 
@@ -94,6 +104,7 @@ void ThreadPool::parallel_for(size_t chunks, const std::function<void(size_t)>& 
   std::unique_lock<std::mutex> lk(mu_);
   finished_.wait(lk, [this] { return busy_ == 0; });
   fn_ = nullptr;
+  if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
 }
 
 void ThreadPool::worker_loop() {

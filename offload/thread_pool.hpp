@@ -5,6 +5,7 @@
 #pragma once
 
 #include <condition_variable>
+#include <exception>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -53,6 +54,7 @@ class ThreadPool {
   size_t chunks_ = 0;
   size_t next_ = 0;       // next chunk to hand out (under mu_)
   size_t busy_ = 0;       // workers still inside the current loop
+  std::exception_ptr error_;  // the current loop's first exception (under mu_)
   uint64_t generation_ = 0;
   bool stop_ = false;
 };

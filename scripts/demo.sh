@@ -6,5 +6,6 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/scripts/setup.sh"
 cd "$root"
 export THETAD_BIN="$root/build/daemon/thetad"
+rm -rf "$root/runs/demo/ckpt"  # the demo's own checkpoints (--no-resume would set them aside)
 "$root/launch/thetad-launch" --nproc-per-node 2 config/examples/demo.yaml --no-resume
 echo "demo: metrics in runs/demo/metrics.jsonl, checkpoints in runs/demo/ckpt, logs in runs/demo/logs"

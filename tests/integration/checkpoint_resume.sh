@@ -40,6 +40,30 @@ assert m['step'] == 30 and m['world_size'] == 2, m
 assert int(d['steps']) > 0 and any(k.startswith('exp_avg/heads.0') for k in d), list(d)
 print('keys', sorted(d)[:4])"
 fi
+# A fresh start (--no-resume) in a directory holding a newer run's checkpoints: those move to
+# previous-<time>/ (kept, never pruned), the new run's own checkpoints survive keep-N pruning,
+# and a later resume picks the new run's newest step, not the old run's.
+expect_code 0 old6 run 2 --set steps=6 --set checkpoint.every_steps=2 --set checkpoint.keep=2 \
+  --set checkpoint.dir="$WORK/rerun" --no-resume
+expect_code 0 fresh3 run 2 --set steps=3 --set checkpoint.every_steps=1 --set checkpoint.keep=2 \
+  --set checkpoint.dir="$WORK/rerun" --no-resume
+expect_in fresh3 "checkpoints already in .* were moved to .*previous-"
+now=$(cd "$WORK/rerun" && ls -d step-* 2>/dev/null | tr '\n' ' ')
+old=$(cd "$WORK/rerun" && ls -d previous-*/step-* 2>/dev/null | sed 's|.*/||' | tr '\n' ' ')
+[ "$now" = "step-00000002 step-00000003 " ] && pass "the fresh run's last 2 checkpoints are kept ($now)" \
+  || fail "fresh run's checkpoints: '$now' (want step-00000002 step-00000003)"
+[ "$old" = "step-00000004 step-00000006 " ] && pass "the old run's checkpoints were set aside ($old)" \
+  || fail "old run's checkpoints: '$old'"
+expect_code 0 resume_fresh run 2 --set steps=5 --set checkpoint.dir="$WORK/rerun"
+expect_in resume_fresh "resumed from .*step-00000003 at step 3"
+# Checkpoint files are synced to disk before the rename publishes them.
+if command -v strace >/dev/null 2>&1; then
+  expect_code 0 synced strace -f -qq -e trace=fsync -o "$WORK/fsync.trace" "$thetad" run "$job" --no-resume \
+    --set steps=2 --set checkpoint.dir="$WORK/synced"
+  n=$(grep -c 'fsync(' "$WORK/fsync.trace" || true)
+  [ "$n" -ge 3 ] && pass "checkpoint files and directories fsynced ($n calls)" || fail "only $n fsync calls"
+fi
+
 # A checkpoint of another model is refused with exit 2.
 expect_code 2 other_model run 2 --set checkpoint.dir="$WORK/full" --set model.hidden=48
 expect_in other_model "checkpoint is of another model"
