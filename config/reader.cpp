@@ -19,7 +19,11 @@ namespace thetad::config::detail {
 
 namespace {
 
-bool is_quoted(const YAML::Node& n) { return n.Tag() == "!"; }
+// A string by its quotes ("!" is yaml-cpp's tag for a quoted scalar) or by an explicit tag.
+bool is_quoted(const YAML::Node& n) {
+  const std::string& t = n.Tag();
+  return t == "!" || t == "!!str" || t == "tag:yaml.org,2002:str";
+}
 
 std::string describe(const YAML::Node& n) {
   switch (n.Type()) {
@@ -325,7 +329,7 @@ bool read_document(const std::string& text, Job& job, Diagnostics& diag) {
       int line = 0;
       size_t pos = text.rfind("---", 0) == 0 ? text.find("\n---", 3) : text.find("\n---");
       if (pos != std::string::npos) line = static_cast<int>(std::count(text.begin(), text.begin() + pos + 1, '\n'));
-      diag.error_at(Origin::file(line + 1, 0), "",
+      diag.error_at(Origin::file(line, 0), "",  // line: 0-based, of the separator
                     "a job file holds one YAML document; this is a second one (after '---')");
       return false;
     }

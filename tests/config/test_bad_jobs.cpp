@@ -30,7 +30,7 @@ const std::vector<BadJob>& bad_jobs() {
       {"malformed_mapping", "steps: 10\nmodel: a: b\n", {"bad.yaml:2:", "malformed YAML"}},
       {"top_level_list", "- steps: 10\n", {"bad.yaml:1:1:", "must be a map"}},
       {"top_level_scalar", "hello\n", {"bad.yaml:1:1:", "must be a map", "'hello'"}},
-      {"two_documents", kHead + "---\nsteps: 3\n", {"bad.yaml:5:", "one YAML document"}},
+      {"two_documents", kHead + "---\nsteps: 3\n", {"bad.yaml:4:", "one YAML document"}},  // the --- line
       {"non_scalar_key", kHead + "? [a, b]\n: 1\n", {"bad.yaml:4:", "plain names"}},
       // Required keys and sections.
       {"missing_steps", "model: {kind: multitask_mlp}\ndata: {}\n",
@@ -57,6 +57,8 @@ const std::vector<BadJob>& bad_jobs() {
        {"bad.yaml:1:1: steps: expected an integer, got 'ten'"}},
       {"quoted_number", "steps: \"10\"\nmodel: {kind: multitask_mlp}\ndata: {}\n",
        {"bad.yaml:1:1: steps: expected an integer, got the string \"10\""}},
+      {"tagged_string_for_int", "steps: !!str 5\nmodel: {kind: multitask_mlp}\ndata: {}\n",
+       {"bad.yaml:1:1: steps: expected an integer, got the string \"5\""}},
       {"fraction_for_int", "steps: 2.5\nmodel: {kind: multitask_mlp}\ndata: {}\n",
        {"bad.yaml:1:1: steps:", "expected an integer"}},
       {"int_out_of_range", "steps: 99999999999999999999\nmodel: {kind: multitask_mlp}\ndata: {}\n",

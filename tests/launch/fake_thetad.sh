@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # A FAKE thetad for the launcher's tests: implements `validate` and `run` without training.
-#   validate JOB [--set ...]: exit 2 if the job file contains "FAKE_INVALID", else 0.
+#   validate JOB [--set ...]: exit 2 if the job file contains "FAKE_INVALID", 127 if it contains
+#     "FAKE_BROKEN" (thetad cannot start), else 0.
 #   run JOB ...: logs a few lines (tagged and untagged), runs THETAD_FAKE_STEPS steps of
 #     THETAD_FAKE_SLEEP seconds, exits THETAD_FAKE_EXIT_CODE on rank THETAD_FAKE_EXIT_RANK
 #     (after THETAD_FAKE_EXIT_AFTER steps) and 0 elsewhere; on SIGTERM prints "got SIGTERM" and
@@ -13,6 +14,10 @@ job=${1:-}
 case $cmd in
   version) echo "thetad fake"; exit 0 ;;
   validate)
+    if grep -q FAKE_BROKEN "$job"; then  # thetad itself cannot run (e.g. a missing library)
+      echo "thetad: error while loading shared libraries: libfake.so: cannot open shared object file" >&2
+      exit 127
+    fi
     if grep -q FAKE_INVALID "$job"; then
       echo "$job:3:1: error: key 'model.kind': FAKE_INVALID is not a model" >&2
       exit 2

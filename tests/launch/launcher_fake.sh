@@ -59,6 +59,12 @@ SHIM
   [[ ! -e $THETAD_FAKE_STATE/ran ]] || fail "a worker ran for an invalid job"
   assert_grep 'FAKE_INVALID' "$T/bad.err" "validate's message not shown"
   assert_grep 'invalid|nothing was started' "$T/bad.err"
+  # A thetad that cannot run at all is not a job error: exit 1, and the message says so.
+  local broken; broken=$(make_job broken 'model: {kind: FAKE_BROKEN}')
+  THETAD_MPIRUN=$T/mpirun-shim run_launcher "$T/broken" --log-dir "$T/logs" "$broken" --set steps=5
+  ((RC == 1)) || { cat "$T/broken.err" >&2; fail "broken thetad: want exit 1, got $RC"; }
+  [[ ! -e $T/mpirun-started ]] || fail "mpirun was started although thetad could not validate"
+  assert_grep 'exit code 127 \(not a job error\)' "$T/broken.err"
   pass "invalid job: exit 2, mpirun never started"
 }
 
