@@ -162,12 +162,15 @@ std::string write_checkpoint(const CheckpointWriter& w, int num_groups,
       error = e.what();
     }
   }
-  if (!w.all_ok(ok)) {
-    throw Error("checkpoint at step " + std::to_string(w.step) + " failed" +
-                (error.empty() ? " on another rank" : ": " + error));
-  }
+  // Every rank learns whether all succeeded; each throws the same way if not.
+  const auto agree = [&](const char* elsewhere) {
+    if (!w.all_ok(ok))
+      throw Error("checkpoint at step " + std::to_string(w.step) + " failed" +
+                  (error.empty() ? std::string(elsewhere) : ": " + error));
+  };
+  agree(" on another rank");
   // Rank 0 publishes: the manifest last, the directory renamed into place once everything in it
-  // is on disk, then the rename itself synced. Every rank learns whether that worked.
+  // is on disk, then the rename itself synced.
   if (w.rank == 0) try {
     std::ostringstream m;
     m << "{\n  \"format\": \"thetad-checkpoint-1\",\n  \"job\": \"" << w.job_name
@@ -188,10 +191,7 @@ std::string write_checkpoint(const CheckpointWriter& w, int num_groups,
     ok = false;
     error = e.what();
   }
-  if (!w.all_ok(ok)) {
-    throw Error("checkpoint at step " + std::to_string(w.step) + " failed" +
-                (error.empty() ? " on rank 0" : ": " + error));
-  }
+  agree(" on rank 0");
   return final_dir.string();
 }
 

@@ -992,10 +992,7 @@ void Worker::checkpoint(int64_t completed) {
   });
 }
 
-void Worker::build_store() {
-  if (job_.optimizer.kind == "sgd")
-    throw ConfigError(job_.source + ": offload.enabled: the host store steps Adam/AdamW only; "
-                      "set optimizer.kind to adam or adamw");
+void Worker::build_store() {  // (validate refuses offload with sgd: the store steps Adam/AdamW)
   offload::StoreOptions so;
   so.device_slots = job_.offload.device_slots;
   so.device_budget_bytes = static_cast<size_t>(job_.offload.device_budget_mb * (1 << 20));
@@ -1155,21 +1152,21 @@ void Worker::resume() {
                                                   " failed on rank 0"
                                             : error);
   if (step < 0) return;
-  const std::optional<CheckpointInfo> ckpt = CheckpointInfo{checkpoint_path(dir, step), step};
+  const CheckpointInfo ckpt{checkpoint_path(dir, step), step};
   torch::NoGradGuard no_grad;
   const std::string hash = model_hash(job_);
   for (size_t g = 0; g < group_params_.size(); ++g) {
-    GroupState st = load_group(*ckpt, static_cast<int>(g), hash);
+    GroupState st = load_group(ckpt, static_cast<int>(g), hash);
     std::map<std::string, size_t> by_name;
     for (size_t i = 0; i < st.names.size(); ++i) by_name[st.names[i]] = i;
     std::vector<torch::Tensor> fp, fm, fv;
     for (int p : group_params_[g]) {
       auto it = by_name.find((*params_)[p].name);
       if (it == by_name.end())
-        throw ConfigError(ckpt->path + ": parameter '" + (*params_)[p].name + "' missing");
+        throw ConfigError(ckpt.path + ": parameter '" + (*params_)[p].name + "' missing");
       auto& t = (*params_)[p].tensor;
       if (!st.params[it->second].sizes().equals(t.sizes()))
-        throw ConfigError(ckpt->path + ": parameter '" + (*params_)[p].name + "' has another shape");
+        throw ConfigError(ckpt.path + ": parameter '" + (*params_)[p].name + "' has another shape");
       if (offloaded(static_cast<int>(g))) {
         fp.push_back(st.params[it->second].reshape({-1}));
         fm.push_back(st.exp_avg[it->second].reshape({-1}));
@@ -1186,8 +1183,8 @@ void Worker::resume() {
     }
     group_steps_[g] = st.steps;
   }
-  start_step_ = ckpt->step;
-  THETAD_LOG(info, "ckpt") << "resumed from " << ckpt->path << " at step " << start_step_;
+  start_step_ = ckpt.step;
+  THETAD_LOG(info, "ckpt") << "resumed from " << ckpt.path << " at step " << start_step_;
 }
 
 // FNV-1a of a parameter's bytes: chained directly for up to 16 MiB, else over the hashes of
