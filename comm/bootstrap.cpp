@@ -9,7 +9,6 @@
 #include <sstream>
 #include <vector>
 
-#include "comm/bucket_plan.hpp"
 #include "comm/mpi/mpi_communicator.hpp"
 #include "common/errors.hpp"
 #include "common/log.hpp"
@@ -87,74 +86,6 @@ std::shared_ptr<Communicator> make_nccl_communicator(int device) {
   return std::make_shared<NcclCommunicator>(w.rank, w.size, &id, device);
 }
 #endif
-
-namespace {
-
-std::vector<std::string> split_lines(const std::string& s) {
-  std::vector<std::string> out;
-  std::istringstream is(s);
-  std::string line;
-  while (std::getline(is, line)) out.push_back(line);
-  return out;
-}
-
-// The first difference between this rank's lines and rank 0's, in words.
-std::string first_difference(int rank, const std::string& mine, const std::string& ref) {
-  std::vector<std::string> a = split_lines(mine), b = split_lines(ref);
-  size_t n = std::max(a.size(), b.size());
-  for (size_t i = 0; i < n; ++i) {
-    if (i < a.size() && i < b.size()) {
-      if (a[i] != b[i])
-        return detail::concat("rank ", rank, " has '", a[i], "' where rank 0 has '", b[i], "'");
-    } else if (i < a.size()) {
-      return detail::concat("rank ", rank, " has '", a[i], "' (line ", i + 1, ") that rank 0 lacks");
-    } else {
-      return detail::concat("rank ", rank, " lacks '", b[i], "' (line ", i + 1, ") that rank 0 has");
-    }
-  }
-  return detail::concat("rank ", rank, " differs from rank 0 in line endings or spacing");
-}
-
-void bcast_string(std::string& s, int root) {
-  uint64_t len = s.size();
-  MPI_CHECK(MPI_Bcast(&len, 1, MPI_UINT64_T, root, MPI_COMM_WORLD));
-  s.resize(len);
-  if (len) MPI_CHECK(MPI_Bcast(s.data(), static_cast<int>(len), MPI_CHAR, root, MPI_COMM_WORLD));
-}
-
-}  // namespace
-
-void check_consistent(const std::string& what, const std::string& canonical_lines) {
-  int rank = 0, size = 1;
-  MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
-  MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &size));
-  // Hashes first: the common case costs 8 bytes per rank.
-  uint64_t mine = fnv1a64(canonical_lines);
-  std::vector<uint64_t> all(size);
-  MPI_CHECK(MPI_Allgather(&mine, 1, MPI_UINT64_T, all.data(), 1, MPI_UINT64_T, MPI_COMM_WORLD));
-  std::vector<int> differing;
-  for (int r = 1; r < size; ++r)
-    if (all[r] != all[0]) differing.push_back(r);
-  if (differing.empty()) return;
-
-  // Rank 0's text goes to everyone; the first differing rank words the difference and sends
-  // it back so that every rank throws (and logs) the same message.
-  std::string ref = canonical_lines;
-  bcast_string(ref, 0);
-  const int culprit = differing.front();
-  std::string msg;
-  if (rank == culprit) msg = first_difference(rank, canonical_lines, ref);
-  bcast_string(msg, culprit);
-  std::ostringstream os;
-  os << what << " differs across ranks: " << msg;
-  if (differing.size() > 1) {
-    os << " (ranks differing from rank 0:";
-    for (int r : differing) os << " " << r;
-    os << ")";
-  }
-  THETAD_LOG(error, "comm") << os.str();
-  throw ConfigError(os.str());
-}
 
 void abort_job(int exit_code) {
   log::flush();

@@ -1,6 +1,6 @@
-// Process bootstrap over MPI, the control plane: MPI init/finalize, who we are (rank, local
-// rank for the GPU), communicator factories, the cross-rank consistency check of the job and the
-// bucket plan, and the job-wide abort. MPI_CHECK turns MPI return codes into CommError.
+// Process bootstrap over MPI: MPI init/finalize, who we are (rank, local rank for the GPU),
+// communicator factories and the job-wide abort (agreements among ranks: control_plane.hpp).
+// MPI_CHECK turns MPI return codes into CommError.
 #pragma once
 
 #include <memory>
@@ -40,12 +40,6 @@ std::shared_ptr<Communicator> make_mpi_communicator();
 // MPI_Bcast. Collective over world.
 std::shared_ptr<Communicator> make_nccl_communicator(int device);
 #endif
-
-// Control-plane check that every rank holds the same text (one "key=value" or one bucket per
-// line). Collective over world. Throws ConfigError naming the first rank and line that differ
-// from rank 0's, e.g. "job differs across ranks: rank 1 has 'optimizer.lr=0.002' where rank 0
-// has 'optimizer.lr=0.001'"; every rank throws the same message.
-void check_consistent(const std::string& what, const std::string& canonical_lines);
 
 // Ends every process of the job with `exit_code` (MPI_Abort on world). For fatal communication
 // failures, where MPI_Finalize could hang on a dead or stalled peer.

@@ -12,6 +12,8 @@ size_t dtype_size(DType t) {
     case DType::f32: return 4;
     case DType::i32: return 4;
     case DType::bf16: return 2;
+    case DType::i64: return 8;
+    case DType::u8: return 1;
   }
   return 0;
 }
@@ -21,6 +23,8 @@ const char* dtype_name(DType t) {
     case DType::f32: return "float32";
     case DType::i32: return "int32";
     case DType::bf16: return "bfloat16";
+    case DType::i64: return "int64";
+    case DType::u8: return "uint8";
   }
   return "unknown";
 }

@@ -14,7 +14,7 @@
 
 namespace thetad::comm {
 
-enum class DType { f32, i32, bf16 };
+enum class DType { f32, i32, bf16, i64, u8 };
 enum class ReduceOp { sum, max };
 size_t dtype_size(DType t);
 const char* dtype_name(DType t);

@@ -28,6 +28,7 @@
 #include <unordered_map>
 
 #include "comm/bootstrap.hpp"
+#include "comm/control_plane.hpp"
 #include "comm/engine.hpp"
 #include "common/errors.hpp"
 #include "common/log.hpp"
@@ -230,6 +231,7 @@ class Worker {
   torch::Device device_{torch::kCPU};
   std::shared_ptr<comm::Communicator> comm_;  // data plane: gradients (NCCL on GPUs, else MPI)
   std::shared_ptr<comm::Communicator> ctrl_;  // control plane: stop agreement, checkpoints (MPI)
+  std::unique_ptr<comm::ControlPlane> plane_;
   void* compute_stream_ = nullptr;            // cudaStream_t of the compute work, GPU runs
   void pick_device();
   int64_t device_peak_bytes();
@@ -270,8 +272,6 @@ class Worker {
 // picks the GPU.
 void Worker::pick_device() {
   const auto timeout = std::chrono::milliseconds(int64_t(job_.comm.timeout_s * 1000));
-  ctrl_ = comm::make_mpi_communicator();
-  ctrl_->set_default_timeout(timeout);
   // Every rank agrees on the data plane before any of them starts one (NCCL set-up is
   // collective): `auto` where only some nodes see a GPU is an error on every rank.
   std::string plane = "mpi";
@@ -279,7 +279,7 @@ void Worker::pick_device() {
   if (job_.comm.backend == "nccl" || (job_.comm.backend == "auto" && torch::cuda::is_available()))
     plane = torch::cuda::device_count() > 0 ? "nccl" : "nccl, but no GPU is visible";
 #endif
-  comm::check_consistent("data plane (comm.backend: " + job_.comm.backend + ")", "data plane: " + plane + "\n");
+  plane_->check_consistent("data plane (comm.backend: " + job_.comm.backend + ")", "data plane: " + plane + "\n");
   if (plane != "nccl" && plane != "mpi") throw ConfigError(job_.source + ": comm.backend: " + plane);
   const bool gpu = plane == "nccl";
 #if THETAD_TORCH_CUDA
@@ -322,7 +322,10 @@ int64_t Worker::device_peak_bytes() {
 void Worker::build() {
   // Every rank must run the same job: compare the settings that matter, name the first
   // differing key. First of all: ranks with different jobs must not start different collectives.
-  comm::check_consistent("job", config::fingerprint(job_));
+  ctrl_ = comm::make_mpi_communicator();
+  ctrl_->set_default_timeout(std::chrono::milliseconds(int64_t(job_.comm.timeout_s * 1000)));
+  plane_ = std::make_unique<comm::ControlPlane>(ctrl_, ctrl_->default_timeout());
+  plane_->check_consistent("job", config::fingerprint(job_));
   pick_device();
 
   schedule_ = Schedule::create(job_, world_.size);
@@ -382,7 +385,7 @@ void Worker::build() {
   popts.bucket_cap_bytes = static_cast<size_t>(job_.comm.bucket_cap_mb * (1 << 20));
   popts.first_bucket_bytes = static_cast<size_t>(job_.comm.first_bucket_mb * (1 << 20));
   auto plan = comm::make_bucket_plan(infos, num_groups, popts);
-  comm::check_consistent("bucket plan", plan.describe());
+  plane_->check_consistent("bucket plan", plan.describe());
   THETAD_LOG(info, "engine") << "bucket plan: " << plan.buckets.size() << " buckets over "
                              << num_groups << " groups, " << params_->size() << " parameters, hash "
                              << hex64(plan.hash);

@@ -59,6 +59,8 @@ MPI_Datatype mpi_type(DType t) {
     case DType::f32: return MPI_FLOAT;
     case DType::i32: return MPI_INT32_T;
     case DType::bf16: return MPI_UINT16_T;
+    case DType::i64: return MPI_INT64_T;
+    case DType::u8: return MPI_UINT8_T;
   }
   return MPI_DATATYPE_NULL;
 }
@@ -93,6 +95,18 @@ void divide(void* buf, size_t count, DType dtype, double divisor) {
       auto* p = static_cast<uint16_t*>(buf);
       for (size_t i = 0; i < count; ++i)
         p[i] = float_to_bf16(static_cast<float>(bf16_to_float(p[i]) / divisor));
+      break;
+    }
+    case DType::i64: {
+      auto* p = static_cast<int64_t*>(buf);
+      const auto d = static_cast<int64_t>(divisor);
+      for (size_t i = 0; i < count; ++i) p[i] /= d;
+      break;
+    }
+    case DType::u8: {
+      auto* p = static_cast<uint8_t*>(buf);
+      const auto d = static_cast<uint8_t>(divisor);
+      for (size_t i = 0; i < count; ++i) p[i] = static_cast<uint8_t>(p[i] / d);
       break;
     }
   }

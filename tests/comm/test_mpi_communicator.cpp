@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "comm/bootstrap.hpp"
+#include "comm/control_plane.hpp"
 #include "common/errors.hpp"
 
 using namespace thetad::comm;
@@ -152,15 +153,20 @@ TEST(MpiCommunicator, CollectiveTagDescribe) {
   EXPECT_STREQ(dtype_name(DType::f32), "float32");
 }
 
+ControlPlane& plane() {
+  static ControlPlane p(make_mpi_communicator(), kWait);
+  return p;
+}
+
 TEST(Bootstrap, CheckConsistentPassesOnIdenticalText) {
-  EXPECT_NO_THROW(check_consistent("job", "job=x\noptimizer.lr=0.001\nseed=1\n"));
+  EXPECT_NO_THROW(plane().check_consistent("job", "job=x\noptimizer.lr=0.001\nseed=1\n"));
 }
 
 TEST(Bootstrap, CheckConsistentNamesTheDifferingLine) {
   WorldInfo w = world_info();
   const std::string lr = w.rank == 1 ? "0.002" : "0.001";
   try {
-    check_consistent("job", "job=x\noptimizer.lr=" + lr + "\nseed=1\n");
+    plane().check_consistent("job", "job=x\noptimizer.lr=" + lr + "\nseed=1\n");
     FAIL() << "no error";
   } catch (const thetad::ConfigError& e) {
     EXPECT_EQ(std::string(e.what()),
@@ -175,7 +181,7 @@ TEST(Bootstrap, CheckConsistentExtraLine) {
   std::string text = "a=1\n";
   if (w.rank == w.size - 1) text += "b=2\n";
   try {
-    check_consistent("plan", text);
+    plane().check_consistent("plan", text);
     FAIL() << "no error";
   } catch (const thetad::ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("plan differs across ranks: rank " + std::to_string(w.size - 1) +
@@ -183,6 +189,46 @@ TEST(Bootstrap, CheckConsistentExtraLine) {
               std::string::npos)
         << e.what();
   }
+}
+
+TEST(ControlPlane, AllOkAndBroadcast) {
+  WorldInfo w = world_info();
+  EXPECT_TRUE(plane().all_ok(true, {"all ok"}));
+  EXPECT_FALSE(plane().all_ok(w.rank != w.size - 1, {"one fails"}));
+  EXPECT_EQ(plane().broadcast(int64_t{w.rank == 0 ? 1234567890123 : -1}, 0, {"value"}), 1234567890123);
+  EXPECT_EQ(plane().broadcast(w.rank == w.size - 1 ? std::string("from the last") : std::string(), w.size - 1,
+                              {"text"}),
+            "from the last");
+  plane().barrier({"barrier"});
+}
+
+TEST(ControlPlane, AgreeThrowsTheFailingRanksErrorEverywhere) {
+  WorldInfo w = world_info();
+  plane().agree(nullptr, {"nothing failed"});
+  std::exception_ptr mine;
+  if (w.rank == w.size - 1) mine = std::make_exception_ptr(thetad::ConfigError("bad file x"));
+  try {
+    plane().agree(mine, {"reading", 7});
+    FAIL() << "no error";
+  } catch (const thetad::ConfigError& e) {
+    if (w.rank == w.size - 1)
+      EXPECT_EQ(std::string(e.what()), "bad file x");
+    else
+      EXPECT_EQ(std::string(e.what()), "reading at step 7 failed on rank " + std::to_string(w.size - 1) + ": bad file x");
+  }
+}
+
+TEST(ControlPlane, RunOnRootAndAnyFlag) {
+  WorldInfo w = world_info();
+  EXPECT_EQ(plane().run_on_root(0, {"root value"}, [] { return int64_t{42}; }), 42);
+  EXPECT_THROW(plane().run_on_root(0, {"root fails"}, []() -> int64_t { throw thetad::CommError("gone"); }),
+               thetad::CommError);
+  auto none = plane().post_any(false, {"stop flag"});
+  EXPECT_FALSE(none.get());
+  auto one = plane().post_any(w.rank == 0, {"stop flag"});
+  EXPECT_TRUE(one.pending());
+  EXPECT_TRUE(one.get());
+  EXPECT_FALSE(one.get());  // read once
 }
 
 TEST(Bootstrap, MpiCheckCarriesTheMpiErrorString) {
