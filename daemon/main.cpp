@@ -11,8 +11,9 @@
 #include "common/errors.hpp"
 #include "common/log.hpp"
 #include "config/loader.hpp"
+#include "daemon/core/stop_agreement.hpp"
+#include "daemon/train/trainer.hpp"
 #include "daemon/version.hpp"
-#include "daemon/worker.hpp"
 
 namespace {
 

@@ -18,7 +18,7 @@
 #include "daemon/model.hpp"
 #include "daemon/optimizer.hpp"
 #include "daemon/schedule.hpp"
-#include "daemon/worker.hpp"
+#include "daemon/core/job_options.hpp"
 
 using namespace thetad;
 using namespace thetad::daemon;

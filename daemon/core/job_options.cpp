@@ -1,0 +1,69 @@
+// config::Job -> options of the engine, the bucket plan and the store (see job_options.hpp).
+#include "daemon/core/job_options.hpp"
+
+#include <cmath>
+#include <iomanip>
+#include <sstream>
+
+#include "config/loader.hpp"
+
+namespace thetad::daemon {
+
+std::chrono::milliseconds comm_timeout(const config::Job& job) {
+  return std::chrono::milliseconds(static_cast<int64_t>(job.comm.timeout_s * 1000));
+}
+
+comm::BucketPlanOptions bucket_plan_options(const config::Job& job) {
+  comm::BucketPlanOptions o;
+  o.bucket_cap_bytes = static_cast<size_t>(job.comm.bucket_cap_mb * (1 << 20));
+  o.first_bucket_bytes = static_cast<size_t>(job.comm.first_bucket_mb * (1 << 20));
+  return o;
+}
+
+comm::EngineOptions engine_options(const config::Job& job) {
+  comm::EngineOptions o;
+  o.prune = job.comm.prune;
+  o.average = job.comm.average == "world" ? comm::Average::world : comm::Average::contributors;
+  o.declared = job.comm.active == "declared";
+  o.timeout = comm_timeout(job);
+  return o;
+}
+
+offload::StoreOptions store_options(const config::Job& job) {
+  offload::StoreOptions o;
+  o.device_slots = job.offload.device_slots;
+  o.device_budget_bytes = static_cast<size_t>(job.offload.device_budget_mb * (1 << 20));
+  o.prefetch = job.offload.prefetch;
+  o.host_limit_bytes = static_cast<size_t>(job.offload.host_limit_mb * (1 << 20));
+  o.cpu_threads = job.offload.cpu_threads;
+  o.shard_bytes = job.offload.shard_bytes();
+  o.timeout_s = job.comm.timeout_s;
+  return o;
+}
+
+double lr_at(const config::OptimizerConfig& opt, int64_t step, int64_t total_steps) {
+  if (opt.warmup_steps > 0 && step < opt.warmup_steps)
+    return opt.lr * double(step + 1) / double(opt.warmup_steps);
+  if (opt.lr_schedule == "cosine") {
+    const double span = std::max<int64_t>(1, total_steps - opt.warmup_steps);
+    const double progress = std::min(1.0, double(step - opt.warmup_steps) / span);
+    return opt.min_lr + 0.5 * (opt.lr - opt.min_lr) * (1.0 + std::cos(M_PI * progress));
+  }
+  return opt.lr;
+}
+
+std::string hex64(uint64_t h) {
+  std::ostringstream os;
+  os << std::hex << std::setw(16) << std::setfill('0') << h;
+  return os.str();
+}
+
+std::string model_hash(const config::Job& job) {
+  std::string lines;
+  std::istringstream in(config::fingerprint(job));
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("model.", 0) == 0) lines += line + "\n";
+  return hex64(comm::fnv1a64(lines));
+}
+
+}  // namespace thetad::daemon

@@ -1,0 +1,41 @@
+// The model's parameters by group (0 = shared Θ, t+1 = task t): which parameters each group
+// holds, in registration order, and where each one's values start in its group's flat layout
+// (the host store's and the checkpoint's order). Built once from the model; every room of the
+// worker reads it, none changes it.
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+#include "daemon/model.hpp"
+
+namespace thetad::daemon {
+
+struct ParamGroups {
+  std::vector<NamedParam>* params = nullptr;
+  std::vector<std::vector<int>> members;  // group -> indices into *params
+  std::vector<size_t> offset;             // param -> first element in its group's flat layout
+
+  ParamGroups(std::vector<NamedParam>& all, int num_groups) : params(&all), members(num_groups) {
+    offset.assign(all.size(), 0);
+    std::vector<size_t> filled(static_cast<size_t>(num_groups), 0);
+    for (size_t i = 0; i < all.size(); ++i) {
+      const auto g = static_cast<size_t>(all[i].group);
+      members.at(g).push_back(static_cast<int>(i));
+      offset[i] = filled[g];
+      filled[g] += static_cast<size_t>(all[i].tensor.numel());
+    }
+  }
+  int num_groups() const { return static_cast<int>(members.size()); }
+  NamedParam& operator[](int p) { return (*params)[static_cast<size_t>(p)]; }
+  const NamedParam& operator[](int p) const { return (*params)[static_cast<size_t>(p)]; }
+  size_t size() const { return params->size(); }
+  // Elements of a group's parameters together.
+  int64_t numel(int group) const {
+    int64_t n = 0;
+    for (int p : members.at(static_cast<size_t>(group))) n += (*this)[p].tensor.numel();
+    return n;
+  }
+};
+
+}  // namespace thetad::daemon

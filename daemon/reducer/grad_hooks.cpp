@@ -1,0 +1,115 @@
+// Autograd hooks into the engine (see grad_hooks.hpp).
+#include "daemon/reducer/grad_hooks.hpp"
+
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/utils/lambda_post_hook.h>
+
+#include <set>
+
+#include "common/errors.hpp"
+
+namespace thetad::daemon {
+
+GradHooks::GradHooks(ParamGroups& groups, comm::Engine& engine, const DataPlane& plane,
+                     std::vector<uint8_t> overwrite, const std::vector<uint8_t>& resident)
+    : groups_(groups), engine_(engine), plane_(plane), overwrite_(std::move(overwrite)) {
+  views_.resize(groups_.size());
+  requires_grad_.assign(static_cast<size_t>(groups_.num_groups()), 1);
+  for (size_t i = 0; i < groups_.size(); ++i) {
+    auto& p = groups_[static_cast<int>(i)].tensor;
+    if (!resident[static_cast<size_t>(groups_[static_cast<int>(i)].group)]) continue;
+    // Gradients live in the engine's flat bucket buffers: .grad is a view of them.
+    views_[i] = torch::from_blob(engine_.grad(static_cast<int>(i)), p.sizes(),
+                                 torch::TensorOptions().dtype(torch::kFloat32).device(plane_.device));
+    p.mutable_grad() = views_[i];
+  }
+  install();
+}
+
+void GradHooks::install() {
+  for (size_t i = 0; i < groups_.size(); ++i) {
+    auto acc = torch::autograd::impl::grad_accumulator(groups_[static_cast<int>(i)].tensor);
+    THETAD_CHECK(acc != nullptr, InternalError, "no grad accumulator for ", groups_[static_cast<int>(i)].name);
+    const int index = static_cast<int>(i);
+    acc->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
+        [this, index](const torch::autograd::variable_list& outputs, const torch::autograd::variable_list&) {
+          on_gradient(index);
+          return outputs;
+        }));
+    acc_index_[acc.get()] = index;
+    accumulators_.push_back(std::move(acc));
+  }
+}
+
+void GradHooks::on_gradient(int p) {
+  try {
+    take_grad(p);
+    engine_.mark_ready(p);
+  } catch (...) {
+    // Exceptions do not cross the autograd engine intact; rethrown after backward.
+    std::lock_guard<std::mutex> lock(error_mu_);
+    if (!error_) error_ = std::current_exception();
+  }
+}
+
+void GradHooks::rethrow_error() {
+  std::exception_ptr e;
+  {
+    std::lock_guard<std::mutex> lock(error_mu_);
+    std::swap(e, error_);
+  }
+  if (e) std::rethrow_exception(e);
+}
+
+// The first gradient of a window in an overwrite group is a tensor of its own (autograd's); it
+// is copied into the bucket, on the compute stream that the bucket's allreduce is ordered after,
+// and .grad becomes the bucket view, which later micro-steps accumulate into.
+void GradHooks::take_grad(int i) {
+  auto& p = groups_[i].tensor;
+  if (!overwrite_[static_cast<size_t>(groups_[i].group)]) return;
+  const torch::Tensor& g = p.grad();
+  const torch::Tensor& view = views_[static_cast<size_t>(i)];
+  if (!g.defined() || g.data_ptr() == view.data_ptr()) return;
+  plane_.on_compute_stream([&] { view.copy_(g); });
+  p.mutable_grad() = view;
+}
+
+void GradHooks::start_window() {
+  for (size_t i = 0; i < groups_.size(); ++i)
+    if (overwrite_[static_cast<size_t>(groups_[static_cast<int>(i)].group)])
+      groups_[static_cast<int>(i)].tensor.mutable_grad().reset();
+}
+
+void GradHooks::end_window() {
+  for (size_t i = 0; i < groups_.size(); ++i)
+    if (overwrite_[static_cast<size_t>(groups_[static_cast<int>(i)].group)])
+      groups_[static_cast<int>(i)].tensor.mutable_grad() = views_[i];
+}
+
+void GradHooks::set_trained(const std::vector<uint8_t>& trained) {
+  for (size_t g = 0; g < requires_grad_.size(); ++g) {
+    const uint8_t want = trained[g];
+    if (want == requires_grad_[g]) continue;
+    for (int p : groups_.members[g]) groups_[p].tensor.requires_grad_(want != 0);
+    requires_grad_[g] = want;
+  }
+}
+
+std::vector<uint8_t> GradHooks::discover_groups(const torch::Tensor& loss) const {
+  std::vector<uint8_t> found(static_cast<size_t>(groups_.num_groups()), 0);
+  std::vector<torch::autograd::Node*> stack;
+  std::set<torch::autograd::Node*> seen;
+  if (loss.grad_fn()) stack.push_back(loss.grad_fn().get());
+  while (!stack.empty()) {
+    auto* node = stack.back();
+    stack.pop_back();
+    if (!seen.insert(node).second) continue;
+    auto it = acc_index_.find(node);
+    if (it != acc_index_.end()) found[static_cast<size_t>(groups_[it->second].group)] = 1;
+    for (const auto& edge : node->next_edges())
+      if (edge.function) stack.push_back(edge.function.get());
+  }
+  return found;
+}
+
+}  // namespace thetad::daemon

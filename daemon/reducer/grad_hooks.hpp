@@ -1,0 +1,67 @@
+// The torch side of the reducer (what c10d keeps in its Reducer): autograd post-accumulate hooks
+// that hand each parameter's gradient to the engine as backward produces it, .grad as views of
+// the engine's bucket buffers, which groups take gradients (frozen groups do not), and the
+// discovery of the groups a loss reaches (DDP's find_unused_parameters).
+#pragma once
+
+#include <torch/torch.h>
+
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "comm/engine.hpp"
+#include "daemon/param_groups.hpp"
+#include "daemon/train/data_plane.hpp"
+
+namespace torch::autograd {
+struct Node;
+}
+
+namespace thetad::daemon {
+
+class GradHooks {
+ public:
+  // `overwrite`: per group, whether the engine takes its gradients by copy (EngineOptions
+  // overwrite mode); `resident`: per group, whether its gradients live in the engine's fixed
+  // buckets (.grad bound once here) rather than pooled or streamed memory bound per window.
+  GradHooks(ParamGroups& groups, comm::Engine& engine, const DataPlane& plane, std::vector<uint8_t> overwrite,
+            const std::vector<uint8_t>& resident);
+  GradHooks(const GradHooks&) = delete;
+  GradHooks& operator=(const GradHooks&) = delete;
+
+  // Before a window's first backward: overwrite groups' .grad is dropped, so autograd gives
+  // each first gradient a tensor of its own, which the hook copies into the bucket.
+  void start_window();
+  // After the window's last backward: .grad is the bucket view again, also where no gradient
+  // came (the engine zeroed it there).
+  void end_window();
+  // Frozen groups (used in forward, not trained) get no gradient at all: requires_grad off.
+  void set_trained(const std::vector<uint8_t>& trained);
+  // Groups whose parameters `loss` reaches.
+  std::vector<uint8_t> discover_groups(const torch::Tensor& loss) const;
+  // After backward: rethrows the first exception a hook caught (its type kept: a failed
+  // collective stays a CommError, exit 3), so backward itself never unwinds through autograd.
+  void rethrow_error();
+  // Parameter p's gradient in its bucket (resident groups).
+  const torch::Tensor& view(int p) const { return views_[static_cast<size_t>(p)]; }
+
+ private:
+  void install();
+  void on_gradient(int p);
+  void take_grad(int p);
+  ParamGroups& groups_;
+  comm::Engine& engine_;
+  const DataPlane& plane_;
+  const std::vector<uint8_t> overwrite_;  // per group
+  std::vector<torch::Tensor> views_;      // per parameter (resident groups)
+  std::vector<uint8_t> requires_grad_;    // per group, current flag
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // keep the hooks alive
+  std::unordered_map<const torch::autograd::Node*, int> acc_index_;
+  std::mutex error_mu_;
+  std::exception_ptr error_;
+};
+
+}  // namespace thetad::daemon

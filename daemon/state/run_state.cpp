@@ -1,0 +1,130 @@
+// Checkpoints, resume and the final hash (see run_state.hpp).
+#include "daemon/state/run_state.hpp"
+
+#include <ATen/Parallel.h>
+
+#include <map>
+
+#include "comm/bucket_plan.hpp"
+#include "common/errors.hpp"
+#include "common/log.hpp"
+#include "config/loader.hpp"
+#include "daemon/core/job_options.hpp"
+
+namespace thetad::daemon {
+namespace {
+
+// FNV-1a of a parameter's bytes: chained directly for up to 16 MiB, else over the hashes of
+// its 16 MiB pieces, hashed in parallel (rank 0 fingerprints 34 GB of parameters at T = 256:
+// bytewise on one thread that took over a minute).
+uint64_t bytes_hash(const void* data, size_t bytes, uint64_t seed) {
+  constexpr size_t kPiece = size_t{16} << 20;
+  const size_t pieces = (bytes + kPiece - 1) / kPiece;
+  if (pieces <= 1) return comm::fnv1a64(data, bytes, seed);
+  std::vector<uint64_t> hs(pieces);
+  const char* base = static_cast<const char*>(data);
+  at::parallel_for(0, static_cast<int64_t>(pieces), 1, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      const size_t off = static_cast<size_t>(i) * kPiece;
+      hs[static_cast<size_t>(i)] = comm::fnv1a64(base + off, std::min(kPiece, bytes - off));
+    }
+  });
+  return comm::fnv1a64(hs.data(), hs.size() * sizeof(uint64_t), seed);
+}
+
+// A loaded group's tensors in the order of the group's parameters, each checked by name and shape.
+GroupState in_parameter_order(const GroupState& loaded, const ParamGroups& groups, int g, const std::string& where) {
+  std::map<std::string, size_t> by_name;
+  for (size_t i = 0; i < loaded.names.size(); ++i) by_name[loaded.names[i]] = i;
+  GroupState st;
+  st.group = g;
+  st.steps = loaded.steps;
+  for (int p : groups.members[static_cast<size_t>(g)]) {
+    const NamedParam& np = groups[p];
+    auto it = by_name.find(np.name);
+    if (it == by_name.end()) throw ConfigError(where + ": parameter '" + np.name + "' missing");
+    if (!loaded.params[it->second].sizes().equals(np.tensor.sizes()))
+      throw ConfigError(where + ": parameter '" + np.name + "' has another shape");
+    st.names.push_back(np.name);
+    st.params.push_back(loaded.params[it->second]);
+    st.exp_avg.push_back(loaded.exp_avg[it->second]);
+    st.exp_avg_sq.push_back(loaded.exp_avg_sq[it->second]);
+  }
+  return st;
+}
+
+}  // namespace
+
+RunState::RunState(const config::Job& job, const comm::WorldInfo& world, comm::ControlPlane& plane,
+                   ParamGroups& groups, ResidentOptimizer& resident, StoreBridge* store)
+    : job_(job), world_(world), plane_(plane), groups_(groups), resident_(resident), store_(store) {}
+
+GroupState RunState::state(int g) {
+  return store_ && store_->offloaded(g) ? store_->state(g) : resident_.state(g);
+}
+
+int64_t RunState::resume(bool resume, std::vector<int64_t>& group_steps) {
+  if (job_.checkpoint.dir.empty()) return 0;
+  const std::string dir = config::expand_path(job_.checkpoint.dir, job_, 0);
+  const int64_t step = plane_.run_on_root(0, {"choosing the checkpoint to resume from"}, [&]() -> int64_t {
+    if (!resume) {
+      const std::string aside = set_aside_checkpoints(dir);
+      if (!aside.empty()) {
+        THETAD_LOG(warn, "ckpt") << "--no-resume: the checkpoints already in " << dir << " were moved to "
+                                 << aside << " (a later resume would otherwise pick them up)";
+      }
+      return -1;
+    }
+    const auto found = find_latest_checkpoint(dir);
+    return found ? found->step : -1;
+  });
+  if (step < 0) return 0;
+  const CheckpointInfo ckpt{checkpoint_path(dir, step), step};
+  const std::string hash = model_hash(job_);
+  for (int g = 0; g < groups_.num_groups(); ++g) {
+    const GroupState st = in_parameter_order(load_group(ckpt, g, hash), groups_, g, ckpt.path);
+    if (store_ && store_->offloaded(g)) store_->restore(g, st);
+    else resident_.restore(g, st);
+    group_steps[static_cast<size_t>(g)] = st.steps;
+  }
+  THETAD_LOG(info, "ckpt") << "resumed from " << ckpt.path << " at step " << ckpt.step;
+  return ckpt.step;
+}
+
+void RunState::checkpoint(int64_t completed, const std::vector<int64_t>& group_steps) {
+  if (job_.checkpoint.dir.empty()) return;
+  CheckpointWriter w;
+  w.dir = config::expand_path(job_.checkpoint.dir, job_, 0);
+  w.step = completed;
+  w.rank = world_.rank;
+  w.world = world_.size;
+  w.job_name = job_.name;
+  w.job_hash = model_hash(job_);
+  w.keep = job_.checkpoint.keep;
+  w.barrier = [this, completed] { plane_.barrier({"checkpoint barrier", completed, -1}); };
+  w.all_ok = [this, completed](bool ok) {
+    return plane_.all_ok(ok, {"allreduce of the checkpoint status", completed, -1});
+  };
+  write_checkpoint(w, groups_.num_groups(), [&](int g) {
+    GroupState st = state(g);
+    st.steps = group_steps[static_cast<size_t>(g)];
+    return st;
+  });
+}
+
+uint64_t RunState::params_hash() {
+  uint64_t h = comm::fnv1a64("", 0);
+  for (size_t i = 0; i < groups_.size(); ++i) {
+    const NamedParam& p = groups_[static_cast<int>(i)];
+    const auto bytes = static_cast<size_t>(p.tensor.numel()) * sizeof(float);
+    if (store_ && store_->offloaded(p.group)) {  // hashed where it lives: no copy of θ (T = 384: 52 GB)
+      h = bytes_hash(store_->group_values(p.group) + groups_.offset[i], bytes, h);
+      continue;
+    }
+    torch::Tensor c = p.tensor.detach().cpu().contiguous();
+    h = bytes_hash(c.data_ptr(), bytes, h);
+  }
+  return h;
+}
+
+}  // namespace thetad::daemon

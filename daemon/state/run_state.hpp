@@ -1,0 +1,45 @@
+// The run's state on disk and across ranks: where a checkpoint is agreed and written (every
+// rank writes its share, all agree that all succeeded before rank 0 publishes), where a run
+// resumes (rank 0 picks the step, every rank loads it), and the final parameter hash. It reads
+// each group wherever it lives: the device (resident groups) or the host store (offloaded).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "comm/bootstrap.hpp"
+#include "comm/control_plane.hpp"
+#include "config/job.hpp"
+#include "daemon/checkpoint.hpp"
+#include "daemon/param_groups.hpp"
+#include "daemon/store_bridge/store_bridge.hpp"
+#include "daemon/train/resident_optimizer.hpp"
+
+namespace thetad::daemon {
+
+class RunState {
+ public:
+  // `store` is null without offload.
+  RunState(const config::Job& job, const comm::WorldInfo& world, comm::ControlPlane& plane, ParamGroups& groups,
+           ResidentOptimizer& resident, StoreBridge* store);
+
+  // A fresh start (`resume` false) sets earlier checkpoints aside; a resume loads the newest
+  // checkpoint rank 0 sees, so that every rank starts at the same step whatever its view of a
+  // shared directory. Fills the groups' step counts; returns the first step to run.
+  int64_t resume(bool resume, std::vector<int64_t>& group_steps);
+  // Writes the checkpoint after `completed` steps (nothing without checkpoint.dir).
+  void checkpoint(int64_t completed, const std::vector<int64_t>& group_steps);
+  // FNV-1a over every parameter's bytes in registration order, read where each lives.
+  uint64_t params_hash();
+
+ private:
+  GroupState state(int g);
+  const config::Job& job_;
+  const comm::WorldInfo world_;
+  comm::ControlPlane& plane_;
+  ParamGroups& groups_;
+  ResidentOptimizer& resident_;
+  StoreBridge* store_;
+};
+
+}  // namespace thetad::daemon

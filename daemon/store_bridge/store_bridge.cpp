@@ -1,0 +1,365 @@
+// The model <-> host store bridge (see store_bridge.hpp).
+#include "daemon/store_bridge/store_bridge.hpp"
+
+#if THETAD_TORCH_CUDA
+#include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+#include <string>
+
+#include "common/errors.hpp"
+#include "common/log.hpp"
+#include "daemon/core/job_options.hpp"
+#include "daemon/store_bridge/store_chunks.hpp"
+
+namespace thetad::daemon {
+namespace {
+
+// The groups this rank uses in optimizer step `step`: the union over its micro-steps.
+std::vector<uint8_t> window_used(const Schedule& schedule, int64_t step, int64_t micro_steps, int rank) {
+  std::vector<uint8_t> used;
+  for (int64_t m = 0; m < micro_steps; ++m) {
+    const StepPlan plan = schedule.plan(step * micro_steps + m, rank);
+    used.resize(plan.used.size(), 0);
+    for (size_t g = 1; g < plan.used.size(); ++g) used[g] |= plan.used[g];
+  }
+  return used;
+}
+
+}  // namespace
+
+struct StoreBridge::InFlight {
+#if THETAD_TORCH_CUDA
+  std::deque<std::pair<size_t, std::shared_ptr<at::cuda::CUDAEvent>>> copies;  // bytes, copied-out event
+#endif
+};
+
+StoreBridge::StoreBridge(const config::Job& job, TaskModel& model, ParamGroups& groups, const DataPlane& plane,
+                         Timeline* timeline)
+    : job_(job), model_(model), groups_(groups), plane_(plane), timeline_(timeline),
+      inflight_(std::make_unique<InFlight>()) {
+  streamed_.assign(static_cast<size_t>(groups_.num_groups()), 0);
+  shard_params_.assign(static_cast<size_t>(groups_.num_groups()), {});
+  grad_offset_ = groups_.offset;
+}
+
+StoreBridge::~StoreBridge() = default;
+
+void StoreBridge::plan_shards(std::vector<comm::ParamInfo>& infos) {
+  for (int g = 1; g < groups_.num_groups(); ++g) {
+    if (!model_.row_chunked(g)) continue;
+    streamed_[static_cast<size_t>(g)] = 1;
+    const int w = groups_.members[static_cast<size_t>(g)].at(0);
+    const auto& t = groups_[w].tensor;
+    const auto row_elems = static_cast<size_t>(t.size(1));
+    infos[static_cast<size_t>(w)].numel = 0;
+    for (const auto& [r0, rows] : offload::row_shards(static_cast<size_t>(t.size(0)), row_elems,
+                                                      job_.offload.shard_bytes())) {
+      shard_params_[static_cast<size_t>(g)].push_back(static_cast<int>(infos.size()));
+      grad_offset_.push_back(r0 * row_elems);
+      infos.push_back({groups_[w].name + "[" + std::to_string(r0) + ":" + std::to_string(r0 + rows) + "]",
+                       rows * row_elems, g, /*alone=*/true});
+    }
+  }
+}
+
+void StoreBridge::engine_options(comm::EngineOptions& o) {
+  o.pooled.assign(static_cast<size_t>(groups_.num_groups()), 1);
+  o.pooled[0] = 0;
+  for (size_t g = 1; g < streamed_.size(); ++g)
+    if (streamed_[g]) o.pooled[g] = 0;
+  o.streamed = streamed_;
+  o.scratch = [this](size_t bytes) {
+    std::shared_ptr<void> mem;
+    // On the stream the allreduce waits for.
+    plane_.on_compute_stream([&] {
+      throttle_grads(bytes);
+      mem = grad_memory(torch::zeros({static_cast<int64_t>(bytes / sizeof(float))},
+                                     torch::TensorOptions().dtype(torch::kFloat32).device(plane_.device)));
+    });
+    return mem;
+  };
+}
+
+// (validate refuses offload with sgd: the store steps Adam/AdamW)
+void StoreBridge::build(comm::Engine& engine, const Schedule& schedule, int rank) {
+  engine_ = &engine;
+  schedule_ = &schedule;
+  rank_ = rank;
+  std::vector<offload::GroupShape> shapes;
+  for (int g = 1; g < groups_.num_groups(); ++g) {
+    if (model_.row_chunked(g)) {  // one [rows x row_elems] parameter
+      const auto& t = groups_[groups_.members[static_cast<size_t>(g)].at(0)].tensor;
+      shapes.push_back({g, static_cast<size_t>(t.size(0)), static_cast<size_t>(t.size(1))});
+      continue;
+    }
+    shapes.push_back({g, static_cast<size_t>(groups_.numel(g)), 1});
+  }
+  if (plane_.gpu())
+    device_ = offload::make_cuda_device(plane_.device.index(), plane_.compute_stream);
+  else
+    device_ = std::make_unique<offload::HostDevice>();
+  store_ = std::make_unique<offload::ParamStore>(
+      store_options(job_), shapes, *device_,
+      [this](int64_t step) {
+        std::vector<int> groups;
+        const std::vector<uint8_t> used = window_used(*schedule_, step, job_.accumulate_steps, rank_);
+        for (size_t g = 1; g < used.size(); ++g)
+          if (used[g]) groups.push_back(static_cast<int>(g));
+        return groups;
+      },
+      MPI_COMM_WORLD);
+  for (int g = 1; g < groups_.num_groups(); ++g)
+    if (model_.row_chunked(g) && store_->units_of(g).size() > 1 && store_->slots() < 2)
+      throw ConfigError(job_.source + ": offload.device_slots: row-sharded groups stream two shards at a "
+                        "time (the next one's copy overlaps the current one's compute), so the store "
+                        "needs at least 2 device slots; it has " + std::to_string(store_->slots()) +
+                        " (raise offload.device_slots or offload.device_budget_mb)");
+  unit_param_.assign(static_cast<size_t>(store_->num_units()), -1);
+  for (int g = 1; g < groups_.num_groups(); ++g) {
+    if (!streamed_[static_cast<size_t>(g)]) continue;
+    const auto& units = store_->units_of(g);
+    const auto& shards = shard_params_[static_cast<size_t>(g)];
+    THETAD_CHECK_EQ(units.size(), shards.size(), "group ", g, ": store shards vs engine shards");
+    for (size_t k = 0; k < units.size(); ++k) {
+      const auto p = static_cast<size_t>(shards[k]);
+      THETAD_CHECK(store_->unit(units[k]).offset == grad_offset_[p] &&
+                       store_->unit(units[k]).numel == engine.plan().params[p].numel,
+                   InternalError, "group ", g, " shard ", k, ": the store's unit and the engine's bucket differ");
+      unit_param_[static_cast<size_t>(units[k])] = shards[k];
+    }
+  }
+  // Shard gradients in flight on the device: as many as the store has slots for shards.
+  grad_inflight_cap_ = static_cast<size_t>(std::max<int64_t>(2, store_->slots())) * store_->slot_bytes();
+  chunks_ = std::make_unique<StoreChunks>(
+      *store_, plane_.device, [this](int u, torch::Tensor g) { hand_over_shard(u, std::move(g)); },
+      [this](size_t bytes) { throttle_grads(bytes); });
+  model_.set_shard_source(chunks_.get());
+  // Each group's owner writes its initial values straight into the arena, groups in parallel:
+  // lazily built parameters draw them there (no rank holds a copy of θ), others are copied.
+  store_->init_all([this](int g, float* dst) {
+    torch::NoGradGuard no_grad;  // thread-local: this runs on the store's threads
+    for (int p : groups_.members[static_cast<size_t>(g)]) {
+      const NamedParam& np = groups_[p];
+      torch::Tensor view = torch::from_blob(dst + groups_.offset[static_cast<size_t>(p)], np.tensor.sizes(),
+                                            torch::kFloat32);
+      if (np.init) np.init(view);
+      else view.copy_(np.tensor.detach());
+    }
+  });
+  // The model's own copy of θ[t] (or its placeholder) is dropped: a placeholder of the right
+  // shape and device (one element, expanded) keeps autograd's metadata until bind_group points
+  // it at a slot.
+  torch::NoGradGuard no_grad;
+  for (int g = 1; g < groups_.num_groups(); ++g)
+    for (int p : groups_.members[static_cast<size_t>(g)]) {
+      groups_[p].init = nullptr;
+      auto& t = groups_[p].tensor;
+      t.set_data(torch::zeros({1}, torch::TensorOptions().dtype(torch::kFloat32).device(plane_.device))
+                     .expand(t.sizes()));
+    }
+  THETAD_LOG(info, "offload") << "host store: " << shapes.size() << " task groups, " << store_->slots()
+                              << " device slots of " << store_->slot_bytes() << " bytes, host arena "
+                              << store_->arena().bytes() << " bytes";
+}
+
+void StoreBridge::prepare_step(int64_t step) {
+  const std::vector<uint8_t> used = window_used(*schedule_, step, job_.accumulate_steps, rank_);
+  // The previous step's gradient copies read pooled buffers that this step re-binds (and
+  // zeroes on the compute stream); they started during that step's backward.
+  store_->compute_after_pushes();
+  for (size_t g = 1; g < used.size(); ++g) {
+    if (!used[g]) continue;
+    const int64_t t_us = Timeline::now_us();
+    bind_group(static_cast<int>(g), step);
+    bind_grads(static_cast<int>(g));
+    if (timeline_)
+      timeline_->record(Lane::h2d, "acquire θ[" + std::to_string(g - 1) + "]", t_us, Timeline::now_us() - t_us,
+                        {{"group", int64_t(g)}});
+  }
+  store_->prefetch_for(step);
+}
+
+// Points the parameters of an offloaded group at its device slot for this step.
+void StoreBridge::bind_group(int group, int64_t step) {
+  if (model_.row_chunked(group)) {  // the model acquires its row shards as it streams them
+    chunks_->set_step(step);
+    return;
+  }
+  float* base = store_->acquire(store_->units_of(group).at(0), step);
+  for (int p : groups_.members[static_cast<size_t>(group)]) {
+    auto& t = groups_[p].tensor;
+    t.set_data(torch::from_blob(base + groups_.offset[static_cast<size_t>(p)], t.sizes(),
+                                t.options().requires_grad(false)));
+  }
+}
+
+// Points an offloaded group's gradients at the engine's pool buffer bound to it this window.
+void StoreBridge::bind_grads(int group) {
+  if (streamed_[static_cast<size_t>(group)]) return;  // handed over shard by shard (StoreChunks)
+  for (int p : groups_.members[static_cast<size_t>(group)]) {
+    auto& t = groups_[p].tensor;
+    t.mutable_grad() = torch::from_blob(engine_->grad(p), t.sizes(),
+                                        torch::TensorOptions().dtype(torch::kFloat32).device(plane_.device));
+  }
+}
+
+void StoreBridge::before_backward(bool last, const StepPlan& plan) {
+  chunks_->set_last(last);
+  if (last) hand_over_idle_shards(plan);
+}
+
+void StoreBridge::after_last_backward() { chunks_->hand_over_rest(); }
+
+// An offloaded group's bucket goes to the host landing area as soon as its allreduce is done,
+// while the rest of backward runs: on GPUs the D2H stream waits for the bucket's work (the host
+// does not), on the host device the copy follows the wait. Only the group's owner on this host
+// copies; a group no rank used is not stepped, so nothing is copied for it.
+void StoreBridge::on_bucket_launch(int b, int contributors, comm::Work& work, const float* data) {
+  const comm::BucketPlan& plan = engine_->plan();
+  const comm::Bucket& bucket = plan.buckets[static_cast<size_t>(b)];
+  const bool streamed = streamed_[static_cast<size_t>(bucket.group)] != 0;
+  const bool copy = contributors != 0 && store_->owns(bucket.group);
+  // Streamed buckets are waited for also where nothing is copied: the engine gives their
+  // memory back once the work completes (host backends: once waited for).
+  if (!copy && !streamed) return;
+  const int64_t t_us = Timeline::now_us();
+  const auto timeout = engine_->communicator().default_timeout();
+  void* d2h = store_->d2h_stream();
+  if (d2h) work.block_stream(d2h, timeout);
+  else work.wait(timeout);
+  if (copy)
+    for (size_t k = 0; k < bucket.params.size(); ++k) {
+      const auto p = static_cast<size_t>(bucket.params[k]);
+      store_->push_grad_range(bucket.group, grad_offset_[p], data + bucket.offsets[k], plan.params[p].numel);
+    }
+#if THETAD_TORCH_CUDA
+  if (d2h && streamed) {  // its memory is free again once the D2H stream passes here
+    auto done = std::make_shared<at::cuda::CUDAEvent>();
+    done->record(c10::cuda::getStreamFromExternal(static_cast<cudaStream_t>(d2h), plane_.device.index()));
+    std::lock_guard<std::mutex> lock(inflight_mu_);
+    inflight_->copies.emplace_back(bucket.numel * sizeof(float), std::move(done));
+    grad_inflight_bytes_ += bucket.numel * sizeof(float);
+  }
+#endif
+  if (copy && timeline_)
+    timeline_->record(Lane::d2h, "gradient θ[" + std::to_string(bucket.group - 1) + "] bucket " + std::to_string(b),
+                      t_us, Timeline::now_us() - t_us, {{"bytes", int64_t(bucket.numel * sizeof(float))}});
+}
+
+// The engine holds gradient memory of its streamed groups until their bucket's work is done;
+// the D2H copy that on_bucket_launch queues may read it later still, so on GPUs the caching
+// allocator is told about that stream too.
+std::shared_ptr<void> StoreBridge::grad_memory(torch::Tensor t) {
+#if THETAD_TORCH_CUDA
+  if (void* d2h = store_ ? store_->d2h_stream() : nullptr)
+    t.record_stream(c10::cuda::getStreamFromExternal(static_cast<cudaStream_t>(d2h), plane_.device.index()));
+#endif
+  auto holder = std::make_shared<torch::Tensor>(std::move(t));
+  return std::shared_ptr<void>(holder, holder->data_ptr());
+}
+
+// Before a new shard gradient buffer: waits (host) for the oldest launched ones to be copied
+// out while more than the cap would be in flight. Only launched ones are waited for (a bucket
+// waiting for its turn to launch might wait for this very backward), so the cap is soft when
+// launches lag.
+void StoreBridge::throttle_grads(size_t bytes) {
+#if THETAD_TORCH_CUDA
+  std::lock_guard<std::mutex> lock(inflight_mu_);
+  auto& q = inflight_->copies;
+  while (!q.empty() && (q.front().second->query() || grad_inflight_bytes_ + bytes > grad_inflight_cap_)) {
+    q.front().second->synchronize();
+    grad_inflight_bytes_ -= q.front().first;
+    q.pop_front();
+  }
+#else
+  (void)bytes;
+#endif
+}
+
+// StoreChunks hands a shard's gradient of the window over: the engine reduces it in place.
+void StoreBridge::hand_over_shard(int unit, torch::Tensor grad) {
+  const int param = unit_param_.at(static_cast<size_t>(unit));
+  if (!grad.defined()) {  // no gradient in this window: later buckets need not wait for it
+    engine_->mark_absent(param);
+    return;
+  }
+  float* data = grad.data_ptr<float>();
+  engine_->mark_ready(param, data, grad_memory(std::move(grad)));
+}
+
+// Before the window's last backward: the shards of groups active in this window whose task that
+// backward does not compute (trained in earlier micro-steps only, declared without rows) are
+// handed over now, so that their buckets do not hold up the launches until finish_backward.
+void StoreBridge::hand_over_idle_shards(const StepPlan& last_plan) {
+  for (size_t g = 1; g < streamed_.size(); ++g) {
+    if (!streamed_[g] || !engine_->locally_active(static_cast<int>(g))) continue;
+    const int task = static_cast<int>(g) - 1;
+    bool computed = false;  // backward reaches grad_done for each of its chunks
+    for (size_t i = 0; i < last_plan.tasks.size(); ++i)
+      computed = computed || (last_plan.tasks[i] == task && last_plan.task_rows[i] > 0 && last_plan.trained[g]);
+    if (!computed) chunks_->hand_over_task(task);
+  }
+}
+
+// Its reduced gradient went to the host bucket by bucket as the allreduces finished
+// (on_bucket_launch); the owner clips by its norm there and steps it on the CPU.
+void StoreBridge::step_group(int g, const offload::AdamHyper& h) {
+  const int64_t t_us = Timeline::now_us();
+  store_->step_group(g, h);
+  if (timeline_) timeline_->record(Lane::cpu_adam, "adam θ[" + std::to_string(g - 1) + "]", t_us, Timeline::now_us() - t_us);
+}
+
+void StoreBridge::skip_group(int g) { store_->discard_pushes(g); }
+
+void StoreBridge::release_step(int64_t step) { store_->release_step(step); }
+
+StoreStepStats StoreBridge::step_stats() {
+  const offload::StoreStats ss = store_->stats();
+  StoreStepStats s;
+  s.h2d_bytes = static_cast<int64_t>(ss.h2d_bytes - last_stats_.h2d_bytes);
+  s.d2h_bytes = static_cast<int64_t>(ss.d2h_bytes - last_stats_.d2h_bytes);
+  s.swap_hits = static_cast<int64_t>(ss.swap_hits - last_stats_.swap_hits);
+  s.swap_misses = static_cast<int64_t>(ss.swap_misses - last_stats_.swap_misses);
+  s.host_pinned_bytes = static_cast<int64_t>(ss.host_pinned_bytes);
+  s.cpu_adam_ms = ss.cpu_adam_ms - last_stats_.cpu_adam_ms;
+  s.acquire_wait_ms = ss.acquire_wait_ms - last_stats_.acquire_wait_ms;
+  last_stats_ = ss;
+  return s;
+}
+
+size_t StoreBridge::device_slot_bytes() const { return store_->stats().device_slot_bytes; }
+
+GroupState StoreBridge::state(int g) {
+  const int64_t n = groups_.numel(g);
+  std::vector<torch::Tensor> flat;
+  for (int i = 0; i < 3; ++i) flat.push_back(torch::empty({n}, torch::kFloat32));
+  store_->read_group(g, flat[0].data_ptr<float>(), flat[1].data_ptr<float>(), flat[2].data_ptr<float>());
+  GroupState st;
+  st.group = g;
+  for (int p : groups_.members[static_cast<size_t>(g)]) {
+    const auto& t = groups_[p].tensor;
+    const auto off = static_cast<int64_t>(groups_.offset[static_cast<size_t>(p)]);
+    st.names.push_back(groups_[p].name);
+    st.params.push_back(flat[0].narrow(0, off, t.numel()).view(t.sizes()));
+    st.exp_avg.push_back(flat[1].narrow(0, off, t.numel()).view(t.sizes()));
+    st.exp_avg_sq.push_back(flat[2].narrow(0, off, t.numel()).view(t.sizes()));
+  }
+  return st;
+}
+
+void StoreBridge::restore(int g, const GroupState& st) {
+  std::vector<torch::Tensor> fp, fm, fv;
+  for (size_t i = 0; i < st.params.size(); ++i) {
+    fp.push_back(st.params[i].reshape({-1}));
+    fm.push_back(st.exp_avg[i].reshape({-1}));
+    fv.push_back(st.exp_avg_sq[i].reshape({-1}));
+  }
+  auto cp = torch::cat(fp).contiguous(), cm = torch::cat(fm).contiguous(), cv = torch::cat(fv).contiguous();
+  store_->write_group(g, cp.data_ptr<float>(), cm.data_ptr<float>(), cv.data_ptr<float>());
+}
+
+const float* StoreBridge::group_values(int g) { return store_->group_params(g); }
+
+}  // namespace thetad::daemon

@@ -1,0 +1,36 @@
+// The data plane of a rank: where its tensors live (a GPU picked by the local rank, or the
+// CPU), the communicator its gradients travel on (NCCL on GPUs, else the control plane's MPI),
+// and, on GPUs, the stream its compute runs on. Every rank agrees on it before any rank starts
+// one (NCCL set-up is collective).
+#pragma once
+
+#include <torch/torch.h>
+
+#include <functional>
+#include <memory>
+
+#include "comm/bootstrap.hpp"
+#include "comm/control_plane.hpp"
+#include "config/job.hpp"
+
+namespace thetad::daemon {
+
+struct DataPlane {
+  torch::Device device{torch::kCPU};
+  std::shared_ptr<comm::Communicator> comm;  // gradients
+  void* compute_stream = nullptr;            // cudaStream_t of the compute work (GPUs)
+
+  bool gpu() const { return device.is_cuda(); }
+  // Runs `fn` with the compute stream current (GPUs; elsewhere just runs it): work that the
+  // engine's collectives must be ordered after (they wait for the compute stream).
+  void on_compute_stream(const std::function<void()>& fn) const;
+  // Most bytes the caching allocator held at once on the device (0 on the CPU).
+  int64_t allocator_peak_bytes() const;
+};
+
+// `comm.backend: auto` means NCCL when a GPU is visible, MPI otherwise; `ctrl` is the job's
+// control-plane communicator, also the data plane on the CPU.
+DataPlane open_data_plane(const config::Job& job, const comm::WorldInfo& world, comm::ControlPlane& plane,
+                          std::shared_ptr<comm::Communicator> ctrl);
+
+}  // namespace thetad::daemon

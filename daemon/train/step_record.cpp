@@ -1,0 +1,113 @@
+// Per-step records read one step late (see step_record.hpp).
+#include "daemon/train/step_record.hpp"
+
+#if THETAD_TORCH_CUDA
+#include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+#include <thread>
+
+#include "common/errors.hpp"
+#include "config/loader.hpp"
+
+namespace thetad::daemon {
+
+struct PendingStep::DeviceMarks {
+#if THETAD_TORCH_CUDA
+  std::vector<std::pair<Phase, std::shared_ptr<at::cuda::CUDAEvent>>> phases;
+  std::shared_ptr<at::cuda::CUDAEvent> done;  // losses copied
+#endif
+};
+
+PendingStep::PendingStep(int64_t step, int rank) : marks(std::make_unique<DeviceMarks>()) {
+  rec.step = step;
+  rec.rank = rank;
+}
+PendingStep::~PendingStep() = default;
+
+StepRecorder::StepRecorder(const config::Job& job, const DataPlane& plane, int rank)
+    : job_(job), plane_(plane), rank_(rank) {}
+
+void StepRecorder::start(int64_t start_step) {
+  // A resumed run appends to its metrics, a fresh one starts the file anew.
+  if (!job_.metrics.path.empty() && (rank_ == 0 || job_.metrics.all_ranks))
+    metrics_ = std::make_unique<MetricsWriter>(config::expand_path(job_.metrics.path, job_, rank_),
+                                               /*append=*/start_step > 0);
+  progress_ = std::make_unique<Progress>(job_, rank_, start_step);
+  last_done_ = std::chrono::steady_clock::now();
+}
+
+void StepRecorder::mark(PendingStep& p, Phase phase) const {
+#if THETAD_TORCH_CUDA
+  if (!plane_.gpu()) return;
+  auto ev = std::make_shared<at::cuda::CUDAEvent>(cudaEventDefault);  // with timing
+  ev->record(c10::cuda::getCurrentCUDAStream(plane_.device.index()));
+  p.marks->phases.emplace_back(phase, std::move(ev));
+#else
+  (void)p;
+  (void)phase;
+#endif
+}
+
+void StepRecorder::queue_losses(PendingStep& p, const torch::Tensor& total,
+                                const std::vector<std::pair<int, torch::Tensor>>& task_losses) const {
+  std::vector<torch::Tensor> ls{total.reshape({})};
+  for (const auto& [task, l] : task_losses) {
+    ls.push_back(l.reshape({}));
+    p.tasks.push_back(task);
+  }
+  torch::Tensor packed = torch::stack(ls).to(torch::kFloat32);
+#if THETAD_TORCH_CUDA
+  if (plane_.gpu()) {
+    p.losses = torch::empty({packed.numel()}, torch::TensorOptions().dtype(torch::kFloat32).pinned_memory(true));
+    p.losses.copy_(packed, /*non_blocking=*/true);
+    p.marks->done = std::make_shared<at::cuda::CUDAEvent>();
+    p.marks->done->record(c10::cuda::getCurrentCUDAStream(plane_.device.index()));
+    return;
+  }
+#endif
+  p.losses = packed.contiguous();
+}
+
+void StepRecorder::finish(PendingStep& p, int64_t extra_device_bytes) {
+  StepRecord& rec = p.rec;
+#if THETAD_TORCH_CUDA
+  if (p.marks->done) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(job_.comm.timeout_s);
+    auto nap = std::chrono::microseconds(5);
+    while (!p.marks->done->query()) {
+      if (std::chrono::steady_clock::now() > deadline)
+        throw TimeoutError(detail::concat("step ", rec.step, " did not finish on ", plane_.device.str(),
+                                          " within comm.timeout_s = ", job_.comm.timeout_s, " s"));
+      std::this_thread::sleep_for(nap);
+      nap = std::min(nap * 2, std::chrono::microseconds(50));
+    }
+    // Device times between consecutive marks, charged to the later mark's phase.
+    rec.forward_ms = rec.backward_ms = rec.comm_wait_ms = rec.optimizer_ms = 0;
+    const auto& m = p.marks->phases;
+    for (size_t i = 1; i < m.size(); ++i) {
+      const double ms = m[i - 1].second->elapsed_time(*m[i].second);
+      switch (m[i].first) {
+        case Phase::forward: rec.forward_ms += ms; break;
+        case Phase::backward: rec.backward_ms += ms; break;
+        case Phase::comm: rec.comm_wait_ms += ms; break;
+        case Phase::optimizer: rec.optimizer_ms += ms; break;
+        case Phase::start: break;
+      }
+    }
+  }
+#endif
+  const float* l = p.losses.data_ptr<float>();
+  rec.loss = l[0];
+  for (size_t i = 0; i < p.tasks.size(); ++i) rec.task_loss.push_back({p.tasks[i], l[i + 1]});
+  // Wall time per step: from the previous step's end to this one's, as the host observes it.
+  const auto now = std::chrono::steady_clock::now();
+  rec.step_ms = std::chrono::duration<double, std::milli>(now - last_done_).count();
+  last_done_ = now;
+  rec.device_mem_peak_bytes = plane_.gpu() ? plane_.allocator_peak_bytes() + extra_device_bytes : 0;
+  if (metrics_) metrics_->write(rec);
+  progress_->finished(rec);
+}
+
+}  // namespace thetad::daemon

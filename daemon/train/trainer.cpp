@@ -1,0 +1,432 @@
+// The step loop of one rank: schedule -> count exchange -> forward -> backward through the
+// reducer (GradHooks into the engine) -> per-group optimizer (ResidentOptimizer on the device,
+// StoreBridge for the host store) -> per-step records, stop agreement and checkpoints (RunState).
+// The trainer wires the pieces together and runs the loop; the pieces never call it.
+#include "daemon/train/trainer.hpp"
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <iomanip>
+#include <memory>
+#include <vector>
+
+#include "comm/bootstrap.hpp"
+#include "comm/control_plane.hpp"
+#include "comm/engine.hpp"
+#include "common/errors.hpp"
+#include "common/log.hpp"
+#include "config/loader.hpp"
+#include "daemon/core/job_options.hpp"
+#include "daemon/core/stop_agreement.hpp"
+#include "daemon/model.hpp"
+#include "daemon/optimizer.hpp"
+#include "daemon/param_groups.hpp"
+#include "daemon/reducer/grad_hooks.hpp"
+#include "daemon/schedule.hpp"
+#include "daemon/state/run_state.hpp"
+#include "daemon/store_bridge/store_bridge.hpp"
+#include "daemon/timeline.hpp"
+#include "daemon/train/data_plane.hpp"
+#include "daemon/train/resident_optimizer.hpp"
+#include "daemon/train/step_record.hpp"
+#include "offload/host_arena.hpp"
+
+namespace thetad::daemon {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
+
+class Trainer {
+ public:
+  Trainer(const config::Job& job, const RunOptions& opts) : job_(job), opts_(opts), world_(comm::world_info()) {}
+  int run();
+
+ private:
+  void build();
+  void build_model();
+  void build_engine();
+  void on_bucket_launch(int b, int contributors, comm::Work& work, float* data);
+  void train_step(int64_t step, PendingStep& p);
+  torch::Tensor forward(int64_t micro, const StepPlan& plan, PendingStep& p);
+  void backward(torch::Tensor& total, bool last, const StepPlan& plan, PendingStep& p);
+  void finish_reduce(PendingStep& p);
+  void optimizer_step(int64_t step, PendingStep& p);
+  AdamSettings adam_settings(int64_t step) const;
+  void record_engine_stats(StepRecord& rec);
+  int64_t device_extra_bytes() const;
+  bool offloaded(int g) const { return store_ && store_->offloaded(g); }
+
+  const config::Job& job_;
+  const RunOptions opts_;
+  const comm::WorldInfo world_;
+  std::shared_ptr<comm::Communicator> ctrl_;  // control plane: agreements, checkpoints (MPI)
+  std::unique_ptr<comm::ControlPlane> plane_;
+  DataPlane data_;                            // device, gradients' communicator, compute stream
+  std::unique_ptr<Timeline> timeline_;
+  std::unique_ptr<TaskModel> model_;
+  std::unique_ptr<DataSource> batches_;
+  std::unique_ptr<Schedule> schedule_;
+  std::unique_ptr<ParamGroups> groups_;
+  std::unique_ptr<comm::Engine> engine_;
+  std::unique_ptr<StoreBridge> store_;        // offload.enabled: θ[t] in the host store
+  std::unique_ptr<GradHooks> hooks_;
+  std::unique_ptr<ResidentOptimizer> resident_;
+  std::unique_ptr<RunState> state_;
+  std::unique_ptr<StepRecorder> recorder_;
+  std::vector<int64_t> group_steps_;          // per group: optimizer steps taken (lazy)
+  std::vector<uint8_t> overwrite_;            // per group: gradients taken by copy (EngineOptions)
+  bool declared_ = true;                      // comm.active: declared (else discovered)
+  AdamSettings step_settings_;                // the current step's (step count: per group)
+  std::vector<std::pair<int, torch::Tensor>> task_losses_;  // read once per step (one sync)
+  torch::Tensor loss_total_;
+};
+
+void Trainer::build() {
+  // Every rank must run the same job: compare the settings that matter, name the first
+  // differing key. First of all: ranks with different jobs must not start different collectives.
+  ctrl_ = comm::make_mpi_communicator();
+  ctrl_->set_default_timeout(comm_timeout(job_));
+  plane_ = std::make_unique<comm::ControlPlane>(ctrl_, comm_timeout(job_));
+  plane_->check_consistent("job", config::fingerprint(job_));
+  data_ = open_data_plane(job_, world_, *plane_, ctrl_);
+  if (!job_.timeline.path.empty())
+    timeline_ = std::make_unique<Timeline>(config::expand_path(job_.timeline.path, job_, world_.rank), world_.rank);
+  schedule_ = Schedule::create(job_, world_.size);
+  build_model();
+  build_engine();
+  group_steps_.assign(static_cast<size_t>(groups_->num_groups()), 0);
+  if (store_) {  // before the hooks: it moves θ[t]'s data to device placeholders
+    const auto t_store = Clock::now();
+    store_->build(*engine_, *schedule_, world_.rank);
+    THETAD_LOG(info, "offload") << "host store ready in " << std::fixed << std::setprecision(2)
+                                << ms_since(t_store) / 1000 << " s";
+  }
+  std::vector<uint8_t> resident(static_cast<size_t>(groups_->num_groups()), 1);
+  for (int g = 0; g < groups_->num_groups(); ++g) resident[static_cast<size_t>(g)] = !offloaded(g);
+  hooks_ = std::make_unique<GradHooks>(*groups_, *engine_, data_, overwrite_, resident);
+  resident_ = std::make_unique<ResidentOptimizer>(*groups_, *hooks_, engine_->plan(), data_, resident,
+                                                  job_.optimizer);
+  state_ = std::make_unique<RunState>(job_, world_, *plane_, *groups_, *resident_, store_.get());
+  recorder_ = std::make_unique<StepRecorder>(job_, data_, world_.rank);
+}
+
+// With offload, θ[t] never lives on the device whole: the model is built on the host and only
+// Θ moves to the device; the store owns θ[t] from then on.
+void Trainer::build_model() {
+  const bool offload = job_.offload.enabled;
+  const auto t_model = Clock::now();
+  model_ = make_model(job_, offload ? torch::Device(torch::kCPU) : data_.device, /*lazy_tasks=*/offload);
+  THETAD_LOG(info, "train") << "model " << job_.model.kind << " built in " << std::fixed << std::setprecision(2)
+                            << ms_since(t_model) / 1000 << " s";
+  batches_ = make_data(job_, *model_, data_.device);
+  groups_ = std::make_unique<ParamGroups>(model_->params(), static_cast<int>(job_.model.tasks) + 1);
+  if (!offload) return;
+  store_ = std::make_unique<StoreBridge>(job_, *model_, *groups_, data_, timeline_.get());
+  if (data_.device.is_cpu()) return;
+  torch::NoGradGuard no_grad;
+  for (int p : groups_->members[0]) {
+    auto& t = (*groups_)[p].tensor;
+    t.set_data(t.detach().to(data_.device));
+  }
+}
+
+void Trainer::build_engine() {
+  std::vector<comm::ParamInfo> infos;
+  for (size_t i = 0; i < groups_->size(); ++i) {
+    const auto& p = (*groups_)[static_cast<int>(i)];
+    infos.push_back({p.name, static_cast<size_t>(p.tensor.numel()), p.group});
+  }
+  if (store_) store_->plan_shards(infos);
+  auto plan = comm::make_bucket_plan(infos, groups_->num_groups(), bucket_plan_options(job_));
+  plane_->check_consistent("bucket plan", plan.describe());
+  THETAD_LOG(info, "engine") << "bucket plan: " << plan.buckets.size() << " buckets over " << groups_->num_groups()
+                             << " groups, " << groups_->size() << " parameters, hash " << hex64(plan.hash);
+  comm::EngineOptions eopts = engine_options(job_);
+  declared_ = eopts.declared;
+  if (data_.gpu()) {
+    eopts.wait_stream = data_.compute_stream;
+    eopts.count_comm = ctrl_;  // host flags, host result: MPI, independent of the GPU's queue
+  }
+  if (ResidentOptimizer::overlaps(data_, job_.optimizer) || store_ || timeline_)
+    eopts.on_launch = [this](int b, int contributors, comm::Work& w, float* data) {
+      on_bucket_launch(b, contributors, w, data);
+    };
+  if (store_) store_->engine_options(eopts);
+  // Resident groups take their gradient by copy on its first arrival in a window (the hook),
+  // then by accumulation, instead of a memset per step and an add. Not the pooled groups
+  // (bound zeroed per window) nor row-chunked ones (their backward adds rows into the buffer).
+  overwrite_.assign(static_cast<size_t>(groups_->num_groups()), 0);
+  for (int g = 0; g < groups_->num_groups(); ++g)
+    overwrite_[static_cast<size_t>(g)] = !offloaded(g) && !model_->row_chunked(g);
+  eopts.overwrite = overwrite_;
+  engine_ = std::make_unique<comm::Engine>(data_.comm, std::move(plan), eopts);
+}
+
+// The engine launched bucket b (engine lock held, possibly on autograd's device thread).
+void Trainer::on_bucket_launch(int b, int contributors, comm::Work& work, float* data) {
+  if (timeline_) timeline_->record(Lane::comm, "launch bucket " + std::to_string(b), Timeline::now_us(), 0);
+  const int g = engine_->plan().buckets[static_cast<size_t>(b)].group;
+  if (offloaded(g)) {
+    store_->on_bucket_launch(b, contributors, work, data);
+    return;
+  }
+  if (!resident_ || !resident_->overlap()) return;
+  AdamSettings s = step_settings_;
+  s.step = group_steps_[static_cast<size_t>(g)] + 1;
+  resident_->step_bucket(b, contributors, work, s);
+}
+
+// One optimizer step: accumulate_steps micro-steps (micro-step m of step s uses the schedule
+// and data of index s*k+m); the engine reduces once, over the union of the window's groups.
+void Trainer::train_step(int64_t step, PendingStep& p) {
+  const int64_t k = job_.accumulate_steps;
+  recorder_->mark(p, Phase::start);
+  step_settings_ = adam_settings(step);
+  resident_->start_step();
+  engine_->start_window(step);
+  hooks_->start_window();
+  if (store_) store_->prepare_step(step);
+  p.rec.task_loss.clear();
+  task_losses_.clear();
+  p.rec.forward_ms = p.rec.backward_ms = 0;
+  torch::Tensor loss_sum;
+  for (int64_t m = 0; m < k; ++m) {
+    const int64_t micro = step * k + m;
+    const bool last = m + 1 == k;
+    const StepPlan plan = schedule_->plan(micro, world_.rank);
+    hooks_->set_trained(plan.trained);
+    if (declared_) {  // the count exchange starts before forward and overlaps it
+      engine_->declare_active(plan.trained);
+      if (last) engine_->begin_sync();
+    }
+    torch::Tensor total = forward(micro, plan, p);
+    if (!declared_) {  // discovered from the graph, still before backward
+      engine_->declare_active(hooks_->discover_groups(total));
+      if (last) engine_->begin_sync();
+    }
+    backward(total, last, plan, p);
+    loss_sum = loss_sum.defined() ? loss_sum + total.detach() : total.detach();
+  }
+  loss_total_ = loss_sum;
+}
+
+// The micro-step's loss: each task's rows through the model, weighted by their share of the
+// window's rows.
+torch::Tensor Trainer::forward(int64_t micro, const StepPlan& plan, PendingStep& p) {
+  const int64_t fwd_us = Timeline::now_us();
+  const auto t0 = Clock::now();
+  const int64_t rows_in_window = job_.data.batch_per_rank * job_.accumulate_steps;
+  torch::Tensor total;
+  for (size_t i = 0; i < plan.tasks.size(); ++i) {
+    const int task = plan.tasks[i];
+    const int64_t rows = plan.task_rows[i];
+    if (rows == 0) continue;
+    Batch b = batches_->batch(micro, world_.rank, world_.size, task, rows);
+    torch::Tensor l = model_->loss(b, task, mix_seed(job_.seed, 0x5a3b1e, static_cast<uint64_t>(micro),
+                                                     static_cast<uint64_t>(world_.rank) * 1000003u + task));
+    task_losses_.push_back({task, l.detach()});
+    torch::Tensor weighted = l * (double(rows) / double(rows_in_window));
+    total = total.defined() ? total + weighted : weighted;
+  }
+  const double fwd_ms = ms_since(t0);
+  p.rec.forward_ms += fwd_ms;
+  recorder_->mark(p, Phase::forward);
+  if (timeline_) timeline_->record(Lane::compute, "forward", fwd_us, int64_t(fwd_ms * 1000));
+  return total;
+}
+
+// Backward through the hooks; in the window's last micro-step the engine launches buckets as
+// they fill and finish_reduce waits for the rest.
+void Trainer::backward(torch::Tensor& total, bool last, const StepPlan& plan, PendingStep& p) {
+  const int64_t bwd_us = Timeline::now_us();
+  const auto t1 = Clock::now();
+  if (store_) store_->before_backward(last, plan);
+  total.backward();
+  hooks_->rethrow_error();
+  if (store_ && last) store_->after_last_backward();
+  // No host synchronization: on GPUs finish_backward makes the compute stream wait for the
+  // last buckets (EngineOptions::wait_stream) and the marks around it time that stall.
+  recorder_->mark(p, Phase::backward);
+  if (last) {
+    finish_reduce(p);
+    hooks_->end_window();
+  }
+  const double bwd_ms = ms_since(t1);
+  p.rec.backward_ms += bwd_ms;
+  if (timeline_)
+    timeline_->record(Lane::compute, last ? "backward+reduce" : "backward", bwd_us, int64_t(bwd_ms * 1000),
+                      {{"bytes_allreduced", int64_t{last ? engine_->stats().bytes_allreduced : 0}}});
+}
+
+void Trainer::finish_reduce(PendingStep& p) {
+  if (timeline_) {  // separates the count exchange's wait from the launches that follow
+    Timeline::Scope span(timeline_.get(), Lane::comm, "wait for the count exchange");
+    engine_->contributors();
+  }
+  const int64_t t_us = Timeline::now_us();
+  engine_->finish_backward();
+  const int64_t mark_us = Timeline::now_us();
+  recorder_->mark(p, Phase::comm);
+  if (!timeline_) return;
+  const auto& st = engine_->stats();
+  timeline_->record(Lane::comm, "allreduce (wait for the last buckets)", t_us, Timeline::now_us() - t_us,
+                    {{"buckets_launched", int64_t{st.buckets_launched}},
+                     {"buckets_pruned", int64_t{st.buckets_pruned}},
+                     {"bytes", int64_t{st.bytes_allreduced}},
+                     {"finish_launched", int64_t{st.finish_launched}},
+                     {"finish_order_ms", st.finish_order_ms},
+                     {"finish_launch_ms", st.finish_launch_ms},
+                     {"finish_block_ms", st.finish_block_ms},
+                     {"mark_ms", double(Timeline::now_us() - mark_us) / 1000.0},
+                     {"launch_call_ms", st.launch_call_ms},
+                     {"on_launch_ms", st.on_launch_ms}});
+}
+
+// Lazy semantics: a group no rank used this step is not stepped at all. Offloaded groups are
+// stepped by their owner on the host; resident ones here, except the buckets stepped as they
+// landed (optimizer.overlap).
+void Trainer::optimizer_step(int64_t step, PendingStep& p) {
+  const auto t0 = Clock::now();
+  const auto& contributors = engine_->contributors();
+  AdamSettings s = adam_settings(step);
+  p.rec.lr = s.lr;
+  torch::NoGradGuard no_grad;
+  resident_->join_bucket_steps();
+  for (int g = 0; g < groups_->num_groups(); ++g) {
+    const auto gi = static_cast<size_t>(g);
+    if (contributors[gi] == 0) {
+      if (offloaded(g)) store_->skip_group(g);
+      continue;
+    }
+    s.step = ++group_steps_[gi];
+    if (offloaded(g)) {
+      offload::AdamHyper h = to_hyper(s);
+      h.clip_norm = job_.optimizer.clip_norm;
+      store_->step_group(g, h);
+      continue;
+    }
+    const int64_t t_us = Timeline::now_us();
+    if (resident_->step_group(g, s) && timeline_)
+      timeline_->record(Lane::compute, g == 0 ? "adam Θ" : "adam θ[" + std::to_string(g - 1) + "]", t_us,
+                        Timeline::now_us() - t_us);
+  }
+  if (store_) store_->release_step(step);
+  p.rec.optimizer_ms = ms_since(t0);
+  recorder_->mark(p, Phase::optimizer);
+}
+
+AdamSettings Trainer::adam_settings(int64_t step) const {
+  AdamSettings s;
+  s.lr = lr_at(job_.optimizer, step, job_.steps);
+  s.beta1 = job_.optimizer.beta1;
+  s.beta2 = job_.optimizer.beta2;
+  s.eps = job_.optimizer.eps;
+  s.weight_decay = job_.optimizer.weight_decay;
+  s.kind = job_.optimizer.kind;
+  return s;
+}
+
+void Trainer::record_engine_stats(StepRecord& rec) {
+  const auto& st = engine_->stats();
+  if (!data_.gpu()) rec.comm_wait_ms = st.comm_wait_ms;  // GPUs: device time, StepRecorder::finish
+  rec.count_exchange_ms = st.count_exchange_ms;
+  rec.bytes_allreduced = st.bytes_allreduced;
+  rec.bytes_pruned = st.bytes_pruned;
+  rec.buckets_launched = st.buckets_launched;
+  rec.buckets_pruned = st.buckets_pruned;
+  rec.buckets_broadcast = st.buckets_broadcast;
+  rec.grad_stream_peak_bytes = st.streamed_bytes_peak;
+  rec.samples = job_.data.batch_per_rank;
+  if (store_) {
+    const StoreStepStats ss = store_->step_stats();
+    rec.h2d_bytes = ss.h2d_bytes;
+    rec.d2h_bytes = ss.d2h_bytes;
+    rec.swap_hits = ss.swap_hits;
+    rec.swap_misses = ss.swap_misses;
+    rec.host_pinned_bytes = ss.host_pinned_bytes;
+    rec.cpu_adam_ms = ss.cpu_adam_ms;
+    rec.acquire_wait_ms = ss.acquire_wait_ms;
+  }
+  recorder_->progress().queued(job_.data.batch_per_rank * world_.size, st.bytes_pruned);
+}
+
+// Device memory outside the caching allocator: the engine's buckets and the store's slots.
+int64_t Trainer::device_extra_bytes() const {
+  return static_cast<int64_t>(engine_->buffer_bytes() + (store_ ? store_->device_slot_bytes() : 0));
+}
+
+int Trainer::run() {
+  build();
+  const int64_t start_step = state_->resume(opts_.resume, group_steps_);
+  recorder_->start(start_step);
+  THETAD_LOG(info, "train") << "job " << job_.name << ": " << world_.size << " ranks, " << job_.model.tasks
+                            << " tasks, steps " << start_step << ".." << job_.steps;
+  StopAgreement stop(*plane_, job_.steps);
+  int exit_code = kExitOk;
+  std::unique_ptr<PendingStep> pending;  // the previous step, until its device work is read
+  const auto flush = [&] {
+    if (pending) {
+      Timeline::Scope span(timeline_.get(), Lane::compute, "wait for the previous step's device work");
+      recorder_->finish(*pending, device_extra_bytes());
+    }
+    pending.reset();
+  };
+  for (int64_t step = start_step; step < job_.steps; ++step) {
+    auto cur = std::make_unique<PendingStep>(step, world_.rank);
+    train_step(step, *cur);
+    {
+      Timeline::Scope span(timeline_.get(), Lane::compute, "optimizer (queue)");
+      optimizer_step(step, *cur);
+      recorder_->queue_losses(*cur, loss_total_, task_losses_);
+    }
+    record_engine_stats(cur->rec);
+    // Step `step` is queued; the previous one has (nearly) finished on the device.
+    flush();
+    pending = std::move(cur);
+    const int64_t completed = step + 1;
+    bool stop_now = false;
+    {
+      Timeline::Scope span(timeline_.get(), Lane::comm, "stop agreement");
+      stop_now = stop.stop_after(step);
+    }
+    if (stop_now) {
+      flush();
+      THETAD_LOG(warn, "train") << "stop requested (signal); checkpointing at step " << completed;
+      state_->checkpoint(completed, group_steps_);
+      exit_code = kExitInterrupted;
+      break;
+    }
+    if (completed == job_.steps || (job_.checkpoint.every_steps > 0 && completed % job_.checkpoint.every_steps == 0)) {
+      flush();
+      state_->checkpoint(completed, group_steps_);
+    }
+  }
+  flush();
+  if (world_.rank == 0) {
+    THETAD_LOG(info, "train") << "final params hash: " << hex64(state_->params_hash());
+  }
+  if (timeline_) timeline_->close();
+  return exit_code;
+}
+
+}  // namespace
+
+int run_worker(const config::Job& job, const RunOptions& opts) {
+  Trainer t(job, opts);
+  try {
+    return t.run();
+  } catch (...) {
+    // The job is about to be aborted (main): the trainer's destructor must not wait in the
+    // collective free of the host's shared window for ranks that may never join it, before
+    // anyone heard of the failure. Its MPI threads still stop first (MPI_Abort hangs while a
+    // thread is inside MPI).
+    int size = 1;  // (not world_info(): that one is collective)
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    if (size > 1) offload::HostArena::abandon_on_destruction();
+    throw;
+  }
+}
+
+}  // namespace thetad::daemon
