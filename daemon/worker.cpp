@@ -49,7 +49,7 @@ std::atomic<int> g_stop_signal{0};
 double lr_at(const config::OptimizerConfig& opt, int64_t step, int64_t total_steps) {
   if (opt.warmup_steps > 0 && step < opt.warmup_steps)
     return opt.lr * double(step + 1) / double(opt.warmup_steps);
-  if (opt.lr_schedule == "cosine") {
+  if (opt.lr_schedule == config::LrSchedule::Cosine) {
     const double span = std::max<int64_t>(1, total_steps - opt.warmup_steps);
     const double progress = std::min(1.0, double(step - opt.warmup_steps) / span);
     return opt.min_lr + 0.5 * (opt.lr - opt.min_lr) * (1.0 + std::cos(M_PI * progress));
@@ -276,10 +276,10 @@ void Worker::pick_device() {
   // collective): `auto` where only some nodes see a GPU is an error on every rank.
   std::string plane = "mpi";
 #if THETAD_TORCH_CUDA
-  if (job_.comm.backend == "nccl" || (job_.comm.backend == "auto" && torch::cuda::is_available()))
+  if (job_.comm.backend == config::Backend::Nccl || (job_.comm.backend == config::Backend::Auto && torch::cuda::is_available()))
     plane = torch::cuda::device_count() > 0 ? "nccl" : "nccl, but no GPU is visible";
 #endif
-  plane_->check_consistent("data plane (comm.backend: " + job_.comm.backend + ")", "data plane: " + plane + "\n");
+  plane_->check_consistent("data plane (comm.backend: " + config::to_string(job_.comm.backend) + ")", "data plane: " + plane + "\n");
   if (plane != "nccl" && plane != "mpi") throw ConfigError(job_.source + ": comm.backend: " + plane);
   const bool gpu = plane == "nccl";
 #if THETAD_TORCH_CUDA
@@ -294,8 +294,8 @@ void Worker::pick_device() {
     c10::cuda::setCurrentCUDAStream(c10::cuda::getStreamFromPool(/*isHighPriority=*/false,
                                                                   static_cast<c10::DeviceIndex>(dev)));
     compute_stream_ = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(dev)).stream();
-    at::globalContext().setAllowTF32CuBLAS(job_.precision == "tf32");
-    at::globalContext().setAllowTF32CuDNN(job_.precision == "tf32");
+    at::globalContext().setAllowTF32CuBLAS(job_.precision == config::Precision::Tf32);
+    at::globalContext().setAllowTF32CuDNN(job_.precision == config::Precision::Tf32);
     comm_ = comm::make_nccl_communicator(dev);
     comm_->set_compute_stream(compute_stream_);
   }
@@ -334,7 +334,7 @@ void Worker::build() {
   const bool offload = job_.offload.enabled;
   const auto t_model = Clock::now();
   model_ = make_model(job_, offload ? torch::Device(torch::kCPU) : device_, /*lazy_tasks=*/offload);
-  THETAD_LOG(info, "train") << "model " << job_.model.kind << " built in " << std::fixed
+  THETAD_LOG(info, "train") << "model " << config::to_string(job_.model.kind) << " built in " << std::fixed
                             << std::setprecision(2) << ms_since(t_model) / 1000 << " s";
   data_ = make_data(job_, *model_, device_);
   params_ = &model_->params();
@@ -382,8 +382,8 @@ void Worker::build() {
     }
   }
   comm::BucketPlanOptions popts;
-  popts.bucket_cap_bytes = static_cast<size_t>(job_.comm.bucket_cap_mb * (1 << 20));
-  popts.first_bucket_bytes = static_cast<size_t>(job_.comm.first_bucket_mb * (1 << 20));
+  popts.bucket_cap_bytes = job_.comm.bucket_cap_bytes();
+  popts.first_bucket_bytes = job_.comm.first_bucket_bytes();
   auto plan = comm::make_bucket_plan(infos, num_groups, popts);
   plane_->check_consistent("bucket plan", plan.describe());
   THETAD_LOG(info, "engine") << "bucket plan: " << plan.buckets.size() << " buckets over "
@@ -391,8 +391,8 @@ void Worker::build() {
                              << hex64(plan.hash);
   comm::EngineOptions eopts;
   eopts.prune = job_.comm.prune;
-  eopts.average = job_.comm.average == "world" ? comm::Average::world : comm::Average::contributors;
-  eopts.declared = job_.comm.active == "declared";
+  eopts.average = job_.comm.average == config::Average::World ? comm::Average::world : comm::Average::contributors;
+  eopts.declared = job_.comm.active == config::Active::Declared;
   eopts.timeout = comm_->default_timeout();
   if (device_.is_cuda()) {
     eopts.wait_stream = compute_stream_;
@@ -530,7 +530,7 @@ std::vector<uint8_t> Worker::discover_groups(const torch::Tensor& loss) {
 void Worker::train_step(int64_t step, PendingStep& p) {
   StepRecord& rec = p.rec;
   const int64_t k = job_.accumulate_steps;
-  const bool declared = job_.comm.active == "declared";
+  const bool declared = job_.comm.active == config::Active::Declared;
   mark(p, Phase::start);
   step_settings_ = adam_settings(step);
   bucket_stepped_.assign(engine_->plan().buckets.size(), 0);
@@ -998,9 +998,9 @@ void Worker::checkpoint(int64_t completed) {
 void Worker::build_store() {  // (validate refuses offload with sgd: the store steps Adam/AdamW)
   offload::StoreOptions so;
   so.device_slots = job_.offload.device_slots;
-  so.device_budget_bytes = static_cast<size_t>(job_.offload.device_budget_mb * (1 << 20));
+  so.device_budget_bytes = job_.offload.device_budget_bytes();
   so.prefetch = job_.offload.prefetch;
-  so.host_limit_bytes = static_cast<size_t>(job_.offload.host_limit_mb * (1 << 20));
+  so.host_limit_bytes = job_.offload.host_limit_bytes();
   so.cpu_threads = job_.offload.cpu_threads;
   so.shard_bytes = job_.offload.shard_bytes();
   so.timeout_s = job_.comm.timeout_s;
