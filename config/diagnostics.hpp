@@ -38,6 +38,15 @@ class Diagnostics {
   void mark_bad(const std::string& path) { bad_.insert(path); }
   bool bad(const std::string& path) const;
 
+  // An enum key given a word that is not one of its values: kept for validate's message.
+  void note_unknown_word(const std::string& path, std::string word) { unknown_words_[path] = std::move(word); }
+  void forget_unknown_word(const std::string& path) { unknown_words_.erase(path); }
+  // The unknown word given for `path`, or nullptr when its value is one of the enum's.
+  const std::string* unknown_word(const std::string& path) const {
+    const auto it = unknown_words_.find(path);
+    return it == unknown_words_.end() ? nullptr : &it->second;
+  }
+
   void error_at(Origin where, const std::string& path, const std::string& what);
   // At `path`'s own origin, or `anchor`'s when `path` was not given (a missing key).
   void error(const std::string& path, const std::string& what, const std::string& anchor = "");
@@ -54,6 +63,7 @@ class Diagnostics {
   std::string source_;
   std::map<std::string, Origin> origins_;
   std::set<std::string> bad_;
+  std::map<std::string, std::string> unknown_words_;
   std::vector<Entry> entries_;
 };
 

@@ -9,8 +9,54 @@
 
 namespace thetad::config {
 
+// The choices of the job file. Each enumerator is the YAML word of the same spelling (lower case,
+// '_' kept); to_string gives the word back (to_yaml, fingerprint, logs) and from_string parses it.
+enum class Precision { Fp32, Tf32 };                          // fp32 | tf32
+enum class Backend { Auto, Mpi, Nccl };                       // auto | mpi | nccl
+enum class Average { Contributors, World };                   // contributors | world
+enum class Active { Declared, Discover };                     // declared | discover
+enum class ScheduleKind { RoundRobin, Weighted, PerRank, All, Alternate };  // round_robin | ...
+enum class DataKind { Synthetic, Npy };                       // synthetic | npy
+enum class ModelKind { MultitaskMlp, MultitaskAdapter, ExtremeClassifier, Torchscript };
+enum class OptimizerKind { AdamW, Adam, Sgd };                // adamw | adam | sgd
+enum class LrSchedule { Constant, Cosine };                   // constant | cosine
+
+const std::string& to_string(Precision v);
+const std::string& to_string(Backend v);
+const std::string& to_string(Average v);
+const std::string& to_string(Active v);
+const std::string& to_string(ScheduleKind v);
+const std::string& to_string(DataKind v);
+const std::string& to_string(ModelKind v);
+const std::string& to_string(OptimizerKind v);
+const std::string& to_string(LrSchedule v);
+
+// False (and `out` unchanged) when `word` is not one of the type's YAML words.
+bool from_string(const std::string& word, Precision& out);
+bool from_string(const std::string& word, Backend& out);
+bool from_string(const std::string& word, Average& out);
+bool from_string(const std::string& word, Active& out);
+bool from_string(const std::string& word, ScheduleKind& out);
+bool from_string(const std::string& word, DataKind& out);
+bool from_string(const std::string& word, ModelKind& out);
+bool from_string(const std::string& word, OptimizerKind& out);
+bool from_string(const std::string& word, LrSchedule& out);
+
+// One entry of data.alternate: the groups trained in that step.
+struct AlternateEntry {
+  enum class Kind { Shared, Task, Tasks };  // "shared" | "task:N" | "tasks"
+  Kind kind = Kind::Shared;
+  int64_t task = -1;  // Kind::Task: the task id N
+
+  // "shared", "task:N" (N of 1 to 9 digits) or "tasks"; false for anything else.
+  static bool parse(const std::string& word, AlternateEntry& out);
+};
+
+// MiB (the job file's unit of sizes) to bytes: the one conversion of every *_mb key.
+inline size_t mib_to_bytes(double mib) { return static_cast<size_t>(mib * 1048576.0); }
+
 struct ModelConfig {
-  std::string kind = "multitask_mlp";  // multitask_mlp | multitask_adapter | extreme_classifier | torchscript
+  ModelKind kind = ModelKind::MultitaskMlp;
   int64_t input_dim = 64;
   int64_t hidden = 128;
   int64_t output_dim = 1;       // per-task output width (regression targets) for mlp/adapter
@@ -27,25 +73,29 @@ struct ModelConfig {
 };
 
 struct DataConfig {
-  std::string kind = "synthetic";  // synthetic | npy
+  DataKind kind = DataKind::Synthetic;
   std::string dir;                 // npy: directory with task{t}_x.npy / task{t}_y.npy
   int64_t batch_per_rank = 32;
-  std::string schedule = "round_robin";  // round_robin | weighted | per_rank | all | alternate
+  ScheduleKind schedule = ScheduleKind::RoundRobin;
   int64_t tasks_per_rank = 1;      // round_robin/weighted: tasks each rank trains per step
   std::vector<double> weights;     // weighted: per-task weights (length T)
   std::vector<std::vector<int64_t>> per_rank;  // per_rank: task list (0-based) per rank
   std::vector<std::string> alternate;  // alternate: groups trained in turn ("shared", "task:3", "tasks")
+  std::vector<AlternateEntry> alternate_entries;  // `alternate` parsed (load_job fills it)
   double noise = 0.01;             // synthetic: label noise stddev
 };
 
 struct CommConfig {
-  std::string backend = "auto";   // auto | mpi | nccl
+  Backend backend = Backend::Auto;
   double bucket_cap_mb = 25.0;
   double first_bucket_mb = 1.0;
   bool prune = true;
-  std::string average = "contributors";  // contributors | world
-  std::string active = "declared";       // declared | discover
+  Average average = Average::Contributors;
+  Active active = Active::Declared;
   double timeout_s = 300.0;
+
+  size_t bucket_cap_bytes() const { return mib_to_bytes(bucket_cap_mb); }
+  size_t first_bucket_bytes() const { return mib_to_bytes(first_bucket_mb); }
 };
 
 struct OffloadConfig {
@@ -58,11 +108,13 @@ struct OffloadConfig {
   int64_t cpu_threads = 0;        // CPU Adam threads per rank (0 = this rank's share of the CPUs)
 
   // shard_mb in bytes: the one conversion the store's shards and the model's chunks share.
-  size_t shard_bytes() const { return static_cast<size_t>(shard_mb * 1048576.0); }
+  size_t shard_bytes() const { return mib_to_bytes(shard_mb); }
+  size_t device_budget_bytes() const { return mib_to_bytes(device_budget_mb); }
+  size_t host_limit_bytes() const { return mib_to_bytes(host_limit_mb); }
 };
 
 struct OptimizerConfig {
-  std::string kind = "adamw";     // adamw | adam | sgd
+  OptimizerKind kind = OptimizerKind::AdamW;
   double lr = 1e-3;
   double beta1 = 0.9;
   double beta2 = 0.999;
@@ -70,7 +122,7 @@ struct OptimizerConfig {
   double weight_decay = 0.01;
   double clip_norm = 0.0;         // > 0: clip each group's gradient norm to this
   int64_t warmup_steps = 0;
-  std::string lr_schedule = "constant";  // constant | cosine
+  LrSchedule lr_schedule = LrSchedule::Constant;
   double min_lr = 0.0;
   bool overlap = true;            // GPUs: step each bucket's groups as its allreduce lands
 };
@@ -102,7 +154,7 @@ struct Job {
   uint64_t seed = 0;
   int64_t steps = 0;              // required
   int64_t accumulate_steps = 1;
-  std::string precision = "fp32";
+  Precision precision = Precision::Fp32;
   ModelConfig model;
   DataConfig data;
   CommConfig comm;

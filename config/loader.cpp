@@ -9,6 +9,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "common/text.hpp"
 #include "config/diagnostics.hpp"
 #include "config/reader.hpp"
 #include "config/schema.hpp"
@@ -24,9 +25,16 @@ std::string join_lines(const std::vector<std::string>& lines) {
   return out;
 }
 
-void replace_all(std::string& s, const std::string& from, const std::string& to) {
-  for (size_t at = s.find(from); at != std::string::npos; at = s.find(from, at + to.size()))
-    s.replace(at, from.size(), to);
+// The typed forms derived from validated keys.
+void complete(Job& job) {
+  job.data.alternate_entries.clear();
+  if (job.data.schedule != ScheduleKind::Alternate) return;
+  for (const auto& word : job.data.alternate) {
+    AlternateEntry e;
+    THETAD_CHECK(AlternateEntry::parse(word, e), InternalError, "config: data.alternate entry '",
+                 word, "' passed validation but does not parse");
+    job.data.alternate_entries.push_back(e);
+  }
 }
 
 }  // namespace
@@ -43,6 +51,7 @@ Job load_job_from_string(const std::string& yaml, const std::string& source,
   for (const auto& assignment : opts.overrides) detail::apply_override(assignment, job, diag);
   if (document_ok) detail::validate(job, opts, diag);
   if (!diag.empty()) throw JobError(diag.messages());
+  complete(job);
   return job;
 }
 
@@ -86,10 +95,16 @@ std::string fingerprint(const Job& job) {
 }
 
 std::string expand_path(const std::string& path, const Job& job, int rank) {
-  std::string out = path;
-  replace_all(out, "{rank}", std::to_string(rank));
-  replace_all(out, "{job}", job.name);
-  return out;
+  return replace_all(replace_all(path, "{rank}", std::to_string(rank)), "{job}", job.name);
+}
+
+void check_world(const Job& job, int world_size) {
+  THETAD_CHECK(world_size >= 1, InternalError, "check_world: world size must be >= 1, got ", world_size);
+  const auto& lists = job.data.per_rank;
+  if (job.data.schedule == ScheduleKind::PerRank && static_cast<int64_t>(lists.size()) != world_size)
+    throw JobError({::thetad::detail::concat(job.source.empty() ? std::string("job") : job.source,
+                                   ": data.per_rank has ", lists.size(), " task lists but the world has ",
+                                   world_size, " ranks (one list per rank is required)")});
 }
 
 }  // namespace thetad::config

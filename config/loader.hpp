@@ -39,6 +39,10 @@ std::string to_yaml(const Job& job);
 // hash check); excludes per-rank things such as log file paths.
 std::string fingerprint(const Job& job);
 
+// The check that needs the number of ranks, known only when the job runs: schedule per_rank
+// needs one task list per rank. Throws JobError naming the job file.
+void check_world(const Job& job, int world_size);
+
 // Expands "{rank}" and "{job}" in a path.
 std::string expand_path(const std::string& path, const Job& job, int rank);
 

@@ -158,6 +158,20 @@ class Reader {
           fail(path, ko, "expected a string, got " + describe(v));
         break;
       }
+      case ValueType::Enum: {
+        // Not one of the words: validate reports it (with the other range checks), so the
+        // word is kept for its message and the member left as it was.
+        if (!v.IsNull() && !v.IsScalar()) {
+          fail(path, ko, "expected a string, got " + describe(v));
+          break;
+        }
+        const std::string word = v.IsNull() ? "" : v.Scalar();
+        if (f.parse_word(member, word))
+          d_.forget_unknown_word(path);
+        else
+          d_.note_unknown_word(path, word);
+        break;
+      }
       case ValueType::StringList: read_string_list(v, path, ko, member); break;
       case ValueType::DoubleList: read_double_list(v, path, ko, member); break;
       case ValueType::IntListList: read_int_lists(v, path, ko, member); break;
@@ -386,7 +400,7 @@ void apply_override(const std::string& assignment, Job& job, Diagnostics& diag) 
 
   YAML::Node node;
   const std::string v = trim(value);
-  const bool raw_string = field && field->type == ValueType::String && !v.empty() &&
+  const bool raw_string = field && (field->type == ValueType::String || field->type == ValueType::Enum) && !v.empty() &&
                           v[0] != '"' && v[0] != '\'';
   if (raw_string) {
     // Paths such as {job}.log would read as YAML flow maps; a string key takes the text as is.

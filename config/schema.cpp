@@ -7,6 +7,89 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <utility>
+
+#include "common/errors.hpp"
+
+namespace thetad::config {
+
+namespace {
+
+// The YAML words of each enum, in enumerator order.
+template <typename E>
+const std::vector<std::string>& words();
+
+#define THETAD_ENUM_WORDS(E, ...)                                              \
+  template <>                                                                  \
+  const std::vector<std::string>& words<E>() {                                 \
+    static const std::vector<std::string> w = {__VA_ARGS__};                   \
+    return w;                                                                  \
+  }
+
+THETAD_ENUM_WORDS(Precision, "fp32", "tf32")
+THETAD_ENUM_WORDS(Backend, "auto", "mpi", "nccl")
+THETAD_ENUM_WORDS(Average, "contributors", "world")
+THETAD_ENUM_WORDS(Active, "declared", "discover")
+THETAD_ENUM_WORDS(ScheduleKind, "round_robin", "weighted", "per_rank", "all", "alternate")
+THETAD_ENUM_WORDS(DataKind, "synthetic", "npy")
+THETAD_ENUM_WORDS(ModelKind, "multitask_mlp", "multitask_adapter", "extreme_classifier", "torchscript")
+THETAD_ENUM_WORDS(OptimizerKind, "adamw", "adam", "sgd")
+THETAD_ENUM_WORDS(LrSchedule, "constant", "cosine")
+
+#undef THETAD_ENUM_WORDS
+
+template <typename E>
+const std::string& word_of(E v) {
+  const auto& w = words<E>();
+  const auto i = static_cast<size_t>(v);
+  THETAD_CHECK(i < w.size(), InternalError, "config: enum value ", i, " has no YAML word");
+  return w[i];
+}
+
+template <typename E>
+bool parse_word(const std::string& word, E& out) {
+  const auto& w = words<E>();
+  for (size_t i = 0; i < w.size(); ++i) {
+    if (w[i] == word) {
+      out = static_cast<E>(i);
+      return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
+#define THETAD_ENUM_API(E)                                                              \
+  const std::string& to_string(E v) { return word_of(v); }                              \
+  bool from_string(const std::string& word, E& out) { return parse_word(word, out); }
+
+THETAD_ENUM_API(Precision)
+THETAD_ENUM_API(Backend)
+THETAD_ENUM_API(Average)
+THETAD_ENUM_API(Active)
+THETAD_ENUM_API(ScheduleKind)
+THETAD_ENUM_API(DataKind)
+THETAD_ENUM_API(ModelKind)
+THETAD_ENUM_API(OptimizerKind)
+THETAD_ENUM_API(LrSchedule)
+
+#undef THETAD_ENUM_API
+
+bool AlternateEntry::parse(const std::string& word, AlternateEntry& out) {
+  if (word == "shared" || word == "tasks") {
+    out = {word == "shared" ? Kind::Shared : Kind::Tasks, -1};
+    return true;
+  }
+  const std::string digits = word.size() > 5 && word.compare(0, 5, "task:") == 0 ? word.substr(5) : "";
+  bool good = !digits.empty() && digits.size() <= 9;
+  for (char ch : digits) good = good && std::isdigit(static_cast<unsigned char>(ch));
+  if (!good) return false;
+  out = {Kind::Task, std::stoll(digits)};
+  return true;
+}
+
+}  // namespace thetad::config
 
 namespace thetad::config::detail {
 
@@ -15,14 +98,26 @@ namespace {
 #define THETAD_FIELD(section, key, type, expr, fp) \
   Field { section, key, ValueType::type, [](Job& j) -> void* { return &(j.expr); }, fp }
 
+// An enum key: the member's type picks the YAML words.
+#define THETAD_ENUM_FIELD(section, key, expr)                                              \
+  Field {                                                                                  \
+    section, key, ValueType::Enum, [](Job& j) -> void* { return &(j.expr); }, true,       \
+        [](void* m, const std::string& w) {                                                \
+          return from_string(w, *static_cast<decltype(std::declval<Job&>().expr)*>(m));    \
+        },                                                                                 \
+        [](const void* m) -> const std::string& {                                          \
+          return to_string(*static_cast<const decltype(std::declval<Job&>().expr)*>(m));   \
+        }                                                                                  \
+  }
+
 const std::vector<Field> kFields = {
     THETAD_FIELD("", "job", String, name, true),
     THETAD_FIELD("", "seed", UInt, seed, true),
     THETAD_FIELD("", "steps", Int, steps, true),
     THETAD_FIELD("", "accumulate_steps", Int, accumulate_steps, true),
-    THETAD_FIELD("", "precision", String, precision, true),
+    THETAD_ENUM_FIELD("", "precision", precision),
 
-    THETAD_FIELD("model", "kind", String, model.kind, true),
+    THETAD_ENUM_FIELD("model", "kind", model.kind),
     THETAD_FIELD("model", "input_dim", Int, model.input_dim, true),
     THETAD_FIELD("model", "hidden", Int, model.hidden, true),
     THETAD_FIELD("model", "output_dim", Int, model.output_dim, true),
@@ -37,22 +132,22 @@ const std::vector<Field> kFields = {
     THETAD_FIELD("model", "task", String, model.task, true),
     THETAD_FIELD("model", "init_seed", Int, model.init_seed, true),
 
-    THETAD_FIELD("data", "kind", String, data.kind, true),
+    THETAD_ENUM_FIELD("data", "kind", data.kind),
     THETAD_FIELD("data", "dir", String, data.dir, true),
     THETAD_FIELD("data", "batch_per_rank", Int, data.batch_per_rank, true),
-    THETAD_FIELD("data", "schedule", String, data.schedule, true),
+    THETAD_ENUM_FIELD("data", "schedule", data.schedule),
     THETAD_FIELD("data", "tasks_per_rank", Int, data.tasks_per_rank, true),
     THETAD_FIELD("data", "weights", DoubleList, data.weights, true),
     THETAD_FIELD("data", "per_rank", IntListList, data.per_rank, true),
     THETAD_FIELD("data", "alternate", StringList, data.alternate, true),
     THETAD_FIELD("data", "noise", Double, data.noise, true),
 
-    THETAD_FIELD("comm", "backend", String, comm.backend, true),
+    THETAD_ENUM_FIELD("comm", "backend", comm.backend),
     THETAD_FIELD("comm", "bucket_cap_mb", Double, comm.bucket_cap_mb, true),
     THETAD_FIELD("comm", "first_bucket_mb", Double, comm.first_bucket_mb, true),
     THETAD_FIELD("comm", "prune", Bool, comm.prune, true),
-    THETAD_FIELD("comm", "average", String, comm.average, true),
-    THETAD_FIELD("comm", "active", String, comm.active, true),
+    THETAD_ENUM_FIELD("comm", "average", comm.average),
+    THETAD_ENUM_FIELD("comm", "active", comm.active),
     THETAD_FIELD("comm", "timeout_s", Double, comm.timeout_s, true),
 
     THETAD_FIELD("offload", "enabled", Bool, offload.enabled, true),
@@ -63,14 +158,14 @@ const std::vector<Field> kFields = {
     THETAD_FIELD("offload", "host_limit_mb", Double, offload.host_limit_mb, true),
     THETAD_FIELD("offload", "cpu_threads", Int, offload.cpu_threads, false),
 
-    THETAD_FIELD("optimizer", "kind", String, optimizer.kind, true),
+    THETAD_ENUM_FIELD("optimizer", "kind", optimizer.kind),
     THETAD_FIELD("optimizer", "lr", Double, optimizer.lr, true),
     THETAD_FIELD("optimizer", "betas", Betas, optimizer, true),
     THETAD_FIELD("optimizer", "eps", Double, optimizer.eps, true),
     THETAD_FIELD("optimizer", "weight_decay", Double, optimizer.weight_decay, true),
     THETAD_FIELD("optimizer", "clip_norm", Double, optimizer.clip_norm, true),
     THETAD_FIELD("optimizer", "warmup_steps", Int, optimizer.warmup_steps, true),
-    THETAD_FIELD("optimizer", "lr_schedule", String, optimizer.lr_schedule, true),
+    THETAD_ENUM_FIELD("optimizer", "lr_schedule", optimizer.lr_schedule),
     THETAD_FIELD("optimizer", "min_lr", Double, optimizer.min_lr, true),
     THETAD_FIELD("optimizer", "overlap", Bool, optimizer.overlap, true),
 
@@ -90,21 +185,22 @@ const std::vector<Field> kFields = {
 };
 
 #undef THETAD_FIELD
+#undef THETAD_ENUM_FIELD
 
 const std::vector<std::string> kSections = {"model",     "data",       "comm",    "offload",
                                             "optimizer", "checkpoint", "metrics", "log",
                                             "timeline"};
 
 const std::map<std::string, std::vector<std::string>> kEnums = {
-    {"precision", {"fp32", "tf32"}},
-    {"model.kind", {"multitask_mlp", "multitask_adapter", "extreme_classifier", "torchscript"}},
-    {"data.kind", {"synthetic", "npy"}},
-    {"data.schedule", {"round_robin", "weighted", "per_rank", "all", "alternate"}},
-    {"comm.backend", {"auto", "mpi", "nccl"}},
-    {"comm.average", {"contributors", "world"}},
-    {"comm.active", {"declared", "discover"}},
-    {"optimizer.kind", {"adamw", "adam", "sgd"}},
-    {"optimizer.lr_schedule", {"constant", "cosine"}},
+    {"precision", words<Precision>()},
+    {"model.kind", words<ModelKind>()},
+    {"data.kind", words<DataKind>()},
+    {"data.schedule", words<ScheduleKind>()},
+    {"comm.backend", words<Backend>()},
+    {"comm.average", words<Average>()},
+    {"comm.active", words<Active>()},
+    {"optimizer.kind", words<OptimizerKind>()},
+    {"optimizer.lr_schedule", words<LrSchedule>()},
     {"log.level", {"trace", "debug", "info", "warn", "error", "critical", "off"}},
 };
 
@@ -224,6 +320,7 @@ std::string format_value(const Field& f, const Job& job) {
     case ValueType::Double: return format_double(get<double>(f, job));
     case ValueType::Bool: return get<bool>(f, job) ? "true" : "false";
     case ValueType::String: return format_string(get<std::string>(f, job));
+    case ValueType::Enum: return format_string(f.word(f.member(const_cast<Job&>(job))));
     case ValueType::StringList: {
       std::vector<std::string> items;
       for (const auto& s : get<std::vector<std::string>>(f, job)) items.push_back(format_string(s));

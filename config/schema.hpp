@@ -15,6 +15,7 @@ enum class ValueType {
   Double,       // double
   Bool,         // bool, YAML true/false
   String,       // std::string
+  Enum,         // one of job.hpp's enums, written as its YAML word (Field::parse_word, word)
   StringList,   // std::vector<std::string>
   DoubleList,   // std::vector<double>
   IntListList,  // std::vector<std::vector<int64_t>>
@@ -27,6 +28,9 @@ struct Field {
   ValueType type;
   void* (*member)(Job&);  // address of the member (OptimizerConfig* for Betas)
   bool fingerprinted;     // must agree across ranks
+  // Enum only: sets the member from its YAML word (false: not one of them), and the word back.
+  bool (*parse_word)(void* member, const std::string& word) = nullptr;
+  const std::string& (*word)(const void* member) = nullptr;
 
   std::string path() const;
 };

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <string>
 
+#include "config/limits.hpp"
 #include "config/schema.hpp"
 
 namespace thetad::config::detail {
@@ -57,8 +58,15 @@ class Checker {
   }
   static constexpr int64_t kMaxDim = int64_t{1} << 24;        // one layer's rows or columns
   static constexpr int64_t kMaxLayers = 1024;
-  static constexpr int64_t kMaxTasks = int64_t{1} << 20;      // the schedule's bound
   static constexpr double kMaxMiB = double(int64_t{1} << 30);  // 1 PiB
+  // An enum key whose word was not one of its values (reader.cpp kept the word).
+  const std::string* unknown(const std::string& path) const { return d_.unknown_word(path); }
+  // `v == want`, false while the key holds an unknown word (its value is then meaningless).
+  template <typename E>
+  bool is(const std::string& path, E v, E want) const { return !unknown(path) && v == want; }
+  void one_of(const std::string& path) {
+    if (const std::string* word = unknown(path)) one_of(path, *word);
+  }
   void one_of(const std::string& path, const std::string& v) {
     const auto* allowed = allowed_values(path);
     for (const auto& a : *allowed)
@@ -95,7 +103,7 @@ class Checker {
   void top_level() {
     if (d_.given("steps")) above<int64_t>("steps", j_.steps, 0);
     at_least<int64_t>("accumulate_steps", j_.accumulate_steps, 1);
-    one_of("precision", j_.precision);
+    one_of("precision");
     bool name_ok = !j_.name.empty();
     for (char c : j_.name)
       name_ok = name_ok && (std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.');
@@ -106,7 +114,7 @@ class Checker {
 
   void model() {
     const ModelConfig& m = j_.model;
-    one_of("model.kind", m.kind);
+    one_of("model.kind");
     above<int64_t>("model.tasks", m.tasks, 0);
     above<int64_t>("model.input_dim", m.input_dim, 0);
     above<int64_t>("model.hidden", m.hidden, 0);
@@ -121,10 +129,10 @@ class Checker {
     at_most<int64_t>("model.head_layers", m.head_layers, kMaxLayers, "layers");
     at_most<int64_t>("model.classes", m.classes, int64_t{1} << 32, "output rows");
     at_least<int64_t>("model.init_seed", m.init_seed, -1);
-    if (!ok("model.kind")) return;
-    if (m.kind == "multitask_adapter") {
+    if (!ok("model.kind") || unknown("model.kind")) return;
+    if (m.kind == ModelKind::MultitaskAdapter) {
       at_least<int64_t>("model.adapter_rank", m.adapter_rank, 1);
-    } else if (m.kind == "extreme_classifier") {
+    } else if (m.kind == ModelKind::ExtremeClassifier) {
       if (m.classes <= 0) {
         fail("model.classes", "extreme_classifier needs classes > 0, got " + num(m.classes),
              "model.kind");
@@ -137,7 +145,7 @@ class Checker {
       if (m.classes > 0 && m.negatives_per_step > m.classes)
         fail("model.negatives_per_step", "must be <= model.classes (" + num(m.classes) +
                                              "), got " + num(m.negatives_per_step));
-    } else if (m.kind == "torchscript") {
+    } else if (m.kind == ModelKind::Torchscript) {
       torchscript();
     }
   }
@@ -172,12 +180,12 @@ class Checker {
     const DataConfig& dc = j_.data;
     const int64_t T = j_.model.tasks;
     const bool tasks_ok = ok("model.tasks") && T > 0;
-    one_of("data.kind", dc.kind);
-    one_of("data.schedule", dc.schedule);
+    one_of("data.kind");
+    one_of("data.schedule");
     above<int64_t>("data.batch_per_rank", dc.batch_per_rank, 0);
     at_most<int64_t>("data.batch_per_rank", dc.batch_per_rank, kMaxDim, "rows of one rank's batch");
     at_least("data.noise", dc.noise, 0.0);
-    if (dc.kind == "npy" && dc.dir.empty())
+    if (is("data.kind", dc.kind, DataKind::Npy) && dc.dir.empty())
       fail("data.dir", "required when data.kind is 'npy' (directory of task{t}_x.npy, "
                        "task{t}_y.npy)", "data.kind");
     placeholders("data.dir", dc.dir);
@@ -185,10 +193,14 @@ class Checker {
     if (tasks_ok && dc.tasks_per_rank > T)
       fail("data.tasks_per_rank", "must be <= model.tasks (" + num(T) + "), got " +
                                       num(dc.tasks_per_rank));
-    if (!ok("data.schedule")) return;
-    if (dc.schedule == "weighted") weighted(T, tasks_ok);
-    if (dc.schedule == "per_rank") per_rank(T, tasks_ok);
-    if (dc.schedule == "alternate") alternate(T, tasks_ok);
+    // With an unknown schedule nothing below could fail (a batch is split into one slice).
+    if (!ok("data.schedule") || unknown("data.schedule")) return;
+    if (dc.schedule == ScheduleKind::RoundRobin || dc.schedule == ScheduleKind::Weighted)
+      at_most<int64_t>("data.tasks_per_rank", dc.tasks_per_rank, kMaxTasksPerRank,
+                       "tasks one rank draws in a step");
+    if (dc.schedule == ScheduleKind::Weighted) weighted(T, tasks_ok);
+    if (dc.schedule == ScheduleKind::PerRank) per_rank(T, tasks_ok);
+    if (dc.schedule == ScheduleKind::Alternate) alternate(T, tasks_ok);
     if (tasks_ok) batch_covers_tasks(T);
   }
 
@@ -196,15 +208,15 @@ class Checker {
   void batch_covers_tasks(int64_t T) {
     const DataConfig& dc = j_.data;
     int64_t slices = 1;
-    if (dc.schedule == "round_robin") slices = std::min(dc.tasks_per_rank, T);
-    if (dc.schedule == "weighted") slices = dc.tasks_per_rank;
-    if (dc.schedule == "all" || dc.schedule == "alternate") slices = T;
+    if (dc.schedule == ScheduleKind::RoundRobin) slices = std::min(dc.tasks_per_rank, T);
+    if (dc.schedule == ScheduleKind::Weighted) slices = dc.tasks_per_rank;
+    if (dc.schedule == ScheduleKind::All || dc.schedule == ScheduleKind::Alternate) slices = T;
     for (const auto& tasks : dc.per_rank)
-      if (dc.schedule == "per_rank") slices = std::max<int64_t>(slices, tasks.size());
+      if (dc.schedule == ScheduleKind::PerRank) slices = std::max<int64_t>(slices, tasks.size());
     if (dc.batch_per_rank > 0 && dc.batch_per_rank < slices && ok("data.tasks_per_rank") &&
         ok("data.per_rank"))
       fail("data.batch_per_rank", "is smaller than the " + num(slices) + " tasks a rank's batch "
-                                  "is split into with schedule '" + dc.schedule + "'; got " +
+                                  "is split into with schedule '" + to_string(dc.schedule) + "'; got " +
                                   num(dc.batch_per_rank), "data.schedule");
   }
 
@@ -223,6 +235,7 @@ class Checker {
       sum += w[i] > 0 ? w[i] : 0;
     }
     if (sum <= 0) fail("data.weights", "at least one weight must be > 0");
+    else if (!std::isfinite(sum)) fail("data.weights", "the weights must have a finite sum, got " + num(sum));
   }
 
   void per_rank(int64_t T, bool tasks_ok) {
@@ -256,24 +269,20 @@ class Checker {
     for (size_t i = 0; i < alt.size(); ++i) {
       const std::string& e = alt[i];
       const std::string ip = "data.alternate[" + std::to_string(i) + "]";
-      if (e == "shared" || e == "tasks") continue;
-      const std::string digits = e.size() > 5 && e.compare(0, 5, "task:") == 0 ? e.substr(5) : "";
-      bool good = !digits.empty() && digits.size() <= 9;
-      for (char ch : digits) good = good && std::isdigit(static_cast<unsigned char>(ch));
-      const int64_t t = good ? std::stoll(digits) : -1;
-      if (!good)
+      AlternateEntry entry;
+      if (!AlternateEntry::parse(e, entry))
         fail(ip, "must be 'shared', 'tasks' or 'task:N' (N a task id); got '" + e + "'");
-      else if (tasks_ok && t >= T)
+      else if (entry.kind == AlternateEntry::Kind::Task && tasks_ok && entry.task >= T)
         fail(ip, "task id must be in [0, " + num(T) + ") (tasks are numbered from 0), got '" + e + "'");
     }
   }
 
   void comm() {
     const CommConfig& c = j_.comm;
-    one_of("comm.backend", c.backend);
-    one_of("comm.average", c.average);
-    one_of("comm.active", c.active);
-    if (c.backend == "nccl" && !opts_.cuda_build)
+    one_of("comm.backend");
+    one_of("comm.average");
+    one_of("comm.active");
+    if (is("comm.backend", c.backend, Backend::Nccl) && !opts_.cuda_build)
       fail("comm.backend", "'nccl' is not available: this build has no CUDA LibTorch "
                            "(use 'auto' or 'mpi')");
     above("comm.bucket_cap_mb", c.bucket_cap_mb, 0.0);
@@ -303,7 +312,7 @@ class Checker {
                                  {"offload.shard_mb", o.shard_mb}, {"offload.host_limit_mb", o.host_limit_mb}})
       at_most(key, v, kMaxMiB, "1 PiB");
     if (o.shard_mb > 0 && o.shard_mb <= kMaxMiB && ok("offload.shard_mb") && ok("model.kind")) shards();
-    if (o.enabled && j_.optimizer.kind == "sgd")
+    if (o.enabled && is("optimizer.kind", j_.optimizer.kind, OptimizerKind::Sgd))
       fail("offload.enabled", "the host store steps Adam/AdamW only; set optimizer.kind to adam or "
                               "adamw, or offload.enabled to false", "optimizer.kind");
   }
@@ -312,9 +321,11 @@ class Checker {
   // streams the slice in chunks of shard_mb), with or without offload.
   void shards() {
     const ModelConfig& m = j_.model;
-    if (m.kind != "extreme_classifier") {
+    if (!is("model.kind", m.kind, ModelKind::ExtremeClassifier)) {
+      const std::string* word = unknown("model.kind");
       fail("offload.shard_mb", "row shards are computed by model.kind extreme_classifier only; '" +
-                                   m.kind + "' computes each task group whole (use 0)");
+                                   (word ? *word : to_string(m.kind)) +
+                                   "' computes each task group whole (use 0)");
     } else if (ok("model.hidden") && m.hidden > 0 && m.hidden <= kMaxDim &&
                j_.offload.shard_bytes() < static_cast<size_t>(m.hidden + 1) * sizeof(float)) {
       fail("offload.shard_mb", "must hold one row of the output layer, (model.hidden + 1) x 4 = " +
@@ -325,8 +336,8 @@ class Checker {
 
   void optimizer() {
     const OptimizerConfig& o = j_.optimizer;
-    one_of("optimizer.kind", o.kind);
-    one_of("optimizer.lr_schedule", o.lr_schedule);
+    one_of("optimizer.kind");
+    one_of("optimizer.lr_schedule");
     above("optimizer.lr", o.lr, 0.0);
     const double betas[2] = {o.beta1, o.beta2};
     for (int i = 0; i < 2; ++i) {

@@ -20,6 +20,7 @@
 
 #include "common/errors.hpp"
 #include "common/log.hpp"
+#include "common/text.hpp"
 
 namespace fs = std::filesystem;
 
@@ -173,8 +174,8 @@ std::string write_checkpoint(const CheckpointWriter& w, int num_groups,
   // is on disk, then the rename itself synced.
   if (w.rank == 0) try {
     std::ostringstream m;
-    m << "{\n  \"format\": \"thetad-checkpoint-1\",\n  \"job\": \"" << w.job_name
-      << "\",\n  \"job_hash\": \"" << w.job_hash << "\",\n  \"step\": " << w.step
+    m << "{\n  \"format\": \"thetad-checkpoint-1\",\n  \"job\": " << json_string(w.job_name)
+      << ",\n  \"job_hash\": \"" << w.job_hash << "\",\n  \"step\": " << w.step
       << ",\n  \"world_size\": " << w.world << ",\n  \"groups\": [";
     for (int g = 0; g < num_groups; ++g)
       m << (g ? ", " : "") << "{\"group\": " << g << ", \"file\": \"" << group_file(g) << "\"}";

@@ -11,38 +11,6 @@
 
 namespace thetad::daemon {
 
-void append_json_string(std::string& out, const std::string& s) {
-  static const char* hex = "0123456789abcdef";
-  out += '"';
-  for (const char c : s) {
-    const auto u = static_cast<unsigned char>(c);
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
-      default:
-        if (u < 0x20 || u == 0x7f) {
-          out += "\\u00";
-          out += hex[u >> 4];
-          out += hex[u & 15];
-        } else {
-          out += c;
-        }
-    }
-  }
-  out += '"';
-}
-
-std::string json_string(const std::string& s) {
-  std::string out;
-  append_json_string(out, s);
-  return out;
-}
-
 void append_json_number(std::string& out, double v) {
   if (!std::isfinite(v)) {
     out += "null";
@@ -115,7 +83,7 @@ std::string to_json(const StepRecord& r) {
 
 MetricsWriter::MetricsWriter(const std::string& path, bool append) : path_(path) {
   namespace fs = std::filesystem;
-  if (path.empty()) throw ConfigError("metrics.path: empty path");
+  THETAD_CHECK(!path.empty(), InternalError, "MetricsWriter: empty path (the worker writes no metrics then)");
   std::error_code ec;
   const fs::path parent = fs::path(path).parent_path();
   if (!parent.empty()) {

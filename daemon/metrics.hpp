@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "common/text.hpp"
+
 namespace thetad::daemon {
 
 struct TaskLoss {
@@ -47,10 +49,7 @@ struct StepRecord {
   double acquire_wait_ms = 0.0;     // host time acquire() waited for a group's CPU update
 };
 
-// Appends `s` to `out` as a JSON string literal (quotes included): escapes '"', '\\' and
-// every control character; bytes >= 0x80 pass through (UTF-8 stays UTF-8).
-void append_json_string(std::string& out, const std::string& s);
-std::string json_string(const std::string& s);
+// JSON strings: append_json_string and json_string of common/text.hpp.
 
 // Appends a number; NaN and ±Inf, which JSON cannot represent, become null.
 void append_json_number(std::string& out, double v);

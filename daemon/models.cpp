@@ -12,19 +12,14 @@
 #include <filesystem>
 
 #include "common/errors.hpp"
+#include "common/hash.hpp"
 #include "common/log.hpp"
+#include "common/text.hpp"
 #include "daemon/chunked_softmax.hpp"
 #include "daemon/model.hpp"
 
 namespace thetad::daemon {
 namespace {
-
-uint64_t splitmix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
 
 at::Generator generator(uint64_t seed) { return at::detail::createCPUGenerator(seed); }
 
@@ -261,12 +256,6 @@ bool glob_match(const std::string& pat, const std::string& s) {
   return p == pat.size();
 }
 
-std::string replace_all(std::string s, const std::string& from, const std::string& to) {
-  for (size_t pos = s.find(from); pos != std::string::npos; pos = s.find(from, pos + to.size()))
-    s.replace(pos, from.size(), to);
-  return s;
-}
-
 // A TorchScript module with forward(x, task); groups from the job's name patterns.
 class ScriptModel : public TaskModel {
  public:
@@ -465,16 +454,19 @@ class SyntheticData : public DataSource {
 }  // namespace
 
 uint64_t mix_seed(uint64_t a, uint64_t b, uint64_t c, uint64_t d) {
-  return splitmix(splitmix(splitmix(splitmix(a) ^ b) ^ c) ^ d);
+  return splitmix64(splitmix64(splitmix64(splitmix64(a) ^ b) ^ c) ^ d);
 }
 
 std::unique_ptr<TaskModel> make_model(const config::Job& job, torch::Device device, bool lazy_tasks) {
-  const std::string& kind = job.model.kind;
-  if (kind == "multitask_mlp") return std::make_unique<MultitaskMlp>(job, device, lazy_tasks);
-  if (kind == "multitask_adapter") return std::make_unique<MultitaskAdapter>(job, device, lazy_tasks);
-  if (kind == "torchscript") return std::make_unique<ScriptModel>(job, device);
-  if (kind == "extreme_classifier") return std::make_unique<ExtremeClassifier>(job, device, lazy_tasks);
-  throw ConfigError(job.source + ": model.kind: '" + kind + "' is not available in this build");
+  using config::ModelKind;
+  switch (job.model.kind) {
+    case ModelKind::MultitaskMlp: return std::make_unique<MultitaskMlp>(job, device, lazy_tasks);
+    case ModelKind::MultitaskAdapter: return std::make_unique<MultitaskAdapter>(job, device, lazy_tasks);
+    case ModelKind::Torchscript: return std::make_unique<ScriptModel>(job, device);
+    case ModelKind::ExtremeClassifier: return std::make_unique<ExtremeClassifier>(job, device, lazy_tasks);
+  }
+  throw InternalError("make_model: model.kind " + std::to_string(static_cast<int>(job.model.kind)) +
+                      " has no model");
 }
 
 std::unique_ptr<DataSource> make_npy_data(const config::Job& job, const TaskModel& model,
@@ -482,9 +474,10 @@ std::unique_ptr<DataSource> make_npy_data(const config::Job& job, const TaskMode
 
 std::unique_ptr<DataSource> make_data(const config::Job& job, const TaskModel& model,
                                       torch::Device device) {
-  if (job.data.kind == "synthetic" && model.loss_kind() == LossKind::cross_entropy)
+  const bool synthetic = job.data.kind == config::DataKind::Synthetic;
+  if (synthetic && model.loss_kind() == LossKind::cross_entropy)
     return std::make_unique<SyntheticClasses>(job, device);
-  if (job.data.kind == "synthetic") return std::make_unique<SyntheticData>(job, device);
+  if (synthetic) return std::make_unique<SyntheticData>(job, device);
   return make_npy_data(job, model, device);
 }
 

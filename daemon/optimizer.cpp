@@ -7,6 +7,8 @@
 
 #include <cmath>
 
+#include "common/clip.hpp"
+
 
 namespace thetad::daemon {
 
@@ -17,7 +19,7 @@ offload::AdamHyper to_hyper(const AdamSettings& s) {
   h.beta2 = s.beta2;
   h.eps = s.eps;
   h.weight_decay = s.weight_decay;
-  h.decoupled = s.kind == "adamw";
+  h.decoupled = s.kind == config::OptimizerKind::AdamW;
   h.step = s.step;
   h.grad_scale = s.grad_scale;
   return h;
@@ -28,20 +30,20 @@ double clip_scale(const std::vector<at::Tensor>& grads, double clip_norm) {
   double sq = 0;
   for (const auto& g : grads) sq += g.to(at::kDouble).pow(2).sum().item<double>();
   const double norm = std::sqrt(sq);
-  return norm > clip_norm ? clip_norm / (norm + 1e-6) : 1.0;
+  return clip_factor(norm, clip_norm);
 }
 
 void adam_group(std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
                 std::vector<at::Tensor>& exp_avg, std::vector<at::Tensor>& exp_avg_sq,
                 const AdamSettings& s) {
-  if (s.kind == "sgd") {
+  if (s.kind == config::OptimizerKind::Sgd) {
     for (size_t i = 0; i < params.size(); ++i) {
       if (s.weight_decay != 0) params[i].mul_(1.0 - s.lr * s.weight_decay);
       params[i].add_(grads[i], -s.lr * s.grad_scale);
     }
     return;
   }
-  const bool decoupled = s.kind == "adamw";
+  const bool decoupled = s.kind == config::OptimizerKind::AdamW;
 #if TORCH_VERSION_MAJOR >= 2
   // GPUs: one fused multi-tensor kernel for the group (PyTorch >= 2), instead of ~8 passes.
   if (!params.empty() && params[0].is_cuda()) {

@@ -7,12 +7,13 @@
 #include <string>
 #include <vector>
 
+#include "config/job.hpp"
 #include "offload/cpu_adam.hpp"
 
 namespace thetad::daemon {
 
 struct AdamSettings {
-  std::string kind = "adamw";  // adamw | adam | sgd
+  config::OptimizerKind kind = config::OptimizerKind::AdamW;
   double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;
   int64_t step = 1;         // the group's own step count, 1-based (lazy: only steps it was used)
   double grad_scale = 1.0;  // from clipping

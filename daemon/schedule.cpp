@@ -8,25 +8,10 @@
 #include <map>
 
 #include "common/errors.hpp"
+#include "config/loader.hpp"
 
 namespace thetad::daemon {
 namespace {
-
-// Prefix of every validation message: the job file, so the user knows where to look.
-std::string where(const config::Job& job) {
-  return job.source.empty() ? std::string("job") : job.source;
-}
-
-Schedule::Kind parse_kind(const config::Job& job) {
-  const std::string& s = job.data.schedule;
-  if (s == "round_robin") return Schedule::Kind::round_robin;
-  if (s == "weighted") return Schedule::Kind::weighted;
-  if (s == "per_rank") return Schedule::Kind::per_rank;
-  if (s == "all") return Schedule::Kind::all;
-  if (s == "alternate") return Schedule::Kind::alternate;
-  throw ConfigError(detail::concat(where(job), ": data.schedule: unknown schedule '", s,
-                                   "' (expected round_robin, weighted, per_rank, all or alternate)"));
-}
 
 // Non-negative a mod m for m > 0, without overflow for any int64 a.
 int64_t mod(int64_t a, int64_t m) {
@@ -39,13 +24,6 @@ int64_t mulmod(int64_t a, int64_t b, int64_t m) { return mod(mod(a, m) * mod(b, 
 
 }  // namespace
 
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
 std::vector<int64_t> split_rows(int64_t total, int64_t parts) {
   std::vector<int64_t> rows;
   if (parts <= 0) return rows;
@@ -54,61 +32,33 @@ std::vector<int64_t> split_rows(int64_t total, int64_t parts) {
   return rows;
 }
 
-const char* Schedule::kind_name(Kind kind) {
-  switch (kind) {
-    case Kind::round_robin: return "round_robin";
-    case Kind::weighted: return "weighted";
-    case Kind::per_rank: return "per_rank";
-    case Kind::all: return "all";
-    case Kind::alternate: return "alternate";
-  }
-  return "?";
-}
-
 std::unique_ptr<Schedule> Schedule::create(const config::Job& job, int world_size) {
-  const std::string src = where(job);
-  if (world_size < 1)
-    throw ConfigError(detail::concat(src, ": world size must be >= 1, got ", world_size));
+  config::check_world(job, world_size);
   const int64_t T = job.model.tasks;
-  if (T < 1 || T > kMaxTasks)
-    throw ConfigError(detail::concat(src, ": model.tasks must be in [1, ", kMaxTasks, "], got ", T));
+  THETAD_CHECK(T >= 1 && T <= config::kMaxTasks, InternalError, "schedule: model.tasks ", T,
+               " outside [1, ", config::kMaxTasks, "]: the job was not validated");
+  THETAD_CHECK(job.data.batch_per_rank >= 1, InternalError, "schedule: data.batch_per_rank ",
+               job.data.batch_per_rank, " < 1: the job was not validated");
 
   std::unique_ptr<Schedule> s(new Schedule());
-  s->kind_ = parse_kind(job);
+  s->kind_ = job.data.schedule;
   s->num_tasks_ = static_cast<int>(T);
   s->world_ = world_size;
   s->seed_ = job.seed;
   s->batch_ = job.data.batch_per_rank;
   s->tasks_per_rank_ = job.data.tasks_per_rank;
-  if (s->batch_ < 1)
-    throw ConfigError(detail::concat(src, ": data.batch_per_rank must be >= 1, got ", s->batch_));
-
-  // The number of row-slices a step's batch is cut into; each must get at least one row,
-  // otherwise a task would be "in the batch" with nothing to compute.
-  int64_t slices = 1;
   switch (s->kind_) {
-    case Kind::round_robin:
-    case Kind::weighted: {
+    case Kind::RoundRobin:
+    case Kind::Weighted: {
       const int64_t k = s->tasks_per_rank_;
-      if (k < 1 || k > kMaxTasksPerRank)
-        throw ConfigError(detail::concat(src, ": data.tasks_per_rank must be in [1, ", kMaxTasksPerRank,
-                                         "], got ", k));
-      slices = s->kind_ == Kind::round_robin ? std::min(k, T) : k;
-      if (s->kind_ == Kind::weighted) {
-        std::vector<double> w = job.data.weights;
-        if (w.empty()) w.assign(static_cast<size_t>(T), 1.0);  // no weights: uniform
-        if (static_cast<int64_t>(w.size()) != T)
-          throw ConfigError(detail::concat(src, ": data.weights has ", w.size(),
-                                           " entries but model.tasks is ", T));
+      THETAD_CHECK(k >= 1 && k <= config::kMaxTasksPerRank, InternalError,
+                   "schedule: data.tasks_per_rank ", k, " outside [1, ", config::kMaxTasksPerRank, "]");
+      if (s->kind_ == Kind::Weighted) {
+        const std::vector<double>& w = job.data.weights;
+        THETAD_CHECK_EQ(static_cast<int64_t>(w.size()), T, "schedule: one weight per task");
         double sum = 0;
-        for (size_t i = 0; i < w.size(); ++i) {
-          if (!std::isfinite(w[i]) || w[i] < 0)
-            throw ConfigError(detail::concat(src, ": data.weights[", i, "] = ", w[i],
-                                             ": weights must be finite and >= 0"));
-          sum += w[i];
-        }
-        if (!(sum > 0) || !std::isfinite(sum))
-          throw ConfigError(detail::concat(src, ": data.weights: at least one weight must be > 0"));
+        for (double x : w) sum += x;
+        THETAD_CHECK(sum > 0 && std::isfinite(sum), InternalError, "schedule: weights sum to ", sum);
         s->cumulative_.resize(w.size());
         double acc = 0;
         size_t last_positive = 0;
@@ -123,67 +73,21 @@ std::unique_ptr<Schedule> Schedule::create(const config::Job& job, int world_siz
       }
       break;
     }
-    case Kind::per_rank: {
-      const auto& lists = job.data.per_rank;
-      if (static_cast<int64_t>(lists.size()) != world_size)
-        throw ConfigError(detail::concat(src, ": data.per_rank has ", lists.size(),
-                                         " task lists but the world has ", world_size,
-                                         " ranks (one list per rank is required)"));
-      for (size_t r = 0; r < lists.size(); ++r) {
-        std::vector<int> tasks;
-        if (lists[r].empty())
-          throw ConfigError(detail::concat(src, ": data.per_rank[", r, "] is empty: every rank needs a task"));
-        for (int64_t t : lists[r]) {
-          if (t < 0 || t >= T)
-            throw ConfigError(detail::concat(src, ": data.per_rank[", r, "] lists task ", t,
-                                             ", outside 0..", T - 1));
-          if (std::find(tasks.begin(), tasks.end(), static_cast<int>(t)) != tasks.end())
-            throw ConfigError(detail::concat(src, ": data.per_rank[", r, "] lists task ", t, " twice"));
-          tasks.push_back(static_cast<int>(t));
-        }
+    case Kind::PerRank:
+      for (const auto& list : job.data.per_rank) {
+        std::vector<int> tasks(list.begin(), list.end());
         std::sort(tasks.begin(), tasks.end());
-        slices = std::max<int64_t>(slices, static_cast<int64_t>(tasks.size()));
         s->per_rank_.push_back(std::move(tasks));
       }
       break;
-    }
-    case Kind::all:
-      slices = T;
+    case Kind::All:
       break;
-    case Kind::alternate: {
-      const auto& entries = job.data.alternate;
-      if (entries.empty())
-        throw ConfigError(detail::concat(src, ": data.alternate must list at least one entry ",
-                                         "(\"shared\", \"task:N\" or \"tasks\")"));
-      for (size_t i = 0; i < entries.size(); ++i) {
-        const std::string& e = entries[i];
-        AlternateEntry a;
-        if (e == "shared") {
-          a.what = AlternateEntry::What::shared;
-        } else if (e == "tasks") {
-          a.what = AlternateEntry::What::tasks;
-        } else if (e.rfind("task:", 0) == 0 && e.size() > 5 && e.size() <= 5 + 10 &&
-                   std::all_of(e.begin() + 5, e.end(), [](char c) { return c >= '0' && c <= '9'; })) {
-          const int64_t t = std::stoll(e.substr(5));
-          if (t >= T)
-            throw ConfigError(detail::concat(src, ": data.alternate[", i, "] = '", e, "': task ", t,
-                                             " is outside 0..", T - 1));
-          a.what = AlternateEntry::What::task;
-          a.task = static_cast<int>(t);
-        } else {
-          throw ConfigError(detail::concat(src, ": data.alternate[", i, "] = '", e,
-                                           "': expected \"shared\", \"task:N\" or \"tasks\""));
-        }
-        s->alternate_.push_back(a);
-      }
-      slices = T;
+    case Kind::Alternate:
+      s->alternate_ = job.data.alternate_entries;
+      THETAD_CHECK(!s->alternate_.empty(), InternalError,
+                   "schedule: no data.alternate_entries (load_job fills them)");
       break;
-    }
   }
-  if (s->batch_ < slices)
-    throw ConfigError(detail::concat(src, ": data.batch_per_rank (", s->batch_, ") is smaller than the ",
-                                     slices, " tasks a rank's batch is split into with schedule '",
-                                     kind_name(s->kind_), "'"));
   return s;
 }
 
@@ -210,7 +114,7 @@ std::vector<std::pair<int, int64_t>> Schedule::draw(int64_t step, int rank) cons
   const int64_t T = num_tasks_;
   std::vector<int> tasks;
   switch (kind_) {
-    case Kind::round_robin: {
+    case Kind::RoundRobin: {
       // tasks ((s*W + r)*k + j) mod T, j < k, computed in modular arithmetic so that no step
       // number can overflow.
       const int64_t base = mod(mulmod(step, world_, T) + rank, T);
@@ -219,7 +123,7 @@ std::vector<std::pair<int, int64_t>> Schedule::draw(int64_t step, int rank) cons
       for (int64_t j = 0; j < std::min(k, T); ++j) tasks.push_back(static_cast<int>(mod(start + j, T)));
       break;
     }
-    case Kind::weighted: {
+    case Kind::Weighted: {
       // Rows are split over the k draws, so a task drawn twice gets twice the rows.
       const auto rows = split_rows(batch_, tasks_per_rank_);
       std::vector<std::pair<int, int64_t>> out;
@@ -227,11 +131,11 @@ std::vector<std::pair<int, int64_t>> Schedule::draw(int64_t step, int rank) cons
         out.emplace_back(weighted_pick(step, rank, j), rows[static_cast<size_t>(j)]);
       return out;
     }
-    case Kind::per_rank:
+    case Kind::PerRank:
       tasks = per_rank_[static_cast<size_t>(rank)];
       break;
-    case Kind::all:
-    case Kind::alternate:
+    case Kind::All:
+    case Kind::Alternate:
       for (int t = 0; t < num_tasks_; ++t) tasks.push_back(t);
       break;
   }
@@ -258,16 +162,16 @@ StepPlan Schedule::plan(int64_t step, int rank) const {
   }
   p.used[0] = 1;
 
-  if (kind_ != Kind::alternate) {
+  if (kind_ != Kind::Alternate) {
     p.trained = p.used;  // everything in the forward is trained, Θ included
     return p;
   }
   // alternate: the whole model runs, one entry's groups are trained, the others frozen.
-  const AlternateEntry& e = alternate_[static_cast<size_t>(mod(step, static_cast<int64_t>(alternate_.size())))];
-  switch (e.what) {
-    case AlternateEntry::What::shared: p.trained[0] = 1; break;
-    case AlternateEntry::What::task: p.trained[static_cast<size_t>(e.task) + 1] = 1; break;
-    case AlternateEntry::What::tasks:
+  const config::AlternateEntry& e = alternate_[static_cast<size_t>(mod(step, static_cast<int64_t>(alternate_.size())))];
+  switch (e.kind) {
+    case config::AlternateEntry::Kind::Shared: p.trained[0] = 1; break;
+    case config::AlternateEntry::Kind::Task: p.trained[static_cast<size_t>(e.task) + 1] = 1; break;
+    case config::AlternateEntry::Kind::Tasks:
       for (int g = 1; g < num_groups(); ++g) p.trained[static_cast<size_t>(g)] = 1;
       break;
   }
@@ -293,20 +197,20 @@ int64_t Schedule::next_use(int task, int64_t after_step, int rank, int64_t horiz
   if (first > last) return INT64_MAX;
 
   switch (kind_) {
-    case Kind::all:
-    case Kind::alternate:
+    case Kind::All:
+    case Kind::Alternate:
       return first;
-    case Kind::per_rank: {
+    case Kind::PerRank: {
       const auto& l = per_rank_[static_cast<size_t>(rank)];
       return std::binary_search(l.begin(), l.end(), task) ? first : INT64_MAX;
     }
-    case Kind::round_robin:
-    case Kind::weighted:
+    case Kind::RoundRobin:
+    case Kind::Weighted:
       break;
   }
   // round_robin repeats with period T (shifting s by T shifts the index by T*W*k ≡ 0 mod T).
   int64_t span = last - first;
-  if (kind_ == Kind::round_robin) span = std::min<int64_t>(span, num_tasks_ - 1);
+  if (kind_ == Kind::RoundRobin) span = std::min<int64_t>(span, num_tasks_ - 1);
   for (int64_t s = first; s - first <= span; ++s) {
     const auto tasks = tasks_at(s, rank);
     if (std::binary_search(tasks.begin(), tasks.end(), task)) return s;

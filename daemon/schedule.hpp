@@ -10,7 +10,9 @@
 #include <string>
 #include <vector>
 
+#include "common/hash.hpp"
 #include "config/job.hpp"
+#include "config/limits.hpp"
 
 namespace thetad::daemon {
 
@@ -23,18 +25,13 @@ struct StepPlan {
                                    //   frozen = used && !trained)
 };
 
-// Bounds that keep a plan's vectors (size T+1, one entry per draw) small; far beyond any
-// real job, whose per-task groups each hold parameters and optimizer state.
-constexpr int64_t kMaxTasks = int64_t{1} << 20;
-constexpr int64_t kMaxTasksPerRank = int64_t{1} << 16;
-
 class Schedule {
  public:
-  enum class Kind { round_robin, weighted, per_rank, all, alternate };
+  using Kind = config::ScheduleKind;
 
-  // Validates the data section against the world (per_rank needs one list per rank, tasks in
-  // range, weights usable, alternate entries parseable, batch large enough for the tasks of a
-  // step). Throws ConfigError naming the key (e.g. "data.per_rank").
+  // The schedule of a job that load_job accepted (config/validate.cpp checks the data section;
+  // data.alternate_entries is load_job's). Only the world size is checked here, through
+  // config::check_world: data.per_rank needs one list per rank (ConfigError naming the key).
   static std::unique_ptr<Schedule> create(const config::Job& job, int world_size);
 
   // This rank's batch composition and groups at `step` (step >= 0, 0 <= rank < world).
@@ -58,22 +55,14 @@ class Schedule {
   int num_groups() const { return num_tasks_ + 1; }
   int world_size() const { return world_; }
 
-  static const char* kind_name(Kind kind);
-
  private:
-  // One entry of `data.alternate`: which groups are trained in that step.
-  struct AlternateEntry {
-    enum class What { shared, task, tasks } what = What::shared;
-    int task = -1;
-  };
-
   Schedule() = default;
   void check_args(int64_t step, int rank) const;
   // (task, rows) pairs for this rank/step before sorting; duplicates allowed.
   std::vector<std::pair<int, int64_t>> draw(int64_t step, int rank) const;
   int weighted_pick(int64_t step, int rank, int64_t j) const;
 
-  Kind kind_ = Kind::round_robin;
+  Kind kind_ = Kind::RoundRobin;
   int num_tasks_ = 0;
   int world_ = 1;
   uint64_t seed_ = 0;
@@ -81,13 +70,10 @@ class Schedule {
   int64_t tasks_per_rank_ = 1;
   std::vector<double> cumulative_;  // weighted: cumulative normalised weights, last == 1
   std::vector<std::vector<int>> per_rank_;
-  std::vector<AlternateEntry> alternate_;
+  std::vector<config::AlternateEntry> alternate_;
 };
 
 // Splits `total` rows into `parts` nearly equal parts, the remainder to the first parts.
 std::vector<int64_t> split_rows(int64_t total, int64_t parts);
-
-// splitmix64 finaliser: the counter-based RNG of the weighted schedule (no global state).
-uint64_t splitmix64(uint64_t x);
 
 }  // namespace thetad::daemon

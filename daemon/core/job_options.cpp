@@ -15,16 +15,16 @@ std::chrono::milliseconds comm_timeout(const config::Job& job) {
 
 comm::BucketPlanOptions bucket_plan_options(const config::Job& job) {
   comm::BucketPlanOptions o;
-  o.bucket_cap_bytes = static_cast<size_t>(job.comm.bucket_cap_mb * (1 << 20));
-  o.first_bucket_bytes = static_cast<size_t>(job.comm.first_bucket_mb * (1 << 20));
+  o.bucket_cap_bytes = job.comm.bucket_cap_bytes();
+  o.first_bucket_bytes = job.comm.first_bucket_bytes();
   return o;
 }
 
 comm::EngineOptions engine_options(const config::Job& job) {
   comm::EngineOptions o;
   o.prune = job.comm.prune;
-  o.average = job.comm.average == "world" ? comm::Average::world : comm::Average::contributors;
-  o.declared = job.comm.active == "declared";
+  o.average = job.comm.average == config::Average::World ? comm::Average::world : comm::Average::contributors;
+  o.declared = job.comm.active == config::Active::Declared;
   o.timeout = comm_timeout(job);
   return o;
 }
@@ -32,9 +32,9 @@ comm::EngineOptions engine_options(const config::Job& job) {
 offload::StoreOptions store_options(const config::Job& job) {
   offload::StoreOptions o;
   o.device_slots = job.offload.device_slots;
-  o.device_budget_bytes = static_cast<size_t>(job.offload.device_budget_mb * (1 << 20));
+  o.device_budget_bytes = job.offload.device_budget_bytes();
   o.prefetch = job.offload.prefetch;
-  o.host_limit_bytes = static_cast<size_t>(job.offload.host_limit_mb * (1 << 20));
+  o.host_limit_bytes = job.offload.host_limit_bytes();
   o.cpu_threads = job.offload.cpu_threads;
   o.shard_bytes = job.offload.shard_bytes();
   o.timeout_s = job.comm.timeout_s;
@@ -44,7 +44,7 @@ offload::StoreOptions store_options(const config::Job& job) {
 double lr_at(const config::OptimizerConfig& opt, int64_t step, int64_t total_steps) {
   if (opt.warmup_steps > 0 && step < opt.warmup_steps)
     return opt.lr * double(step + 1) / double(opt.warmup_steps);
-  if (opt.lr_schedule == "cosine") {
+  if (opt.lr_schedule == config::LrSchedule::Cosine) {
     const double span = std::max<int64_t>(1, total_steps - opt.warmup_steps);
     const double progress = std::min(1.0, double(step - opt.warmup_steps) / span);
     return opt.min_lr + 0.5 * (opt.lr - opt.min_lr) * (1.0 + std::cos(M_PI * progress));

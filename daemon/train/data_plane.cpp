@@ -37,10 +37,10 @@ DataPlane open_data_plane(const config::Job& job, const comm::WorldInfo& world, 
                           std::shared_ptr<comm::Communicator> ctrl) {
   std::string kind = "mpi";
 #if THETAD_TORCH_CUDA
-  if (job.comm.backend == "nccl" || (job.comm.backend == "auto" && torch::cuda::is_available()))
+  if (job.comm.backend == config::Backend::Nccl || (job.comm.backend == config::Backend::Auto && torch::cuda::is_available()))
     kind = torch::cuda::device_count() > 0 ? "nccl" : "nccl, but no GPU is visible";
 #endif
-  plane.check_consistent("data plane (comm.backend: " + job.comm.backend + ")", "data plane: " + kind + "\n");
+  plane.check_consistent("data plane (comm.backend: " + config::to_string(job.comm.backend) + ")", "data plane: " + kind + "\n");
   if (kind != "nccl" && kind != "mpi") throw ConfigError(job.source + ": comm.backend: " + kind);
   DataPlane dp;
 #if THETAD_TORCH_CUDA
@@ -54,8 +54,8 @@ DataPlane open_data_plane(const config::Job& job, const comm::WorldInfo& world, 
     // event completed, ~6 ms per step on 2×H200, so the host could not queue the next step.
     c10::cuda::setCurrentCUDAStream(c10::cuda::getStreamFromPool(/*isHighPriority=*/false, dev));
     dp.compute_stream = c10::cuda::getCurrentCUDAStream(dev).stream();
-    at::globalContext().setAllowTF32CuBLAS(job.precision == "tf32");
-    at::globalContext().setAllowTF32CuDNN(job.precision == "tf32");
+    at::globalContext().setAllowTF32CuBLAS(job.precision == config::Precision::Tf32);
+    at::globalContext().setAllowTF32CuDNN(job.precision == config::Precision::Tf32);
     dp.comm = comm::make_nccl_communicator(dev);
     dp.comm->set_compute_stream(dp.compute_stream);
   }

@@ -118,7 +118,7 @@ void Trainer::build_model() {
   const bool offload = job_.offload.enabled;
   const auto t_model = Clock::now();
   model_ = make_model(job_, offload ? torch::Device(torch::kCPU) : data_.device, /*lazy_tasks=*/offload);
-  THETAD_LOG(info, "train") << "model " << job_.model.kind << " built in " << std::fixed << std::setprecision(2)
+  THETAD_LOG(info, "train") << "model " << config::to_string(job_.model.kind) << " built in " << std::fixed << std::setprecision(2)
                             << ms_since(t_model) / 1000 << " s";
   batches_ = make_data(job_, *model_, data_.device);
   groups_ = std::make_unique<ParamGroups>(model_->params(), static_cast<int>(job_.model.tasks) + 1);

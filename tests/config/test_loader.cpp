@@ -39,10 +39,10 @@ TEST(Load, MinimalJobGetsDefaults) {
   EXPECT_EQ(job.source, "job.yaml");
   EXPECT_EQ(job.steps, 10);
   EXPECT_EQ(job.name, "thetad-job");
-  EXPECT_EQ(job.model.kind, "multitask_mlp");
+  EXPECT_EQ(to_string(job.model.kind), "multitask_mlp");
   EXPECT_EQ(job.model.tasks, 4);
-  EXPECT_EQ(job.data.schedule, "round_robin");
-  EXPECT_EQ(job.comm.backend, "auto");
+  EXPECT_EQ(to_string(job.data.schedule), "round_robin");
+  EXPECT_EQ(to_string(job.comm.backend), "auto");
   EXPECT_DOUBLE_EQ(job.comm.bucket_cap_mb, 25.0);
   EXPECT_DOUBLE_EQ(job.optimizer.beta2, 0.999);
   EXPECT_EQ(job.log.level, "info");
@@ -110,7 +110,7 @@ TEST(Load, NcclAcceptedOnCudaBuild) {
   LoadOptions opts;
   opts.cuda_build = true;
   const Job job = load_job_from_string(kMinimal + "comm: {backend: nccl}\n", "job.yaml", opts);
-  EXPECT_EQ(job.comm.backend, "nccl");
+  EXPECT_EQ(to_string(job.comm.backend), "nccl");
 }
 
 TEST(Suggest, NearestKnownKey) {
@@ -144,10 +144,10 @@ TEST(Overrides, ApplyBeforeValidation) {
   EXPECT_DOUBLE_EQ(job.optimizer.beta2, 0.99);
   EXPECT_DOUBLE_EQ(job.optimizer.lr, 0.01);
   EXPECT_EQ(job.log.file, "{job}-{rank}.log");
-  EXPECT_EQ(job.model.kind, "multitask_adapter");
+  EXPECT_EQ(to_string(job.model.kind), "multitask_adapter");
   EXPECT_EQ(job.model.adapter_rank, 4);
   EXPECT_TRUE(job.offload.enabled);
-  EXPECT_EQ(job.data.schedule, "weighted");
+  EXPECT_EQ(to_string(job.data.schedule), "weighted");
   EXPECT_EQ(job.name, "renamed");
   EXPECT_EQ(expand_path(job.log.file, job, 3), "renamed-3.log");
 }

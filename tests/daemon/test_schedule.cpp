@@ -1,5 +1,7 @@
 // Schedule formulas against hand-computed tables (T = 5; W = 2, 3), determinism, batch
-// splitting, next_use and the validation errors.
+// splitting, next_use and the world-size check. The checks of the data section itself are
+// config's (tests/config/test_schedule_checks.cpp holds the bad jobs this file used to feed
+// Schedule::create).
 #include <gtest/gtest.h>
 
 #include <climits>
@@ -21,9 +23,20 @@ config::Job make_job(const std::string& schedule, int64_t tasks = 5, int64_t bat
   job.seed = 1234;
   job.steps = 100;
   job.model.tasks = tasks;
-  job.data.schedule = schedule;
+  EXPECT_TRUE(config::from_string(schedule, job.data.schedule)) << schedule;
   job.data.batch_per_rank = batch;
   return job;
+}
+
+// data.alternate and the entries load_job parses from it.
+void set_alternate(config::Job& job, const std::vector<std::string>& words) {
+  job.data.alternate = words;
+  job.data.alternate_entries.clear();
+  for (const auto& w : words) {
+    config::AlternateEntry e;
+    EXPECT_TRUE(config::AlternateEntry::parse(w, e)) << w;
+    job.data.alternate_entries.push_back(e);
+  }
 }
 
 // Checks the invariants every plan must satisfy, whatever the kind.
@@ -149,17 +162,13 @@ TEST(Schedule, PerRankWorldMismatchNamesKey) {
     EXPECT_NE(msg.find("3 ranks"), std::string::npos) << msg;
     EXPECT_NE(msg.find("test.yaml"), std::string::npos) << msg;
   }
-  job.data.per_rank = {{0}, {5}};
-  EXPECT_THROW(Schedule::create(job, 2), ConfigError);  // task out of range
-  job.data.per_rank = {{0}, {}};
-  EXPECT_THROW(Schedule::create(job, 2), ConfigError);  // empty list
-  job.data.per_rank = {{0, 0}, {1}};
-  EXPECT_THROW(Schedule::create(job, 2), ConfigError);  // duplicate
+  EXPECT_NO_THROW(Schedule::create(job, 2));
+  // Tasks out of range, empty lists and duplicates: config's ScheduleChecks.PerRank* tests.
 }
 
 TEST(Schedule, Alternate) {
   auto job = make_job("alternate", 5, 10);
-  job.data.alternate = {"shared", "task:2", "tasks"};
+  set_alternate(job, {"shared", "task:2", "tasks"});
   auto s = Schedule::create(job, 2);
   const Groups expect[4] = {{1, 0, 0, 0, 0, 0}, {0, 0, 0, 1, 0, 0}, {0, 1, 1, 1, 1, 1}, {1, 0, 0, 0, 0, 0}};
   for (int step = 0; step < 4; ++step) {
@@ -173,18 +182,7 @@ TEST(Schedule, Alternate) {
   }
   EXPECT_EQ(s->contributors(1), (std::vector<int>{0, 0, 0, 2, 0, 0}));
   EXPECT_EQ(s->next_use(3, 10, 1, 5), 11);  // the whole model runs every step
-
-  for (const char* bad : {"task:5", "task:", "task:-1", "head", "TASKS"}) {
-    job.data.alternate = {"shared", bad};
-    try {
-      Schedule::create(job, 2);
-      FAIL() << "accepted " << bad;
-    } catch (const ConfigError& e) {
-      EXPECT_NE(std::string(e.what()).find("data.alternate[1]"), std::string::npos) << e.what();
-    }
-  }
-  job.data.alternate = {};
-  EXPECT_THROW(Schedule::create(job, 2), ConfigError);
+  // Bad and missing entries: config's ScheduleChecks.AlternateEntries.
 }
 
 // The documented RNG: chained splitmix64 over (seed, step, rank, j), 53-bit uniform,
@@ -242,6 +240,7 @@ TEST(Schedule, WeightedMatchesReferenceAndWeights) {
 
 TEST(Schedule, DeterministicAndSeeded) {
   auto job = make_job("weighted", 5, 8);
+  job.data.weights = {1, 1, 1, 1, 1};
   job.data.tasks_per_rank = 3;
   auto a = Schedule::create(job, 2);
   auto b = Schedule::create(job, 2);
@@ -302,26 +301,13 @@ TEST(Schedule, NextUse) {
   }
 }
 
-TEST(Schedule, ValidationErrors) {
-  EXPECT_THROW(Schedule::create(make_job("random"), 2), ConfigError);
-  EXPECT_THROW(Schedule::create(make_job("all", 5, 4), 2), ConfigError);  // 4 rows, 5 tasks
-  EXPECT_THROW(Schedule::create(make_job("round_robin", 0), 2), ConfigError);
-  EXPECT_THROW(Schedule::create(make_job("round_robin"), 0), ConfigError);
-  auto job = make_job("weighted");
-  job.data.weights = {1, 2};
-  EXPECT_THROW(Schedule::create(job, 2), ConfigError);
-  job.data.weights = {1, -1, 1, 1, 1};
-  EXPECT_THROW(Schedule::create(job, 2), ConfigError);
-  job.data.weights = {0, 0, 0, 0, 0};
-  EXPECT_THROW(Schedule::create(job, 2), ConfigError);
-  job = make_job("round_robin", 5, 2);
-  job.data.tasks_per_rank = 3;
-  try {
-    Schedule::create(job, 2);
-    FAIL();
-  } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("data.batch_per_rank"), std::string::npos) << e.what();
-  }
+// Bad jobs are validate's (config's ScheduleChecks.ValidationErrors); what is left here is
+// misuse of the API, an InternalError: no world, a job that was never validated, bad arguments.
+TEST(Schedule, InternalMisuse) {
+  EXPECT_THROW(Schedule::create(make_job("round_robin"), 0), InternalError);
+  EXPECT_THROW(Schedule::create(make_job("round_robin", 0), 2), InternalError);
+  EXPECT_THROW(Schedule::create(make_job("weighted"), 2), InternalError);  // no weights
+  EXPECT_THROW(Schedule::create(make_job("alternate"), 2), InternalError);  // no entries
   auto s = Schedule::create(make_job("round_robin"), 2);
   EXPECT_THROW(s->plan(0, 2), InternalError);
   EXPECT_THROW(s->plan(-1, 0), InternalError);

@@ -53,7 +53,7 @@ int main(int argc, char** argv) {
       sum.push_back(torch::zeros_like(params[i].tensor).detach());
     }
     std::vector<int64_t> group_steps(G, 0);
-    const bool discover = job.comm.active == "discover";
+    const bool discover = job.comm.active == config::Active::Discover;
     for (int64_t step = 0; step < job.steps; ++step) {
       std::vector<int> contributors(G, 0);
       for (auto& s : sum) s.zero_();
@@ -101,7 +101,7 @@ int main(int argc, char** argv) {
       for (int g = 0; g < G; ++g) {
         if (contributors[g] == 0 && job.comm.prune) continue;
         if (contributors[g] == 0) continue;  // lazy semantics hold with prune off as well
-        const double div = job.comm.average == "world" ? world : contributors[g];
+        const double div = job.comm.average == config::Average::World ? world : contributors[g];
         std::vector<torch::Tensor> ps, gs, ms, vs;
         for (int p : group_params[g]) {
           ps.push_back(params[p].tensor);
