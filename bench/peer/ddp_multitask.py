@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """PyTorch DDP peer of thetad's `multitask_mlp` (issue 7): what users run today.
 
-The same model as daemon/models.cpp MultitaskMlp: a trunk of `trunk_layers` Linear+GELU layers
+The same model as daemon/models/models.cpp MultitaskMlp: a trunk of `trunk_layers` Linear+GELU layers
 (input_dim->hidden, then hidden->hidden), one head per task of `head_layers` Linear layers
 (hidden->hidden with GELU between, the last hidden->output_dim), parameters U(-1/sqrt(in),
 1/sqrt(in)) drawn from per-parameter CPU generators seeded exactly as thetad seeds them
@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 
 MASK64 = (1 << 64) - 1
-TEACHER_SALT = 0x7EAC4E2  # daemon/models.cpp SyntheticData
+TEACHER_SALT = 0x7EAC4E2  # daemon/models/models.cpp SyntheticData
 
 
 def splitmix(x):
@@ -47,7 +47,7 @@ def splitmix(x):
 
 
 def mix_seed(a, b, c=0, d=0):
-    """daemon/models.cpp mix_seed (uint64 arithmetic)."""
+    """daemon/models/models.cpp mix_seed (uint64 arithmetic)."""
     return splitmix(splitmix(splitmix(splitmix(a & MASK64) ^ (b & MASK64)) ^ (c & MASK64)) ^ (d & MASK64))
 
 
@@ -177,7 +177,7 @@ class SyntheticData:
 
 
 def task_of(step, rank, world, tasks):
-    """round_robin with one task per rank (daemon/schedule.cpp)."""
+    """round_robin with one task per rank (daemon/core/schedule.cpp)."""
     return (step * world + rank) % tasks
 
 

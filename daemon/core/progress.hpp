@@ -6,7 +6,7 @@
 #include <cstdint>
 
 #include "config/job.hpp"
-#include "daemon/metrics.hpp"
+#include "daemon/core/metrics.hpp"
 
 namespace thetad::daemon {
 

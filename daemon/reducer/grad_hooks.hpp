@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "comm/engine.hpp"
-#include "daemon/param_groups.hpp"
+#include "daemon/models/param_groups.hpp"
 #include "daemon/train/data_plane.hpp"
 
 namespace torch::autograd {

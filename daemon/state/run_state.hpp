@@ -10,8 +10,8 @@
 #include "comm/bootstrap.hpp"
 #include "comm/control_plane.hpp"
 #include "config/job.hpp"
-#include "daemon/checkpoint.hpp"
-#include "daemon/param_groups.hpp"
+#include "daemon/state/checkpoint.hpp"
+#include "daemon/models/param_groups.hpp"
 #include "daemon/store_bridge/store_bridge.hpp"
 #include "daemon/train/resident_optimizer.hpp"
 

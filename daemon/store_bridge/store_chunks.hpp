@@ -11,7 +11,7 @@
 #include <functional>
 #include <map>
 
-#include "daemon/model.hpp"
+#include "daemon/models/model.hpp"
 #include "offload/param_store.hpp"
 
 namespace thetad::daemon {

@@ -10,9 +10,9 @@
 
 #include "comm/engine.hpp"
 #include "config/job.hpp"
-#include "daemon/checkpoint.hpp"
-#include "daemon/optimizer.hpp"
-#include "daemon/param_groups.hpp"
+#include "daemon/state/checkpoint.hpp"
+#include "daemon/train/optimizer.hpp"
+#include "daemon/models/param_groups.hpp"
 #include "daemon/reducer/grad_hooks.hpp"
 #include "daemon/train/data_plane.hpp"
 

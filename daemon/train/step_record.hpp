@@ -14,7 +14,7 @@
 
 #include "config/job.hpp"
 #include "daemon/core/progress.hpp"
-#include "daemon/metrics.hpp"
+#include "daemon/core/metrics.hpp"
 #include "daemon/train/data_plane.hpp"
 
 namespace thetad::daemon {

@@ -9,7 +9,7 @@
 #include <algorithm>
 #include <set>
 
-#include "daemon/chunked_softmax.hpp"
+#include "daemon/models/chunked_softmax.hpp"
 
 namespace thetad::daemon {
 namespace {

@@ -10,7 +10,7 @@
 #include "comm/bootstrap.hpp"
 #include "comm/engine.hpp"
 #include "common/errors.hpp"
-#include "daemon/param_groups.hpp"
+#include "daemon/models/param_groups.hpp"
 #include "daemon/reducer/grad_hooks.hpp"
 
 namespace thetad::daemon {

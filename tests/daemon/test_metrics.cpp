@@ -9,7 +9,7 @@
 #include <limits>
 
 #include "common/errors.hpp"
-#include "daemon/metrics.hpp"
+#include "daemon/core/metrics.hpp"
 #include "test_util.hpp"
 
 namespace thetad::daemon {

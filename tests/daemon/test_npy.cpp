@@ -6,7 +6,7 @@
 #include <fstream>
 
 #include "common/errors.hpp"
-#include "daemon/npy.hpp"
+#include "daemon/core/npy.hpp"
 #include "test_util.hpp"
 
 namespace thetad::daemon {

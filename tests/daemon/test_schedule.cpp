@@ -8,7 +8,7 @@
 #include <map>
 
 #include "common/errors.hpp"
-#include "daemon/schedule.hpp"
+#include "daemon/core/schedule.hpp"
 
 namespace thetad::daemon {
 namespace {

@@ -7,7 +7,7 @@
 #include <thread>
 
 #include "common/errors.hpp"
-#include "daemon/timeline.hpp"
+#include "daemon/core/timeline.hpp"
 #include "test_util.hpp"
 
 namespace thetad::daemon {

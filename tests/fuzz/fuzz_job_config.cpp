@@ -11,7 +11,7 @@
 
 #include "common/errors.hpp"
 #include "config/loader.hpp"
-#include "daemon/schedule.hpp"
+#include "daemon/core/schedule.hpp"
 
 namespace {
 

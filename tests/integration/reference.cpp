@@ -14,10 +14,10 @@
 
 #include "common/errors.hpp"
 #include "config/loader.hpp"
-#include "daemon/checkpoint.hpp"
-#include "daemon/model.hpp"
-#include "daemon/optimizer.hpp"
-#include "daemon/schedule.hpp"
+#include "daemon/state/checkpoint.hpp"
+#include "daemon/models/model.hpp"
+#include "daemon/train/optimizer.hpp"
+#include "daemon/core/schedule.hpp"
 #include "daemon/core/job_options.hpp"
 
 using namespace thetad;

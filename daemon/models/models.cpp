@@ -15,8 +15,8 @@
 #include "common/hash.hpp"
 #include "common/log.hpp"
 #include "common/text.hpp"
-#include "daemon/chunked_softmax.hpp"
-#include "daemon/model.hpp"
+#include "daemon/models/chunked_softmax.hpp"
+#include "daemon/models/model.hpp"
 
 namespace thetad::daemon {
 namespace {

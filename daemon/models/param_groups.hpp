@@ -7,7 +7,7 @@
 #include <cstddef>
 #include <vector>
 
-#include "daemon/model.hpp"
+#include "daemon/models/model.hpp"
 
 namespace thetad::daemon {
 

@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "daemon/model.hpp"
+#include "daemon/models/model.hpp"
 
 namespace thetad::daemon {
 

@@ -1,6 +1,6 @@
 // The chunked softmax cross-entropy (see chunked_softmax.hpp): a custom autograd Function whose
 // two passes stream the output layer's row chunks from a ShardSource.
-#include "daemon/chunked_softmax.hpp"
+#include "daemon/models/chunked_softmax.hpp"
 
 #include <algorithm>
 #include <cstdint>

@@ -1,6 +1,6 @@
 // Checkpoint files: LibTorch pickles (torch.load-able dicts) plus a JSON manifest; atomic by
 // directory rename. See checkpoint.hpp for the layout and protocol.
-#include "daemon/checkpoint.hpp"
+#include "daemon/state/checkpoint.hpp"
 
 #include <torch/serialize.h>
 

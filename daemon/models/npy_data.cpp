@@ -13,8 +13,8 @@
 #include <random>
 
 #include "common/errors.hpp"
-#include "daemon/model.hpp"
-#include "daemon/npy.hpp"
+#include "daemon/models/model.hpp"
+#include "daemon/core/npy.hpp"
 
 namespace thetad::daemon {
 namespace {

@@ -1,5 +1,5 @@
 // JSON-lines metrics writer and the JSON text helpers (escaping, finite numbers).
-#include "daemon/metrics.hpp"
+#include "daemon/core/metrics.hpp"
 
 #include <cerrno>
 #include <cmath>
