@@ -41,6 +41,7 @@
 #include "daemon/timeline.hpp"
 #include "offload/device.hpp"
 #include "offload/param_store.hpp"
+#include "offload/thread_pool.hpp"
 
 namespace thetad::daemon {
 
@@ -1036,6 +1037,7 @@ void Worker::build_store() {  // (validate refuses offload with sgd: the store s
         return groups;
       },
       MPI_COMM_WORLD);
+  offload::ThreadPool::configure(store_->cpu_threads());  // the store no longer resizes the pool itself
   for (size_t g = 1; g < group_params_.size(); ++g)
     if (model_->row_chunked(static_cast<int>(g)) && store_->units_of(static_cast<int>(g)).size() > 1 &&
         store_->slots() < 2)
