@@ -7,28 +7,11 @@
 
 #include "common/cuda_check.hpp"
 #include "common/errors.hpp"
+#include "offload/cuda_handles.hpp"
 #include "offload/device.hpp"
 
 namespace thetad::offload {
 namespace {
-
-// Move-only owner of a cudaStream_t.
-class Stream {
- public:
-  explicit Stream(int device) {
-    CUDA_CHECK(cudaSetDevice(device));
-    CUDA_CHECK(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking));
-  }
-  ~Stream() {
-    if (s_) cudaStreamDestroy(s_);
-  }
-  Stream(const Stream&) = delete;
-  Stream& operator=(const Stream&) = delete;
-  cudaStream_t get() const { return s_; }
-
- private:
-  cudaStream_t s_ = nullptr;
-};
 
 cudaEvent_t event_of(const Fence& f) { return static_cast<cudaEvent_t>(f.event.get()); }
 
@@ -103,18 +86,10 @@ class CudaDevice final : public Device {
 
  private:
   Fence record(cudaStream_t s) {
-    CUDA_CHECK(cudaSetDevice(device_));
-    cudaEvent_t ev = nullptr;
-    CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
-    // The fence owns the event: destroyed with its last copy (destroying a pending event is
-    // allowed; CUDA releases it once it completes).
-    // The last copy may go on another thread (the store's optimizer worker): on this device.
-    Fence f{std::shared_ptr<void>(ev, [dev = device_](void* e) {
-      cudaSetDevice(dev);
-      cudaEventDestroy(static_cast<cudaEvent_t>(e));
-    })};
-    CUDA_CHECK(cudaEventRecord(ev, s));
-    return f;
+    // The fence owns the event: destroyed with its last copy (see cuda_handles.hpp).
+    auto ev = std::make_shared<CudaEvent>(device_);
+    CUDA_CHECK(cudaEventRecord(ev->get(), s));
+    return Fence{std::shared_ptr<void>(ev, ev->get())};
   }
   Fence copy(cudaStream_t s, void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
              const Fence& after) {
@@ -126,8 +101,8 @@ class CudaDevice final : public Device {
 
   int device_;
   cudaStream_t compute_;
-  Stream h2d_;
-  Stream d2h_;
+  CudaStream h2d_;
+  CudaStream d2h_;
 };
 
 }  // namespace

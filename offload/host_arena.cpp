@@ -16,21 +16,14 @@
 #include <string>
 #include <thread>
 
+#include "comm/bootstrap.hpp"
+#include "comm/control_plane.hpp"
+#include "comm/mpi/mpi_communicator.hpp"
 #include "common/errors.hpp"
 #include "common/log.hpp"
 #include "offload/device.hpp"
-
-#define THETAD_MPI_CHECK(call, ErrorType)                                                     \
-  do {                                                                                        \
-    const int thetad_rc_ = (call);                                                            \
-    if (thetad_rc_ != MPI_SUCCESS) {                                                          \
-      char thetad_msg_[MPI_MAX_ERROR_STRING];                                                 \
-      int thetad_len_ = 0;                                                                    \
-      MPI_Error_string(thetad_rc_, thetad_msg_, &thetad_len_);                                \
-      throw ErrorType(::thetad::detail::concat(__FILE__, ":", __LINE__, ": MPI error in ",    \
-                                               #call, ": ", std::string(thetad_msg_, thetad_len_))); \
-    }                                                                                         \
-  } while (0)
+#include "offload/thread_pool.hpp"
+#include "offload/util.hpp"
 
 namespace thetad::offload {
 namespace {
@@ -41,8 +34,6 @@ static_assert(std::atomic<uint64_t>::is_always_lock_free,
 constexpr size_t kPage = 4096;
 
 size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
-
-double mib(size_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); }
 
 // MemAvailable from /proc/meminfo in bytes; 0 when unknown.
 uint64_t mem_available_bytes() {
@@ -57,28 +48,10 @@ uint64_t mem_available_bytes() {
   return 0;
 }
 
-// Runs fn(i) for i in [0, n) on up to `threads` threads; the first exception is rethrown after
-// all have finished.
-template <typename F>
-void parallel_over(size_t n, size_t threads, F fn) {
-  std::atomic<size_t> next{0};
-  std::mutex mu;
-  std::exception_ptr error;
-  auto work = [&] {
-    for (size_t i; (i = next.fetch_add(1)) < n;) {
-      try {
-        fn(i);
-      } catch (...) {
-        std::lock_guard<std::mutex> lk(mu);
-        if (!error) error = std::current_exception();
-      }
-    }
-  };
-  std::vector<std::thread> pool;
-  for (size_t t = 1; t < std::min(threads, n); ++t) pool.emplace_back(work);
-  work();
-  for (auto& t : pool) t.join();
-  if (error) std::rethrow_exception(error);
+// Runs fn(i) for i in [0, n) on up to `threads` threads (a pool of its own: the arena's loops
+// run at startup and shutdown, not on the CPU Adam pool); the first exception is rethrown.
+void parallel_over(size_t n, size_t threads, const std::function<void(size_t)>& fn) {
+  ThreadPool(std::max<size_t>(1, std::min(threads, n))).parallel_for(n, fn);
 }
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -94,7 +67,7 @@ size_t HostArena::required_bytes(const std::vector<ArenaEntry>& entries) {
 }
 
 HostArena::HostArena(MPI_Comm comm, std::vector<ArenaEntry> entries, size_t host_limit_bytes,
-                     Device* pinner)
+                     Device* pinner, std::chrono::milliseconds timeout)
     : entries_(std::move(entries)), pinner_(pinner) {
   // Layout: one cache line per sequence number (no false sharing between owners), then each
   // group's params | m | v | grad, every buffer 64-byte aligned and every group page-aligned:
@@ -113,19 +86,21 @@ HostArena::HostArena(MPI_Comm comm, std::vector<ArenaEntry> entries, size_t host
   }
   total_ = round_up(off, kPage);
 
-  THETAD_MPI_CHECK(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node_),
-                   InternalError);
-  MPI_Comm_set_errhandler(node_, MPI_ERRORS_RETURN);
-  MPI_Comm_rank(node_, &local_rank_);
-  MPI_Comm_size(node_, &local_size_);
+  MPI_CHECK(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node_));
+  MPI_CHECK(MPI_Comm_set_errhandler(node_, MPI_ERRORS_RETURN));
+  MPI_CHECK(MPI_Comm_rank(node_, &local_rank_));
+  MPI_CHECK(MPI_Comm_size(node_, &local_size_));
+  // The host's agreements and barriers, each bounded by the timeout (a private duplicate of node_).
+  plane_ = std::make_unique<comm::ControlPlane>(std::make_shared<comm::MpiCommunicator>(node_), timeout);
 
   // One reading of MemAvailable, taken by local rank 0, so all ranks decide alike.
-  unsigned long long avail = local_rank_ == 0 ? mem_available_bytes() : 0;
-  MPI_Bcast(&avail, 1, MPI_UNSIGNED_LONG_LONG, 0, node_);
+  const auto avail = static_cast<uint64_t>(plane_->broadcast(
+      local_rank_ == 0 ? static_cast<int64_t>(mem_available_bytes()) : 0, 0,
+      {"host arena: the reading of MemAvailable"}));
   const bool over_limit = host_limit_bytes > 0 && total_ > host_limit_bytes;
   const bool over_mem = avail > 0 && total_ > avail;
   if (over_limit || over_mem) {
-    MPI_Comm_free(&node_);
+    release_node();
     std::ostringstream os;
     os << std::fixed << std::setprecision(1);
     os << "offload: the host arena needs " << mib(total_) << " MiB (" << entries_.size()
@@ -147,7 +122,7 @@ HostArena::HostArena(MPI_Comm comm, std::vector<ArenaEntry> entries, size_t host
   const int rc = MPI_Win_allocate_shared(static_cast<MPI_Aint>(local_alloc_), 1, MPI_INFO_NULL,
                                          node_, &mine, &win_);
   if (rc != MPI_SUCCESS) {
-    MPI_Comm_free(&node_);
+    release_node();
     throw ConfigError(detail::concat("offload: cannot allocate the ", mib(total_),
                                      " MiB host arena as an MPI shared window; offload fewer "
                                      "groups or lower offload.host_limit_mb"));
@@ -155,7 +130,7 @@ HostArena::HostArena(MPI_Comm comm, std::vector<ArenaEntry> entries, size_t host
   MPI_Aint size0 = 0;
   int disp = 1;
   void* base0 = nullptr;
-  THETAD_MPI_CHECK(MPI_Win_shared_query(win_, 0, &size0, &disp, &base0), InternalError);
+  MPI_CHECK(MPI_Win_shared_query(win_, 0, &size0, &disp, &base0));
   const auto addr = reinterpret_cast<uintptr_t>(base0);
   base_ = reinterpret_cast<char*>(round_up(addr, kPage));
 
@@ -201,7 +176,7 @@ HostArena::HostArena(MPI_Comm comm, std::vector<ArenaEntry> entries, size_t host
       for (size_t off = lo; off < to; off += kPage)
         base_[off] = 0;  // a fresh window reads as zeros: writing one keeps it so
     });
-    MPI_Barrier(node_);
+    node_barrier("host arena: pages faulted in");
     touch_s = seconds_since(t0);
     const auto t1 = std::chrono::steady_clock::now();
     std::vector<char*> done(chunks.size(), nullptr);
@@ -218,18 +193,16 @@ HostArena::HostArena(MPI_Comm comm, std::vector<ArenaEntry> entries, size_t host
       if (p) pinned_chunks_.push_back(p);
     pin_s = seconds_since(t1);
   }
-  int all_ok = 1;
-  MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, node_);
-  if (!all_ok) {
+  if (!plane_->all_ok(ok, {"host arena: the pinning agreement"})) {
     for (void* p : pinned_chunks_) pinner_->unpin_host(p);
     pinned_chunks_.clear();
-    MPI_Win_free(&win_);
-    MPI_Comm_free(&node_);
+    release_window();
+    release_node();
     throw ConfigError(pin_error.empty() ? "offload: another rank of this host could not pin the "
                                           "host arena"
                                         : pin_error);
   }
-  MPI_Barrier(node_);  // sequence numbers are constructed before anyone reads them
+  node_barrier("host arena: sequence numbers constructed");  // before anyone reads them
   THETAD_LOG(info, "offload") << "host arena: " << mib(total_) << " MiB for " << entries_.size()
                               << " groups shared by " << local_size_ << " local ranks"
                               << (pinned() ? ", pinned" : ", not pinned") << std::fixed
@@ -246,6 +219,7 @@ void HostArena::abandon_on_destruction() { g_abandoned.store(true); }
 HostArena::~HostArena() {
   if (g_abandoned.load()) {
     THETAD_LOG(warn, "offload") << "host arena left to the process's exit (the job is aborting)";
+    (void)plane_.release();  // its communicator too: freeing it may wait for failed ranks
     return;
   }
   if (!pinned_chunks_.empty()) {
@@ -257,8 +231,23 @@ HostArena::~HostArena() {
     }
     THETAD_LOG(info, "offload") << "host arena unpinned in " << seconds_since(t0) << " s";
   }
-  if (win_ != MPI_WIN_NULL) MPI_Win_free(&win_);
-  if (node_ != MPI_COMM_NULL) MPI_Comm_free(&node_);
+  release_window();
+  release_node();
+}
+
+void HostArena::release_window() noexcept {
+  if (win_ == MPI_WIN_NULL) return;
+  const int rc = MPI_Win_free(&win_);
+  if (rc != MPI_SUCCESS) THETAD_LOG(warn, "offload") << "MPI_Win_free of the host arena failed (code " << rc << ")";
+  win_ = MPI_WIN_NULL;
+}
+
+void HostArena::release_node() noexcept {
+  plane_.reset();
+  if (node_ == MPI_COMM_NULL) return;
+  const int rc = MPI_Comm_free(&node_);
+  if (rc != MPI_SUCCESS) THETAD_LOG(warn, "offload") << "MPI_Comm_free of the node communicator failed (code " << rc << ")";
+  node_ = MPI_COMM_NULL;
 }
 
 float* HostArena::ptr(size_t i, int which) const {
@@ -277,28 +266,22 @@ bool HostArena::seq_reached(size_t i, uint64_t expected) const {
 
 void HostArena::wait_seq(size_t i, uint64_t expected, double timeout_s,
                          const std::function<void()>& poll) const {
-  if (seq_reached(i, expected)) return;
-  const auto start = std::chrono::steady_clock::now();
-  for (int spin = 0;; ++spin) {
-    if (seq_reached(i, expected)) return;
-    // Updates take milliseconds: spin briefly, then yield, then sleep, to leave the cores to
-    // the owner's optimizer threads.
-    if (spin < 64) {
-      std::this_thread::yield();
-      continue;
-    }
-    std::this_thread::sleep_for(std::chrono::microseconds(50));
-    if (poll) poll();
-    const double waited =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    if (timeout_s > 0 && waited > timeout_s)
-      throw TimeoutError(detail::concat(
-          "offload: waited ", waited, " s for group ", entries_[i].group, " to reach update ",
-          expected, " (at ", seq(i).load(), "); its owner, local rank ", owner(i),
-          ", did not finish its optimizer step"));
-  }
+  // Updates take milliseconds: the wait backs off to leave the cores to the owner's threads.
+  wait_until([&] { return seq_reached(i, expected); }, timeout_s,
+             [&] {
+               return detail::concat("group ", entries_[i].group, " to reach update ", expected,
+                                     " (at ", seq(i).load(), "); its owner, local rank ", owner(i),
+                                     ", did not finish its optimizer step");
+             },
+             poll);
 }
 
-void HostArena::node_barrier() const { THETAD_MPI_CHECK(MPI_Barrier(node_), CommError); }
+// Full fences on both sides: memory written before it on one rank of the host is seen after it
+// on the others.
+void HostArena::node_barrier(const std::string& what) const {
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  plane_->barrier({what});
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+}
 
 }  // namespace thetad::offload

@@ -21,10 +21,19 @@
 #include <mpi.h>
 
 #include <atomic>
-#include <functional>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
 #include <vector>
+
+#include "comm/communicator.hpp"
+
+namespace thetad::comm {
+class ControlPlane;
+}  // namespace thetad::comm
 
 namespace thetad::offload {
 
@@ -41,9 +50,10 @@ class HostArena {
   static constexpr size_t kPinChunkBytes = size_t{1} << 30;
 
   // Throws ConfigError when the arena exceeds host_limit_bytes (> 0) or the host's
-  // MemAvailable, or cannot be allocated or pinned. pinner may be null (no pinning).
+  // MemAvailable, or cannot be allocated or pinned. pinner may be null (no pinning). Every
+  // agreement and barrier of the host's ranks is bounded by `timeout` (TimeoutError naming it).
   HostArena(MPI_Comm comm, std::vector<ArenaEntry> entries, size_t host_limit_bytes,
-            Device* pinner);
+            Device* pinner, std::chrono::milliseconds timeout = comm::kDefaultTimeout);
   ~HostArena();
   HostArena(const HostArena&) = delete;
   HostArena& operator=(const HostArena&) = delete;
@@ -79,7 +89,9 @@ class HostArena {
   MPI_Comm node_comm() const { return node_; }
   int local_rank() const { return local_rank_; }
   int local_size() const { return local_size_; }
-  void node_barrier() const;
+  // A barrier of the host's ranks with full memory fences on both sides (writes before it on
+  // one rank are seen after it on the others); `what` names it in a TimeoutError.
+  void node_barrier(const std::string& what) const;
 
   // Size of the shared segment (one per host): host_pinned_bytes.
   size_t bytes() const { return total_; }
@@ -91,6 +103,8 @@ class HostArena {
 
  private:
   float* ptr(size_t i, int which) const;
+  void release_window() noexcept;  // collective MPI_Win_free
+  void release_node() noexcept;    // the plane, then node_
 
   std::vector<ArenaEntry> entries_;
   std::vector<size_t> offset_;  // per entry: start of its 4 buffers
@@ -99,6 +113,7 @@ class HostArena {
   size_t total_ = 0;
   size_t local_alloc_ = 0;
   MPI_Comm node_ = MPI_COMM_NULL;
+  std::unique_ptr<comm::ControlPlane> plane_;  // over a duplicate of node_
   MPI_Win win_ = MPI_WIN_NULL;
   int local_rank_ = 0;
   int local_size_ = 1;

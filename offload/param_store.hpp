@@ -23,28 +23,27 @@
 
 #include <mpi.h>
 
-#include <condition_variable>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
-#include <deque>
-#include <exception>
 #include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
-#include <thread>
-#include <unordered_map>
 #include <vector>
 
+#include "comm/communicator.hpp"
 #include "offload/cpu_adam.hpp"
 #include "offload/device.hpp"
 #include "offload/host_arena.hpp"
 #include "offload/slot_cache.hpp"
+#include "offload/store_plan.hpp"
+#include "offload/update_queue.hpp"
 
 namespace thetad::offload {
 
 struct StoreOptions {
-  static constexpr double kDefaultTimeoutS = 300.0;
+  static constexpr double kDefaultTimeoutS = std::chrono::duration<double>(comm::kDefaultTimeout).count();
 
   int64_t device_slots = 4;        // slots of the device cache (used when the budget is 0)
   size_t device_budget_bytes = 0;  // > 0: as many slots of the largest unit as fit in this
@@ -53,31 +52,10 @@ struct StoreOptions {
   size_t host_limit_bytes = 0;     // > 0: refuse a host arena larger than this
   bool async_step = true;          // owner's CPU Adam on a worker thread, overlapping forward
   int64_t cpu_threads = 0;         // CPU Adam threads (0 = ThreadPool::default_threads)
-  double timeout_s = kDefaultTimeoutS;  // waits for another rank's update (TimeoutError)
+  // Every blocking wait of the store and its arena: another rank's update, this rank's queued
+  // steps, the host's agreements and barriers (TimeoutError naming what it waited for).
+  double timeout_s = kDefaultTimeoutS;
 };
-
-// An offloaded group: a [rows x row_elems] fp32 matrix (a flat vector: rows = numel,
-// row_elems = 1). Group ids are >= 1.
-struct GroupShape {
-  int group = 1;
-  size_t rows = 0;
-  size_t row_elems = 1;
-};
-
-// A unit of swapping: a whole group, or a row shard of it.
-struct UnitInfo {
-  int group = 0;
-  int shard = 0;          // 0-based shard index within the group
-  size_t row_begin = 0;   // first row of the shard
-  size_t rows = 0;
-  size_t row_elems = 1;
-  size_t numel = 0;       // rows * row_elems
-  size_t offset = 0;      // first element within the group (row_begin * row_elems)
-};
-
-// The row shards (first row, rows) a [rows x row_elems] group splits into with shard_bytes
-// (0 = no sharding): the store's units of that group, in order.
-std::vector<std::pair<size_t, size_t>> row_shards(size_t rows, size_t row_elems, size_t shard_bytes);
 
 struct StoreStats {
   uint64_t h2d_bytes = 0;
@@ -108,12 +86,16 @@ class ParamStore {
   ParamStore(const ParamStore&) = delete;
   ParamStore& operator=(const ParamStore&) = delete;
 
-  int num_units() const { return static_cast<int>(units_.size()); }
-  const UnitInfo& unit(int u) const { return units_[static_cast<size_t>(u)]; }
+  int num_units() const { return static_cast<int>(plan_.units.size()); }
+  const UnitInfo& unit(int u) const { return plan_.units[static_cast<size_t>(u)]; }
   const std::vector<int>& units_of(int group) const;
   int64_t slots() const { return cache_.slots(); }
-  size_t slot_bytes() const { return slot_bytes_; }
+  size_t slot_bytes() const { return plan_.slot_bytes; }
   const HostArena& arena() const { return *arena_; }
+  // The CPU Adam threads this rank should run (offload.cpu_threads, else a share of the host's
+  // CPUs among its ranks). The store does not resize the process-wide pool itself: the caller
+  // does, once, e.g. ThreadPool::configure(store.cpu_threads()).
+  size_t cpu_threads() const { return cpu_threads_; }
 
   // Startup, collective over the host's ranks: each group's owner calls fill(group, dst) to
   // write the group's initial values straight into the arena (groups in parallel on the CPU
@@ -159,7 +141,7 @@ class ParamStore {
   // Every rank, for every globally active group: counts the update; the owner runs adam_step
   // on the arena once its gradient copies have landed (on the worker thread when async_step).
   void step_group(int group, const AdamHyper& hyper);
-  // Waits until this rank's queued optimizer steps are done.
+  // Waits until this rank's queued optimizer steps are done (TimeoutError after timeout_s).
   void wait_idle();
 
   // Checkpoints: copy out the group's current values (null pointers are skipped).
@@ -173,35 +155,24 @@ class ParamStore {
   StoreStats stats() const;
 
  private:
-  struct Job {
-    size_t gi;
-    AdamHyper hyper;
-    std::vector<Fence> grads;
-    uint64_t target;
-  };
   static constexpr uint64_t kNoCopy = UINT64_MAX;
 
-  size_t index_of(int group) const;
+  size_t index_of(int group) const { return plan_.index.entry_of(group); }
   const std::vector<int>& needed_at(int64_t step);
   int64_t next_use(int unit);
   void begin_step(int64_t step);
   void copy_in(int unit, int slot);
-  void run_job(Job& job);
-  void worker_loop();
-  void rethrow_worker_error();
-  void wait_update(size_t gi);
+  void alloc_slots(MPI_Comm comm);
   void write_common(int group, const float* params, const float* exp_avg, const float* exp_avg_sq);
+  void push(size_t gi, size_t offset, const float* src, size_t numel, const Fence& after);
 
   StoreOptions opts_;
   Device& device_;
   Schedule schedule_;
-  void fenced_node_barrier();
-  std::vector<GroupShape> groups_;
-  std::unordered_map<int, size_t> index_;       // group id -> arena entry
-  std::vector<UnitInfo> units_;
-  std::vector<std::vector<int>> group_units_;   // per entry
-  size_t slot_bytes_ = 0;
+  StorePlan plan_;
+  size_t cpu_threads_ = 1;
   std::unique_ptr<HostArena> arena_;
+  std::unique_ptr<UpdateQueue> updates_;  // the owner's CPU steps (before arena_ goes)
   SlotCache cache_;
   std::vector<void*> slot_mem_;
   std::vector<Fence> slot_free_;    // per slot: compute done with its previous contents
@@ -213,20 +184,11 @@ class ParamStore {
   std::vector<std::vector<Fence>> grad_fences_;  // per entry (owner): pending D2H copies
   Fence last_push_;                              // the latest of them (one in-order stream)
   Fence last_d2h_;                               // the latest D2H ever (the destructor waits)
-  void push(size_t gi, size_t offset, const float* src, size_t numel, const Fence& after);
   std::map<int64_t, std::vector<int>> schedule_cache_;
   int64_t now_ = -1;
 
   mutable std::mutex stats_mu_;
   StoreStats stats_;
-
-  std::mutex q_mu_;
-  std::condition_variable q_cv_, q_idle_;
-  std::deque<Job> queue_;
-  bool q_busy_ = false;
-  bool q_stop_ = false;
-  std::exception_ptr worker_error_;
-  std::thread worker_;
 };
 
 }  // namespace thetad::offload

@@ -38,9 +38,11 @@
 #include "common/log.hpp"
 #include "offload/device.hpp"
 #include "offload/param_store.hpp"
+#include "offload/thread_pool.hpp"
 
 #if THETAD_WITH_CUDA
 #include "common/cuda_check.hpp"
+#include "offload/cuda_handles.hpp"
 #endif
 
 namespace {
@@ -108,6 +110,7 @@ Floor measure_floor(const Args& a, const thetad::comm::WorldInfo& world, thetad:
   thetad::offload::ParamStore store(so, shapes, device, [group_of, rank](int64_t s) {
     return std::vector<int>{group_of(s, rank)};
   });
+  thetad::offload::ThreadPool::configure(store.cpu_threads());  // as the daemon does
   store.init_all([numel](int, float* dst) { std::fill(dst, dst + numel, 0.5f); });
   // This rank's "reduced gradient" in device memory, pushed for every group it owns.
   auto* grad = static_cast<float*>(device.alloc(numel * sizeof(float)));
@@ -188,8 +191,8 @@ int main(int argc, char** argv) {
     CUDA_CHECK(cudaGetDeviceCount(&ngpu));
     const int dev = world.local_rank % ngpu;
     CUDA_CHECK(cudaSetDevice(dev));
-    cudaStream_t compute = nullptr;
-    CUDA_CHECK(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking));
+    const thetad::offload::CudaStream compute_stream(dev);
+    const cudaStream_t compute = compute_stream.get();
     const size_t numel = static_cast<size_t>(a.group_mb * (1 << 20)) / sizeof(float);
     const size_t bytes = numel * sizeof(float);
     using Clock = std::chrono::steady_clock;
@@ -210,6 +213,7 @@ int main(int argc, char** argv) {
       thetad::offload::ParamStore store(so, shapes, *device, [G](int64_t s) {
         return std::vector<int>{static_cast<int>(s % G) + 1};
       });
+      thetad::offload::ThreadPool::configure(store.cpu_threads());
       store.init_all([numel](int, float* dst) { std::fill(dst, dst + numel, 0.5f); });
       for (int s = 0; s < a.warmup + a.iters; ++s) {
         const int unit = store.units_of(s % G + 1).at(0);

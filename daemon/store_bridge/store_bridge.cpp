@@ -12,6 +12,7 @@
 #include "common/log.hpp"
 #include "daemon/core/job_options.hpp"
 #include "daemon/store_bridge/store_chunks.hpp"
+#include "offload/thread_pool.hpp"
 
 namespace thetad::daemon {
 namespace {
@@ -110,6 +111,7 @@ void StoreBridge::build(comm::Engine& engine, const Schedule& schedule, int rank
         return groups;
       },
       MPI_COMM_WORLD);
+  offload::ThreadPool::configure(store_->cpu_threads());  // the owner's CPU AdamW threads (offload.cpu_threads)
   for (int g = 1; g < groups_.num_groups(); ++g)
     if (model_.row_chunked(g) && store_->units_of(g).size() > 1 && store_->slots() < 2)
       throw ConfigError(job_.source + ": offload.device_slots: row-sharded groups stream two shards at a "

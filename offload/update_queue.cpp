@@ -1,0 +1,130 @@
+// The owner's queue of CPU optimizer updates (see update_queue.hpp).
+#include "offload/update_queue.hpp"
+
+#include <chrono>
+#include <cmath>
+
+#include "common/clip.hpp"
+#include "common/errors.hpp"
+#include "offload/util.hpp"
+
+namespace thetad::offload {
+
+UpdateQueue::UpdateQueue(HostArena& arena, Device& device, bool async, double timeout_s)
+    : arena_(arena), device_(device), timeout_s_(timeout_s) {
+  if (async) worker_ = std::thread([this] { worker_loop(); });
+}
+
+UpdateQueue::~UpdateQueue() {
+  if (!worker_.joinable()) return;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  worker_.join();
+}
+
+void UpdateQueue::submit(size_t entry, const AdamHyper& hyper, std::vector<Fence> grads, uint64_t target) {
+  Job job{entry, hyper, std::move(grads), target};
+  if (!worker_.joinable()) {
+    run(job);
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    queue_.push_back(std::move(job));
+  }
+  cv_.notify_one();
+}
+
+void UpdateQueue::run(Job& job) {
+  for (const Fence& f : job.grads) device_.host_wait(f);
+  const size_t gi = job.entry;
+  const uint64_t before = arena_.seq(gi).load(std::memory_order_acquire);
+  THETAD_CHECK_EQ(before + 1, job.target, "offload: group updates out of order");
+  const auto t0 = std::chrono::steady_clock::now();
+  AdamHyper h = job.hyper;
+  if (h.clip_norm > 0) {  // the reduced gradient is here whole: clip by its norm
+    const double norm = std::sqrt(sum_squares(arena_.grad(gi), arena_.entry(gi).numel));
+    h.grad_scale = clip_factor(norm, h.clip_norm);
+  }
+  adam_step(arena_.params(gi), arena_.grad(gi), arena_.exp_avg(gi), arena_.exp_avg_sq(gi),
+            arena_.entry(gi).numel, h);
+  const double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  arena_.publish(gi);
+  std::lock_guard<std::mutex> lk(mu_);
+  cpu_adam_ms_ += ms;
+  steps_ += 1;
+}
+
+void UpdateQueue::worker_loop() {
+  for (;;) {
+    Job job;
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      cv_.wait(lk, [this] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stop requested and nothing left
+      job = std::move(queue_.front());
+      queue_.pop_front();
+      busy_ = true;
+    }
+    try {
+      run(job);
+    } catch (...) {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (!error_) error_ = std::current_exception();
+    }
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      busy_ = false;
+    }
+    idle_.notify_all();
+  }
+}
+
+// Where this rank is the owner, a failure of its own worker ends the wait with that error (not
+// with a timeout).
+void UpdateQueue::wait_update(size_t entry, uint64_t expected) {
+  const bool mine = arena_.is_owner(entry);
+  arena_.wait_seq(entry, expected, timeout_s_, [this, mine] {
+    if (mine) rethrow_error();
+  });
+}
+
+void UpdateQueue::rethrow_error() {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (error_) std::rethrow_exception(error_);
+}
+
+void UpdateQueue::wait_idle() {
+  if (worker_.joinable()) {
+    std::unique_lock<std::mutex> lk(mu_);
+    const auto settled = [this] { return (queue_.empty() && !busy_) || error_; };
+    if (timeout_s_ > 0) {
+      const auto start = std::chrono::steady_clock::now();
+      if (!idle_.wait_for(lk, std::chrono::duration<double>(timeout_s_), settled))
+        throw TimeoutError(::thetad::detail::concat(
+            "offload: waited ",
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+            " s for this rank's queued optimizer steps (", queue_.size() + (busy_ ? 1 : 0),
+            " not done); its optimizer thread is stuck"));
+    } else {
+      idle_.wait(lk, settled);
+    }
+  }
+  rethrow_error();
+}
+
+double UpdateQueue::cpu_adam_ms() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return cpu_adam_ms_;
+}
+
+uint64_t UpdateQueue::steps() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return steps_;
+}
+
+}  // namespace thetad::offload
