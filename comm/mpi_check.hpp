@@ -13,16 +13,11 @@ void log_mpi_error(int code, const char* file, int line, const char* call) noexc
 }  // namespace thetad::comm
 
 // 0 is MPI_SUCCESS by the standard; comparing with it keeps mpi.h out of this header.
-#define MPI_CHECK(call)                                                           \
-  do {                                                                            \
-    const int thetad_mpi_rc_ = (call);                                            \
-    if (thetad_mpi_rc_ != 0)                                                      \
-      ::thetad::comm::throw_mpi_error(thetad_mpi_rc_, __FILE__, __LINE__, #call); \
+#define THETAD_MPI_CHECK_WITH_(call, on_error)                                      \
+  do {                                                                              \
+    const int thetad_mpi_rc_ = (call);                                              \
+    if (thetad_mpi_rc_ != 0) on_error(thetad_mpi_rc_, __FILE__, __LINE__, #call);   \
   } while (0)
 
-#define MPI_CHECK_NOTHROW(call)                                                 \
-  do {                                                                          \
-    const int thetad_mpi_rc_ = (call);                                          \
-    if (thetad_mpi_rc_ != 0)                                                    \
-      ::thetad::comm::log_mpi_error(thetad_mpi_rc_, __FILE__, __LINE__, #call); \
-  } while (0)
+#define MPI_CHECK(call) THETAD_MPI_CHECK_WITH_(call, ::thetad::comm::throw_mpi_error)
+#define MPI_CHECK_NOTHROW(call) THETAD_MPI_CHECK_WITH_(call, ::thetad::comm::log_mpi_error)

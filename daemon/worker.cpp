@@ -410,11 +410,10 @@ void Worker::build() {
       on_bucket_launch(b, contributors, w, data);
     };
   if (offload) {  // θ[t]'s gradient buffers follow the active groups, not T
-    eopts.pooled.assign(num_groups, 1);
-    eopts.pooled[0] = 0;
+    eopts.grad_memory.assign(num_groups, comm::GradMemory::pooled);
+    eopts.grad_memory[0] = comm::GradMemory::owned;
     for (int g = 1; g < num_groups; ++g)
-      if (streamed_[g]) eopts.pooled[g] = 0;
-    eopts.streamed = streamed_;
+      if (streamed_[g]) eopts.grad_memory[g] = comm::GradMemory::streamed;
     eopts.scratch = [this](size_t bytes) {
 #if THETAD_TORCH_CUDA
       std::optional<c10::cuda::CUDAStreamGuard> on_compute;  // the stream the allreduce waits for
@@ -432,7 +431,9 @@ void Worker::build() {
   overwrite_.assign(num_groups, 0);
   for (int g = 0; g < num_groups; ++g)
     overwrite_[g] = !(offload && g > 0) && !model_->row_chunked(g);
-  eopts.overwrite = overwrite_;
+  eopts.grad_memory.resize(num_groups, comm::GradMemory::owned);
+  for (int g = 0; g < num_groups; ++g)
+    if (overwrite_[g]) eopts.grad_memory[g] = comm::GradMemory::overwrite;
   engine_ = std::make_unique<comm::Engine>(comm_, std::move(plan), eopts);
 
   group_steps_.assign(num_groups, 0);

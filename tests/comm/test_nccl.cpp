@@ -83,11 +83,11 @@ TEST(Nccl, EngineMatchesReference) {
       o.prune = prune;
       o.average = avg;
       o.timeout = 60s;
-      if (overwrite) o.overwrite.assign(model_plan().num_groups, 1);  // gradients copied in
+      if (overwrite) o.grad_memory.assign(model_plan().num_groups, GradMemory::overwrite);  // gradients copied in
       // With overwrite, single-contributor buckets also go as broadcasts (root scales first).
       o.broadcast_min_ranks = overwrite ? 2 : 0;
       Engine engine(comm, model_plan(), o);
-      RunResult r = run_engine(engine, device_memory(), 20, 1, o.overwrite);
+      RunResult r = run_engine(engine, device_memory(), 20, 1, o.grad_memory);
       // PreMulSum multiplies by 1/divisor before summing: equal within float32 rounding.
       expect_matches_reference(r, model_plan(), world, 1, o, 1e-6);
     }
