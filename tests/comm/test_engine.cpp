@@ -323,6 +323,20 @@ TEST(Engine, PooledGroupsMatchFixedBuffersBitwise) {
   }
 }
 
+// The per-group modes are checked against the plan: a caller's bug, so InternalError (exit 1).
+TEST(Engine, GradMemoryNeedsOneModePerGroup) {
+  const BucketPlan plan = model_plan();
+  EngineOptions o = options(true, Average::contributors);
+  o.grad_memory.assign(static_cast<size_t>(plan.num_groups) + 1, GradMemory::owned);
+  try {
+    Engine engine(make_mpi_communicator(), plan, o);
+    FAIL() << "no error";
+  } catch (const thetad::InternalError& e) {
+    EXPECT_NE(std::string(e.what()).find("one mode per group"), std::string::npos) << e.what();
+    EXPECT_EQ(e.exit_code(), thetad::kExitOther);
+  }
+}
+
 // Streamed groups (the row shards of offloaded output layers): each task parameter sits in a
 // bucket of its own and is handed over in memory the caller owns; the engine reduces it there,
 // on_launch sees the reduced values, zero-filled buckets use scratch, and every handed-over
