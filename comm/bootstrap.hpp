@@ -1,12 +1,14 @@
-// Process bootstrap over MPI: MPI init/finalize, who we are (rank, local rank for the GPU),
-// communicator factories and the job-wide abort (agreements among ranks: control_plane.hpp).
-// MPI_CHECK turns MPI return codes into CommError.
+// Process bootstrap over MPI: MPI init/finalize, who we are (rank, local rank for the GPU) and
+// the job-wide abort (agreements among ranks: control_plane.hpp). Includes the communicator
+// factories (backends.hpp) and MPI_CHECK (mpi_check.hpp) for its callers.
 #pragma once
 
 #include <memory>
 #include <string>
 
+#include "comm/backends.hpp"
 #include "comm/communicator.hpp"
+#include "comm/mpi_check.hpp"
 
 namespace thetad::comm {
 
@@ -32,28 +34,8 @@ struct WorldInfo {
 };
 WorldInfo world_info();
 
-// A host-memory communicator over a duplicate of MPI_COMM_WORLD. Collective over world.
-std::shared_ptr<Communicator> make_mpi_communicator();
-
-#if THETAD_WITH_CUDA
-// An NCCL communicator on `device` over all ranks of world; rank 0's unique id travels by
-// MPI_Bcast. Collective over world.
-std::shared_ptr<Communicator> make_nccl_communicator(int device);
-#endif
-
 // Ends every process of the job with `exit_code` (MPI_Abort on world). For fatal communication
 // failures, where MPI_Finalize could hang on a dead or stalled peer.
 [[noreturn]] void abort_job(int exit_code);
 
-// Builds "MPI error in file:line: <MPI_Error_string> (call)" and throws CommError.
-[[noreturn]] void throw_mpi_error(int code, const char* file, int line, const char* call);
-
 }  // namespace thetad::comm
-
-// 0 is MPI_SUCCESS by the standard; comparing with it keeps mpi.h out of this header.
-#define MPI_CHECK(call)                                                     \
-  do {                                                                      \
-    const int thetad_mpi_rc_ = (call);                                      \
-    if (thetad_mpi_rc_ != 0)                                                \
-      ::thetad::comm::throw_mpi_error(thetad_mpi_rc_, __FILE__, __LINE__, #call); \
-  } while (0)

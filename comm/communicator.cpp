@@ -1,5 +1,6 @@
 // Backend-independent parts of the Communicator interface: dtype helpers, the names collectives
-// carry in errors and timelines, and the host-memory defaults of the copy helpers.
+// carry in errors and timelines (with their sequence numbers), the timeout message every backend
+// uses, and the host-memory defaults of the copy helpers.
 #include "comm/communicator.hpp"
 
 #include <cstring>
@@ -34,6 +35,31 @@ std::string CollectiveTag::describe() const {
   os << (what.empty() ? "collective" : what);
   if (bucket >= 0) os << " of bucket " << bucket;
   if (step >= 0) os << " at step " << step;
+  return os.str();
+}
+
+CollectiveTag named(CollectiveTag tag, const char* op) {
+  if (tag.what.empty() || tag.what == "collective") tag.what = op;
+  return tag;
+}
+
+std::string describe_collective(uint64_t sequence, const CollectiveTag& tag) {
+  if (sequence == 0) return tag.describe();
+  std::ostringstream os;
+  os << "collective #" << sequence << " (" << tag.describe() << ")";
+  return os.str();
+}
+
+std::string timeout_message(uint64_t sequence, const CollectiveTag& tag, std::chrono::milliseconds timeout) {
+  return describe_collective(sequence, tag) + " did not finish within " + format_seconds(timeout);
+}
+
+std::string format_seconds(std::chrono::milliseconds ms) {
+  std::ostringstream os;
+  if (ms.count() % 1000 == 0)
+    os << ms.count() / 1000 << " s";
+  else
+    os << static_cast<double>(ms.count()) / 1000.0 << " s";
   return os.str();
 }
 

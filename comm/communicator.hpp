@@ -6,6 +6,7 @@
 //   work->wait(comm.default_timeout());   // rethrows the collective's failure (CommError/TimeoutError)
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -27,6 +28,17 @@ struct CollectiveTag {
   std::string describe() const;
 };
 
+// `tag` named `op` ("allreduce", "barrier") when its caller gave it no name of its own.
+CollectiveTag named(CollectiveTag tag, const char* op);
+// "collective #12 (allreduce of bucket 3 at step 17)": a collective in errors, with the number
+// its communicator gave it (Work::sequence; 0: unnumbered, then just the tag).
+std::string describe_collective(uint64_t sequence, const CollectiveTag& tag);
+// "collective #12 (allreduce of bucket 3 at step 17) did not finish within 2 s": every backend's
+// timeout message.
+std::string timeout_message(uint64_t sequence, const CollectiveTag& tag, std::chrono::milliseconds timeout);
+// "300 s", "2 s", "0.5 s": timeouts as users wrote them.
+std::string format_seconds(std::chrono::milliseconds ms);
+
 constexpr std::chrono::milliseconds kDefaultTimeout{300'000};
 
 // An asynchronous operation. Thread-safe.
@@ -42,6 +54,9 @@ class Work {
   virtual void block_stream(void* stream, std::chrono::milliseconds timeout) { (void)stream; wait(timeout); }
   // Seconds from launch to completion, once completed (host backends), else -1.
   virtual double elapsed_ms() const { return -1.0; }
+  // Its number among its communicator's collectives, 1, 2, 3... in launch order (0: unnumbered),
+  // so that a timeout names "collective #N" and ranks' logs can be lined up.
+  virtual uint64_t sequence() const { return 0; }
 };
 using WorkPtr = std::shared_ptr<Work>;
 
@@ -102,8 +117,13 @@ class Communicator {
   virtual void copy_from_host(void* dst, const void* src, size_t bytes);
   virtual void copy_to_host(void* dst, const void* src, size_t bytes);
 
+ protected:
+  // Backends number their collectives with this as they launch them: 1, 2, 3...
+  uint64_t next_sequence() { return ++sequence_; }
+
  private:
   std::chrono::milliseconds timeout_ = kDefaultTimeout;
+  std::atomic<uint64_t> sequence_{0};
 };
 
 }  // namespace thetad::comm

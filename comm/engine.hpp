@@ -1,5 +1,5 @@
 // The pruned, bucketed allreduce engine (torch-free). It owns the flat gradient buffers (one per
-// bucket; parameters' gradients are views into them), learns before backward which groups any
+// bucket, or as GradMemory says; parameters' gradients are views into them), learns before backward which groups any
 // rank uses (an async int32 SUM of per-group flags), and during backward launches the buckets of
 // globally active groups in bucket-index order as they fill; buckets no rank used are skipped.
 //
@@ -28,33 +28,42 @@ namespace thetad::comm {
 
 enum class Average { contributors, world };
 
+// How the engine holds one group's gradient memory (EngineOptions::grad_memory, per group).
+enum class GradMemory {
+  // A buffer per bucket for the engine's lifetime; gradients accumulate into it (mark_ready
+  // after an add) and start_window zeroes the buckets that were written.
+  owned,
+  // Owned buffers, but the first mark_ready of a parameter in a window means its whole gradient
+  // region was overwritten (the caller copied the gradient in, as DDP does), not added to. Such
+  // buckets are not zeroed at start_window; at launch the engine zeroes only the regions of
+  // parameters that got no gradient in the window. That saves a memset of the bucket and the
+  // accumulate's extra read each step. The buffers of an overwrite group that no rank used in a
+  // window are not zero after finish_backward: they hold stale values (the group is not
+  // stepped; lazy semantics).
+  overwrite,
+  // Not held for the engine's lifetime: the group's buckets come from a pool of group-sized
+  // buffers bound per window to the groups in use (the offloaded θ[t]: device memory for their
+  // gradients follows the active groups, not T). grad(p) of such a group is valid for the
+  // current window only.
+  pooled,
+  // The group's buckets hold one parameter each (ParamInfo::alone) and no engine memory: the
+  // caller hands each gradient over in the window's last micro-step with mark_ready(param,
+  // data, keep), in memory of its own, and the engine reduces it there in place. `keep` is held
+  // until the bucket's work has completed (polled) or, at the latest, until finish_backward has
+  // made the wait stream (or the host) wait for it; on_launch is where the caller consumes the
+  // reduced values (e.g. a device->host copy ordered after `work`). Memory for such a group
+  // follows the buckets in flight, not the group's size: the row shards of a huge output layer.
+  // grad(p) is an error.
+  streamed,
+};
+
 struct EngineOptions {
   bool prune = true;
   Average average = Average::contributors;
   bool declared = true;  // declared mode: a gradient for a group not declared active is an error
   std::chrono::milliseconds timeout = kDefaultTimeout;
-  // Per group (empty = none): 1 = its gradient buffers are not held for the engine's lifetime
-  // but come from a pool of group-sized buffers bound per window to the groups in use (the
-  // offloaded θ[t]: device memory for their gradients follows the active groups, not T).
-  // grad(p) of such a group is valid for the current window only.
-  std::vector<uint8_t> pooled;
-  // Per group (empty = none; not with pooled): 1 = the first mark_ready of a parameter in a
-  // window means its whole gradient region was overwritten (the caller copied the gradient in,
-  // as DDP does), not added to. Such buckets are not zeroed at start_window; at launch the
-  // engine zeroes only the regions of parameters that got no gradient in the window. That
-  // saves a memset of the bucket and the accumulate's extra read each step. The buffers of an
-  // overwrite group that no rank used in a window are not zero after finish_backward: they
-  // hold stale values (the group is not stepped; lazy semantics).
-  std::vector<uint8_t> overwrite;
-  // Per group (empty = none; not with pooled or overwrite): streamed. The group's buckets hold
-  // one parameter each (ParamInfo::alone) and no engine memory: the caller hands each gradient
-  // over in the window's last micro-step with mark_ready(param, data, keep), in memory of its
-  // own, and the engine reduces it there in place. `keep` is held until the bucket's work has
-  // completed (polled) or, at the latest, until finish_backward has made the wait stream (or
-  // the host) wait for it; on_launch is where the caller consumes the reduced values (e.g. a
-  // device->host copy ordered after `work`). Memory for such a group follows the buckets in
-  // flight, not the group's size: the row shards of a huge output layer. grad(p) is an error.
-  std::vector<uint8_t> streamed;
+  // Per group: how its gradient memory is held (GradMemory); empty = all owned.
+  std::vector<GradMemory> grad_memory;
   // Zeroed memory of `bytes` for a streamed bucket that got no gradient here (a group other
   // ranks trained, or a parameter with no gradient); its result is the group's reduced values
   // like any other. Held like `keep`. Empty: the communicator's allocate + zero.
@@ -136,7 +145,7 @@ class Engine {
   // parameter without a bucket (no elements in the plan) is ignored.
   void mark_ready(int param);
   // Streamed groups: param's whole gradient is at `data` (the communicator's memory kind,
-  // plan.params[param].numel floats); `keep` owns that memory (see EngineOptions::streamed).
+  // plan.params[param].numel floats); `keep` owns that memory (see GradMemory::streamed).
   // Only after begin_sync, once per window. Waits for the count exchange if it has not landed
   // (the launch order needs it; the buffers do not pile up meanwhile).
   void mark_ready(int param, float* data, std::shared_ptr<void> keep);

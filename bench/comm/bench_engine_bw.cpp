@@ -207,7 +207,7 @@ int run_gpu(const Args& a, const thetad::comm::WorldInfo& w) {
   // A plain NCCL communicator over the same GPUs for the raw calls.
   ncclUniqueId id;
   if (w.rank == 0) NCCL_CHECK(ncclGetUniqueId(&id));
-  MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
+  MPI_CHECK(MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD));
   ncclComm_t raw = nullptr;
   NCCL_CHECK(ncclCommInitRank(&raw, w.size, id, w.rank));
   cudaStream_t stream = nullptr;

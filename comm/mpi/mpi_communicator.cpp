@@ -17,29 +17,15 @@
 #include <thread>
 #include <vector>
 
-#include "comm/bootstrap.hpp"
+#include "comm/backends.hpp"
+#include "comm/bf16.hpp"
+#include "comm/mpi_check.hpp"
 #include "comm/mpi/work.hpp"
 #include "common/errors.hpp"
 #include "common/log.hpp"
 
 namespace thetad::comm {
 namespace {
-
-float bf16_to_float(uint16_t v) {
-  uint32_t bits = static_cast<uint32_t>(v) << 16;
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-
-uint16_t float_to_bf16(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, 4);
-  if ((bits & 0x7f800000u) == 0x7f800000u && (bits & 0x007fffffu))  // NaN stays a quiet NaN
-    return static_cast<uint16_t>((bits >> 16) | 0x0040u);
-  bits += 0x7fffu + ((bits >> 16) & 1u);  // round to nearest even
-  return static_cast<uint16_t>(bits >> 16);
-}
 
 void bf16_sum_fn(void* in, void* inout, int* len, MPI_Datatype*) {
   auto* a = static_cast<const uint16_t*>(in);
@@ -72,9 +58,12 @@ int checked_count(size_t count, const CollectiveTag& tag) {
   return static_cast<int>(count);
 }
 
-CollectiveTag named(CollectiveTag tag, const char* op) {
-  if (tag.what.empty() || tag.what == "collective") tag.what = op;
-  return tag;
+// Integers divide with C++ integer division (truncation).
+template <typename T>
+void divide_int(void* buf, size_t count, double divisor) {
+  auto* p = static_cast<T*>(buf);
+  const auto d = static_cast<T>(divisor);
+  for (size_t i = 0; i < count; ++i) p[i] = static_cast<T>(p[i] / d);
 }
 
 // Divides a reduced buffer in place; runs on the progress thread once the sum has arrived.
@@ -85,30 +74,15 @@ void divide(void* buf, size_t count, DType dtype, double divisor) {
       for (size_t i = 0; i < count; ++i) p[i] = static_cast<float>(p[i] / divisor);
       break;
     }
-    case DType::i32: {
-      auto* p = static_cast<int32_t*>(buf);
-      const auto d = static_cast<int32_t>(divisor);
-      for (size_t i = 0; i < count; ++i) p[i] /= d;
-      break;
-    }
+    case DType::i32: divide_int<int32_t>(buf, count, divisor); break;
     case DType::bf16: {
       auto* p = static_cast<uint16_t*>(buf);
       for (size_t i = 0; i < count; ++i)
         p[i] = float_to_bf16(static_cast<float>(bf16_to_float(p[i]) / divisor));
       break;
     }
-    case DType::i64: {
-      auto* p = static_cast<int64_t*>(buf);
-      const auto d = static_cast<int64_t>(divisor);
-      for (size_t i = 0; i < count; ++i) p[i] /= d;
-      break;
-    }
-    case DType::u8: {
-      auto* p = static_cast<uint8_t*>(buf);
-      const auto d = static_cast<uint8_t>(divisor);
-      for (size_t i = 0; i < count; ++i) p[i] = static_cast<uint8_t>(p[i] / d);
-      break;
-    }
+    case DType::i64: divide_int<int64_t>(buf, count, divisor); break;
+    case DType::u8: divide_int<uint8_t>(buf, count, divisor); break;
   }
 }
 
@@ -212,7 +186,8 @@ class MpiProgress : public std::enable_shared_from_this<MpiProgress> {
     int rc = MPI_SUCCESS;
     try {
       rc = op.post(&req);
-      if (rc != MPI_SUCCESS) throw_mpi_error(rc, __FILE__, __LINE__, op.work->tag().describe().c_str());
+      if (rc != MPI_SUCCESS)
+        throw_mpi_error(rc, __FILE__, __LINE__, describe_collective(op.work->sequence(), op.work->tag()).c_str());
     } catch (...) {
       op.work->fail(std::current_exception());
       return;
@@ -294,8 +269,9 @@ class MpiProgress : public std::enable_shared_from_this<MpiProgress> {
 namespace {
 // A work whose timed-out wait aborts the communicator with the TimeoutError itself, so every
 // other waiter sees the same error.
-std::shared_ptr<MpiWork> new_work(const std::shared_ptr<MpiProgress>& progress, CollectiveTag tag) {
-  return std::make_shared<MpiWork>(std::move(tag), [p = std::weak_ptr<MpiProgress>(progress)](const std::string& why) {
+std::shared_ptr<MpiWork> new_work(const std::shared_ptr<MpiProgress>& progress, uint64_t sequence,
+                                  CollectiveTag tag) {
+  return std::make_shared<MpiWork>(sequence, std::move(tag), [p = std::weak_ptr<MpiProgress>(progress)](const std::string& why) {
     if (auto s = p.lock()) s->abort(why, std::make_exception_ptr(TimeoutError(why)));
   });
 }
@@ -316,28 +292,28 @@ MpiCommunicator::MpiCommunicator(MPI_Comm parent) {
 MpiCommunicator::~MpiCommunicator() {
   const bool clean = progress_->stop();
   int finalized = 0;
-  MPI_Finalized(&finalized);
+  MPI_CHECK_NOTHROW(MPI_Finalized(&finalized));
   if (finalized) return;
-  MPI_Op_free(&bf16_sum_);
-  MPI_Op_free(&bf16_max_);
+  MPI_CHECK_NOTHROW(MPI_Op_free(&bf16_sum_));
+  MPI_CHECK_NOTHROW(MPI_Op_free(&bf16_max_));
   // A communicator with requests still in flight (after an abort) cannot be freed safely.
-  if (clean) MPI_Comm_free(&comm_);
+  if (clean) MPI_CHECK_NOTHROW(MPI_Comm_free(&comm_));
 }
 
 WorkPtr MpiCommunicator::allreduce(void* buf, size_t count, DType dtype, const AllreduceOptions& opts) {
   CollectiveTag tag = named(opts.tag, "allreduce");
   const int n = checked_count(count, tag);
-  if (!(opts.divisor > 0)) throw ConfigError(tag.describe() + ": divisor must be positive");
+  if (!(opts.divisor > 0)) throw InternalError(tag.describe() + ": divisor must be positive");
   MPI_Op op = opts.op == ReduceOp::sum ? MPI_SUM : MPI_MAX;
   if (dtype == DType::bf16) op = opts.op == ReduceOp::sum ? bf16_sum_ : bf16_max_;
   const MPI_Datatype type = mpi_type(dtype);
-  auto work = new_work(progress_, tag);
+  const int root = opts.from_root;
+  if (root >= 0 && (root >= size_ || opts.op != ReduceOp::sum))
+    throw InternalError(detail::concat(tag.describe(), ": from_root ", root, " needs a rank and a sum"));
+  auto work = new_work(progress_, next_sequence(), tag);
   MpiProgress::Op o;
   o.work = work;
   MPI_Comm comm = comm_;
-  const int root = opts.from_root;
-  if (root >= 0 && (root >= size_ || opts.op != ReduceOp::sum))
-    throw ConfigError(detail::concat(tag.describe(), ": from_root ", root, " needs a rank and a sum"));
   if (root >= 0)  // the others' buffers are zero: the sum is root's buffer
     o.post = [=](MPI_Request* req) { return MPI_Ibcast(buf, n, type, root, comm, req); };
   else
@@ -354,8 +330,8 @@ WorkPtr MpiCommunicator::broadcast(void* buf, size_t count, DType dtype, int roo
   CollectiveTag tag = named(t, "broadcast");
   const int n = checked_count(count, tag);
   if (root < 0 || root >= size_)
-    throw ConfigError(detail::concat(tag.describe(), ": root ", root, " is not a rank"));
-  auto work = new_work(progress_, tag);
+    throw InternalError(detail::concat(tag.describe(), ": root ", root, " is not a rank"));
+  auto work = new_work(progress_, next_sequence(), tag);
   const MPI_Datatype type = mpi_type(dtype);
   MPI_Comm comm = comm_;
   progress_->submit({work, [=](MPI_Request* req) { return MPI_Ibcast(buf, n, type, root, comm, req); }, {}});
@@ -366,7 +342,7 @@ WorkPtr MpiCommunicator::allgather(const void* send, void* recv, size_t count, D
                                    const CollectiveTag& t) {
   CollectiveTag tag = named(t, "allgather");
   const int n = checked_count(count, tag);
-  auto work = new_work(progress_, tag);
+  auto work = new_work(progress_, next_sequence(), tag);
   const MPI_Datatype type = mpi_type(dtype);
   MPI_Comm comm = comm_;
   progress_->submit({work, [=](MPI_Request* req) {
@@ -377,7 +353,7 @@ WorkPtr MpiCommunicator::allgather(const void* send, void* recv, size_t count, D
 
 WorkPtr MpiCommunicator::barrier(const CollectiveTag& t) {
   CollectiveTag tag = named(t, "barrier");
-  auto work = new_work(progress_, tag);
+  auto work = new_work(progress_, next_sequence(), tag);
   MPI_Comm comm = comm_;
   progress_->submit({work, [=](MPI_Request* req) { return MPI_Ibarrier(comm, req); }, {}});
   return work;
@@ -398,6 +374,14 @@ std::shared_ptr<void> MpiCommunicator::allocate(size_t bytes) {
 
 void MpiCommunicator::zero(void* ptr, size_t bytes) {
   if (bytes) std::memset(ptr, 0, bytes);
+}
+
+}  // namespace thetad::comm
+
+namespace thetad::comm {
+
+std::shared_ptr<Communicator> make_mpi_communicator() {
+  return std::make_shared<MpiCommunicator>(MPI_COMM_WORLD);
 }
 
 }  // namespace thetad::comm

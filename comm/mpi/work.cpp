@@ -1,23 +1,12 @@
 // MpiWork: see work.hpp.
 #include "comm/mpi/work.hpp"
 
-#include <sstream>
-
 #include "common/errors.hpp"
 
 namespace thetad::comm {
 
-std::string format_seconds(std::chrono::milliseconds ms) {
-  std::ostringstream os;
-  if (ms.count() % 1000 == 0)
-    os << ms.count() / 1000 << " s";
-  else
-    os << static_cast<double>(ms.count()) / 1000.0 << " s";
-  return os.str();
-}
-
-MpiWork::MpiWork(CollectiveTag tag, OnTimeout on_timeout)
-    : tag_(std::move(tag)), on_timeout_(std::move(on_timeout)) {}
+MpiWork::MpiWork(uint64_t sequence, CollectiveTag tag, OnTimeout on_timeout)
+    : sequence_(sequence), tag_(std::move(tag)), on_timeout_(std::move(on_timeout)) {}
 
 bool MpiWork::is_completed() {
   std::lock_guard<std::mutex> lock(mu_);
@@ -28,7 +17,7 @@ void MpiWork::wait(std::chrono::milliseconds timeout) {
   std::unique_lock<std::mutex> lock(mu_);
   if (!cv_.wait_for(lock, timeout, [&] { return state_ != State::pending; })) {
     lock.unlock();
-    const std::string msg = tag_.describe() + " did not finish within " + format_seconds(timeout);
+    const std::string msg = timeout_message(sequence_, tag_, timeout);
     // Fails this and every other pending work of the communicator, so nobody waits again.
     if (on_timeout_) on_timeout_(msg);
     throw TimeoutError(msg);

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <condition_variable>
 #include <exception>
 #include <functional>
@@ -18,11 +19,12 @@ class MpiWork : public Work {
   using Clock = std::chrono::steady_clock;
   using OnTimeout = std::function<void(const std::string& why)>;
 
-  MpiWork(CollectiveTag tag, OnTimeout on_timeout);
+  MpiWork(uint64_t sequence, CollectiveTag tag, OnTimeout on_timeout);
 
   bool is_completed() override;
   void wait(std::chrono::milliseconds timeout) override;
   double elapsed_ms() const override;
+  uint64_t sequence() const override { return sequence_; }
 
   // Called by the progress thread (or abort). The first of complete/fail wins.
   void complete();
@@ -31,6 +33,7 @@ class MpiWork : public Work {
 
  private:
   enum class State { pending, done, failed };
+  const uint64_t sequence_;
   const CollectiveTag tag_;
   const OnTimeout on_timeout_;
   const Clock::time_point launched_ = Clock::now();
@@ -40,8 +43,5 @@ class MpiWork : public Work {
   std::exception_ptr error_;
   Clock::time_point finished_;
 };
-
-// "300 s", "2 s", "0.5 s": timeouts as users wrote them.
-std::string format_seconds(std::chrono::milliseconds ms);
 
 }  // namespace thetad::comm

@@ -22,74 +22,54 @@
 
 namespace thetad::comm {
 
-class CudaStream {
+// Move-only owner of a CUDA or NCCL handle `H` released with `Destroy` (its result is ignored:
+// a destructor has no one to tell).
+template <typename H, auto Destroy>
+class UniqueHandle {
+ public:
+  UniqueHandle() = default;
+  ~UniqueHandle() {
+    if (h_) Destroy(h_);
+  }
+  UniqueHandle(UniqueHandle&& o) noexcept : h_(std::exchange(o.h_, nullptr)) {}
+  UniqueHandle& operator=(UniqueHandle&& o) noexcept {
+    std::swap(h_, o.h_);
+    return *this;
+  }
+  UniqueHandle(const UniqueHandle&) = delete;
+  UniqueHandle& operator=(const UniqueHandle&) = delete;
+  H get() const { return h_; }
+  explicit operator bool() const { return h_ != nullptr; }
+
+ protected:
+  H h_ = nullptr;
+};
+
+class CudaStream : public UniqueHandle<cudaStream_t, &cudaStreamDestroy> {
  public:
   CudaStream() = default;
   // Non-blocking (no implicit sync with the legacy default stream) at `priority`.
   explicit CudaStream(int priority) {
-    CUDA_CHECK(cudaStreamCreateWithPriority(&s_, cudaStreamNonBlocking, priority));
+    CUDA_CHECK(cudaStreamCreateWithPriority(&h_, cudaStreamNonBlocking, priority));
   }
-  ~CudaStream() {
-    if (s_) cudaStreamDestroy(s_);
-  }
-  CudaStream(CudaStream&& o) noexcept : s_(std::exchange(o.s_, nullptr)) {}
-  CudaStream& operator=(CudaStream&& o) noexcept {
-    std::swap(s_, o.s_);
-    return *this;
-  }
-  CudaStream(const CudaStream&) = delete;
-  CudaStream& operator=(const CudaStream&) = delete;
-  cudaStream_t get() const { return s_; }
-
- private:
-  cudaStream_t s_ = nullptr;
 };
 
-class CudaEvent {
+class CudaEvent : public UniqueHandle<cudaEvent_t, &cudaEventDestroy> {
  public:
-  CudaEvent() { CUDA_CHECK(cudaEventCreateWithFlags(&e_, cudaEventDisableTiming)); }
-  ~CudaEvent() {
-    if (e_) cudaEventDestroy(e_);
-  }
-  CudaEvent(CudaEvent&& o) noexcept : e_(std::exchange(o.e_, nullptr)) {}
-  CudaEvent& operator=(CudaEvent&& o) noexcept {
-    std::swap(e_, o.e_);
-    return *this;
-  }
-  CudaEvent(const CudaEvent&) = delete;
-  CudaEvent& operator=(const CudaEvent&) = delete;
-  cudaEvent_t get() const { return e_; }
-
- private:
-  cudaEvent_t e_ = nullptr;
+  CudaEvent() { CUDA_CHECK(cudaEventCreateWithFlags(&h_, cudaEventDisableTiming)); }
 };
 
 // Owns an ncclComm_t: destroyed gracefully, or aborted (never hangs on a dead peer).
-class NcclComm {
+class NcclComm : public UniqueHandle<ncclComm_t, &ncclCommDestroy> {
  public:
   NcclComm() = default;
   NcclComm(int nranks, const ncclUniqueId& id, int rank) {
-    NCCL_CHECK(ncclCommInitRank(&c_, nranks, id, rank));
+    NCCL_CHECK(ncclCommInitRank(&h_, nranks, id, rank));
   }
-  ~NcclComm() {
-    if (c_) ncclCommDestroy(c_);
-  }
-  NcclComm(NcclComm&& o) noexcept : c_(std::exchange(o.c_, nullptr)) {}
-  NcclComm& operator=(NcclComm&& o) noexcept {
-    std::swap(c_, o.c_);
-    return *this;
-  }
-  NcclComm(const NcclComm&) = delete;
-  NcclComm& operator=(const NcclComm&) = delete;
-  ncclComm_t get() const { return c_; }
-  explicit operator bool() const { return c_ != nullptr; }
   // Makes every pending and future operation on it return; the handle is gone afterwards.
   void abort() {
-    if (c_) ncclCommAbort(std::exchange(c_, nullptr));
+    if (h_) ncclCommAbort(std::exchange(h_, nullptr));
   }
-
- private:
-  ncclComm_t c_ = nullptr;
 };
 
 }  // namespace thetad::comm

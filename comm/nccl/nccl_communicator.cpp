@@ -1,10 +1,15 @@
 // NcclCommunicator (see nccl_communicator.hpp).
 #include "comm/nccl/nccl_communicator.hpp"
 
+#include <mpi.h>
+
 #include <cmath>
 #include <cstring>
 
-#include "comm/mpi/work.hpp"  // format_seconds
+#include "comm/backends.hpp"
+#include "comm/bf16.hpp"
+#include "comm/bootstrap.hpp"
+#include "comm/mpi_check.hpp"
 #include "comm/nccl/scale.hpp"
 #include "common/log.hpp"
 
@@ -20,18 +25,6 @@ ncclDataType_t nccl_type(DType t) {
     case DType::u8: return ncclUint8;
   }
   return ncclFloat32;
-}
-
-CollectiveTag named(CollectiveTag tag, const char* op) {
-  if (tag.what.empty() || tag.what == "collective") tag.what = op;
-  return tag;
-}
-
-uint16_t float_to_bf16(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, 4);
-  bits += 0x7fffu + ((bits >> 16) & 1u);
-  return static_cast<uint16_t>(bits >> 16);
 }
 
 // How often the watchdog looks at outstanding collectives.
@@ -85,7 +78,7 @@ WorkPtr NcclCommunicator::launch(CollectiveTag tag, bool after_compute, F&& enqu
     CUDA_CHECK(cudaEventRecord(ready.get(), core_->compute_stream));
     CUDA_CHECK(cudaStreamWaitEvent(stream, ready.get(), 0));
   }  // destroying a recorded event is fine: the wait already captured it
-  auto work = std::make_shared<NcclWork>(core_, std::move(tag));
+  auto work = std::make_shared<NcclWork>(core_, next_sequence(), std::move(tag));
   enqueue(core_->comm.get(), stream);
   CUDA_CHECK(cudaEventRecord(work->event(), stream));
   core_->outstanding.push_back(work);
@@ -94,15 +87,15 @@ WorkPtr NcclCommunicator::launch(CollectiveTag tag, bool after_compute, F&& enqu
 
 WorkPtr NcclCommunicator::allreduce(void* buf, size_t count, DType dtype, const AllreduceOptions& opts) {
   CollectiveTag tag = named(opts.tag, "allreduce");
-  if (!(opts.divisor > 0)) throw ConfigError(tag.describe() + ": divisor must be positive");
+  if (!(opts.divisor > 0)) throw InternalError(tag.describe() + ": divisor must be positive");
   const bool scaled = opts.divisor != 1.0;
   if (scaled && (dtype == DType::i32 || opts.op == ReduceOp::max))
-    throw ConfigError(detail::concat(tag.describe(), ": the NCCL backend divides only float sums (",
+    throw InternalError(detail::concat(tag.describe(), ": the NCCL backend divides only float sums (",
                                      dtype_name(dtype), ", divisor ", opts.divisor, ")"));
   const ncclDataType_t type = nccl_type(dtype);
   const int root = opts.from_root;
   if (root >= 0 && (root >= size_ || opts.op != ReduceOp::sum || (scaled && dtype != DType::f32)))
-    throw ConfigError(detail::concat(tag.describe(), ": from_root ", root, " needs a rank, a sum and, divided, float32"));
+    throw InternalError(detail::concat(tag.describe(), ": from_root ", root, " needs a rank, a sum and, divided, float32"));
   return launch(std::move(tag), opts.after_compute, [&](ncclComm_t comm, cudaStream_t stream) {
     if (root >= 0) {
       // The root scales its buffer by the same float factor PreMulSum would apply, then sends.
@@ -220,12 +213,28 @@ void NcclCommunicator::watchdog() {
     const auto now = NcclWork::Clock::now();
     for (auto& w : out) {
       if (now - w->launched() > timeout) {
-        const std::string msg = w->tag().describe() + " did not finish within " + format_seconds(timeout);
+        const std::string msg = timeout_message(w->sequence(), w->tag(), timeout);
         core_->abort_locked(msg, std::make_exception_ptr(TimeoutError(msg)));
         break;
       }
     }
   }
+}
+
+}  // namespace thetad::comm
+
+namespace thetad::comm {
+
+std::shared_ptr<Communicator> make_nccl_communicator(int device) {
+  WorldInfo w = world_info();
+  ncclUniqueId id{};
+  if (w.rank == 0) {
+    ncclResult_t r = ncclGetUniqueId(&id);
+    if (r != ncclSuccess)
+      throw CommError(detail::concat("NCCL error: ncclGetUniqueId: ", ncclGetErrorString(r)));
+  }
+  MPI_CHECK(MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD));
+  return std::make_shared<NcclCommunicator>(w.rank, w.size, &id, device);
 }
 
 }  // namespace thetad::comm

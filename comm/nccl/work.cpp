@@ -3,7 +3,6 @@
 
 #include <thread>
 
-#include "comm/mpi/work.hpp"  // format_seconds
 #include "common/log.hpp"
 
 namespace thetad::comm {
@@ -25,8 +24,8 @@ void NcclCore::abort_locked(const std::string& why, std::exception_ptr error) {
   comm.abort();
 }
 
-NcclWork::NcclWork(std::shared_ptr<NcclCore> core, CollectiveTag tag)
-    : core_(std::move(core)), tag_(std::move(tag)) {}
+NcclWork::NcclWork(std::shared_ptr<NcclCore> core, uint64_t sequence, CollectiveTag tag)
+    : core_(std::move(core)), sequence_(sequence), tag_(std::move(tag)) {}
 
 void NcclWork::fail(std::exception_ptr error) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -45,7 +44,7 @@ bool NcclWork::poll() {
   }
   if (rc == cudaErrorNotReady) return false;
   fail(std::make_exception_ptr(InternalError(detail::concat(
-      "CUDA error while waiting for ", tag_.describe(), ": ", cudaGetErrorString(rc)))));
+      "CUDA error while waiting for ", describe_collective(sequence_, tag_), ": ", cudaGetErrorString(rc)))));
   return true;
 }
 
@@ -56,7 +55,7 @@ void NcclWork::wait(std::chrono::milliseconds timeout) {
   auto nap = std::chrono::microseconds(5);
   while (!poll()) {
     if (Clock::now() >= deadline) {
-      const std::string msg = tag_.describe() + " did not finish within " + format_seconds(timeout);
+      const std::string msg = timeout_message(sequence_, tag_, timeout);
       core_->abort(msg, std::make_exception_ptr(TimeoutError(msg)));
       throw TimeoutError(msg);
     }

@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <exception>
 #include <memory>
 #include <mutex>
@@ -40,13 +41,14 @@ struct NcclCore {
 class NcclWork : public Work {
  public:
   using Clock = std::chrono::steady_clock;
-  NcclWork(std::shared_ptr<NcclCore> core, CollectiveTag tag);
+  NcclWork(std::shared_ptr<NcclCore> core, uint64_t sequence, CollectiveTag tag);
 
   bool is_completed() override;
   // Polls the completion event; past `timeout` aborts the communicator and throws TimeoutError.
   void wait(std::chrono::milliseconds timeout) override;
   // cudaStreamWaitEvent: `stream` waits on the device, the host does not.
   void block_stream(void* stream, std::chrono::milliseconds timeout) override;
+  uint64_t sequence() const override { return sequence_; }
 
   cudaEvent_t event() const { return done_.get(); }
   const CollectiveTag& tag() const { return tag_; }
@@ -57,6 +59,7 @@ class NcclWork : public Work {
 
  private:
   std::shared_ptr<NcclCore> core_;
+  const uint64_t sequence_;
   const CollectiveTag tag_;
   const Clock::time_point launched_ = Clock::now();
   CudaEvent done_;

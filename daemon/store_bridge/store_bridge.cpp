@@ -65,12 +65,11 @@ void StoreBridge::plan_shards(std::vector<comm::ParamInfo>& infos) {
   }
 }
 
+comm::GradMemory StoreBridge::grad_memory(int g) const {
+  return streamed_[static_cast<size_t>(g)] ? comm::GradMemory::streamed : comm::GradMemory::pooled;
+}
+
 void StoreBridge::engine_options(comm::EngineOptions& o) {
-  o.pooled.assign(static_cast<size_t>(groups_.num_groups()), 1);
-  o.pooled[0] = 0;
-  for (size_t g = 1; g < streamed_.size(); ++g)
-    if (streamed_[g]) o.pooled[g] = 0;
-  o.streamed = streamed_;
   o.scratch = [this](size_t bytes) {
     std::shared_ptr<void> mem;
     // On the stream the allreduce waits for.

@@ -51,8 +51,10 @@ class StoreBridge {
   // shards, one engine parameter and bucket each (appended to `infos`); the matrix itself
   // becomes a placeholder without a bucket.
   void plan_shards(std::vector<comm::ParamInfo>& infos);
-  // The engine's per-group gradient memory for the store's groups (pooled: θ[t]'s gradient
-  // buffers follow the active groups, not T; streamed: the shards), and scratch memory.
+  // The engine's gradient memory for an offloaded group: pooled (θ[t]'s gradient buffers follow
+  // the active groups, not T) or, for a row-sharded one, streamed shard by shard.
+  comm::GradMemory grad_memory(int g) const;
+  // Scratch memory of streamed buckets that got no gradient here.
   void engine_options(comm::EngineOptions& o);
   // Builds the store (the host arena, the device slots, every group's initial values written
   // by its owner) and drops the model's own copies of θ[t].

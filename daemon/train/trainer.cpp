@@ -155,12 +155,15 @@ void Trainer::build_engine() {
     };
   if (store_) store_->engine_options(eopts);
   // Resident groups take their gradient by copy on its first arrival in a window (the hook),
-  // then by accumulation, instead of a memset per step and an add. Not the pooled groups
-  // (bound zeroed per window) nor row-chunked ones (their backward adds rows into the buffer).
+  // then by accumulation, instead of a memset per step and an add; row-chunked ones own their
+  // buckets (their backward adds rows into the buffer); offloaded ones as the store says.
   overwrite_.assign(static_cast<size_t>(groups_->num_groups()), 0);
-  for (int g = 0; g < groups_->num_groups(); ++g)
-    overwrite_[static_cast<size_t>(g)] = !offloaded(g) && !model_->row_chunked(g);
-  eopts.overwrite = overwrite_;
+  for (int g = 0; g < groups_->num_groups(); ++g) {
+    comm::GradMemory mode = model_->row_chunked(g) ? comm::GradMemory::owned : comm::GradMemory::overwrite;
+    if (offloaded(g)) mode = store_->grad_memory(g);
+    eopts.grad_memory.push_back(mode);
+    overwrite_[static_cast<size_t>(g)] = mode == comm::GradMemory::overwrite;
+  }
   engine_ = std::make_unique<comm::Engine>(data_.comm, std::move(plan), eopts);
 }
 

@@ -108,10 +108,10 @@ struct RunResult {
 };
 
 // Runs `steps` windows of `micros` micro-steps; marks parameters in a per-rank shuffled order.
-// Groups flagged in `overwrite` (EngineOptions::overwrite) get each parameter's first gradient
-// of a window written over the buffer's old contents, later ones added.
+// Groups of GradMemory::overwrite in `grad_memory` (EngineOptions::grad_memory) get each
+// parameter's first gradient of a window written over the buffer's old contents, later ones added.
 inline RunResult run_engine(Engine& engine, const Memory& mem, int steps, int micros,
-                            const std::vector<uint8_t>& overwrite = {}) {
+                            const std::vector<GradMemory>& grad_memory = {}) {
   const BucketPlan& plan = engine.plan();
   const int rank = engine.communicator().rank();
   RunResult out;
@@ -129,7 +129,7 @@ inline RunResult run_engine(Engine& engine, const Memory& mem, int steps, int mi
         if (!active[plan.params[p].group]) continue;
         std::vector<float> g(plan.params[p].numel);
         for (size_t i = 0; i < g.size(); ++i) g[i] = fake_grad(rank, step, m, p, i);
-        if (!overwrite.empty() && overwrite[plan.params[p].group] && !written[p])
+        if (!grad_memory.empty() && grad_memory[plan.params[p].group] == GradMemory::overwrite && !written[p])
           mem.write(engine.grad(p), g);
         else
           mem.accumulate(engine.grad(p), g);
@@ -163,7 +163,8 @@ inline void expect_matches_reference(const RunResult& run, const BucketPlan& pla
       for (size_t i = 0; i < plan.params[p].numel; ++i) {
         const int g = plan.params[p].group;
         // Overwrite groups that no rank used keep stale values (not reduced, never read).
-        if (!opts.overwrite.empty() && opts.overwrite[g] && ref.contributors[g] == 0) break;
+        if (!opts.grad_memory.empty() && opts.grad_memory[g] == GradMemory::overwrite && ref.contributors[g] == 0)
+          break;
         const float want = ref.grads[p][i], got = run.grads[step][p][i];
         if (rel == 0)
           ASSERT_EQ(got, want) << "step " << step << " param " << plan.params[p].name << " element " << i;

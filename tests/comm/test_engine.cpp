@@ -240,9 +240,9 @@ TEST(Engine, OverwriteGroupsMatchTheReferenceBitwise) {
   for (bool prune : {true, false})
     for (int micros : {1, 2}) {
       EngineOptions o = options(prune, Average::contributors);
-      o.overwrite.assign(plan.num_groups, 1);
+      o.grad_memory.assign(plan.num_groups, GradMemory::overwrite);
       Engine engine(make_mpi_communicator(), plan, o);
-      RunResult r = run_engine(engine, host_memory(), kSteps, micros, o.overwrite);
+      RunResult r = run_engine(engine, host_memory(), kSteps, micros, o.grad_memory);
       expect_matches_reference(r, plan, world, micros, o, 0.0);
     }
 }
@@ -274,7 +274,7 @@ TEST(Engine, OverwriteZeroesWhatNoGradientWrote) {
   const int world = comm->size();
   const BucketPlan plan = model_plan();
   EngineOptions o = options(true, Average::world);
-  o.overwrite.assign(plan.num_groups, 1);
+  o.grad_memory.assign(plan.num_groups, GradMemory::overwrite);
   Engine engine(comm, plan, o);
   std::vector<int> params;  // of group 1
   for (size_t p = 0; p < plan.params.size(); ++p)
@@ -307,8 +307,8 @@ TEST(Engine, PooledGroupsMatchFixedBuffersBitwise) {
   for (bool prune : {true, false}) {
     EngineOptions fixed_opts = options(prune, Average::contributors);
     EngineOptions pooled_opts = fixed_opts;
-    pooled_opts.pooled.assign(plan.num_groups, 1);
-    pooled_opts.pooled[0] = 0;
+    pooled_opts.grad_memory.assign(plan.num_groups, GradMemory::pooled);
+    pooled_opts.grad_memory[0] = GradMemory::owned;
     Engine fixed(make_mpi_communicator(), plan, fixed_opts);
     Engine pooled(make_mpi_communicator(), plan, pooled_opts);
     const size_t fixed_bytes = fixed.buffer_bytes();
@@ -320,6 +320,20 @@ TEST(Engine, PooledGroupsMatchFixedBuffersBitwise) {
         ASSERT_EQ(0, std::memcmp(a.grads[s][p].data(), b.grads[s][p].data(), a.grads[s][p].size() * 4))
             << "prune " << prune << " step " << s << " param " << p;
     expect_matches_reference(b, plan, pooled.communicator().size(), 1, pooled_opts, 0.0);
+  }
+}
+
+// The per-group modes are checked against the plan: a caller's bug, so InternalError (exit 1).
+TEST(Engine, GradMemoryNeedsOneModePerGroup) {
+  const BucketPlan plan = model_plan();
+  EngineOptions o = options(true, Average::contributors);
+  o.grad_memory.assign(static_cast<size_t>(plan.num_groups) + 1, GradMemory::owned);
+  try {
+    Engine engine(make_mpi_communicator(), plan, o);
+    FAIL() << "no error";
+  } catch (const thetad::InternalError& e) {
+    EXPECT_NE(std::string(e.what()).find("one mode per group"), std::string::npos) << e.what();
+    EXPECT_EQ(e.exit_code(), thetad::kExitOther);
   }
 }
 
@@ -361,8 +375,8 @@ TEST(Engine, AbsentStreamedParamsDoNotHoldUpLaterBuckets) {
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   const BucketPlan plan = streamed_plan();
   EngineOptions o = options(true, Average::contributors);
-  o.streamed.assign(kGroups, 1);
-  o.streamed[0] = 0;
+  o.grad_memory.assign(kGroups, GradMemory::streamed);
+  o.grad_memory[0] = GradMemory::owned;
   int launched = 0;
   std::vector<std::vector<float>> seen(plan.params.size());
   o.on_launch = [&](int b, int, Work& work, float* data) {
@@ -437,8 +451,8 @@ TEST(Engine, StreamedGroupsMatchTheReferenceBitwise) {
   }
   for (bool prune : {true, false}) {
     EngineOptions o = options(prune, Average::contributors);
-    o.streamed.assign(kGroups, 1);
-    o.streamed[0] = 0;
+    o.grad_memory.assign(kGroups, GradMemory::streamed);
+    o.grad_memory[0] = GradMemory::owned;
     std::vector<std::vector<float>> seen(plan.params.size());  // reduced values, from on_launch
     int live = 0;                                               // handed-over buffers not given back
     o.on_launch = [&](int b, int, Work& work, float* data) {

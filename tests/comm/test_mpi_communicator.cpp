@@ -153,6 +153,29 @@ TEST(MpiCommunicator, CollectiveTagDescribe) {
   EXPECT_STREQ(dtype_name(DType::f32), "float32");
 }
 
+TEST(MpiCommunicator, CollectivesAreNumberedInLaunchOrder) {
+  auto comm = make_mpi_communicator();
+  std::vector<float> v(4, 1.0f);
+  auto a = comm->barrier({});
+  auto b = comm->allreduce(v.data(), v.size(), DType::f32, {});
+  auto c = comm->broadcast(v.data(), v.size(), DType::f32, 0, {"weights", 4, -1});
+  EXPECT_EQ(a->sequence(), 1u);
+  EXPECT_EQ(b->sequence(), 2u);
+  EXPECT_EQ(c->sequence(), 3u);
+  for (auto* w : {&a, &b, &c}) (*w)->wait(kWait);
+}
+
+TEST(MpiCommunicator, DescribeCollectiveAndTimeoutMessageCarryTheNumber) {
+  const CollectiveTag tag{"allreduce", 17, 3};
+  EXPECT_EQ(describe_collective(12, tag), "collective #12 (allreduce of bucket 3 at step 17)");
+  EXPECT_EQ(describe_collective(0, tag), "allreduce of bucket 3 at step 17");  // unnumbered
+  EXPECT_EQ(timeout_message(12, tag, 2s), "collective #12 (allreduce of bucket 3 at step 17) did not finish within 2 s");
+  EXPECT_EQ(timeout_message(5, {"count exchange", 70, -1}, 500ms),
+            "collective #5 (count exchange at step 70) did not finish within 0.5 s");
+  EXPECT_EQ((named({}, "barrier")).what, "barrier");
+  EXPECT_EQ((named({"weights", 1, -1}, "broadcast")).what, "weights");
+}
+
 ControlPlane& plane() {
   static ControlPlane p(make_mpi_communicator(), kWait);
   return p;

@@ -25,7 +25,9 @@ TEST(MpiTimeout, StalledPeerTimesOutNamingTheCollective) {
       w->wait(2s);
       ADD_FAILURE() << "no timeout";
     } catch (const thetad::TimeoutError& e) {
-      EXPECT_EQ(std::string(e.what()), "allreduce of bucket 3 at step 17 did not finish within 2 s");
+      // The communicator's first collective: #1.
+      EXPECT_EQ(std::string(e.what()),
+                "collective #1 (allreduce of bucket 3 at step 17) did not finish within 2 s");
       EXPECT_EQ(e.exit_code(), thetad::kExitComm);
     }
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

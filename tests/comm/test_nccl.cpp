@@ -83,11 +83,11 @@ TEST(Nccl, EngineMatchesReference) {
       o.prune = prune;
       o.average = avg;
       o.timeout = 60s;
-      if (overwrite) o.overwrite.assign(model_plan().num_groups, 1);  // gradients copied in
+      if (overwrite) o.grad_memory.assign(model_plan().num_groups, GradMemory::overwrite);  // gradients copied in
       // With overwrite, single-contributor buckets also go as broadcasts (root scales first).
       o.broadcast_min_ranks = overwrite ? 2 : 0;
       Engine engine(comm, model_plan(), o);
-      RunResult r = run_engine(engine, device_memory(), 20, 1, o.overwrite);
+      RunResult r = run_engine(engine, device_memory(), 20, 1, o.grad_memory);
       // PreMulSum multiplies by 1/divisor before summing: equal within float32 rounding.
       expect_matches_reference(r, model_plan(), world, 1, o, 1e-6);
     }
@@ -107,7 +107,9 @@ TEST(Nccl, TimeoutAbortsAndNamesTheBucket) {
       w->wait(10s);
       ADD_FAILURE() << "no timeout";
     } catch (const thetad::TimeoutError& e) {
-      EXPECT_EQ(std::string(e.what()), "allreduce of bucket 3 at step 17 did not finish within 2 s");
+      // #3: after the constructor's warm-up barrier and the barrier above.
+      EXPECT_EQ(std::string(e.what()),
+                "collective #3 (allreduce of bucket 3 at step 17) did not finish within 2 s");
     }
   }
   MPI_Barrier(MPI_COMM_WORLD);

@@ -1,0 +1,26 @@
+// bfloat16 <-> float32 on the host, shared by the backends: float_to_bf16 rounds to nearest even
+// and keeps a NaN a (quiet) NaN, as the device's conversion does.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+namespace thetad::comm {
+
+inline float bf16_to_float(uint16_t v) {
+  uint32_t bits = static_cast<uint32_t>(v) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+inline uint16_t float_to_bf16(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  if ((bits & 0x7f800000u) == 0x7f800000u && (bits & 0x007fffffu))  // NaN stays a quiet NaN
+    return static_cast<uint16_t>((bits >> 16) | 0x0040u);
+  bits += 0x7fffu + ((bits >> 16) & 1u);  // round to nearest even
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+}  // namespace thetad::comm
