@@ -7,6 +7,8 @@
 
 #include <sstream>
 
+#include "comm/mpi_check.hpp"
+
 #ifdef THETAD_WITH_CUDA
 #include <cuda_runtime_api.h>
 #include <nccl.h>
@@ -20,7 +22,7 @@ std::string version_text() {
   os << "libtorch " << TORCH_VERSION << (THETAD_TORCH_CUDA ? " (CUDA)" : " (CPU)") << "\n";
   char lib[MPI_MAX_LIBRARY_VERSION_STRING];
   int len = 0;
-  MPI_Get_library_version(lib, &len);
+  MPI_CHECK(MPI_Get_library_version(lib, &len));
   std::string mpi(lib, static_cast<size_t>(len));
   if (auto nl = mpi.find_first_of("\n,"); nl != std::string::npos) mpi.resize(nl);
   os << "mpi " << MPI_VERSION << "." << MPI_SUBVERSION << " (" << mpi << ")\n";

@@ -7,7 +7,7 @@
 
 #include "common/cuda_check.hpp"
 #include "common/errors.hpp"
-#include "offload/cuda_handles.hpp"
+#include "common/cuda_handles.hpp"
 #include "offload/device.hpp"
 
 namespace thetad::offload {

@@ -146,14 +146,14 @@ double time_median_ms(const Args& a, const std::function<void(int)>& prep, const
   for (int i = 0; i < a.warmup + a.iters; ++i) {
     prep(i);
     CUDA_CHECK(cudaDeviceSynchronize());
-    MPI_Barrier(MPI_COMM_WORLD);
+    MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
     const auto t0 = Clock::now();
     op(i);
     const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
     if (i >= a.warmup) t.push_back(ms);
   }
   std::vector<double> worst(t.size());
-  MPI_Allreduce(t.data(), worst.data(), static_cast<int>(t.size()), MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  MPI_CHECK(MPI_Allreduce(t.data(), worst.data(), static_cast<int>(t.size()), MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
   std::sort(worst.begin(), worst.end());
   const size_t n = worst.size();
   return n % 2 ? worst[n / 2] : 0.5 * (worst[n / 2 - 1] + worst[n / 2]);
@@ -168,7 +168,7 @@ int run_gpu(const Args& a, const thetad::comm::WorldInfo& w) {
   }
   int need = std::max(1, w.local_size);
   int bad = ndev < need ? 1 : 0, any_bad = 0;
-  MPI_Allreduce(&bad, &any_bad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  MPI_CHECK(MPI_Allreduce(&bad, &any_bad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
   if (any_bad) {
     std::ostringstream os;
     os << (ndev == 0 ? "no CUDA device visible" : "fewer GPUs than ranks on a host") << " (rank " << w.rank

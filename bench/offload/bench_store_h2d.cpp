@@ -42,7 +42,7 @@
 
 #if THETAD_WITH_CUDA
 #include "common/cuda_check.hpp"
-#include "offload/cuda_handles.hpp"
+#include "common/cuda_handles.hpp"
 #endif
 
 namespace {
@@ -138,7 +138,7 @@ Floor measure_floor(const Args& a, const thetad::comm::WorldInfo& world, thetad:
     }
     store.wait_idle();
     device.host_wait(device.record_compute());
-    MPI_Barrier(MPI_COMM_WORLD);
+    MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
   };
   run(0, a.warmup);
   const double adam0 = store.stats().cpu_adam_ms;
@@ -146,12 +146,12 @@ Floor measure_floor(const Args& a, const thetad::comm::WorldInfo& world, thetad:
   run(a.warmup, a.warmup + a.floor_steps);
   double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count() / a.floor_steps;
   Floor f;
-  MPI_Allreduce(&ms, &f.step_ms, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  MPI_CHECK(MPI_Allreduce(&ms, &f.step_ms, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
   f.adam_ms = (store.stats().cpu_adam_ms - adam0) / a.floor_steps;
   // Each active group stepped exactly once per host per step (single-host runs), or the
   // floor timed the wrong work.
   unsigned long long mine = store.stats().optimizer_steps, all = 0;
-  MPI_Allreduce(&mine, &all, 1, MPI_UNSIGNED_LONG_LONG, MPI_SUM, MPI_COMM_WORLD);
+  MPI_CHECK(MPI_Allreduce(&mine, &all, 1, MPI_UNSIGNED_LONG_LONG, MPI_SUM, MPI_COMM_WORLD));
   const auto want = static_cast<unsigned long long>(a.warmup + a.floor_steps) * static_cast<unsigned long long>(std::min(W, G));
   THETAD_CHECK(world.local_size != world.size || all == want, thetad::InternalError,
                "bench_store_h2d: ", all, " CPU optimizer steps ran, expected ", want);
@@ -191,7 +191,7 @@ int main(int argc, char** argv) {
     CUDA_CHECK(cudaGetDeviceCount(&ngpu));
     const int dev = world.local_rank % ngpu;
     CUDA_CHECK(cudaSetDevice(dev));
-    const thetad::offload::CudaStream compute_stream(dev);
+    const thetad::CudaStream compute_stream(dev);
     const cudaStream_t compute = compute_stream.get();
     const size_t numel = static_cast<size_t>(a.group_mb * (1 << 20)) / sizeof(float);
     const size_t bytes = numel * sizeof(float);
@@ -247,12 +247,12 @@ int main(int argc, char** argv) {
     const double store_gbs = static_cast<double>(bytes) / (median(store_ms) * 1e6);
     const double raw_gbs = static_cast<double>(bytes) / (median(raw_ms) * 1e6);
     double ratio = store_gbs / raw_gbs, worst = ratio;
-    MPI_Allreduce(&ratio, &worst, 1, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD);
+    MPI_CHECK(MPI_Allreduce(&ratio, &worst, 1, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD));
     std::printf("rank %d (cuda:%d): store acquire %.2f MB in %.3f ms = %.1f GB/s; pinned cudaMemcpyAsync %.3f ms = "
                 "%.1f GB/s; ratio %.3f\n",
                 world.rank, dev, bytes / 1e6, median(store_ms), store_gbs, median(raw_ms), raw_gbs, ratio);
     std::fflush(stdout);
-    MPI_Barrier(MPI_COMM_WORLD);
+    MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
     if (world.rank == 0) {
       std::printf("RESULT store/pinned H2D ratio (slowest rank) %.3f, gate >= %.2f: %s\n", worst, a.min_ratio,
                   worst >= a.min_ratio ? "PASS" : "FAIL");

@@ -1,4 +1,5 @@
-// Check macros and move-only RAII owners for the CUDA and NCCL handles of the NCCL backend.
+// The NCCL check macro and the move-only owner of the NCCL communicator (CUDA streams and
+// events: common/cuda_handles.hpp).
 // Compiled only with THETAD_WITH_CUDA.
 #pragma once
 
@@ -8,6 +9,7 @@
 #include <utility>
 
 #include "common/cuda_check.hpp"
+#include "common/cuda_handles.hpp"
 #include "common/errors.hpp"
 
 // "NCCL error in file:line: <ncclGetErrorString> (<ncclGetLastError>) (call)" as CommError.
@@ -22,47 +24,22 @@
 
 namespace thetad::comm {
 
-// Move-only owner of a CUDA or NCCL handle `H` released with `Destroy` (its result is ignored:
-// a destructor has no one to tell).
-template <typename H, auto Destroy>
-class UniqueHandle {
+// Owns an ncclComm_t: destroyed gracefully, or aborted (never hangs on a dead peer).
+class NcclComm {
  public:
-  UniqueHandle() = default;
-  ~UniqueHandle() {
-    if (h_) Destroy(h_);
+  NcclComm() = default;
+  ~NcclComm() {
+    if (h_) ncclCommDestroy(h_);
   }
-  UniqueHandle(UniqueHandle&& o) noexcept : h_(std::exchange(o.h_, nullptr)) {}
-  UniqueHandle& operator=(UniqueHandle&& o) noexcept {
+  NcclComm(NcclComm&& o) noexcept : h_(std::exchange(o.h_, nullptr)) {}
+  NcclComm& operator=(NcclComm&& o) noexcept {
     std::swap(h_, o.h_);
     return *this;
   }
-  UniqueHandle(const UniqueHandle&) = delete;
-  UniqueHandle& operator=(const UniqueHandle&) = delete;
-  H get() const { return h_; }
+  NcclComm(const NcclComm&) = delete;
+  NcclComm& operator=(const NcclComm&) = delete;
+  ncclComm_t get() const { return h_; }
   explicit operator bool() const { return h_ != nullptr; }
-
- protected:
-  H h_ = nullptr;
-};
-
-class CudaStream : public UniqueHandle<cudaStream_t, &cudaStreamDestroy> {
- public:
-  CudaStream() = default;
-  // Non-blocking (no implicit sync with the legacy default stream) at `priority`.
-  explicit CudaStream(int priority) {
-    CUDA_CHECK(cudaStreamCreateWithPriority(&h_, cudaStreamNonBlocking, priority));
-  }
-};
-
-class CudaEvent : public UniqueHandle<cudaEvent_t, &cudaEventDestroy> {
- public:
-  CudaEvent() { CUDA_CHECK(cudaEventCreateWithFlags(&h_, cudaEventDisableTiming)); }
-};
-
-// Owns an ncclComm_t: destroyed gracefully, or aborted (never hangs on a dead peer).
-class NcclComm : public UniqueHandle<ncclComm_t, &ncclCommDestroy> {
- public:
-  NcclComm() = default;
   NcclComm(int nranks, const ncclUniqueId& id, int rank) {
     NCCL_CHECK(ncclCommInitRank(&h_, nranks, id, rank));
   }
@@ -70,6 +47,13 @@ class NcclComm : public UniqueHandle<ncclComm_t, &ncclCommDestroy> {
   void abort() {
     if (h_) ncclCommAbort(std::exchange(h_, nullptr));
   }
+
+ private:
+  ncclComm_t h_ = nullptr;
 };
+
+// The CUDA handles of the backend (common/cuda_handles.hpp).
+using thetad::CudaEvent;
+using thetad::CudaStream;
 
 }  // namespace thetad::comm

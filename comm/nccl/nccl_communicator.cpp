@@ -40,8 +40,8 @@ NcclCommunicator::NcclCommunicator(int rank, int size, const void* id, int devic
   CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
   // Numerically lowest is the highest priority: gradient reductions should not queue behind
   // backward's kernels.
-  core_->comm_stream = CudaStream(greatest);
-  core_->copy_stream = CudaStream(greatest);
+  core_->comm_stream = CudaStream(device, greatest);
+  core_->copy_stream = CudaStream(device, greatest);
   ncclUniqueId uid;
   std::memcpy(&uid, id, sizeof uid);
   core_->comm = NcclComm(size, uid, rank);
@@ -74,7 +74,7 @@ WorkPtr NcclCommunicator::launch(CollectiveTag tag, bool after_compute, F&& enqu
   CUDA_CHECK(cudaSetDevice(core_->device));
   cudaStream_t stream = core_->comm_stream.get();
   if (after_compute) {
-    CudaEvent ready;
+    CudaEvent ready(core_->device);
     CUDA_CHECK(cudaEventRecord(ready.get(), core_->compute_stream));
     CUDA_CHECK(cudaStreamWaitEvent(stream, ready.get(), 0));
   }  // destroying a recorded event is fine: the wait already captured it

@@ -4,6 +4,7 @@
 #include <thread>
 
 #include "common/log.hpp"
+#include "common/poll.hpp"
 
 namespace thetad::comm {
 
@@ -25,7 +26,7 @@ void NcclCore::abort_locked(const std::string& why, std::exception_ptr error) {
 }
 
 NcclWork::NcclWork(std::shared_ptr<NcclCore> core, uint64_t sequence, CollectiveTag tag)
-    : core_(std::move(core)), sequence_(sequence), tag_(std::move(tag)) {}
+    : core_(std::move(core)), sequence_(sequence), tag_(std::move(tag)), done_(core_->device) {}
 
 void NcclWork::fail(std::exception_ptr error) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -51,16 +52,11 @@ bool NcclWork::poll() {
 bool NcclWork::is_completed() { return poll(); }
 
 void NcclWork::wait(std::chrono::milliseconds timeout) {
-  const auto deadline = Clock::now() + timeout;
-  auto nap = std::chrono::microseconds(5);
-  while (!poll()) {
-    if (Clock::now() >= deadline) {
-      const std::string msg = timeout_message(sequence_, tag_, timeout);
-      core_->abort(msg, std::make_exception_ptr(TimeoutError(msg)));
-      throw TimeoutError(msg);
-    }
-    std::this_thread::sleep_for(nap);
-    nap = std::min(nap * 2, std::chrono::microseconds(20));  // a bucket takes ~0.1-2 ms: stay close
+  // A bucket takes ~0.1-2 ms: naps stay short.
+  if (!poll_until([this] { return poll(); }, Clock::now() + timeout, std::chrono::microseconds(20))) {
+    const std::string msg = timeout_message(sequence_, tag_, timeout);
+    core_->abort(msg, std::make_exception_ptr(TimeoutError(msg)));
+    throw TimeoutError(msg);
   }
   if (state_.load() == 2) {
     std::lock_guard<std::mutex> lock(mu_);

@@ -6,9 +6,8 @@
 #include <c10/cuda/CUDAStream.h>
 #endif
 
-#include <thread>
-
 #include "common/errors.hpp"
+#include "common/poll.hpp"
 #include "config/loader.hpp"
 
 namespace thetad::daemon {
@@ -74,15 +73,10 @@ void StepRecorder::finish(PendingStep& p, int64_t extra_device_bytes) {
   StepRecord& rec = p.rec;
 #if THETAD_TORCH_CUDA
   if (p.marks->done) {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(job_.comm.timeout_s);
-    auto nap = std::chrono::microseconds(5);
-    while (!p.marks->done->query()) {
-      if (std::chrono::steady_clock::now() > deadline)
-        throw TimeoutError(detail::concat("step ", rec.step, " did not finish on ", plane_.device.str(),
-                                          " within comm.timeout_s = ", job_.comm.timeout_s, " s"));
-      std::this_thread::sleep_for(nap);
-      nap = std::min(nap * 2, std::chrono::microseconds(50));
-    }
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(plane_.comm->default_timeout());
+    if (!poll_until([&] { return p.marks->done->query(); }, deadline, std::chrono::microseconds(50)))
+      throw TimeoutError(detail::concat("step ", rec.step, " did not finish on ", plane_.device.str(),
+                                        " within comm.timeout_s = ", job_.comm.timeout_s, " s"));
     // Device times between consecutive marks, charged to the later mark's phase.
     rec.forward_ms = rec.backward_ms = rec.comm_wait_ms = rec.optimizer_ms = 0;
     const auto& m = p.marks->phases;

@@ -425,8 +425,8 @@ int run_worker(const config::Job& job, const RunOptions& opts) {
     // collective free of the host's shared window for ranks that may never join it, before
     // anyone heard of the failure. Its MPI threads still stop first (MPI_Abort hangs while a
     // thread is inside MPI).
-    int size = 1;  // (not world_info(): that one is collective)
-    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    int size = 1;  // (not world_info(): that one is collective; and nothing may throw here)
+    MPI_CHECK_NOTHROW(MPI_Comm_size(MPI_COMM_WORLD, &size));
     if (size > 1) offload::HostArena::abandon_on_destruction();
     throw;
   }
