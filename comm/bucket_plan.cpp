@@ -1,4 +1,4 @@
-// make_bucket_plan: group-homogeneous buckets in backward order (DESIGN.md "Bucket plan"), its
+// make_bucket_plan: group-homogeneous buckets in backward order (docs/architecture.md "Bucket plan"), its
 // human-readable description and the hash that ranks compare at startup.
 #include "comm/bucket_plan.hpp"
 

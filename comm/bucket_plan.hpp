@@ -1,5 +1,5 @@
 // The bucket plan: a pure function of (parameters with sizes and groups, settings). Identical
-// on every rank, so it is hashed and compared at startup. See DESIGN.md "Bucket plan".
+// on every rank, so it is hashed and compared at startup. See docs/architecture.md "Bucket plan".
 #pragma once
 
 #include <cstddef>

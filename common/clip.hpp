@@ -1,4 +1,4 @@
-// Gradient clipping's factor, shared by the resident optimizer (daemon/train/optimizer.cpp) and the
+// Gradient clipping's factor, shared by the resident optimizer (daemon/optim/optimizer.cpp) and the
 // host store (offload/), so both scale by exactly the same double. Header-only, torch-free.
 #pragma once
 

@@ -8,7 +8,7 @@
 
 namespace thetad {
 
-// Process exit codes (DESIGN.md "Interfaces users see").
+// Process exit codes (docs/architecture.md "Interfaces users see").
 enum ExitCode : int {
   kExitOk = 0,
   kExitOther = 1,

@@ -1,4 +1,4 @@
-// Per-step metrics as JSON lines (DESIGN.md "Interfaces users see"): one record per step and
+// Per-step metrics as JSON lines (docs/architecture.md "Interfaces users see"): one record per step and
 // rank, written and flushed as the step ends so a crashed run keeps every finished step.
 // Also the small JSON text helpers that the timeline shares.
 #pragma once
@@ -18,7 +18,7 @@ struct TaskLoss {
   double loss = 0.0;
 };
 
-// Every field DESIGN.md lists. Times in milliseconds, sizes in bytes; counters are per step
+// Every field docs/architecture.md lists. Times in milliseconds, sizes in bytes; counters are per step
 // (not cumulative) so that records can be summed or averaged by whoever reads them.
 struct StepRecord {
   int64_t step = 0;

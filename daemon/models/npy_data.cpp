@@ -13,8 +13,8 @@
 #include <random>
 
 #include "common/errors.hpp"
-#include "daemon/models/model.hpp"
 #include "daemon/core/npy.hpp"
+#include "daemon/models/model.hpp"
 
 namespace thetad::daemon {
 namespace {

@@ -1,10 +1,11 @@
 // The model's parameters by group (0 = shared Θ, t+1 = task t): which parameters each group
 // holds, in registration order, and where each one's values start in its group's flat layout
 // (the host store's and the checkpoint's order). Built once from the model; every room of the
-// worker reads it, none changes it.
+// worker reads it, none changes it. Also one group's state as checkpoints hold it.
 #pragma once
 
 #include <cstddef>
+#include <string>
 #include <vector>
 
 #include "daemon/models/model.hpp"
@@ -36,6 +37,14 @@ struct ParamGroups {
     for (int p : members.at(static_cast<size_t>(group))) n += (*this)[p].tensor.numel();
     return n;
   }
+};
+
+// One group's state: parameters and AdamW moments by name, and its optimizer step count.
+struct GroupState {
+  int group = 0;
+  std::vector<std::string> names;
+  std::vector<torch::Tensor> params, exp_avg, exp_avg_sq;  // CPU tensors when loaded
+  int64_t steps = 0;
 };
 
 }  // namespace thetad::daemon

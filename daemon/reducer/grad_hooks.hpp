@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "comm/engine.hpp"
+#include "daemon/device/data_plane.hpp"
 #include "daemon/models/param_groups.hpp"
-#include "daemon/train/data_plane.hpp"
 
 namespace torch::autograd {
 struct Node;

@@ -13,15 +13,9 @@
 #include <string>
 #include <vector>
 
-namespace thetad::daemon {
+#include "daemon/models/param_groups.hpp"
 
-// One group's state: parameters and AdamW moments by name, and its optimizer step count.
-struct GroupState {
-  int group = 0;
-  std::vector<std::string> names;
-  std::vector<torch::Tensor> params, exp_avg, exp_avg_sq;  // CPU tensors when loaded
-  int64_t steps = 0;
-};
+namespace thetad::daemon {
 
 struct CheckpointInfo {
   std::string path;

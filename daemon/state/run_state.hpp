@@ -10,10 +10,10 @@
 #include "comm/bootstrap.hpp"
 #include "comm/control_plane.hpp"
 #include "config/job.hpp"
-#include "daemon/state/checkpoint.hpp"
 #include "daemon/models/param_groups.hpp"
+#include "daemon/optim/resident_optimizer.hpp"
+#include "daemon/state/checkpoint.hpp"
 #include "daemon/store_bridge/store_bridge.hpp"
-#include "daemon/train/resident_optimizer.hpp"
 
 namespace thetad::daemon {
 

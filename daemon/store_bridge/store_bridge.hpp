@@ -18,11 +18,10 @@
 #include "comm/bucket_plan.hpp"
 #include "comm/engine.hpp"
 #include "config/job.hpp"
-#include "daemon/state/checkpoint.hpp"
-#include "daemon/models/param_groups.hpp"
 #include "daemon/core/schedule.hpp"
 #include "daemon/core/timeline.hpp"
-#include "daemon/train/data_plane.hpp"
+#include "daemon/device/data_plane.hpp"
+#include "daemon/models/param_groups.hpp"
 #include "offload/device.hpp"
 #include "offload/param_store.hpp"
 

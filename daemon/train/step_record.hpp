@@ -13,9 +13,9 @@
 #include <vector>
 
 #include "config/job.hpp"
-#include "daemon/core/progress.hpp"
 #include "daemon/core/metrics.hpp"
-#include "daemon/train/data_plane.hpp"
+#include "daemon/core/progress.hpp"
+#include "daemon/device/data_plane.hpp"
 
 namespace thetad::daemon {
 

@@ -1,4 +1,4 @@
-// Metrics JSON lines: every DESIGN.md field present, escaping, NaN -> null, one flushed line
+// Metrics JSON lines: every field of docs/architecture.md present, escaping, NaN -> null, one flushed line
 // per record, and a line that Python's json module reads back.
 #include <gtest/gtest.h>
 

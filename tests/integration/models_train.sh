@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Each model trains on 1 and 2 ranks and its loss falls on synthetic data (mean of the last 5
-# steps below 0.7 x the first 5); metrics carry every field of DESIGN.md; the timeline parses.
+# steps below 0.7 x the first 5); metrics carry every field of docs/architecture.md; the timeline parses.
 source "$(dirname "$0")/lib.sh"
 thetad=$1
 job=$HERE/jobs/small.yaml

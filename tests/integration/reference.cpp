@@ -14,11 +14,11 @@
 
 #include "common/errors.hpp"
 #include "config/loader.hpp"
-#include "daemon/state/checkpoint.hpp"
-#include "daemon/models/model.hpp"
-#include "daemon/train/optimizer.hpp"
-#include "daemon/core/schedule.hpp"
 #include "daemon/core/job_options.hpp"
+#include "daemon/core/schedule.hpp"
+#include "daemon/models/model.hpp"
+#include "daemon/optim/optimizer.hpp"
+#include "daemon/state/checkpoint.hpp"
 
 using namespace thetad;
 using namespace thetad::daemon;

@@ -1,7 +1,7 @@
 // Tensor implementation of the per-group optimizer (see optimizer.hpp). On host tensors the
 // fused, vectorized CPU Adam of offload/ does the work, so offloaded and resident groups step
 // with the same kernel (bitwise-equal results on the CPU).
-#include "daemon/train/optimizer.hpp"
+#include "daemon/optim/optimizer.hpp"
 
 #include <torch/version.h>
 

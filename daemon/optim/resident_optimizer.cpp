@@ -1,5 +1,5 @@
 // The device-resident groups' optimizer (see resident_optimizer.hpp).
-#include "daemon/train/resident_optimizer.hpp"
+#include "daemon/optim/resident_optimizer.hpp"
 
 #if THETAD_TORCH_CUDA
 #include <ATen/cuda/CUDAEvent.h>

@@ -1,5 +1,5 @@
 // Picking the device and the gradients' communicator (see data_plane.hpp).
-#include "daemon/train/data_plane.hpp"
+#include "daemon/device/data_plane.hpp"
 
 #if THETAD_TORCH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>

@@ -10,11 +10,10 @@
 
 #include "comm/engine.hpp"
 #include "config/job.hpp"
-#include "daemon/state/checkpoint.hpp"
-#include "daemon/train/optimizer.hpp"
+#include "daemon/device/data_plane.hpp"
 #include "daemon/models/param_groups.hpp"
+#include "daemon/optim/optimizer.hpp"
 #include "daemon/reducer/grad_hooks.hpp"
-#include "daemon/train/data_plane.hpp"
 
 namespace thetad::daemon {
 
