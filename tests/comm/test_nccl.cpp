@@ -1,5 +1,5 @@
 // The engine over NCCL (label gpu, 2 ranks on 2 GPUs): the same reference check as the MPI
-// engine tests, device buffers, plus the basic collectives. Skips without a GPU.
+// engine tests, device buffers, plus the basic collectives. Skips without a GPU per rank.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 #include <mpi.h>
@@ -16,12 +16,13 @@ using namespace std::chrono_literals;
 
 namespace {
 
-// Every rank must agree on skipping, or the others would wait in a collective forever.
+// One GPU per rank of a host (NCCL refuses two ranks on one device). Every rank must agree on
+// skipping, or the others would wait in a collective forever.
 bool gpus_available() {
   int n = 0;
-  const bool ok = cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+  const bool ok = cudaGetDeviceCount(&n) == cudaSuccess && n >= world_info().local_size;
   int local = ok ? 1 : 0, all = 0;
-  MPI_Allreduce(&local, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  MPI_CHECK(MPI_Allreduce(&local, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
   return all == 1;
 }
 
@@ -53,7 +54,7 @@ Memory device_memory() {
 }  // namespace
 
 TEST(Nccl, Collectives) {
-  if (!gpus_available()) GTEST_SKIP() << "no GPU";
+  if (!gpus_available()) GTEST_SKIP() << "fewer GPUs than ranks on this host";
   auto comm = nccl();
   const int r = comm->rank(), n = comm->size();
   auto buf = comm->allocate(4 * 1024);
@@ -73,7 +74,7 @@ TEST(Nccl, Collectives) {
 }
 
 TEST(Nccl, EngineMatchesReference) {
-  if (!gpus_available()) GTEST_SKIP() << "no GPU";
+  if (!gpus_available()) GTEST_SKIP() << "fewer GPUs than ranks on this host";
   auto comm = nccl();
   const int world = comm->size();
   for (bool prune : {true, false})
@@ -94,7 +95,7 @@ TEST(Nccl, EngineMatchesReference) {
 }
 
 TEST(Nccl, TimeoutAbortsAndNamesTheBucket) {
-  if (!gpus_available()) GTEST_SKIP() << "no GPU";
+  if (!gpus_available()) GTEST_SKIP() << "fewer GPUs than ranks on this host";
   auto comm = nccl();
   comm->set_default_timeout(2s);  // the watchdog's limit
   auto buf = comm->allocate(64);
