@@ -164,6 +164,22 @@ ControlPlane::AnyFlag ControlPlane::post_any(bool flag, const CollectiveTag& wha
   return f;
 }
 
+void ControlPlane::AnyFlag::keep_if_in_flight() noexcept {
+  if (work_ && !work_->is_completed()) new std::shared_ptr<int32_t>(std::move(flag_));  // left allocated
+}
+
+ControlPlane::AnyFlag::~AnyFlag() { keep_if_in_flight(); }
+
+ControlPlane::AnyFlag& ControlPlane::AnyFlag::operator=(AnyFlag&& o) noexcept {
+  if (this != &o) {
+    keep_if_in_flight();
+    work_ = std::move(o.work_);
+    timeout_ = o.timeout_;
+    flag_ = std::move(o.flag_);
+  }
+  return *this;
+}
+
 bool ControlPlane::AnyFlag::get() {
   if (!work_) return false;
   work_->wait(timeout_);

@@ -58,10 +58,17 @@ class ControlPlane {
   // reads, so no step waits for the slowest rank's host.
   class AnyFlag {
    public:
+    AnyFlag() = default;
+    AnyFlag(AnyFlag&&) = default;
+    AnyFlag& operator=(AnyFlag&& o) noexcept;
+    // A flag still in flight (an error unwound the loop) keeps its buffer: the collective may
+    // still write into it.
+    ~AnyFlag();
     bool pending() const { return work_ != nullptr; }
     bool get();  // blocks (bounded by the plane's timeout); false where nothing was posted
    private:
     friend class ControlPlane;
+    void keep_if_in_flight() noexcept;
     WorkPtr work_;
     std::chrono::milliseconds timeout_{0};
     std::shared_ptr<int32_t> flag_;

@@ -120,6 +120,14 @@ struct Engine::Impl {
     if (!local_active[bucket.group]) stats.buckets_zero_filled += 1;
   }
 
+  // Whether a collective of this window may still write into the engine's memory.
+  bool in_flight() const {
+    if (counts.in_flight()) return true;
+    for (const auto& w : works)
+      if (!w->is_completed()) return true;
+    return false;
+  }
+
   // Launches ready buckets in order; `all` launches every remaining one (finish_backward).
   void run(bool all) {
     if (!ensure_order(all)) return;
@@ -145,7 +153,15 @@ Engine::Engine(std::shared_ptr<Communicator> comm, BucketPlan plan, EngineOption
                            << (opts_.average == Average::contributors ? "contributors" : "world");
 }
 
-Engine::~Engine() = default;
+// An error that unwound a step can leave collectives in flight that still write into the engine's
+// memory (the count exchange's result, the buckets): freeing it under them corrupted the heap
+// when two ranks failed together and their exchange landed after the unwinding. Such an engine
+// leaves its memory allocated; the process is ending with that error anyway.
+Engine::~Engine() {
+  if (!impl_ || !impl_->in_flight()) return;
+  THETAD_LOG(warn, "comm") << "engine destroyed with collectives in flight: its buffers are left allocated";
+  (void)impl_.release();
+}
 
 float* Engine::bucket_data(int bucket) {
   if (bucket < 0 || bucket >= static_cast<int>(plan_.buckets.size()))

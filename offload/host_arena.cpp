@@ -237,16 +237,14 @@ HostArena::~HostArena() {
 
 void HostArena::release_window() noexcept {
   if (win_ == MPI_WIN_NULL) return;
-  const int rc = MPI_Win_free(&win_);
-  if (rc != MPI_SUCCESS) THETAD_LOG(warn, "offload") << "MPI_Win_free of the host arena failed (code " << rc << ")";
+  MPI_CHECK_NOTHROW(MPI_Win_free(&win_));
   win_ = MPI_WIN_NULL;
 }
 
 void HostArena::release_node() noexcept {
   plane_.reset();
   if (node_ == MPI_COMM_NULL) return;
-  const int rc = MPI_Comm_free(&node_);
-  if (rc != MPI_SUCCESS) THETAD_LOG(warn, "offload") << "MPI_Comm_free of the node communicator failed (code " << rc << ")";
+  MPI_CHECK_NOTHROW(MPI_Comm_free(&node_));
   node_ = MPI_COMM_NULL;
 }
 

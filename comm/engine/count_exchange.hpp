@@ -28,6 +28,8 @@ class CountExchange {
   void reset();
 
   bool ready() const { return ready_; }
+  // Whether an exchange was posted and has not completed (its result may still be written).
+  bool in_flight() const { return work_ && !work_->is_completed(); }
   // Per group, after fetch: ranks that used it.
   const std::vector<int32_t>& counts() const { return counts_; }
   // Per group, after fetch: the one rank that used it, -1 if not exactly one.
