@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <sstream>
 
 #include "common/errors.hpp"
 #include "common/hash.hpp"
@@ -268,6 +269,7 @@ class ScriptModel : public TaskModel {
       throw ConfigError(m.path + ": model.path: cannot load TorchScript model: " +
                         e.what_without_backtrace());
     }
+    check_contract(m.path);
     module_.train();
     std::vector<std::string> task_patterns;
     for (int64_t t = 0; t < m.tasks; ++t)
@@ -299,6 +301,26 @@ class ScriptModel : public TaskModel {
   std::vector<NamedParam>& params() override { return params_; }
   torch::Tensor forward(const torch::Tensor& x, int task) override {
     return module_.forward({x, static_cast<int64_t>(task)}).toTensor();
+  }
+
+  // What thetad calls, checked when the model is loaded (bad input: exit 2 before any step, not
+  // an interpreter error in the first forward).
+  void check_contract(const std::string& path) {
+    static const char* kExpected =
+        "forward(self, x: Tensor, task: int) -> Tensor (a batch of one task's rows and the 0-based task "
+        "index, returning that task's output)";
+    auto method = module_.find_method("forward");
+    if (!method) throw ConfigError(path + ": model.path: the TorchScript model has no forward; thetad calls " + kExpected);
+    const c10::FunctionSchema& schema = method->function().getSchema();
+    const auto& args = schema.arguments();  // self first
+    const auto& rets = schema.returns();
+    const bool ok = args.size() == 3 && args[1].type()->kind() == c10::TypeKind::TensorType &&
+                    args[2].type()->kind() == c10::TypeKind::IntType && rets.size() == 1 &&
+                    rets[0].type()->kind() == c10::TypeKind::TensorType;
+    if (ok) return;
+    std::ostringstream os;
+    os << schema;
+    throw ConfigError(path + ": model.path: the model's forward is " + os.str() + "; thetad calls " + kExpected);
   }
   LossKind loss_kind() const override { return LossKind::mse; }
 

@@ -43,6 +43,34 @@ if /usr/bin/python3 -c 'import torch' 2>/dev/null; then
   /usr/bin/python3 "$HERE/../../docs/examples/export_torchscript.py" "$WORK/model.pt" --input-dim 16 --tasks 4
   train "torchscript_np2" 2 --set model.kind=torchscript --set model.path="$WORK/model.pt" \
     --set 'model.shared=["trunk.*"]' --set 'model.task=heads.{t}.*'
+  # A model that breaks the contract (no task argument; a tuple returned): exit 2 on every rank
+  # before any step, naming the file and the expected form.
+  # (TorchScript reads the classes' source: a file, not standard input.)
+  cat > "$WORK/bad_models.py" <<'PY'
+import sys, torch
+from torch import nn
+from typing import Tuple
+class OneArg(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.trunk = nn.Linear(16, 8)
+        self.heads = nn.ModuleList([nn.Linear(8, 1) for _ in range(4)])
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.heads[0](self.trunk(x))
+class Pair(OneArg):
+    def forward(self, x: torch.Tensor, task: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        h = self.trunk(x)
+        return h, h
+torch.jit.script(OneArg()).save(sys.argv[1] + "/onearg.pt")
+torch.jit.script(Pair()).save(sys.argv[1] + "/pair.pt")
+PY
+  /usr/bin/python3 "$WORK/bad_models.py" "$WORK"
+  for bad in onearg pair; do
+    expect_code 2 "torchscript_$bad" mpirun "${MPIRUN_FLAGS[@]}" -np 2 "$thetad" run "$job" --no-resume \
+      --set model.kind=torchscript --set model.path="$WORK/$bad.pt" --set 'model.shared=["trunk.*"]' \
+      --set 'model.task=heads.{t}.*' --set checkpoint.dir="$WORK/$bad-ck"
+    expect_in "torchscript_$bad" "$bad.pt: model.path: the model's forward is .*thetad calls forward\\(self, x: Tensor, task: int\\) -> Tensor"
+  done
 else
   echo "python3-torch missing: TorchScript part skipped"
 fi
