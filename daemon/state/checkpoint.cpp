@@ -5,6 +5,7 @@
 #include <torch/serialize.h>
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -20,7 +21,9 @@
 
 #include "common/errors.hpp"
 #include "common/log.hpp"
+#include "comm/bucket_plan.hpp"
 #include "common/text.hpp"
+#include "daemon/core/manifest.hpp"
 
 namespace fs = std::filesystem;
 
@@ -30,12 +33,6 @@ namespace {
 std::string step_name(int64_t step) {
   std::ostringstream os;
   os << "step-" << std::setw(8) << std::setfill('0') << step;
-  return os.str();
-}
-
-std::string group_file(int group) {
-  std::ostringstream os;
-  os << "group-" << std::setw(4) << std::setfill('0') << group << ".pt";
   return os.str();
 }
 
@@ -103,12 +100,19 @@ void prune(const fs::path& root, int64_t step, int64_t keep) {
   for (size_t i = 0; i + keep_older < older.size(); ++i) fs::remove_all(older[i].second);
 }
 
-std::string read_text(const fs::path& p) {
-  std::ifstream in(p);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+// A checkpoint file's bytes; ConfigError naming it where it cannot be read whole.
+std::vector<char> read_bytes(const fs::path& p) {
+  std::error_code ec;
+  if (!fs::is_regular_file(p, ec))
+    throw ConfigError(p.string() + ": " + (fs::exists(p, ec) ? "not a regular file" : "missing") +
+                      " (the checkpoint is damaged; use --no-resume or another checkpoint.dir)");
+  std::ifstream in(p, std::ios::binary);
+  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) throw ConfigError(p.string() + ": cannot be read: " + std::strerror(errno));
+  return bytes;
 }
+
+std::string checksum_part(int rank) { return "checksums-rank-" + std::to_string(rank) + ".txt"; }
 
 }  // namespace
 
@@ -147,6 +151,7 @@ std::string write_checkpoint(const CheckpointWriter& w, int num_groups,
   w.barrier();
   if (ok) {
     try {
+      std::ostringstream sums;  // "group fnv1a64" per line: rank 0 puts them in the manifest
       for (int g = w.rank; g < num_groups; g += w.world) {
         GroupState st = group_state(g);
         c10::Dict<std::string, at::Tensor> dict;
@@ -156,8 +161,12 @@ std::string write_checkpoint(const CheckpointWriter& w, int num_groups,
           dict.insert("exp_avg_sq/" + st.names[i], st.exp_avg_sq[i].detach().cpu().contiguous());
         }
         dict.insert("steps", torch::tensor(st.steps, torch::kInt64));
-        write_file_durable(tmp / group_file(g), torch::pickle_save(c10::IValue(dict)));
+        const std::vector<char> bytes = torch::pickle_save(c10::IValue(dict));
+        write_file_durable(tmp / group_file_name(g), bytes);
+        sums << g << " " << comm::fnv1a64(bytes.data(), bytes.size()) << "\n";
       }
+      const std::string text = sums.str();
+      write_file_durable(tmp / checksum_part(w.rank), std::vector<char>(text.begin(), text.end()));
     } catch (const std::exception& e) {
       ok = false;
       error = e.what();
@@ -173,14 +182,28 @@ std::string write_checkpoint(const CheckpointWriter& w, int num_groups,
   // Rank 0 publishes: the manifest last, the directory renamed into place once everything in it
   // is on disk, then the rename itself synced.
   if (w.rank == 0) try {
-    std::ostringstream m;
-    m << "{\n  \"format\": \"thetad-checkpoint-1\",\n  \"job\": " << json_string(w.job_name)
-      << ",\n  \"job_hash\": \"" << w.job_hash << "\",\n  \"step\": " << w.step
-      << ",\n  \"world_size\": " << w.world << ",\n  \"groups\": [";
-    for (int g = 0; g < num_groups; ++g)
-      m << (g ? ", " : "") << "{\"group\": " << g << ", \"file\": \"" << group_file(g) << "\"}";
-    m << "]\n}\n";
-    std::string s = m.str();
+    Manifest m;
+    m.job = w.job_name;
+    m.job_hash = w.job_hash;
+    m.step = w.step;
+    m.world_size = w.world;
+    m.groups.resize(static_cast<size_t>(num_groups));
+    for (int g = 0; g < num_groups; ++g) m.groups[static_cast<size_t>(g)] = {g, group_file_name(g), 0, false};
+    for (int r = 0; r < w.world; ++r) {  // every rank's checksums, then its part file goes
+      const fs::path part = tmp / checksum_part(r);
+      std::ifstream in(part);
+      int g = 0;
+      uint64_t sum = 0;
+      while (in >> g >> sum) {
+        THETAD_CHECK(g >= 0 && g < num_groups, InternalError, part.string(), ": group ", g);
+        m.groups[static_cast<size_t>(g)].fnv1a64 = sum;
+        m.groups[static_cast<size_t>(g)].has_checksum = true;
+      }
+      fs::remove(part);
+    }
+    for (const auto& g : m.groups)
+      THETAD_CHECK(g.has_checksum, InternalError, "checkpoint: no checksum for group ", g.group);
+    const std::string s = manifest_json(m);
     write_file_durable(tmp / "manifest.json", std::vector<char>(s.begin(), s.end()));
     sync_dir(tmp);
     fs::remove_all(final_dir);  // the same step written before (a rerun): replaced whole
@@ -194,6 +217,53 @@ std::string write_checkpoint(const CheckpointWriter& w, int num_groups,
   }
   agree(" on rank 0");
   return final_dir.string();
+}
+
+CheckpointDirLock::CheckpointDirLock(const std::string& dir, const std::string& job_name) {
+  const auto refuse = [&](const std::string& why) {
+    throw ConfigError("checkpoint.dir " + dir + ": " + why + " (found before any step)");
+  };
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec || !fs::is_directory(dir, ec)) refuse(fs::exists(dir) ? "exists and is not a directory" : "cannot be created: " + ec.message());
+  const fs::path lock = fs::path(dir) / ".lock";
+  fd_ = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd_ < 0) refuse(std::string("not writable: ") + std::strerror(errno));
+  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    std::string holder(256, '\0');
+    const ssize_t n = ::pread(fd_, holder.data(), holder.size(), 0);
+    holder.resize(n > 0 ? static_cast<size_t>(n) : 0);
+    while (!holder.empty() && (holder.back() == '\n' || holder.back() == '\0')) holder.pop_back();
+    ::close(fd_);
+    fd_ = -1;
+    if (err == EWOULDBLOCK)
+      refuse("in use by another job (" + (holder.empty() ? std::string("holder unknown") : holder) +
+             "); two jobs on one checkpoint directory would publish over each other's steps");
+    refuse(std::string("cannot be locked: ") + std::strerror(err));
+  }
+  char host[256] = {0};
+  ::gethostname(host, sizeof host - 1);
+  const std::time_t now = std::time(nullptr);
+  char stamp[32];
+  std::tm utc{};
+  gmtime_r(&now, &utc);
+  std::strftime(stamp, sizeof stamp, "%Y-%m-%dT%H:%M:%SZ", &utc);
+  const std::string who = "job " + job_name + ", pid " + std::to_string(::getpid()) + " on " + host + " since " + stamp;
+  if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, who.data(), who.size(), 0) != static_cast<ssize_t>(who.size()))
+    refuse(std::string("not writable: ") + std::strerror(errno));
+  // The checkpoints themselves need files written and synced in it: prove it now, not after training.
+  const fs::path probe = fs::path(dir) / ".write-probe";
+  try {
+    write_file_durable(probe, std::vector<char>(who.begin(), who.end()));
+    fs::remove(probe);
+  } catch (const std::exception& e) {
+    refuse(std::string("not writable: ") + e.what());
+  }
+}
+
+CheckpointDirLock::~CheckpointDirLock() {
+  if (fd_ >= 0) ::close(fd_);  // releases the lock
 }
 
 std::string set_aside_checkpoints(const std::string& dir) {
@@ -217,34 +287,72 @@ std::string set_aside_checkpoints(const std::string& dir) {
   return aside.string();
 }
 
-GroupState load_group(const CheckpointInfo& ckpt, int group, const std::string& expected_job_hash) {
-  const fs::path dir(ckpt.path);
-  const std::string manifest = read_text(dir / "manifest.json");
-  static const std::regex hash_re("\"job_hash\": \"([0-9a-f]+)\"");
-  std::smatch m;
-  if (!std::regex_search(manifest, m, hash_re))
-    throw ConfigError(ckpt.path + "/manifest.json: no job_hash");
-  if (!expected_job_hash.empty() && m[1].str() != expected_job_hash)
-    throw ConfigError(ckpt.path + "/manifest.json: checkpoint is of another model (job_hash " +
-                      m[1].str() + ", this job " + expected_job_hash +
-                      "); use --no-resume or another checkpoint.dir");
-  const fs::path file = dir / group_file(group);
-  std::ifstream in(file, std::ios::binary);
-  if (!in) throw ConfigError(file.string() + ": missing from checkpoint");
-  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  auto dict = torch::pickle_load(bytes).toGenericDict();
+CheckpointReader::CheckpointReader(const CheckpointInfo& ckpt, int num_groups, const std::string& expected_job_hash)
+    : ckpt_(ckpt) {
+  const fs::path path = fs::path(ckpt.path) / "manifest.json";
+  const std::vector<char> text = read_bytes(path);
+  manifest_ = parse_manifest(std::string(text.begin(), text.end()), path.string());
+  if (manifest_.step != ckpt.step)
+    throw ConfigError(path.string() + ": step: " + std::to_string(manifest_.step) + " but the directory is of step " +
+                      std::to_string(ckpt.step) + " (the checkpoint is damaged; use --no-resume or another "
+                      "checkpoint.dir)");
+  if (!expected_job_hash.empty() && manifest_.job_hash != expected_job_hash)
+    throw ConfigError(path.string() + ": checkpoint is of another model (job_hash " + manifest_.job_hash +
+                      ", this job " + expected_job_hash + "); use --no-resume or another checkpoint.dir");
+  if (num_groups >= 0 && static_cast<int>(manifest_.groups.size()) != num_groups)
+    throw ConfigError(path.string() + ": groups: " + std::to_string(manifest_.groups.size()) + " groups, this job has " +
+                      std::to_string(num_groups) + " (use --no-resume or another checkpoint.dir)");
+}
+
+GroupState CheckpointReader::load_group(int group) const {
+  THETAD_CHECK(group >= 0 && group < static_cast<int>(manifest_.groups.size()), InternalError, "no group ", group,
+               " in ", ckpt_.path);
+  const ManifestGroup& mg = manifest_.groups[static_cast<size_t>(group)];
+  const fs::path file = fs::path(ckpt_.path) / mg.file;  // a fixed name: parse_manifest allows no path
+  const std::vector<char> bytes = read_bytes(file);
+  const auto damaged = [&](const std::string& what) {
+    return ConfigError(file.string() + ": " + what + " (the checkpoint is damaged; use --no-resume or another "
+                       "checkpoint.dir)");
+  };
+  if (mg.has_checksum) {
+    const uint64_t sum = comm::fnv1a64(bytes.data(), bytes.size());
+    if (sum != mg.fnv1a64) {
+      std::ostringstream os;
+      os << "checksum " << std::hex << std::setw(16) << std::setfill('0') << sum << " where manifest.json says "
+         << std::setw(16) << mg.fnv1a64 << " (" << std::dec << bytes.size() << " bytes)";
+      throw damaged(os.str());
+    }
+  }
+  const c10::impl::GenericDict dict = [&] {
+    try {
+      c10::IValue v = torch::pickle_load(bytes);
+      if (!v.isGenericDict()) throw damaged("not a dict of tensors");
+      return v.toGenericDict();
+    } catch (const c10::Error& e) {
+      throw damaged(std::string("not a dict of tensors: ") + e.what_without_backtrace());
+    }
+  }();
+  const auto tensor = [&](const std::string& key) {
+    auto it = dict.find(key);
+    if (it == dict.end()) throw damaged("key '" + key + "' missing");
+    if (!it->value().isTensor()) throw damaged("key '" + key + "' is not a tensor");
+    return it->value().toTensor();
+  };
   GroupState st;
   st.group = group;
   for (const auto& item : dict) {
+    if (!item.key().isString()) throw damaged("a key that is not a string");
     const std::string key = item.key().toStringRef();
     if (key.rfind("param/", 0) == 0) st.names.push_back(key.substr(6));
   }
   for (const auto& name : st.names) {
-    st.params.push_back(dict.at("param/" + name).toTensor());
-    st.exp_avg.push_back(dict.at("exp_avg/" + name).toTensor());
-    st.exp_avg_sq.push_back(dict.at("exp_avg_sq/" + name).toTensor());
+    st.params.push_back(tensor("param/" + name));
+    st.exp_avg.push_back(tensor("exp_avg/" + name));
+    st.exp_avg_sq.push_back(tensor("exp_avg_sq/" + name));
   }
-  st.steps = dict.at("steps").toTensor().item<int64_t>();
+  const at::Tensor steps = tensor("steps");
+  if (steps.numel() != 1 || steps.scalar_type() != at::kLong) throw damaged("key 'steps' is not one int64");
+  st.steps = steps.item<int64_t>();
   return st;
 }
 

@@ -67,6 +67,7 @@ int64_t RunState::resume(bool resume, std::vector<int64_t>& group_steps) {
   if (job_.checkpoint.dir.empty()) return 0;
   const std::string dir = config::expand_path(job_.checkpoint.dir, job_, 0);
   const int64_t step = plane_.run_on_root(0, {"choosing the checkpoint to resume from"}, [&]() -> int64_t {
+    lock_ = std::make_unique<CheckpointDirLock>(dir, job_.name);
     if (!resume) {
       const std::string aside = set_aside_checkpoints(dir);
       if (!aside.empty()) {
@@ -80,9 +81,9 @@ int64_t RunState::resume(bool resume, std::vector<int64_t>& group_steps) {
   });
   if (step < 0) return 0;
   const CheckpointInfo ckpt{checkpoint_path(dir, step), step};
-  const std::string hash = model_hash(job_);
+  const CheckpointReader reader(ckpt, groups_.num_groups(), model_hash(job_));
   for (int g = 0; g < groups_.num_groups(); ++g) {
-    const GroupState st = in_parameter_order(load_group(ckpt, g, hash), groups_, g, ckpt.path);
+    const GroupState st = in_parameter_order(reader.load_group(g), groups_, g, ckpt.path);
     if (store_ && store_->offloaded(g)) store_->restore(g, st);
     else resident_.restore(g, st);
     group_steps[static_cast<size_t>(g)] = st.steps;

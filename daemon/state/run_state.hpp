@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "comm/bootstrap.hpp"
@@ -34,6 +35,7 @@ class RunState {
 
  private:
   GroupState state(int g);
+  std::unique_ptr<CheckpointDirLock> lock_;  // rank 0: checkpoint.dir is this run's
   const config::Job& job_;
   const comm::WorldInfo world_;
   comm::ControlPlane& plane_;

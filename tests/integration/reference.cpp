@@ -123,8 +123,9 @@ int main(int argc, char** argv) {
     // by max |reference| over the group (a lone bias element is judged at its layer's scale).
     double worst = 0;
     std::string worst_name;
+    const CheckpointReader reader(*ckpt, G, "");
     for (int g = 0; g < G; ++g) {
-      GroupState st = load_group(*ckpt, g, "");
+      GroupState st = reader.load_group(g);
       double max_ref = 1e-12, max_diff = 0;
       std::string where;
       for (size_t i = 0; i < st.names.size(); ++i) {
