@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
+#include <limits>
 #include <string>
 
 #include "config/limits.hpp"
@@ -17,6 +19,18 @@ namespace {
 
 std::string num(double v) { return format_double(v); }
 std::string num(int64_t v) { return std::to_string(v); }
+
+// `elems` fp32 elements as bytes with a binary unit ("64 GiB").
+std::string fp32_size(double elems) {
+  static const char* const units[] = {"bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  double v = elems * 4;
+  int u = 0;
+  while (v >= 1024 && u < 6) v /= 1024, ++u;
+  char buf[32];
+  const bool whole = v == std::trunc(v) || v >= 10 || u == 0;
+  std::snprintf(buf, sizeof buf, whole ? "%.0f %s" : "%.1f %s", v, units[u]);
+  return buf;
+}
 
 class Checker {
  public:
@@ -103,6 +117,9 @@ class Checker {
   void top_level() {
     if (d_.given("steps")) above<int64_t>("steps", j_.steps, 0);
     at_least<int64_t>("accumulate_steps", j_.accumulate_steps, 1);
+    at_most<int64_t>("accumulate_steps", j_.accumulate_steps, kMaxAccumulateSteps,
+                     "micro-steps of one optimizer step");
+    micro_steps_fit();
     one_of("precision");
     bool name_ok = !j_.name.empty();
     for (char c : j_.name)
@@ -110,6 +127,19 @@ class Checker {
     if (!name_ok)
       fail("job", "must be a non-empty name of letters, digits, '.', '_' and '-' (it becomes part "
                   "of paths through {job}); got '" + j_.name + "'");
+  }
+
+  // Micro-step m of step s has index s x accumulate_steps + m: the last one must fit an int64.
+  void micro_steps_fit() {
+    const int64_t k = j_.accumulate_steps;
+    if (!d_.given("steps") || !ok("steps") || !ok("accumulate_steps") || j_.steps <= 0 || k < 1 ||
+        k > kMaxAccumulateSteps)
+      return;
+    const int64_t most = std::numeric_limits<int64_t>::max() / k;
+    if (j_.steps > most)
+      fail("steps", "steps x accumulate_steps (" + num(j_.steps) + " x " + num(k) +
+                        ") micro-steps overflow the 64-bit micro-step index; with accumulate_steps " +
+                        num(k) + " steps must be <= " + num(most));
   }
 
   void model() {
@@ -132,6 +162,7 @@ class Checker {
     if (!ok("model.kind") || unknown("model.kind")) return;
     if (m.kind == ModelKind::MultitaskAdapter) {
       at_least<int64_t>("model.adapter_rank", m.adapter_rank, 1);
+      at_most<int64_t>("model.adapter_rank", m.adapter_rank, kMaxDim, "a layer dimension");
     } else if (m.kind == ModelKind::ExtremeClassifier) {
       if (m.classes <= 0) {
         fail("model.classes", "extreme_classifier needs classes > 0, got " + num(m.classes),
@@ -147,6 +178,105 @@ class Checker {
                                              "), got " + num(m.negatives_per_step));
     } else if (m.kind == ModelKind::Torchscript) {
       torchscript();
+    }
+    if (m.kind != ModelKind::Torchscript) model_size();
+  }
+
+  // The built-in models' parameter shapes follow from the model keys (daemon/models/models.cpp
+  // builds them): the largest parameter and the total are bounded before anything is allocated.
+  // Skipped while a key it reads is out of its own range (that is reported already).
+  void model_size() {
+    const ModelConfig& m = j_.model;
+    for (const char* key : {"model.input_dim", "model.hidden", "model.output_dim", "model.trunk_layers",
+                            "model.head_layers", "model.tasks", "model.adapter_rank", "model.classes",
+                            "offload.shard_mb"})
+      if (!ok(key)) return;
+    auto in = [](int64_t v, int64_t lo, int64_t hi) { return v >= lo && v <= hi; };
+    if (!in(m.input_dim, 1, kMaxDim) || !in(m.hidden, 1, kMaxDim) || !in(m.output_dim, 1, kMaxDim) ||
+        !in(m.trunk_layers, 0, kMaxLayers) || !in(m.head_layers, 1, kMaxLayers) || !in(m.tasks, 1, kMaxTasks))
+      return;
+    if (m.kind == ModelKind::MultitaskAdapter && !in(m.adapter_rank, 1, kMaxDim)) return;
+    if (m.kind == ModelKind::ExtremeClassifier && !in(m.classes, m.tasks, int64_t{1} << 32)) return;
+
+    // The largest parameter: its description, its two dimensions and the keys they come from.
+    struct Largest {
+      double elems = 0;
+      std::string what, rkey, ckey;
+      int64_t rows = 0, cols = 0;
+    } big;
+    auto matrix = [&](const std::string& what, int64_t rows, const char* rkey, int64_t cols, const char* ckey) {
+      const double e = double(rows) * double(cols);
+      if (e > big.elems) big = {e, what, rkey, ckey, rows, cols};
+      return e;
+    };
+    const double H = double(m.hidden);
+    // `n` more hidden x hidden layers with their biases (none: nothing is counted).
+    auto square_layers = [&](int64_t n, const std::string& what) {
+      return n > 0 ? double(n) * (matrix(what, m.hidden, "model.hidden", m.hidden, "model.hidden") + H) : 0.0;
+    };
+    double shared = 0, per_task = 0;  // elements of Θ and of one θ[t] (the largest slice)
+    std::string per_task_keys;
+    if (m.kind == ModelKind::MultitaskMlp) {
+      if (m.trunk_layers >= 1)
+        shared = matrix("trunk.0.weight", m.hidden, "model.hidden", m.input_dim, "model.input_dim") + H +
+                 square_layers(m.trunk_layers - 1, "trunk.<i>.weight");
+      const bool trunk = m.trunk_layers >= 1;
+      const int64_t dim = trunk ? m.hidden : m.input_dim;
+      const char* dim_key = trunk ? "model.hidden" : "model.input_dim";
+      if (m.head_layers == 1) {
+        per_task = matrix("heads.<t>.0.weight", m.output_dim, "model.output_dim", dim, dim_key) + double(m.output_dim);
+      } else {
+        per_task = matrix("heads.<t>.0.weight", m.hidden, "model.hidden", dim, dim_key) + H +
+                   square_layers(m.head_layers - 2, "heads.<t>.<i>.weight") +
+                   matrix("heads.<t>.<last>.weight", m.output_dim, "model.output_dim", m.hidden, "model.hidden") +
+                   double(m.output_dim);
+      }
+      per_task_keys = "model.head_layers";
+    } else if (m.kind == ModelKind::MultitaskAdapter) {
+      const double blocks = double(std::max<int64_t>(m.trunk_layers, 1));
+      shared = matrix("embed.weight", m.hidden, "model.hidden", m.input_dim, "model.input_dim") + H +
+               square_layers(2 * std::max<int64_t>(m.trunk_layers, 1), "blocks.<i>.fc1.weight");
+      per_task = 2 * blocks * matrix("adapters.<t>.<i>.down", m.adapter_rank, "model.adapter_rank", m.hidden, "model.hidden") +
+                 matrix("heads.<t>.weight", m.output_dim, "model.output_dim", m.hidden, "model.hidden") +
+                 double(m.output_dim);
+      per_task_keys = "model.adapter_rank";
+    } else if (m.kind == ModelKind::ExtremeClassifier) {
+      shared = matrix("encoder.0.weight", m.hidden, "model.hidden", m.input_dim, "model.input_dim") + H +
+               square_layers(std::max<int64_t>(m.trunk_layers, 1) - 1, "encoder.<i>.weight");
+      const int64_t rows = m.classes / m.tasks + (m.classes % m.tasks ? 1 : 0);  // the largest slice
+      const bool sharded = j_.offload.shard_mb > 0;
+      matrix(sharded ? "output.<t>.weight_bias" : "output.<t>.weight", rows, "model.classes",
+             sharded ? m.hidden + 1 : m.hidden, "model.hidden");
+      per_task = double(rows) * (H + 1);
+      per_task_keys = "model.classes";
+    }
+    if (big.elems > kMaxTensorElems) {
+      // At the key of the parameter's dimensions that the file gives (else the section's line).
+      const std::string key = d_.given(big.rkey) || !d_.given(big.ckey) ? big.rkey : big.ckey;
+      fail(key, "the largest parameter of " + to_string(m.kind) + ", " + big.what + " [" + big.rkey +
+                    " x " + big.ckey + " = " + num(big.rows) + " x " + num(big.cols) + "], has " +
+                    num(big.elems) + " elements (" + fp32_size(big.elems) + "); a parameter may have at most 2^34 = " +
+                    num(kMaxTensorElems) + " elements (" + fp32_size(kMaxTensorElems) + ")",
+           "model");
+      return;
+    }
+    // The extreme classifier's slices add up to classes rows, not tasks x the largest.
+    const double tasks_total = m.kind == ModelKind::ExtremeClassifier ? double(m.classes) * (H + 1)
+                                                                      : double(m.tasks) * per_task;
+    const double total = shared + tasks_total;
+    if (total > kMaxModelParams) {
+      const std::string key = m.kind == ModelKind::ExtremeClassifier ? "model.classes"
+                              : d_.given("model.tasks")                ? "model.tasks"
+                                                                       : "model.hidden";
+      const std::string tasks_part = m.kind == ModelKind::ExtremeClassifier
+          ? "model.classes x (model.hidden + 1) = " + num(m.classes) + " x " + num(m.hidden + 1)
+          : "model.tasks (" + num(m.tasks) + ") x " + num(per_task) + " per task";
+      fail(key, "the parameters of " + to_string(m.kind) + " add up to " + num(total) + " elements (" +
+                    fp32_size(total) + "): " + num(shared) + " shared + " + tasks_part +
+                    " (model.input_dim, model.hidden, model.output_dim, model.trunk_layers, " + per_task_keys +
+                    "); a model may have at most 2^38 = " + num(kMaxModelParams) + " parameters (" +
+                    fp32_size(kMaxModelParams) + ")",
+           "model");
     }
   }
 
@@ -235,7 +365,9 @@ class Checker {
       sum += w[i] > 0 ? w[i] : 0;
     }
     if (sum <= 0) fail("data.weights", "at least one weight must be > 0");
-    else if (!std::isfinite(sum)) fail("data.weights", "the weights must have a finite sum, got " + num(sum));
+    else if (!std::isfinite(sum))
+      fail("data.weights", "the weights must have a finite sum (they are relative frequencies: scale "
+                           "them down), got " + num(sum));
   }
 
   void per_rank(int64_t T, bool tasks_ok) {
@@ -294,6 +426,12 @@ class Checker {
            "comm.first_bucket_mb (" + num(c.first_bucket_mb) +
                ") must be <= comm.bucket_cap_mb (" + num(c.bucket_cap_mb) + ")");
     }
+    // A bucket of 0 bytes (mib_to_bytes truncates) holds nothing: at least one fp32 element.
+    for (const auto& [key, v] : {std::pair<const char*, double>{"comm.bucket_cap_mb", c.bucket_cap_mb},
+                                 {"comm.first_bucket_mb", c.first_bucket_mb}})
+      if (v > 0 && double(mib_to_bytes(v)) < kMinBucketBytes)
+        fail(key, "must be at least 4 bytes (one fp32 element), " + num(kMinBucketBytes / 1048576.0) +
+                      " MiB; got " + num(v) + " MiB (" + std::to_string(mib_to_bytes(v)) + " bytes)");
     above("comm.timeout_s", c.timeout_s, 0.0);
     at_most("comm.timeout_s", c.timeout_s, 1e7, "116 days");
     at_most("comm.bucket_cap_mb", c.bucket_cap_mb, kMaxMiB, "1 PiB");
@@ -308,13 +446,69 @@ class Checker {
     at_least("offload.shard_mb", o.shard_mb, 0.0);
     at_least("offload.host_limit_mb", o.host_limit_mb, 0.0);
     at_least<int64_t>("offload.cpu_threads", o.cpu_threads, 0);
+    at_most<int64_t>("offload.prefetch", o.prefetch, kMaxPrefetch, "steps planned ahead at every step");
+    at_most<int64_t>("offload.cpu_threads", o.cpu_threads, kMaxCpuThreads, "threads of one rank");
     for (const auto& [key, v] : {std::pair<const char*, double>{"offload.device_budget_mb", o.device_budget_mb},
                                  {"offload.shard_mb", o.shard_mb}, {"offload.host_limit_mb", o.host_limit_mb}})
       at_most(key, v, kMaxMiB, "1 PiB");
     if (o.shard_mb > 0 && o.shard_mb <= kMaxMiB && ok("offload.shard_mb") && ok("model.kind")) shards();
+    if (o.enabled && o.device_budget_mb == 0 && ok("offload.device_budget_mb") && ok("offload.enabled"))
+      slots_cover_step();
     if (o.enabled && is("optimizer.kind", j_.optimizer.kind, OptimizerKind::Sgd))
       fail("offload.enabled", "the host store steps Adam/AdamW only; set optimizer.kind to adam or "
                               "adamw, or offload.enabled to false", "optimizer.kind");
+  }
+
+  // Every task group a rank uses in an optimizer step (the union over its micro-steps) is held in
+  // a device slot from the step's start to its optimizer step (daemon/store_bridge prepare_step),
+  // so device_slots (no device_budget_mb) must cover the most groups a step can use. Round robin:
+  // the worst case over world sizes (exact with one rank). Row-sharded groups (extreme_classifier
+  // with shard_mb) stream their shards instead; the store checks their 2 slots.
+  void slots_cover_step() {
+    const int64_t slots = j_.offload.device_slots;
+    const int64_t T = j_.model.tasks, k = j_.data.tasks_per_rank, A = j_.accumulate_steps;
+    const DataConfig& dc = j_.data;
+    if (!ok("offload.device_slots") || slots < 1 || !ok("model.tasks") || T < 1 || T > kMaxTasks ||
+        !ok("accumulate_steps") || A < 1 || A > kMaxAccumulateSteps || !ok("data.schedule") ||
+        unknown("data.schedule") || !ok("model.kind") || unknown("model.kind"))
+      return;
+    if (j_.model.kind == ModelKind::ExtremeClassifier && j_.offload.shard_mb > 0) return;
+    int64_t groups = 0;
+    std::string why;
+    switch (dc.schedule) {
+      case ScheduleKind::RoundRobin:
+      case ScheduleKind::Weighted: {
+        if (!ok("data.tasks_per_rank") || k < 1 || k > std::min(T, kMaxTasksPerRank)) return;
+        int64_t distinct = T;  // weighted: a task of weight 0 is never drawn
+        std::string cap = "model.tasks";
+        if (dc.schedule == ScheduleKind::Weighted) {
+          if (!ok("data.weights") || static_cast<int64_t>(dc.weights.size()) != T) return;
+          distinct = std::count_if(dc.weights.begin(), dc.weights.end(), [](double w) { return w > 0; });
+          cap = "the tasks of weight > 0";
+        }
+        groups = std::min(k * A, distinct);  // k, A <= 2^20: no overflow
+        why = "data.tasks_per_rank x accumulate_steps = " + num(k) + " x " + num(A) + ", at most " + cap +
+              " (" + num(distinct) + ")";
+        break;
+      }
+      case ScheduleKind::PerRank:
+        if (!ok("data.per_rank")) return;
+        for (const auto& list : dc.per_rank) groups = std::max<int64_t>(groups, list.size());
+        why = "the longest list of data.per_rank; the same tasks every micro-step";
+        break;
+      case ScheduleKind::All:
+      case ScheduleKind::Alternate:
+        groups = T;
+        why = "every task, model.tasks";
+        break;
+    }
+    if (slots < groups)
+      fail("offload.device_slots",
+           "is " + num(slots) + ", fewer than the " + num(groups) + " task groups a rank can use in one "
+           "optimizer step with schedule '" + to_string(dc.schedule) + "' (" + why + "), all held on the "
+           "device until the step's optimizer; raise it to >= " + num(groups) +
+               " or set offload.device_budget_mb",
+           "offload.enabled");
   }
 
   // Row shards inside a group: only the extreme classifier computes over them (its full softmax

@@ -247,6 +247,68 @@ const std::vector<BadJob>& bad_jobs() {
       {"unknown_placeholder", kHead + "checkpoint:\n  dir: runs/{jobname}/ckpt\n",
        {"bad.yaml:5:3: checkpoint.dir: unknown placeholder '{jobname}'"}},
       {"job_name_with_slash", kHead + "job: a/b\n", {"bad.yaml:4:1: job: must be a non-empty name"}},
+      // Decidable from the job, else found only by `run` (issue 19, class 6).
+      {"device_slots_below_step_groups",
+       "steps: 10\nmodel: {kind: multitask_mlp, tasks: 4}\ndata: {tasks_per_rank: 3}\n"
+       "offload:\n  enabled: true\n  device_slots: 1\n",
+       {"bad.yaml:6:3: offload.device_slots: is 1, fewer than the 3 task groups a rank can use in one "
+        "optimizer step with schedule 'round_robin'",
+        "data.tasks_per_rank x accumulate_steps = 3 x 1, at most model.tasks (4)"}},
+      {"device_slots_default_below_all_tasks",
+       "steps: 10\nmodel: {kind: multitask_mlp, tasks: 8}\ndata: {schedule: all}\noffload:\n  enabled: true\n",
+       {"bad.yaml:5:3: offload.device_slots: is 4, fewer than the 8 task groups", "'all'"}},
+      {"device_slots_below_accumulated_groups",
+       "steps: 10\naccumulate_steps: 3\nmodel: {kind: multitask_mlp, tasks: 8}\ndata: {tasks_per_rank: 2}\n"
+       "offload: {enabled: true, device_slots: 5}\n",
+       {"bad.yaml:5:", "offload.device_slots: is 5, fewer than the 6 task groups",
+        "= 2 x 3, at most model.tasks (8)"}},
+      {"device_slots_below_per_rank_list",
+       "steps: 10\nmodel: {kind: multitask_mlp, tasks: 4}\ndata:\n  schedule: per_rank\n"
+       "  per_rank: [[0], [1, 2, 3]]\noffload: {enabled: true, device_slots: 2}\n",
+       {"bad.yaml:6:", "offload.device_slots: is 2, fewer than the 3 task groups", "longest list of data.per_rank"}},
+      {"bucket_cap_below_one_float", kHead + "comm:\n  bucket_cap_mb: 1e-30\n",
+       {"bad.yaml:5:3: comm.bucket_cap_mb: must be at least 4 bytes (one fp32 element), 3.814697265625e-06 MiB",
+        "(0 bytes)"}},
+      {"first_bucket_below_one_float", kHead + "comm:\n  first_bucket_mb: 0.000002\n",
+       {"bad.yaml:5:3: comm.first_bucket_mb: must be at least 4 bytes", "(2 bytes)"}},
+      {"weights_sum_infinite",
+       "steps: 10\nmodel: {kind: multitask_mlp, tasks: 2}\ndata:\n  schedule: weighted\n  weights: [1e308, 1e308]\n",
+       {"bad.yaml:5:3: data.weights: the weights must have a finite sum", ".inf"}},
+      {"layer_of_a_petabyte",
+       "steps: 10\nmodel:\n  kind: multitask_mlp\n  input_dim: 16777216\n  hidden: 16777216\ndata: {}\n",
+       {"bad.yaml:5:3: model.hidden: the largest parameter of multitask_mlp, trunk.0.weight [model.hidden x "
+        "model.input_dim = 16777216 x 16777216], has 281474976710656 elements (1 PiB)",
+        "at most 2^34 = 17179869184 elements (64 GiB)"}},
+      {"head_of_a_petabyte",
+       "steps: 10\nmodel:\n  kind: multitask_mlp\n  trunk_layers: 0\n  input_dim: 16777216\n"
+       "  output_dim: 16777216\ndata: {}\n",
+       {"bad.yaml:6:3: model.output_dim: the largest parameter", "heads.<t>.0.weight"}},
+      {"model_total_too_large",
+       "steps: 10\nmodel:\n  kind: multitask_mlp\n  tasks: 1048576\n  input_dim: 4096\n  hidden: 4096\n"
+       "  head_layers: 2\ndata: {}\n",
+       {"bad.yaml:4:3: model.tasks: the parameters of multitask_mlp add up to", "model.tasks (1048576) x",
+        "at most 2^38 = 274877906944 parameters (1 TiB)"}},
+      {"extreme_slice_too_large",
+       "steps: 10\nmodel:\n  kind: extreme_classifier\n  tasks: 1\n  classes: 4294967296\n  hidden: 4096\n"
+       "data: {}\n",
+       {"bad.yaml:5:3: model.classes: the largest parameter of extreme_classifier, output.<t>.weight "
+        "[model.classes x model.hidden = 4294967296 x 4096]"}},
+      {"adapter_rank_huge",
+       "steps: 10\nmodel:\n  kind: multitask_adapter\n  adapter_rank: 1073741824\ndata: {}\n",
+       {"bad.yaml:4:3: model.adapter_rank: must be <= 16777216"}},
+      {"adapter_too_large",
+       "steps: 10\nmodel:\n  kind: multitask_adapter\n  hidden: 65536\n  adapter_rank: 16777216\ndata: {}\n",
+       {"bad.yaml:", "model.adapter_rank: the largest parameter of multitask_adapter, adapters.<t>.<i>.down"}},
+      {"accumulate_huge", kHead + "accumulate_steps: 9223372036854775807\n",
+       {"bad.yaml:4:1: accumulate_steps: must be <= 1048576"}},
+      {"steps_times_accumulate_overflow",
+       "steps: 9100000000000000\naccumulate_steps: 1024\nmodel: {kind: multitask_mlp}\ndata: {}\n",
+       {"bad.yaml:1:1: steps: steps x accumulate_steps (9100000000000000 x 1024) micro-steps overflow",
+        "steps must be <= 9007199254740991"}},
+      {"prefetch_huge", kHead + "offload:\n  prefetch: 1000000000000\n",
+       {"bad.yaml:5:3: offload.prefetch: must be <= 1024"}},
+      {"cpu_threads_huge", kHead + "offload:\n  cpu_threads: 1000000000\n",
+       {"bad.yaml:5:3: offload.cpu_threads: must be <= 4096"}},
   };
   return rows;
 }
