@@ -148,6 +148,16 @@ struct TimelineConfig {
   std::string path;               // Chrome-trace JSON per rank; "{rank}" and "{job}" expand
 };
 
+// A job name: letters, digits, '.', '_' and '-', at most 255 of them, not "." or ".." (it becomes
+// part of paths through {job}, and checkpoint manifests carry it).
+inline bool is_job_name(const std::string& s) {
+  if (s.empty() || s.size() > 255 || s == "." || s == "..") return false;
+  for (char c : s)
+    if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-'))
+      return false;
+  return true;
+}
+
 struct Job {
   std::string source;             // the file it came from
   std::string name = "thetad-job";  // key `job`

@@ -121,12 +121,9 @@ class Checker {
                      "micro-steps of one optimizer step");
     micro_steps_fit();
     one_of("precision");
-    bool name_ok = !j_.name.empty();
-    for (char c : j_.name)
-      name_ok = name_ok && (std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.');
-    if (!name_ok)
-      fail("job", "must be a non-empty name of letters, digits, '.', '_' and '-' (it becomes part "
-                  "of paths through {job}); got '" + j_.name + "'");
+    if (!is_job_name(j_.name))
+      fail("job", "must be a non-empty name of letters, digits, '.', '_' and '-', not '.' or '..' (it becomes "
+                  "part of paths through {job}); got '" + j_.name + "'");
   }
 
   // Micro-step m of step s has index s x accumulate_steps + m: the last one must fit an int64.

@@ -9,6 +9,7 @@
 
 #include "common/errors.hpp"
 #include "common/text.hpp"
+#include "config/job.hpp"
 
 namespace thetad::daemon {
 namespace {
@@ -97,6 +98,7 @@ Manifest parse_manifest(const std::string& text, const std::string& path) {
     r.fail("format", "'" + m.format + "' is not a format this release reads (" + kManifestFormat + ")");
   const bool checksums = m.format == kManifestFormat;
   m.job = r.text(root, "job");
+  if (!config::is_job_name(m.job)) r.fail("job", "'" + m.job + "' is not a job name");
   m.job_hash = r.text(root, "job_hash");
   if (!is_hex16(m.job_hash)) r.fail("job_hash", "'" + m.job_hash + "' is not 16 hex digits");
   m.step = r.integer(root, "step", 0, int64_t{1} << 62);

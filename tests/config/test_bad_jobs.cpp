@@ -247,6 +247,7 @@ const std::vector<BadJob>& bad_jobs() {
       {"unknown_placeholder", kHead + "checkpoint:\n  dir: runs/{jobname}/ckpt\n",
        {"bad.yaml:5:3: checkpoint.dir: unknown placeholder '{jobname}'"}},
       {"job_name_with_slash", kHead + "job: a/b\n", {"bad.yaml:4:1: job: must be a non-empty name"}},
+      {"job_name_dotdot", kHead + "job: ..\n", {"bad.yaml:4:1: job: must be a non-empty name", "not '.' or '..'"}},
       // Decidable from the job, else found only by `run` (issue 19, class 6).
       {"device_slots_below_step_groups",
        "steps: 10\nmodel: {kind: multitask_mlp, tasks: 4}\ndata: {tasks_per_rank: 3}\n"
