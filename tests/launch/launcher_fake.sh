@@ -162,6 +162,7 @@ case_early_stop() {
       kill "-$sig" "$LPID"
       wait_exit "$LPID" 30
       ((RC == 4)) || { cat "$T/early$n.err" >&2; fail "SIG$sig at $when: want exit 4, got $RC"; }
+      assert_no_grep 'No such file|line [0-9]+:' "$T/early$n.err" "SIG$sig at $when: shell errors"
       if [[ $when == ranks ]]; then
         for r in 0 1; do
           assert_grep 'got SIGTERM' "$T/logs$n/rank-$r.log" "SIG$sig at $when: rank $r did not get SIGTERM"
