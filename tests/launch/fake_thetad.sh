@@ -5,8 +5,11 @@
 #   run JOB ...: logs a few lines (tagged and untagged), runs THETAD_FAKE_STEPS steps of
 #     THETAD_FAKE_SLEEP seconds, exits THETAD_FAKE_EXIT_CODE on rank THETAD_FAKE_EXIT_RANK
 #     (after THETAD_FAKE_EXIT_AFTER steps) and 0 elsewhere; on SIGTERM prints "got SIGTERM" and
-#     exits 4 like thetad does after its checkpoint. Writes its pid to $THETAD_FAKE_STATE/pid-R
-#     and marks $THETAD_FAKE_STATE/ran when run at all.
+#     exits 4 like thetad does after its checkpoint, which takes THETAD_FAKE_STOP_SLEEP seconds
+#     (default 0; then it prints "checkpoint complete"). It installs its SIGTERM handler only
+#     after THETAD_FAKE_START_DELAY seconds (default 0), like thetad while LibTorch loads: a
+#     SIGTERM before that kills it. Writes its pid to $THETAD_FAKE_STATE/pid-R and marks
+#     $THETAD_FAKE_STATE/ran when run at all.
 # shellcheck disable=SC2317  # on_term runs from a trap
 set -euo pipefail
 cmd=${1:-}; shift || true
@@ -35,10 +38,16 @@ touch "$state/ran"
 ts() { date '+%Y-%m-%d %H:%M:%S.%3N'; }
 sleeper=""
 on_term() {
+  trap '' TERM  # thetad's handler only sets a flag: a second SIGTERM changes nothing
   echo "[$(ts)] [rank $rank] [daemon] warning: got SIGTERM, checkpointing" >&2
   if [[ -n $sleeper ]]; then kill "$sleeper" 2>/dev/null || true; fi
+  if [[ ${THETAD_FAKE_STOP_SLEEP:-0} != 0 ]]; then
+    sleep "$THETAD_FAKE_STOP_SLEEP"
+    echo "[$(ts)] [rank $rank] [daemon] info: checkpoint complete" >&2
+  fi
   exit 4
 }
+if [[ ${THETAD_FAKE_START_DELAY:-0} != 0 ]]; then sleep "$THETAD_FAKE_START_DELAY"; fi
 trap on_term TERM
 
 echo "[$(ts)] [rank $rank] [daemon] info: fake worker starts job $job" >&2

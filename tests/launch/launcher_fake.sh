@@ -103,11 +103,12 @@ case_logs() {
   pass "per-rank logs and merged tagged stream"
 }
 
-sig_case() {  # sig_case TERM|INT
+sig_case() {  # sig_case TERM|INT [bg]
   local sig=$1 job; job=$(make_job "sig$sig")
   # Job control gives the background launcher its own process group and leaves SIGINT
-  # deliverable (a non-interactive shell starts background jobs with SIGINT ignored).
-  set -m
+  # deliverable. With "bg", no job control: the launcher starts with SIGINT ignored, as
+  # `thetad-launch job.yaml &` in a script does, and must still honour it.
+  [[ ${2:-} == bg ]] || set -m
   THETAD_FAKE_STEPS=600 THETAD_FAKE_SLEEP=0.1 \
     start_launcher "$T/sig" --nproc-per-node 2 --log-dir "$T/logs" "$job"
   set +m
@@ -125,6 +126,117 @@ sig_case() {  # sig_case TERM|INT
   assert_grep 'exited with code 4 \(interrupted' "$T/sig.err"
   no_leftovers
   pass "SIG$sig to the launcher: every worker got SIGTERM and exited 4; launcher exit 4 in ${ELAPSED}s"
+}
+
+# launcher_catches PID SIG: the launcher runs (exec'd) and catches SIG (its SigCgt mask).
+launcher_catches() {
+  local bit key val
+  bit=$((1 << ($(kill -l "$2") - 1)))
+  tr '\0' ' ' <"/proc/$1/cmdline" 2>/dev/null | grep -q thetad-launch || return 1
+  while read -r key val _; do
+    [[ $key == SigCgt: ]] && (((0x$val & bit) != 0)) && return 0
+  done <"/proc/$1/status"
+  return 1
+}
+
+# A stop signal early on: before the ranks start (during validate), just after mpirun started,
+# and while the ranks' thetad is still loading (no SIGTERM handler yet: THETAD_FAKE_START_DELAY).
+# Always exit 4, never a rank lost, never a job run to its end.
+case_early_stop() {
+  local sig when job n=0 r started
+  for sig in TERM INT; do
+    for when in 0 0.4 ranks; do
+      n=$((n + 1))
+      job=$(make_job "early$n")
+      rm -f "$THETAD_FAKE_STATE"/*
+      set -m
+      THETAD_FAKE_STEPS=600 THETAD_FAKE_SLEEP=0.1 THETAD_FAKE_START_DELAY=1.5 \
+        start_launcher "$T/early$n" --nproc-per-node 2 --log-dir "$T/logs$n" "$job"
+      set +m
+      wait_for 10 launcher_catches "$LPID" "$sig"
+      if [[ $when == ranks ]]; then
+        wait_for 30 test -e "$THETAD_FAKE_STATE/pid-0"
+      else
+        sleep "$when"
+      fi
+      kill "-$sig" "$LPID"
+      wait_exit "$LPID" 30
+      ((RC == 4)) || { cat "$T/early$n.err" >&2; fail "SIG$sig at $when: want exit 4, got $RC"; }
+      assert_no_grep 'No such file|line [0-9]+:' "$T/early$n.err" "SIG$sig at $when: shell errors"
+      if [[ $when == ranks ]]; then
+        for r in 0 1; do
+          assert_grep 'got SIGTERM' "$T/logs$n/rank-$r.log" "SIG$sig at $when: rank $r did not get SIGTERM"
+          [[ $(cut -d' ' -f1 "$T/logs$n/rank-$r.exit") == 4 ]] || fail "SIG$sig at $when: rank $r did not exit 4"
+        done
+      fi
+      for r in "$T/logs$n"/rank-*.log; do
+        [[ -e $r ]] || continue
+        assert_no_grep 'info: done' "$r" "SIG$sig at $when: the job ran to its end"
+      done
+      no_leftovers
+      started=("$T/logs$n"/rank-*.exit)
+      [[ -e ${started[0]} ]] || started=()
+      echo "SIG$sig at $when: exit 4 (${#started[@]} rank(s) had started)"
+    done
+  done
+  pass "a stop signal early on: exit 4 each time"
+}
+
+# A second and third stop signal while the ranks checkpoint change nothing.
+case_stop_twice() {
+  local job r; job=$(make_job twice)
+  set -m
+  THETAD_FAKE_STEPS=600 THETAD_FAKE_SLEEP=0.1 THETAD_FAKE_STOP_SLEEP=3 \
+    start_launcher "$T/twice" --nproc-per-node 2 --log-dir "$T/logs" "$job"
+  set +m
+  wait_for 30 test -e "$THETAD_FAKE_STATE/pid-1"
+  sleep 0.5
+  kill -TERM "$LPID"
+  wait_for 10 grep -q 'got SIGTERM' "$T/logs/rank-0.log"
+  wait_for 10 grep -q 'got SIGTERM' "$T/logs/rank-1.log"
+  kill -TERM "$LPID"
+  sleep 0.3
+  kill -INT "$LPID"
+  wait_exit "$LPID" 30
+  ((RC == 4)) || { cat "$T/twice.err" >&2; fail "stop signals while stopping: want exit 4, got $RC"; }
+  for r in 0 1; do
+    assert_grep 'checkpoint complete' "$T/logs/rank-$r.log" "rank $r: checkpoint not completed"
+    [[ $(cut -d' ' -f1 "$T/logs/rank-$r.exit") == 4 ]] || fail "rank $r did not exit 4"
+  done
+  assert_grep 'already stopping' "$T/twice.err"
+  no_leftovers
+  pass "repeated stop signals while stopping: checkpoints complete, exit 4"
+}
+
+# Bad --log-level and --hosts values: exit 2 naming the option, nothing started.
+case_bad_args() {
+  local job spec; job=$(make_job badargs)
+  cat >"$T/mpirun-shim" <<SHIM
+#!/usr/bin/env bash
+touch "$T/mpirun-started"
+exec mpirun "\$@"
+SHIM
+  chmod +x "$T/mpirun-shim"
+  export THETAD_MPIRUN=$T/mpirun-shim
+  run_launcher "$T/lvl" --log-dir "$T/logs" "$job" --log-level loud
+  ((RC == 2)) || { cat "$T/lvl.err" >&2; fail "--log-level loud: want exit 2, got $RC"; }
+  assert_grep "--log-level: unknown level 'loud'" "$T/lvl.err"
+  run_launcher "$T/lvl" --log-dir "$T/logs" "$job" --log-level
+  ((RC == 2)) || fail "--log-level without a value: want exit 2, got $RC"
+  for spec in :2 a:0 a:x a: 'a:2,' 'a,,b' ',a' 'a:2:3' 'a b:2' 'a:-1'; do
+    run_launcher "$T/hosts" --log-dir "$T/logs" --hosts "$spec" "$job"
+    ((RC == 2)) || { cat "$T/hosts.err" >&2; fail "--hosts '$spec': want exit 2, got $RC"; }
+    assert_grep "error: --hosts " "$T/hosts.err" "--hosts '$spec': message does not name --hosts"
+  done
+  [[ ! -e $T/mpirun-started ]] || fail "mpirun was started for bad arguments"
+  [[ ! -e $THETAD_FAKE_STATE/ran ]] || fail "a worker ran for bad arguments"
+  local out lvl
+  for lvl in trace debug info warn error critical off; do
+    out=$("$LAUNCHER" --thetad "$FAKE" --dry-run --hosts a,b:3 "$job" --log-level "$lvl") ||
+      fail "--log-level $lvl refused"
+  done
+  grep -q -- '-np 5 --host a:2,b:3' <<<"$out" || fail "--hosts a,b:3: $out"
+  pass "bad --log-level / --hosts: exit 2 naming the option, nothing started"
 }
 
 case_kill9() {
@@ -215,9 +327,14 @@ case ${1:-} in
   logs) case_logs ;;
   sigterm) sig_case TERM ;;
   sigint) sig_case INT ;;
+  sigint_bg) sig_case INT bg ;;
+  early_stop) case_early_stop ;;
+  stop_twice) case_stop_twice ;;
+  bad_args) case_bad_args ;;
   kill9) case_kill9 ;;
   kill9_wrapper) case_kill9_wrapper ;;
   flags) case_flags ;;
-  all) case_flags; case_bad_job; case_rank_fails; case_logs; sig_case TERM; sig_case INT; case_kill9; case_kill9_wrapper ;;
-  *) echo "usage: $0 bad_job|rank_fails|logs|sigterm|sigint|kill9|kill9_wrapper|flags|all" >&2; exit 2 ;;
+  all) case_flags; case_bad_job; case_bad_args; case_rank_fails; case_logs; sig_case TERM; sig_case INT
+       sig_case INT bg; case_early_stop; case_stop_twice; case_kill9; case_kill9_wrapper ;;
+  *) echo "usage: $0 bad_job|bad_args|rank_fails|logs|sigterm|sigint|sigint_bg|early_stop|stop_twice|kill9|kill9_wrapper|flags|all" >&2; exit 2 ;;
 esac
