@@ -52,8 +52,14 @@ struct AlternateEntry {
   static bool parse(const std::string& word, AlternateEntry& out);
 };
 
-// MiB (the job file's unit of sizes) to bytes: the one conversion of every *_mb key.
-inline size_t mib_to_bytes(double mib) { return static_cast<size_t>(mib * 1048576.0); }
+// MiB (the job file's unit of sizes) to bytes: the one conversion of every *_mb key. Saturates
+// (validation reports values out of range; a conversion out of size_t's range is undefined).
+inline size_t mib_to_bytes(double mib) {
+  const double bytes = mib * 1048576.0;
+  if (!(bytes > 0)) return 0;  // also NaN
+  if (bytes >= 18446744073709551615.0) return static_cast<size_t>(-1);
+  return static_cast<size_t>(bytes);
+}
 
 struct ModelConfig {
   ModelKind kind = ModelKind::MultitaskMlp;

@@ -72,6 +72,9 @@ const std::vector<BadJob>& bad_jobs() {
       {"too_many_tasks", "steps: 10\nmodel: {kind: multitask_mlp, tasks: 3000000000}\ndata: {}\n",
        {"bad.yaml:2:", "model.tasks: must be <= 1048576"}},
       {"huge_timeout", kHead + "comm: {timeout_s: 1.0e+17}\n", {"bad.yaml:4:", "comm.timeout_s: must be <= 10000000"}},
+      // Found by fuzz_job_config: a size beyond size_t's range reached the bucket floor's MiB ->
+      // bytes conversion (undefined); it saturates and the range check names the key.
+      {"bucket_cap_beyond_size_t", kHead + "comm: {bucket_cap_mb: 2.6e+38}\n", {"bad.yaml:4:", "comm.bucket_cap_mb: must be <="}},
       {"huge_shard", kHead + "offload: {shard_mb: 1.0e+300}\n", {"bad.yaml:4:", "offload.shard_mb: must be <="}},
       {"offload_sgd", kHead + "offload: {enabled: true}\noptimizer: {kind: sgd}\n",
        {"bad.yaml:4:", "offload.enabled: the host store steps Adam/AdamW only"}},
