@@ -2,6 +2,7 @@
 // and keeps a NaN a (quiet) NaN, as the device's conversion does.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 
@@ -21,6 +22,15 @@ inline uint16_t float_to_bf16(float f) {
     return static_cast<uint16_t>((bits >> 16) | 0x0040u);
   bits += 0x7fffu + ((bits >> 16) & 1u);  // round to nearest even
   return static_cast<uint16_t>(bits >> 16);
+}
+
+// dst[i] = bf16(src[i] * factor): a rank's share of a sum sent as bfloat16 (AllreduceOptions::wire).
+inline void to_bf16_scaled(const float* src, uint16_t* dst, size_t n, float factor) {
+  for (size_t i = 0; i < n; ++i) dst[i] = float_to_bf16(src[i] * factor);
+}
+
+inline void from_bf16(const uint16_t* src, float* dst, size_t n) {
+  for (size_t i = 0; i < n; ++i) dst[i] = bf16_to_float(src[i]);
 }
 
 }  // namespace thetad::comm

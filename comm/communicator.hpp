@@ -74,6 +74,12 @@ struct AllreduceOptions {
   // that rank instead of summing: a ring broadcast puts each byte on a link once, a ring
   // allreduce 2(n-1)/n times. Sum only; the result equals the allreduce's bit for bit.
   int from_root = -1;
+  // A float32 sum sent as bfloat16 (half the bytes; DDP's bf16 compress hook). Each rank's
+  // buffer is multiplied by float(1/divisor) and rounded to bf16 (nearest even) in memory of the
+  // backend's own, so that a sum overflows only where the average would; the bf16 sum (each
+  // addition rounded to bf16) is written back into `buf` as float32. With from_root the root's
+  // rounded values are sent. Only for f32 sums.
+  bool bf16_wire = false;
 };
 
 // Where a communicator's buffers live.

@@ -96,6 +96,7 @@ struct Engine::Impl {
     else
       o.divisor = std::max<int32_t>(1, counts.counts()[bucket.group]);  // 0 only with prune off: zeros
     o.tag = CollectiveTag{"allreduce", stats.step, b};
+    o.bf16_wire = opts.wire == DType::bf16;
     if (counts.ready() && opts.broadcast_min_ranks > 0 && comm.size() >= opts.broadcast_min_ranks &&
         counts.only_root(bucket.group) >= 0) {
       o.from_root = counts.only_root(bucket.group);
@@ -116,7 +117,7 @@ struct Engine::Impl {
     launched[b] = 1;
     buffers.mark_written(b);
     stats.buckets_launched += 1;
-    stats.bytes_allreduced += static_cast<int64_t>(bucket.numel * sizeof(float));
+    stats.bytes_allreduced += static_cast<int64_t>(bucket.numel * dtype_size(opts.wire));
     if (!local_active[bucket.group]) stats.buckets_zero_filled += 1;
   }
 
@@ -146,11 +147,14 @@ Engine::Engine(std::shared_ptr<Communicator> comm, BucketPlan plan, EngineOption
   if (plan_.num_groups < 1) throw InternalError("Engine needs a bucket plan with at least one group");
   if (plan_.options.elem_size != sizeof(float))
     throw InternalError("the engine reduces float32 gradients; the bucket plan must use elem_size 4");
+  if (opts_.wire != DType::f32 && opts_.wire != DType::bf16)
+    throw InternalError(std::string("the engine's buckets travel as float32 or bfloat16, not ") + dtype_name(opts_.wire));
   impl_ = std::make_unique<Impl>(*comm_, plan_, opts_, stats_);
   THETAD_LOG(info, "comm") << "engine: " << plan_.buckets.size() << " buckets over " << plan_.num_groups
                            << " groups on " << comm_->backend_name() << ", prune "
                            << (opts_.prune ? "on" : "off") << ", average "
-                           << (opts_.average == Average::contributors ? "contributors" : "world");
+                           << (opts_.average == Average::contributors ? "contributors" : "world") << ", on the wire "
+                           << dtype_name(opts_.wire);
 }
 
 // An error that unwound a step can leave collectives in flight that still write into the engine's
@@ -350,7 +354,7 @@ void Engine::finish_backward() {
   for (const Bucket& b : plan_.buckets)
     if (!s.launched[b.index]) {
       stats_.buckets_pruned += 1;
-      stats_.bytes_pruned += static_cast<int64_t>(b.numel * sizeof(float));
+      stats_.bytes_pruned += static_cast<int64_t>(b.numel * dtype_size(opts_.wire));
     }
   for (size_t p = 0; p < s.seen.size(); ++p)
     if (!s.seen[p] && plan_.param_bucket[p] >= 0 && s.local_active[plan_.buckets[plan_.param_bucket[p]].group])

@@ -89,12 +89,15 @@ struct EngineOptions {
   // A ring allreduce puts 2(n-1)/n of the bytes on each link, a broadcast 1: from 3 ranks on
   // it moves less (4 ranks: a third less for such buckets).
   int broadcast_min_ranks = 3;
+  // The dtype buckets travel in (AllreduceOptions::wire): f32, or bf16 for half the bytes. The
+  // buffers and the gradients stay f32 either way.
+  DType wire = DType::f32;
 };
 
 struct StepStats {
   int64_t step = -1;
-  int64_t bytes_allreduced = 0;  // payload bytes of launched buckets (per rank)
-  int64_t bytes_pruned = 0;      // payload bytes of skipped buckets
+  int64_t bytes_allreduced = 0;  // payload bytes of launched buckets (per rank, in the wire dtype)
+  int64_t bytes_pruned = 0;      // payload bytes of skipped buckets (wire dtype)
   int buckets_launched = 0;
   int buckets_pruned = 0;
   int buckets_zero_filled = 0;   // launched for groups active on other ranks only

@@ -11,7 +11,8 @@ namespace thetad::config {
 
 // The choices of the job file. Each enumerator is the YAML word of the same spelling (lower case,
 // '_' kept); to_string gives the word back (to_yaml, fingerprint, logs) and from_string parses it.
-enum class Precision { Fp32, Tf32 };                          // fp32 | tf32
+enum class Precision { Fp32, Tf32, Bf16 };                    // fp32 | tf32 | bf16
+enum class GradDtype { Fp32, Bf16 };                          // fp32 | bf16 (comm.grad_dtype)
 enum class Backend { Auto, Mpi, Nccl };                       // auto | mpi | nccl
 enum class Average { Contributors, World };                   // contributors | world
 enum class Active { Declared, Discover };                     // declared | discover
@@ -22,6 +23,7 @@ enum class OptimizerKind { AdamW, Adam, Sgd };                // adamw | adam | 
 enum class LrSchedule { Constant, Cosine };                   // constant | cosine
 
 const std::string& to_string(Precision v);
+const std::string& to_string(GradDtype v);
 const std::string& to_string(Backend v);
 const std::string& to_string(Average v);
 const std::string& to_string(Active v);
@@ -33,6 +35,7 @@ const std::string& to_string(LrSchedule v);
 
 // False (and `out` unchanged) when `word` is not one of the type's YAML words.
 bool from_string(const std::string& word, Precision& out);
+bool from_string(const std::string& word, GradDtype& out);
 bool from_string(const std::string& word, Backend& out);
 bool from_string(const std::string& word, Average& out);
 bool from_string(const std::string& word, Active& out);
@@ -99,6 +102,9 @@ struct CommConfig {
   Average average = Average::Contributors;
   Active active = Active::Declared;
   double timeout_s = 300.0;
+  // The dtype gradients travel in: bf16 rounds each rank's share (already divided by the
+  // contributors or the world) to bfloat16, halving the bytes; the sum lands in fp32 gradients.
+  GradDtype grad_dtype = GradDtype::Fp32;
 
   size_t bucket_cap_bytes() const { return mib_to_bytes(bucket_cap_mb); }
   size_t first_bucket_bytes() const { return mib_to_bytes(first_bucket_mb); }

@@ -26,7 +26,8 @@ const std::vector<std::string>& words();
     return w;                                                                  \
   }
 
-THETAD_ENUM_WORDS(Precision, "fp32", "tf32")
+THETAD_ENUM_WORDS(Precision, "fp32", "tf32", "bf16")
+THETAD_ENUM_WORDS(GradDtype, "fp32", "bf16")
 THETAD_ENUM_WORDS(Backend, "auto", "mpi", "nccl")
 THETAD_ENUM_WORDS(Average, "contributors", "world")
 THETAD_ENUM_WORDS(Active, "declared", "discover")
@@ -65,6 +66,7 @@ bool parse_word(const std::string& word, E& out) {
   bool from_string(const std::string& word, E& out) { return parse_word(word, out); }
 
 THETAD_ENUM_API(Precision)
+THETAD_ENUM_API(GradDtype)
 THETAD_ENUM_API(Backend)
 THETAD_ENUM_API(Average)
 THETAD_ENUM_API(Active)
@@ -149,6 +151,7 @@ const std::vector<Field> kFields = {
     THETAD_ENUM_FIELD("comm", "average", comm.average),
     THETAD_ENUM_FIELD("comm", "active", comm.active),
     THETAD_FIELD("comm", "timeout_s", Double, comm.timeout_s, true),
+    THETAD_ENUM_FIELD("comm", "grad_dtype", comm.grad_dtype),
 
     THETAD_FIELD("offload", "enabled", Bool, offload.enabled, true),
     THETAD_FIELD("offload", "device_slots", Int, offload.device_slots, true),
@@ -199,6 +202,7 @@ const std::map<std::string, std::vector<std::string>> kEnums = {
     {"comm.backend", words<Backend>()},
     {"comm.average", words<Average>()},
     {"comm.active", words<Active>()},
+    {"comm.grad_dtype", words<GradDtype>()},
     {"optimizer.kind", words<OptimizerKind>()},
     {"optimizer.lr_schedule", words<LrSchedule>()},
     {"log.level", {"trace", "debug", "info", "warn", "error", "critical", "off"}},

@@ -411,6 +411,7 @@ class Checker {
     one_of("comm.backend");
     one_of("comm.average");
     one_of("comm.active");
+    one_of("comm.grad_dtype");
     if (is("comm.backend", c.backend, Backend::Nccl) && !opts_.cuda_build)
       fail("comm.backend", "'nccl' is not available: this build has no CUDA LibTorch "
                            "(use 'auto' or 'mpi')");

@@ -17,6 +17,9 @@
 #   BENCH_CAP_BIG_S=240    timeout of a sweep point of thetad (offload set-up grows with T)
 #   BENCH_DDP_SWEEP=0      DDP only at the reference T (its sweep does not depend on thetad)
 #   BENCH_TF32=1           also the reference all-resident with TF32 matmuls, thetad and DDP (GPUs)
+#   BENCH_BF16=1           also the reference in bf16 (issue 15): thetad resident and offload with
+#                          bf16 gradients on the wire; DDP with autocast, with and without its
+#                          bf16_compress_hook
 #   BENCH_DRY_RUN=1        tiny model; on CPU (MPI for thetad, gloo for DDP, 2 ranks) when no GPU
 #   BENCH_BUILD_DIR=/tmp/build  BENCH_SKIP_BUILD=1  BENCH_FULL_BUILD=1 (all targets, not just
 #                          thetad, bench_engine_bw and the gpu-labelled tests)  BENCH_JOBS=16
@@ -234,20 +237,20 @@ else
 fi
 
 # ---- thetad and DDP --------------------------------------------------------------------------
-# thetad_point NAME JOB T MODE PEER AVERAGE CAP [PRECISION]
+# thetad_point NAME JOB T MODE PEER AVERAGE CAP [PRECISION [GRAD_DTYPE]]
 thetad_point() {
-  local name=$1 job=$2 T=$3 mode=$4 peer=$5 avg=$6 cap=$7 prec=${8:-fp32}
-  local meta="\"T\": $T, \"mode\": \"$mode\", \"peer\": \"$peer\", \"average\": \"$avg\", \"precision\": \"$prec\", \"warmup\": $WARMUP, \"steps\": $STEPS, \"np\": $NP, \"device\": \"$DEVICE\", \"dims\": [$D_IN, $D_H, $D_OUT, $TRUNK, $HEAD, $BATCH]"
+  local name=$1 job=$2 T=$3 mode=$4 peer=$5 avg=$6 cap=$7 prec=${8:-fp32} grad=${9:-fp32}
+  local meta="\"T\": $T, \"mode\": \"$mode\", \"peer\": \"$peer\", \"average\": \"$avg\", \"precision\": \"$prec\", \"grad_dtype\": \"$grad\", \"warmup\": $WARMUP, \"steps\": $STEPS, \"np\": $NP, \"device\": \"$DEVICE\", \"dims\": [$D_IN, $D_H, $D_OUT, $TRUNK, $HEAD, $BATCH]"
   if [ ! -x "$THETAD" ]; then record "$name" thetad skipped null 0 0 "$meta, \"reason\": \"not built\""; return; fi
   point "$name" thetad "$cap" "$meta" -- mpirun $MPI_FLAGS "${MPI_ENV[@]}" -np "$NP" "$THETAD" run "$job" --no-resume \
         --set steps="$STEPS" --set model.tasks="$T" --set comm.average="$avg" --set precision="$prec" \
-        --set metrics.path="$OUT/$name/metrics.jsonl" --set log.progress_every_s=5 "${DIMS[@]}"
+        --set comm.grad_dtype="$grad" --set metrics.path="$OUT/$name/metrics.jsonl" --set log.progress_every_s=5 "${DIMS[@]}"
 }
-# ddp_point NAME T INIT STEPS CAP [PRECISION]
+# ddp_point NAME T INIT STEPS CAP [PRECISION [COMPRESS_HOOK]]
 PORT=29511
 ddp_point() {
-  local name=$1 T=$2 init=$3 steps=$4 cap=$5 prec=${6:-fp32}
-  local meta="\"T\": $T, \"init\": \"$init\", \"average\": \"world\", \"precision\": \"$prec\", \"warmup\": $WARMUP, \"steps\": $steps, \"np\": $NP, \"device\": \"$DEVICE\", \"dims\": [$D_IN, $D_H, $D_OUT, $TRUNK, $HEAD, $BATCH]"
+  local name=$1 T=$2 init=$3 steps=$4 cap=$5 prec=${6:-fp32} hook=${7:-none}
+  local meta="\"T\": $T, \"init\": \"$init\", \"average\": \"world\", \"precision\": \"$prec\", \"compress_hook\": \"$hook\", \"warmup\": $WARMUP, \"steps\": $steps, \"np\": $NP, \"device\": \"$DEVICE\", \"dims\": [$D_IN, $D_H, $D_OUT, $TRUNK, $HEAD, $BATCH]"
   PORT=$((PORT + 1))
   if [ -z "$PY" ]; then record "$name" ddp skipped null 0 0 "$meta, \"reason\": \"no python with torch\""; return; fi
   local t; t=$(clamp "$cap")
@@ -255,7 +258,7 @@ ddp_point() {
         -np "$NP" "$PY" "$ROOT/bench/peer/ddp_multitask.py" --device "$DEVICE" --backend "$DDP_BACKEND" \
         --input-dim $D_IN --hidden $D_H --output-dim $D_OUT --trunk-layers $TRUNK --head-layers $HEAD \
         --tasks "$T" --batch $BATCH --steps "$steps" --warmup "$WARMUP" --lr 1e-3 --seed $SEED \
-        --init "$init" --average-world --precision "$prec" --max-seconds $(( t > 40 ? t - 20 : t / 2 )) --out "$OUT/$name/result.json"
+        --init "$init" --average-world --precision "$prec" --compress-hook "$hook" --max-seconds $(( t > 40 ? t - 20 : t / 2 )) --out "$OUT/$name/result.json"
 }
 
 # The reference (both thetad runs with average: world, DDP's semantics, so that the loss curves
@@ -267,6 +270,13 @@ thetad_point thetad_T${REF_T}_offload bench/jobs/reference-offload.yaml $REF_T o
 if [ "${BENCH_TF32:-1}" = 1 ] && [ "$DEVICE" = cuda ]; then
   thetad_point thetad_T${REF_T}_resident_tf32 bench/jobs/reference.yaml $REF_T resident ddp_T${REF_T}_tf32 world $CAP tf32
   ddp_point ddp_T${REF_T}_tf32 $REF_T exact "$STEPS" $CAP tf32
+fi
+# bf16 (precision: bf16, comm.grad_dtype: bf16; DDP: autocast, plain and with its compress hook).
+if [ "${BENCH_BF16:-1}" = 1 ] && [ "$DEVICE" = cuda ]; then
+  thetad_point thetad_T${REF_T}_resident_bf16 bench/jobs/reference.yaml $REF_T resident ddp_T${REF_T}_bf16 world $CAP bf16 bf16
+  thetad_point thetad_T${REF_T}_offload_bf16 bench/jobs/reference-offload.yaml $REF_T offload ddp_T${REF_T}_bf16 world $CAP bf16 bf16
+  ddp_point ddp_T${REF_T}_bf16 $REF_T exact "$STEPS" $CAP bf16
+  ddp_point ddp_T${REF_T}_bf16_compress $REF_T exact "$STEPS" $CAP bf16 bf16
 fi
 # The sweep: the DDP points first (cheap: device-side init, seconds of steps), then thetad's,
 # largest T first (T = 256 is issue 7's headline goal and the slowest to set up).

@@ -240,7 +240,10 @@ def parse_args(argv=None):
                         "(thetad's default), for loss comparisons")
     p.add_argument("--average-world", dest="average", action="store_const", const="world",
                    help="same as --average world")
-    p.add_argument("--precision", choices=["fp32", "tf32"], default="fp32")
+    p.add_argument("--precision", choices=["fp32", "tf32", "bf16"], default="fp32",
+                   help="bf16: torch.autocast(bfloat16) around forward and loss; fp32 parameters and AdamW")
+    p.add_argument("--compress-hook", choices=["none", "bf16"], default="none",
+                   help="bf16: DDP's bf16_compress_hook (buckets reduced in bfloat16, half the bytes)")
     p.add_argument("--backend", choices=["nccl", "gloo"], default="nccl")
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     p.add_argument("--master-port", type=int, default=29511)
@@ -310,7 +313,7 @@ def main(argv=None):
         "shared_params": shared, "task_params_each": per_task, "total_params": total,
         # DDP allreduces every bucket every step (unused parameters' slots as zeros), plus the
         # int32 used-parameter map of find_unused_parameters.
-        "bytes_allreduced_per_step": 4 * total,
+        "bytes_allreduced_per_step": (2 if a.compress_hook == "bf16" else 4) * total,
         "bytes_used_map_per_step": 4 * n_tensors,
     })
 
@@ -329,6 +332,9 @@ def main(argv=None):
             model, device_ids=[device.index] if cuda else None,
             find_unused_parameters=True, bucket_cap_mb=a.bucket_cap_mb,
             gradient_as_bucket_view=a.grad_as_bucket_view)
+        if a.compress_hook == "bf16":
+            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+            ddp.register_comm_hook(None, default_hooks.bf16_compress_hook)
         opt = torch.optim.AdamW(ddp.parameters(), lr=a.lr, betas=tuple(a.betas), eps=a.eps,
                                 weight_decay=a.weight_decay)
         if cuda:
@@ -349,8 +355,10 @@ def main(argv=None):
             opt.zero_grad(set_to_none=True)
             x, y = data.batch(s, rank, task, rows)
             td = time.perf_counter()
-            out = ddp(x, task)
-            loss = F.mse_loss(out, y) * (float(rows) / float(a.batch))
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=a.precision == "bf16"):
+                out = ddp(x, task)
+                # The loss in float32, as thetad computes it (autocast keeps mse_loss in fp32 too).
+                loss = F.mse_loss(out.float(), y) * (float(rows) / float(a.batch))
             loss.backward()
             if a.average == "contributors":
                 # DDP divided every sum by W; a task head's mean over its contributors is W/c of it.

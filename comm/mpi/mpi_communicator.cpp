@@ -310,10 +310,30 @@ WorkPtr MpiCommunicator::allreduce(void* buf, size_t count, DType dtype, const A
   const int root = opts.from_root;
   if (root >= 0 && (root >= size_ || opts.op != ReduceOp::sum))
     throw InternalError(detail::concat(tag.describe(), ": from_root ", root, " needs a rank and a sum"));
+  if (opts.bf16_wire && (dtype != DType::f32 || opts.op != ReduceOp::sum))
+    throw InternalError(detail::concat(tag.describe(), ": only float32 sums travel as bfloat16, not a ",
+                                       dtype_name(dtype), opts.op == ReduceOp::sum ? " sum" : " max"));
   auto work = new_work(progress_, next_sequence(), tag);
   MpiProgress::Op o;
   o.work = work;
   MPI_Comm comm = comm_;
+  if (opts.bf16_wire) {
+    // Packed on the progress thread when it posts (the buffer is final from launch on), so the
+    // caller's thread (backward's hooks) does not pay for the conversion; unpacked once summed.
+    auto wire = std::make_shared<std::vector<uint16_t>>();
+    auto* values = static_cast<float*>(buf);
+    const float factor = static_cast<float>(1.0 / opts.divisor);
+    MPI_Op bf16_sum = bf16_sum_;
+    o.post = [=](MPI_Request* req) {
+      wire->resize(count);
+      to_bf16_scaled(values, wire->data(), count, factor);
+      if (root >= 0) return MPI_Ibcast(wire->data(), n, MPI_UINT16_T, root, comm, req);
+      return MPI_Iallreduce(MPI_IN_PLACE, wire->data(), n, MPI_UINT16_T, bf16_sum, comm, req);
+    };
+    o.finish = [=] { from_bf16(wire->data(), values, count); };
+    progress_->submit(std::move(o));
+    return work;
+  }
   if (root >= 0)  // the others' buffers are zero: the sum is root's buffer
     o.post = [=](MPI_Request* req) { return MPI_Ibcast(buf, n, type, root, comm, req); };
   else

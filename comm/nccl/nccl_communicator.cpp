@@ -96,7 +96,21 @@ WorkPtr NcclCommunicator::allreduce(void* buf, size_t count, DType dtype, const 
   const int root = opts.from_root;
   if (root >= 0 && (root >= size_ || opts.op != ReduceOp::sum || (scaled && dtype != DType::f32)))
     throw InternalError(detail::concat(tag.describe(), ": from_root ", root, " needs a rank, a sum and, divided, float32"));
+  const bool bf16_wire = opts.bf16_wire;
+  if (bf16_wire && (dtype != DType::f32 || opts.op != ReduceOp::sum))
+    throw InternalError(detail::concat(tag.describe(), ": only float32 sums travel as bfloat16, not a ",
+                                       dtype_name(dtype), opts.op == ReduceOp::sum ? " sum" : " max"));
   return launch(std::move(tag), opts.after_compute, [&](ncclComm_t comm, cudaStream_t stream) {
+    if (bf16_wire) {
+      // Round each rank's share into the wire, reduce (or send the root's) in bf16, widen back.
+      uint16_t* wire = wire_buffer(count);
+      if (root < 0 || rank_ == root)
+        to_bf16_scaled_async(static_cast<const float*>(buf), wire, count, static_cast<float>(1.0 / opts.divisor), stream);
+      if (root >= 0) NCCL_CHECK(ncclBroadcast(wire, wire, count, ncclBfloat16, root, comm, stream));
+      else NCCL_CHECK(ncclAllReduce(wire, wire, count, ncclBfloat16, ncclSum, comm, stream));
+      from_bf16_async(wire, static_cast<float*>(buf), count, stream);
+      return;
+    }
     if (root >= 0) {
       // The root scales its buffer by the same float factor PreMulSum would apply, then sends.
       if (scaled && rank_ == root)
@@ -120,6 +134,17 @@ WorkPtr NcclCommunicator::allreduce(void* buf, size_t count, DType dtype, const 
     ncclRedOpDestroy(op, comm);  // allowed once the last call using it is enqueued
     NCCL_CHECK(rc);
   });
+}
+
+uint16_t* NcclCommunicator::wire_buffer(size_t count) {
+  if (count > wire_count_) {
+    // The old buffer may still be read by work queued on the comm stream: let that finish first
+    // (only while the buffer grows to the largest bucket, in the first steps).
+    if (wire_buf_) CUDA_CHECK(cudaStreamSynchronize(core_->comm_stream.get()));
+    wire_buf_ = allocate(count * sizeof(uint16_t));
+    wire_count_ = count;
+  }
+  return static_cast<uint16_t*>(wire_buf_.get());
 }
 
 WorkPtr NcclCommunicator::broadcast(void* buf, size_t count, DType dtype, int root, const CollectiveTag& t) {

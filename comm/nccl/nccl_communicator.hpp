@@ -59,6 +59,11 @@ class NcclCommunicator : public Communicator {
   int size_ = 1;
   std::shared_ptr<NcclCore> core_;
   std::shared_ptr<void> barrier_buf_;
+  // The bf16 wire of AllreduceOptions::wire: one buffer, used on the comm stream only (so stream
+  // order makes every reuse safe), grown to the largest bucket sent that way. Guarded by core_->mu.
+  uint16_t* wire_buffer(size_t count);
+  std::shared_ptr<void> wire_buf_;
+  size_t wire_count_ = 0;
   std::mutex wd_mu_;
   std::condition_variable wd_cv_;
   bool wd_stop_ = false;

@@ -26,6 +26,7 @@ comm::EngineOptions engine_options(const config::Job& job) {
   o.average = job.comm.average == config::Average::World ? comm::Average::world : comm::Average::contributors;
   o.declared = job.comm.active == config::Active::Declared;
   o.timeout = comm_timeout(job);
+  o.wire = job.comm.grad_dtype == config::GradDtype::Bf16 ? comm::DType::bf16 : comm::DType::f32;
   return o;
 }
 

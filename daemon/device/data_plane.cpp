@@ -2,6 +2,7 @@
 #include "daemon/device/data_plane.hpp"
 
 #if THETAD_TORCH_CUDA
+#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -54,6 +55,11 @@ DataPlane open_data_plane(const config::Job& job, const comm::WorldInfo& world, 
     // event completed, ~6 ms per step on 2×H200, so the host could not queue the next step.
     c10::cuda::setCurrentCUDAStream(c10::cuda::getStreamFromPool(/*isHighPriority=*/false, dev));
     dp.compute_stream = c10::cuda::getCurrentCUDAStream(dev).stream();
+    const cudaDeviceProp* props = at::cuda::getDeviceProperties(dev);
+    if (job.precision == config::Precision::Bf16 && props->major < 8)
+      throw ConfigError(job.source + ": precision: bf16 needs a GPU with bfloat16 tensor cores (compute capability "
+                        "8.0 or newer); GPU " + std::to_string(dev) + " (" + props->name + ") is " +
+                        std::to_string(props->major) + "." + std::to_string(props->minor) + " (use fp32 or tf32)");
     at::globalContext().setAllowTF32CuBLAS(job.precision == config::Precision::Tf32);
     at::globalContext().setAllowTF32CuDNN(job.precision == config::Precision::Tf32);
     dp.comm = comm::make_nccl_communicator(dev);

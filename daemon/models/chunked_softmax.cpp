@@ -85,7 +85,9 @@ class ChunkedSoftmaxXent : public torch::autograd::Function<ChunkedSoftmaxXent> 
                                int64_t task) {
     const torch::Tensor h1 = with_ones(h);
     const int64_t batch = h.size(0);
-    auto opts = h.options();
+    // The log-sum-exp, the target's logit and the loss in float32 whatever h's dtype (bf16 under
+    // precision: bf16): only the chunk's matmul runs in h's dtype.
+    auto opts = h.options().dtype(torch::kFloat32);
     const torch::Tensor subset_host = subset.numel() > 0 ? subset.cpu() : torch::Tensor();
     torch::Tensor m = torch::full({batch}, -std::numeric_limits<float>::infinity(), opts);
     torch::Tensor s = torch::zeros({batch}, opts);
@@ -101,7 +103,7 @@ class ChunkedSoftmaxXent : public torch::autograd::Function<ChunkedSoftmaxXent> 
       col_counts.push_back(c.cols);
       r0 += rk;
       if (c.cols == 0) return;
-      const torch::Tensor logits = torch::mm(h1, chunk_weights(w, c).t());
+      const torch::Tensor logits = torch::mm(h1, chunk_weights(w, c).to(h1.scalar_type()).t()).to(torch::kFloat32);
       // Online log-sum-exp: rescale the running sum to the new running max.
       const torch::Tensor m_new = torch::maximum(m, std::get<0>(logits.max(1)));
       s = s * torch::exp(m - m_new) + torch::exp(logits - m_new.unsqueeze(1)).sum(1);
@@ -134,12 +136,16 @@ class ChunkedSoftmaxXent : public torch::autograd::Function<ChunkedSoftmaxXent> 
     const std::vector<int64_t> col_counts = ctx->saved_data["col_counts"].toIntVector();
     const bool want_h = ctx->needs_input_grad(0), want_w = ctx->needs_input_grad(1);
     const torch::Tensor scale = grad_out[0] / static_cast<double>(h1.size(0));
-    torch::Tensor dh1 = want_h ? torch::zeros_like(h1) : torch::Tensor();
+    // Backward runs outside autocast: the matmuls in h1's dtype (the compute dtype forward used),
+    // dlogits and the sums over chunks in float32.
+    const torch::ScalarType compute = h1.scalar_type();
+    const bool fp32 = compute == torch::kFloat32;
+    torch::Tensor dh1 = want_h ? torch::zeros(h1.sizes(), h1.options().dtype(torch::kFloat32)) : torch::Tensor();
     // The chunk's weight gradient: where the source wants it, else a slice of .grad (whole).
     const auto dw_chunk = [&](int k, int64_t r0, int64_t rk) {
       torch::Tensor g = source->grad_chunk(task, k);
       if (g.defined()) return g;
-      if (!weight.grad().defined()) weight.mutable_grad() = torch::zeros(weight.sizes(), h1.options());
+      if (!weight.grad().defined()) weight.mutable_grad() = torch::zeros(weight.sizes(), h1.options().dtype(weight.scalar_type()));
       return weight.grad().narrow(0, r0, rk);
     };
     if (want_h || want_w) {
@@ -151,21 +157,24 @@ class ChunkedSoftmaxXent : public torch::autograd::Function<ChunkedSoftmaxXent> 
           if (want_w) source->grad_done(task, k);
           return;
         }
-        const torch::Tensor wc = chunk_weights(w, c);
-        torch::Tensor dlogits = torch::exp(torch::mm(h1, wc.t()) - lse.unsqueeze(1));  // softmax
+        const torch::Tensor wc = chunk_weights(w, c).to(compute);
+        torch::Tensor dlogits = torch::exp(torch::mm(h1, wc.t()).to(torch::kFloat32) - lse.unsqueeze(1));  // softmax
         const auto [idx, in] = local_labels(labels, c.c0, c.cols);
         dlogits.scatter_add_(1, idx, in.to(dlogits.scalar_type()).neg().unsqueeze(1));
         dlogits.mul_(scale);
+        const torch::Tensor dl = dlogits.to(compute);  // float32: the same tensor
         if (want_w) {
           torch::Tensor dw = dw_chunk(k, r0, rk);
-          if (c.rows.defined()) dw.index_add_(0, c.rows, torch::mm(dlogits.t(), h1));
-          else dw.addmm_(dlogits.t(), h1);
+          if (c.rows.defined()) dw.index_add_(0, c.rows, torch::mm(dl.t(), h1).to(dw.scalar_type()));
+          else if (fp32) dw.addmm_(dl.t(), h1);
+          else dw.add_(torch::mm(dl.t(), h1));
           source->grad_done(task, k);
         }
-        if (want_h) dh1.addmm_(dlogits, wc);
+        if (want_h && fp32) dh1.addmm_(dl, wc);
+        else if (want_h) dh1.add_(torch::mm(dl, wc));
       });
     }
-    torch::Tensor dh = want_h ? dh1.narrow(1, 0, h1.size(1) - 1) : torch::Tensor();
+    torch::Tensor dh = want_h ? dh1.narrow(1, 0, h1.size(1) - 1).to(compute) : torch::Tensor();
     return {dh, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
@@ -207,7 +216,9 @@ torch::Tensor chunked_logits(const torch::Tensor& h, ShardSource& source, int ta
   torch::NoGradGuard no_grad;
   const torch::Tensor h1 = with_ones(h);
   std::vector<torch::Tensor> parts;
-  stream_chunks(source, task, false, [&](int, const torch::Tensor& w) { parts.push_back(torch::mm(h1, w.t())); });
+  stream_chunks(source, task, false, [&](int, const torch::Tensor& w) {
+    parts.push_back(torch::mm(h1, w.to(h1.scalar_type()).t()));
+  });
   return torch::cat(parts, 1);
 }
 

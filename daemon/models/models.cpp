@@ -394,7 +394,7 @@ class ExtremeClassifier : public TaskModel {
     const Linear& out = slices_.at(task);
     auto target = torch::searchsorted(cls, b.y);
     auto logits = torch::addmm(out.b.index_select(0, cls), features(b.x), out.w.index_select(0, cls).t());
-    return torch::nn::functional::cross_entropy(logits, target);
+    return task_loss(loss_kind(), logits, target);
   }
 
  private:
@@ -509,8 +509,11 @@ torch::Tensor TaskModel::loss(const Batch& batch, int task, uint64_t sample_seed
 }
 
 torch::Tensor task_loss(LossKind kind, const torch::Tensor& out, const torch::Tensor& y) {
-  if (kind == LossKind::mse) return torch::mse_loss(out, y);
-  return torch::nn::functional::cross_entropy(out, y);
+  // Losses in float32 whatever forward computed in (precision: bf16), as autocast does on GPUs;
+  // a no-op for float32 outputs.
+  const torch::Tensor out32 = out.to(torch::kFloat32);
+  if (kind == LossKind::mse) return torch::mse_loss(out32, y);
+  return torch::nn::functional::cross_entropy(out32, y);
 }
 
 }  // namespace thetad::daemon

@@ -22,6 +22,7 @@
 #include "daemon/core/stop_agreement.hpp"
 #include "daemon/core/timeline.hpp"
 #include "daemon/device/data_plane.hpp"
+#include "daemon/models/precision.hpp"
 #include "daemon/models/model.hpp"
 #include "daemon/models/param_groups.hpp"
 #include "daemon/optim/optimizer.hpp"
@@ -221,6 +222,7 @@ torch::Tensor Trainer::forward(int64_t micro, const StepPlan& plan, PendingStep&
   const int64_t fwd_us = Timeline::now_us();
   const auto t0 = Clock::now();
   const int64_t rows_in_window = job_.data.batch_per_rank * job_.accumulate_steps;
+  const AutocastScope autocast(job_.precision, data_.device);  // forward only; backward follows its casts
   torch::Tensor total;
   for (size_t i = 0; i < plan.tasks.size(); ++i) {
     const int task = plan.tasks[i];

@@ -152,12 +152,14 @@ inline void expect_matches_reference(const RunResult& run, const BucketPlan& pla
   for (size_t step = 0; step < run.grads.size(); ++step) {
     Reference ref = reference(plan, world, static_cast<int64_t>(step), micros, opts.average);
     EXPECT_EQ(run.stats[step].contributors, ref.contributors) << "step " << step;
+    // Bytes in the wire dtype: bf16 buckets carry exactly half of float32's.
+    const int64_t wire = static_cast<int64_t>(dtype_size(opts.wire));
     const int64_t total = [&] {
       int64_t t = 0;
-      for (const auto& p : plan.params) t += static_cast<int64_t>(4 * p.numel);
+      for (const auto& p : plan.params) t += static_cast<int64_t>(wire * p.numel);
       return t;
     }();
-    EXPECT_EQ(run.stats[step].bytes_allreduced, opts.prune ? ref.bytes_pruned_on : total) << "step " << step;
+    EXPECT_EQ(run.stats[step].bytes_allreduced, opts.prune ? ref.bytes_pruned_on / 4 * wire : total) << "step " << step;
     EXPECT_EQ(run.stats[step].bytes_allreduced + run.stats[step].bytes_pruned, total);
     for (size_t p = 0; p < plan.params.size(); ++p)
       for (size_t i = 0; i < plan.params[p].numel; ++i) {

@@ -97,6 +97,27 @@ INSTANTIATE_TEST_SUITE_P(PruneAverage, EngineEquivalence,
                                   (std::get<1>(info.param) == Average::contributors ? "contributors" : "world");
                          });
 
+// Buckets on a bf16 wire: the fake gradients are multiples of 1/8 in [-1, 1], so with a
+// power-of-two world and average world every share and every partial sum is exact in bf16 and
+// the result equals the float32 reference bit for bit; averaged over contributors (thirds) it is
+// within bf16 rounding. Bytes are exactly half of float32's, step by step (checked against the
+// reference's pruned bytes).
+TEST(Engine, Bf16WireCarriesHalfTheBytes) {
+  int world = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  for (Average avg : {Average::world, Average::contributors}) {
+    for (bool prune : {true, false}) {
+      EngineOptions o = options(prune, avg);
+      o.wire = DType::bf16;
+      Engine engine(make_mpi_communicator(), model_plan(), o);
+      RunResult r = run_engine(engine, host_memory(), kSteps, 1);
+      const bool exact = avg == Average::world && (world & (world - 1)) == 0;
+      // Each addition rounds to bf16 (relative 2^-9), one per rank, on values up to 1.
+      expect_matches_reference(r, model_plan(), world, 1, o, exact ? 0.0 : world * 0.004);
+    }
+  }
+}
+
 TEST(Engine, PruneOnAndOffAreBitwiseIdentical) {
   for (Average avg : {Average::contributors, Average::world}) {
     RunResult on = run(true, avg), off = run(false, avg);

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <vector>
 
+#include "comm/bf16.hpp"
 #include "comm/bootstrap.hpp"
 #include "comm/control_plane.hpp"
 #include "common/errors.hpp"
@@ -71,6 +72,42 @@ TEST(MpiCommunicator, AllreduceBf16) {
   comm->allreduce(v.data(), v.size(), DType::bf16, o)->wait(kWait);
   EXPECT_EQ(v[0], 0x3f80);
   EXPECT_EQ(v[1], 0x3f00);
+}
+
+// A float32 sum sent as bf16: each rank's share is divided first (rounded to bf16), the sum is
+// rounded at each addition, the result lands as float32. 1e38 per rank would overflow a bf16 (and
+// a float) sum of 4 ranks before the division; divided first it does not.
+TEST(MpiCommunicator, AllreduceFloatOnABf16Wire) {
+  auto comm = make_mpi_communicator();
+  const int r = comm->rank(), n = comm->size();
+  std::vector<float> v = {1.0f, 1e38f, 3.14159f * static_cast<float>(r + 1), 0.0f};
+  AllreduceOptions o;
+  o.divisor = n;
+  o.bf16_wire = true;
+  comm->allreduce(v.data(), v.size(), DType::f32, o)->wait(kWait);
+  EXPECT_EQ(v[0], 1.0f);
+  EXPECT_TRUE(std::isfinite(v[1]));
+  EXPECT_NEAR(v[1], 1e38, 1e38 * 0.01);
+  // The expected value, rounded as the wire rounds (in rank order: with one commutative addition
+  // per pair the order cannot matter for 2 ranks; for more, allow one bf16 ulp per addition).
+  const float f = static_cast<float>(1.0 / n);
+  float sum = bf16_to_float(float_to_bf16(3.14159f * f));
+  for (int k = 2; k <= n; ++k)
+    sum = bf16_to_float(float_to_bf16(sum + bf16_to_float(float_to_bf16(3.14159f * static_cast<float>(k) * f))));
+  if (n == 2) EXPECT_EQ(v[2], sum);
+  else EXPECT_NEAR(v[2], sum, std::abs(sum) * (n - 1) * 0.0079);
+  EXPECT_NE(v[2], 3.14159f * (n + 1) / 2.0f) << "the value did not go through bf16";
+  EXPECT_EQ(v[3], 0.0f);
+  // From one root: its rounded share, the same on every rank.
+  std::vector<float> b = {r == 0 ? 3.14159f : 0.0f};
+  o.from_root = 0;
+  comm->allreduce(b.data(), b.size(), DType::f32, o)->wait(kWait);
+  EXPECT_EQ(b[0], bf16_to_float(float_to_bf16(3.14159f * f)));
+  // Only float32 sums can travel as bf16.
+  std::vector<int32_t> i = {1};
+  AllreduceOptions bad;
+  bad.bf16_wire = true;
+  EXPECT_THROW(comm->allreduce(i.data(), 1, DType::i32, bad), thetad::InternalError);
 }
 
 TEST(MpiCommunicator, Broadcast) {

@@ -94,6 +94,27 @@ TEST(Nccl, EngineMatchesReference) {
     }
 }
 
+// The bf16 wire on the device: the share-rounding and widening kernels around an ncclBfloat16
+// sum, and the from_root broadcast of the root's rounded share. Exact for the harness's
+// gradients with average world on a power-of-two world (see the MPI engine test); half the bytes.
+TEST(Nccl, EngineOnABf16Wire) {
+  if (!gpus_available()) GTEST_SKIP() << "fewer GPUs than ranks on this host";
+  auto comm = nccl();
+  const int world = comm->size();
+  for (Average avg : {Average::world, Average::contributors})
+    for (int broadcast_min_ranks : {0, 2}) {
+      EngineOptions o;
+      o.average = avg;
+      o.timeout = 60s;
+      o.wire = DType::bf16;
+      o.broadcast_min_ranks = broadcast_min_ranks;
+      Engine engine(comm, model_plan(), o);
+      RunResult r = run_engine(engine, device_memory(), 20, 1);
+      const bool exact = avg == Average::world && (world & (world - 1)) == 0;
+      expect_matches_reference(r, model_plan(), world, 1, o, exact ? 0.0 : world * 0.004);
+    }
+}
+
 TEST(Nccl, TimeoutAbortsAndNamesTheBucket) {
   if (!gpus_available()) GTEST_SKIP() << "fewer GPUs than ranks on this host";
   auto comm = nccl();

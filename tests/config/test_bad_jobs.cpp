@@ -178,7 +178,8 @@ const std::vector<BadJob>& bad_jobs() {
       {"lr_schedule_bad", kHead + "optimizer:\n  lr_schedule: linear\n",
        {"bad.yaml:5:3: optimizer.lr_schedule: must be one of constant, cosine"}},
       {"log_level_bad", kHead + "log:\n  level: verbose\n", {"bad.yaml:5:3: log.level: must be one of trace, debug"}},
-      {"precision_bad", kHead + "precision: bf16\n", {"bad.yaml:4:1: precision: must be one of fp32, tf32; got 'bf16'"}},
+      {"precision_bad", kHead + "precision: fp16\n", {"bad.yaml:4:1: precision: must be one of fp32, tf32, bf16; got 'fp16'"}},
+      {"grad_dtype_bad", kHead + "comm: {grad_dtype: fp16}\n", {"bad.yaml:4:", "comm.grad_dtype: must be one of fp32, bf16; got 'fp16'"}},
       // Contradictions.
       {"nccl_without_cuda", kHead + "comm:\n  backend: nccl\n",
        {"bad.yaml:5:3: comm.backend:", "this build has no CUDA LibTorch"}},

@@ -6,7 +6,10 @@
 #  3. offload on the GPU (real pinned arena, copy streams, CPU Adam) matches all-resident within
 #     float tolerance;
 #  4. a row-sharded output layer offloaded shard by shard (full and sampled softmax) matches the
-#     resident sharded model, and its gradients stream through the device a few shards at a time.
+#     resident sharded model, and its gradients stream through the device a few shards at a time;
+#  5. precision bf16 with bf16 gradients on the wire tracks the fp32 run's loss over 200 steps:
+#     every window of 20 steps within 5% (+0.005) of fp32's mean loss (bf16 keeps 8 bits of
+#     mantissa: per-step losses differ by ~0.5%, and training must not drift away from fp32's).
 # (The CPU reference cannot be the yardstick here: synthetic batches are drawn on the device.)
 #   gpu_train.sh THETAD
 source "$(dirname "$0")/lib.sh"
@@ -112,4 +115,20 @@ print("shard gradients held at most %.1f MB (%.1f shards of %.2f MB)" % (stream 
 sys.exit(0 if 0 < stream <= 8 * shard else 1)
 PY
 ); then pass "sampled sharded offload streams: $out"; else fail "sampled sharded offload streams: $out"; fi
+
+bf=(--set steps=200 --set data.batch_per_rank=64)
+run loss_fp32 "${bf[@]}" --set metrics.path="$WORK/loss_fp32.jsonl"
+run loss_bf16 "${bf[@]}" --set precision=bf16 --set comm.grad_dtype=bf16 --set metrics.path="$WORK/loss_bf16.jsonl"
+if out=$("$py" - "$WORK/loss_fp32.jsonl" "$WORK/loss_bf16.jsonl" 2>&1 <<'PY'
+import json, sys
+a, b = ([json.loads(l)["loss"] for l in open(p)] for p in sys.argv[1:])
+assert len(a) == len(b) == 200, (len(a), len(b))
+worst = 0.0
+for w in range(0, 200, 20):
+    ma, mb = sum(a[w:w + 20]) / 20, sum(b[w:w + 20]) / 20
+    worst = max(worst, abs(ma - mb) / ma)
+    assert abs(ma - mb) <= 0.05 * ma + 0.005, (w, ma, mb)
+print("fp32 loss %.4f -> %.4f, bf16 %.4f -> %.4f; worst window %.2f%%" % (a[0], sum(a[-20:]) / 20, b[0], sum(b[-20:]) / 20, 100 * worst))
+PY
+); then pass "bf16 tracks fp32 over 200 steps: $out"; else fail "bf16 tracks fp32: $out"; fi
 finish

@@ -17,11 +17,23 @@
 #include "daemon/core/job_options.hpp"
 #include "daemon/core/schedule.hpp"
 #include "daemon/models/model.hpp"
+#include "daemon/models/precision.hpp"
 #include "daemon/optim/optimizer.hpp"
 #include "daemon/state/checkpoint.hpp"
 
 using namespace thetad;
 using namespace thetad::daemon;
+
+// What a bf16 wire delivers (AllreduceOptions::wire): each share times float(1/div) rounded to
+// bf16, summed in rank order with every addition rounded to bf16. Exact for 2 ranks (one
+// commutative addition); for more, MPI's order may differ within bf16 rounding.
+torch::Tensor bf16_wire_sum(const std::vector<torch::Tensor>& shares, const torch::Tensor& like, double div) {
+  const auto bf16 = [](const torch::Tensor& t) { return t.to(torch::kBFloat16).to(torch::kFloat32); };
+  const float factor = static_cast<float>(1.0 / div);
+  torch::Tensor acc = torch::zeros_like(like);
+  for (const torch::Tensor& g : shares) acc = bf16(acc + bf16(g * factor));
+  return acc;
+}
 
 int main(int argc, char** argv) {
   std::string job_path, compare_dir;
@@ -46,6 +58,9 @@ int main(int argc, char** argv) {
     const int G = static_cast<int>(job.model.tasks) + 1;
     std::vector<std::vector<int>> group_params(G);
     std::vector<torch::Tensor> m, v, sum;
+    // comm.grad_dtype bf16: each contributor's gradient, to round its share as the wire does.
+    const bool bf16_wire = job.comm.grad_dtype == config::GradDtype::Bf16;
+    std::vector<std::vector<torch::Tensor>> shares(params.size());
     for (size_t i = 0; i < params.size(); ++i) {
       group_params[params[i].group].push_back(static_cast<int>(i));
       m.push_back(torch::zeros_like(params[i].tensor).detach());
@@ -57,6 +72,7 @@ int main(int argc, char** argv) {
     for (int64_t step = 0; step < job.steps; ++step) {
       std::vector<int> contributors(G, 0);
       for (auto& s : sum) s.zero_();
+      for (auto& s : shares) s.clear();
       const int64_t k = job.accumulate_steps;
       for (int r = 0; r < world; ++r) {
         for (auto& p : params) p.tensor.mutable_grad() = torch::Tensor();
@@ -66,13 +82,16 @@ int main(int argc, char** argv) {
           StepPlan plan = schedule->plan(micro, r);
           for (auto& p : params) p.tensor.requires_grad_(plan.trained[p.group] != 0);
           torch::Tensor total;
-          for (size_t i = 0; i < plan.tasks.size(); ++i) {
-            if (plan.task_rows[i] == 0) continue;
-            Batch b = data->batch(micro, r, world, plan.tasks[i], plan.task_rows[i]);
-            auto l = model->loss(b, plan.tasks[i], mix_seed(job.seed, 0x5a3b1e, static_cast<uint64_t>(micro),
-                                                            static_cast<uint64_t>(r) * 1000003u + plan.tasks[i])) *
-                     (double(plan.task_rows[i]) / double(job.data.batch_per_rank * k));
-            total = total.defined() ? total + l : l;
+          {
+            const AutocastScope autocast(job.precision, cpu);  // forward only, as the worker's
+            for (size_t i = 0; i < plan.tasks.size(); ++i) {
+              if (plan.task_rows[i] == 0) continue;
+              Batch b = data->batch(micro, r, world, plan.tasks[i], plan.task_rows[i]);
+              auto l = model->loss(b, plan.tasks[i], mix_seed(job.seed, 0x5a3b1e, static_cast<uint64_t>(micro),
+                                                              static_cast<uint64_t>(r) * 1000003u + plan.tasks[i])) *
+                       (double(plan.task_rows[i]) / double(job.data.batch_per_rank * k));
+              total = total.defined() ? total + l : l;
+            }
           }
           total.backward();
           for (int g = 0; g < G; ++g) {
@@ -87,7 +106,10 @@ int main(int argc, char** argv) {
           if (!active[g]) continue;
           contributors[g] += 1;
           for (int p : group_params[g])
-            if (params[p].tensor.grad().defined()) sum[p].add_(params[p].tensor.grad());
+            if (params[p].tensor.grad().defined()) {
+              sum[p].add_(params[p].tensor.grad());
+              if (bf16_wire) shares[p].push_back(params[p].tensor.grad().clone());
+            }
         }
       }
       torch::NoGradGuard ng;
@@ -105,7 +127,7 @@ int main(int argc, char** argv) {
         std::vector<torch::Tensor> ps, gs, ms, vs;
         for (int p : group_params[g]) {
           ps.push_back(params[p].tensor);
-          gs.push_back(sum[p] / div);
+          gs.push_back(bf16_wire ? bf16_wire_sum(shares[p], sum[p], div) : sum[p] / div);
           ms.push_back(m[p]);
           vs.push_back(v[p]);
         }
