@@ -17,8 +17,8 @@ enum class Backend { Auto, Mpi, Nccl };                       // auto | mpi | nc
 enum class Average { Contributors, World };                   // contributors | world
 enum class Active { Declared, Discover };                     // declared | discover
 enum class ScheduleKind { RoundRobin, Weighted, PerRank, All, Alternate };  // round_robin | ...
-enum class DataKind { Synthetic, Npy };                       // synthetic | npy
-enum class ModelKind { MultitaskMlp, MultitaskAdapter, ExtremeClassifier, Torchscript };
+enum class DataKind { Synthetic, Npy, Tokens };               // synthetic | npy | tokens
+enum class ModelKind { MultitaskMlp, MultitaskAdapter, ExtremeClassifier, Torchscript, Transformer };
 enum class OptimizerKind { AdamW, Adam, Sgd };                // adamw | adam | sgd
 enum class LrSchedule { Constant, Cosine };                   // constant | cosine
 
@@ -79,6 +79,21 @@ struct ModelConfig {
   std::vector<std::string> shared;  // torchscript: name patterns of Θ (glob, '*' matches any)
   std::string task;                 // torchscript: pattern of θ[t], with "{t}" for the task index
   int64_t init_seed = -1;       // parameter init seed; -1 = the job's seed
+  // transformer: decoder-only, pre-norm, learned positions (docs/configuration.md)
+  int64_t layers = 2;
+  int64_t d_model = 64;
+  int64_t heads = 4;
+  int64_t d_ff = 256;
+  int64_t vocab = 256;
+  int64_t seq_len = 32;
+  bool train_shared = true;     // false: Θ (the base) frozen: no gradients, buckets or optimizer state
+};
+
+// transformer: the per-task LoRA adapters θ[t] (section `lora`).
+struct LoraConfig {
+  int64_t rank = 8;
+  double alpha = 16.0;          // the adapter's output is scaled by alpha / rank
+  std::vector<std::string> targets = {"q", "v"};  // of q, k, v, o, up, down
 };
 
 struct DataConfig {
@@ -178,6 +193,7 @@ struct Job {
   int64_t accumulate_steps = 1;
   Precision precision = Precision::Fp32;
   ModelConfig model;
+  LoraConfig lora;
   DataConfig data;
   CommConfig comm;
   OffloadConfig offload;

@@ -32,8 +32,9 @@ THETAD_ENUM_WORDS(Backend, "auto", "mpi", "nccl")
 THETAD_ENUM_WORDS(Average, "contributors", "world")
 THETAD_ENUM_WORDS(Active, "declared", "discover")
 THETAD_ENUM_WORDS(ScheduleKind, "round_robin", "weighted", "per_rank", "all", "alternate")
-THETAD_ENUM_WORDS(DataKind, "synthetic", "npy")
-THETAD_ENUM_WORDS(ModelKind, "multitask_mlp", "multitask_adapter", "extreme_classifier", "torchscript")
+THETAD_ENUM_WORDS(DataKind, "synthetic", "npy", "tokens")
+THETAD_ENUM_WORDS(ModelKind, "multitask_mlp", "multitask_adapter", "extreme_classifier", "torchscript",
+                  "transformer")
 THETAD_ENUM_WORDS(OptimizerKind, "adamw", "adam", "sgd")
 THETAD_ENUM_WORDS(LrSchedule, "constant", "cosine")
 
@@ -133,6 +134,17 @@ const std::vector<Field> kFields = {
     THETAD_FIELD("model", "shared", StringList, model.shared, true),
     THETAD_FIELD("model", "task", String, model.task, true),
     THETAD_FIELD("model", "init_seed", Int, model.init_seed, true),
+    THETAD_FIELD("model", "layers", Int, model.layers, true),
+    THETAD_FIELD("model", "d_model", Int, model.d_model, true),
+    THETAD_FIELD("model", "heads", Int, model.heads, true),
+    THETAD_FIELD("model", "d_ff", Int, model.d_ff, true),
+    THETAD_FIELD("model", "vocab", Int, model.vocab, true),
+    THETAD_FIELD("model", "seq_len", Int, model.seq_len, true),
+    THETAD_FIELD("model", "train_shared", Bool, model.train_shared, true),
+
+    THETAD_FIELD("lora", "rank", Int, lora.rank, true),
+    THETAD_FIELD("lora", "alpha", Double, lora.alpha, true),
+    THETAD_FIELD("lora", "targets", StringList, lora.targets, true),
 
     THETAD_ENUM_FIELD("data", "kind", data.kind),
     THETAD_FIELD("data", "dir", String, data.dir, true),
@@ -190,7 +202,7 @@ const std::vector<Field> kFields = {
 #undef THETAD_FIELD
 #undef THETAD_ENUM_FIELD
 
-const std::vector<std::string> kSections = {"model",     "data",       "comm",    "offload",
+const std::vector<std::string> kSections = {"model",     "lora",     "data",       "comm",    "offload",
                                             "optimizer", "checkpoint", "metrics", "log",
                                             "timeline"};
 

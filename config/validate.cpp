@@ -175,8 +175,68 @@ class Checker {
                                              "), got " + num(m.negatives_per_step));
     } else if (m.kind == ModelKind::Torchscript) {
       torchscript();
+    } else if (m.kind == ModelKind::Transformer) {
+      transformer();
     }
-    if (m.kind != ModelKind::Torchscript) model_size();
+    if (m.kind != ModelKind::Torchscript && m.kind != ModelKind::Transformer) model_size();
+  }
+
+  // The transformer's sizes and its LoRA section; its parameter count bounded as model_size does
+  // for the other built-in models (daemon/models/transformer.cpp builds these shapes).
+  void transformer() {
+    const ModelConfig& m = j_.model;
+    const LoraConfig& l = j_.lora;
+    const std::pair<const char*, int64_t> dims[] = {{"model.d_model", m.d_model}, {"model.d_ff", m.d_ff},
+                                                    {"model.seq_len", m.seq_len}, {"model.vocab", m.vocab}};
+    const auto in = [](int64_t v, int64_t lo, int64_t hi) { return v >= lo && v <= hi; };
+    bool sizes_ok = in(m.layers, 1, kMaxLayers) && in(m.heads, 1, kMaxDim) && in(l.rank, 1, kMaxDim);
+    for (const auto& [key, v] : dims) {
+      const int64_t lo = std::string(key) == "model.vocab" ? 2 : 1;
+      at_least<int64_t>(key, v, lo);
+      at_most<int64_t>(key, v, kMaxDim, "a layer dimension");
+      sizes_ok = sizes_ok && in(v, lo, kMaxDim);
+    }
+    at_least<int64_t>("model.layers", m.layers, 1);
+    at_most<int64_t>("model.layers", m.layers, kMaxLayers, "layers");
+    at_least<int64_t>("model.heads", m.heads, 1);
+    if (sizes_ok && m.d_model % m.heads != 0)
+      fail("model.heads", "must divide model.d_model (" + num(m.d_model) + ") into equal heads, got " + num(m.heads));
+    at_least<int64_t>("lora.rank", l.rank, 1);
+    at_most<int64_t>("lora.rank", l.rank, kMaxDim, "a layer dimension");
+    if (!(l.alpha > 0) || !std::isfinite(l.alpha)) fail("lora.alpha", "must be a finite number > 0, got " + num(l.alpha));
+    static const std::vector<std::string> kTargets = {"q", "k", "v", "o", "up", "down"};
+    if (l.targets.empty()) fail("lora.targets", "needs at least one of q, k, v, o, up, down");
+    for (size_t i = 0; i < l.targets.size(); ++i) {
+      const std::string& t = l.targets[i];
+      if (std::find(kTargets.begin(), kTargets.end(), t) == kTargets.end())
+        fail("lora.targets[" + std::to_string(i) + "]", "must be one of q, k, v, o, up, down; got '" + t + "'");
+      else if (std::find(l.targets.begin(), l.targets.begin() + static_cast<std::ptrdiff_t>(i), t) !=
+               l.targets.begin() + static_cast<std::ptrdiff_t>(i))
+        fail("lora.targets[" + std::to_string(i) + "]", "'" + t + "' is listed twice");
+    }
+    for (const char* key : {"model.d_model", "model.d_ff", "model.seq_len", "model.vocab", "model.layers",
+                            "model.heads", "model.tasks", "lora.rank"})
+      if (!ok(key)) return;
+    if (!sizes_ok || m.tasks < 1) return;
+    const double d = double(m.d_model), ff = double(m.d_ff), L = double(m.layers), r = double(l.rank);
+    const double largest = std::max({double(m.vocab) * d, d * ff, d * d});
+    if (largest > kMaxTensorElems) {
+      fail(double(m.vocab) * d >= d * ff ? "model.vocab" : "model.d_ff",
+           "the largest parameter of transformer has " + num(largest) + " elements (" + fp32_size(largest) +
+               "); a parameter may have at most 2^34 = " + num(kMaxTensorElems) + " elements",
+           "model");
+      return;
+    }
+    double per_layer_lora = 0;  // r x (in + out) per adapted matrix
+    for (const std::string& t : l.targets) per_layer_lora += r * (t == "up" || t == "down" ? d + ff : 2 * d);
+    const double shared = 2 * double(m.vocab) * d + double(m.seq_len) * d + L * (4 * d * d + 2 * d * ff + 4 * d) + 2 * d;
+    const double total = shared + double(m.tasks) * L * per_layer_lora;
+    if (total > kMaxModelParams)
+      fail(d_.given("model.tasks") ? "model.tasks" : "model.d_model",
+           "the parameters of transformer add up to " + num(total) + " elements (" + fp32_size(total) + "): " +
+               num(shared) + " shared + model.tasks (" + num(m.tasks) + ") x " + num(L * per_layer_lora) +
+               " per task; a model may have at most 2^38 = " + num(kMaxModelParams) + " parameters",
+           "model");
   }
 
   // The built-in models' parameter shapes follow from the model keys (daemon/models/models.cpp
@@ -315,6 +375,13 @@ class Checker {
     if (is("data.kind", dc.kind, DataKind::Npy) && dc.dir.empty())
       fail("data.dir", "required when data.kind is 'npy' (directory of task{t}_x.npy, "
                        "task{t}_y.npy)", "data.kind");
+    if (is("data.kind", dc.kind, DataKind::Tokens) && dc.dir.empty())
+      fail("data.dir", "required when data.kind is 'tokens' (directory of task{t}.npy token files)", "data.kind");
+    const bool transformer = is("model.kind", j_.model.kind, ModelKind::Transformer);
+    if (is("data.kind", dc.kind, DataKind::Tokens) && ok("model.kind") && !transformer)
+      fail("data.kind", "'tokens' is the transformer's data; model.kind is '" + to_string(j_.model.kind) + "'");
+    if (transformer && is("data.kind", dc.kind, DataKind::Npy))
+      fail("data.kind", "the transformer reads tokens: 'synthetic' or 'tokens', not 'npy'");
     placeholders("data.dir", dc.dir);
     at_least<int64_t>("data.tasks_per_rank", dc.tasks_per_rank, 1);
     if (tasks_ok && dc.tasks_per_rank > T)

@@ -42,6 +42,7 @@ std::unique_ptr<Schedule> Schedule::create(const config::Job& job, int world_siz
 
   std::unique_ptr<Schedule> s(new Schedule());
   s->kind_ = job.data.schedule;
+  s->train_shared_ = job.model.train_shared;
   s->num_tasks_ = static_cast<int>(T);
   s->world_ = world_size;
   s->seed_ = job.seed;
@@ -164,6 +165,7 @@ StepPlan Schedule::plan(int64_t step, int rank) const {
 
   if (kind_ != Kind::Alternate) {
     p.trained = p.used;  // everything in the forward is trained, Θ included
+    p.trained[0] = train_shared_ ? 1 : 0;
     return p;
   }
   // alternate: the whole model runs, one entry's groups are trained, the others frozen.
@@ -175,6 +177,7 @@ StepPlan Schedule::plan(int64_t step, int rank) const {
       for (int g = 1; g < num_groups(); ++g) p.trained[static_cast<size_t>(g)] = 1;
       break;
   }
+  if (!train_shared_) p.trained[0] = 0;
   return p;
 }
 

@@ -71,6 +71,7 @@ class Schedule {
   std::vector<double> cumulative_;  // weighted: cumulative normalised weights, last == 1
   std::vector<std::vector<int>> per_rank_;
   std::vector<config::AlternateEntry> alternate_;
+  bool train_shared_ = true;  // model.train_shared: false keeps Θ frozen (used, never trained)
 };
 
 // Splits `total` rows into `parts` nearly equal parts, the remainder to the first parts.

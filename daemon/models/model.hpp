@@ -88,8 +88,8 @@ class TaskModel {
 std::unique_ptr<TaskModel> make_model(const config::Job& job, torch::Device device, bool lazy_tasks = false);
 
 struct Batch {
-  torch::Tensor x;  // [rows, input_dim] float32
-  torch::Tensor y;  // [rows, output_dim] float32 (mse) or [rows] int64 (cross entropy)
+  torch::Tensor x;  // [rows, input_dim] float32; the transformer: int64 token ids [rows, seq_len]
+  torch::Tensor y;  // [rows, output_dim] float32 (mse), [rows] int64 (cross entropy), [rows, seq_len] (next tokens)
 };
 
 // Training data: a pure function of (step, rank, task, rows) so that every rank, a resumed run

@@ -1,11 +1,7 @@
-// Built-in models (multitask_mlp, multitask_adapter), TorchScript models with groups from name
-// patterns, and the synthetic teacher data. The one LibTorch translation unit for models/data.
-#include <ATen/CPUGeneratorImpl.h>
-#include <ATen/Parallel.h>
+// Built-in models (multitask_mlp, multitask_adapter, extreme_classifier; the transformer has a
+// file of its own), TorchScript models with groups from name patterns, and the synthetic teacher
+// data.
 #include <torch/script.h>
-#if THETAD_TORCH_CUDA
-#include <ATen/cuda/CUDAGeneratorImpl.h>
-#endif
 
 #include <algorithm>
 #include <cmath>
@@ -18,132 +14,13 @@
 #include "common/text.hpp"
 #include "daemon/models/chunked_softmax.hpp"
 #include "daemon/models/model.hpp"
+#include "daemon/models/param_builder.hpp"
+#include "daemon/models/transformer.hpp"
 
 namespace thetad::daemon {
 namespace {
 
-at::Generator generator(uint64_t seed) { return at::detail::createCPUGenerator(seed); }
-
-// Batches are drawn where the model runs: no host-side generation or copy in the step on GPUs.
-at::Generator generator_on(uint64_t seed, torch::Device device) {
-#if THETAD_TORCH_CUDA
-  if (device.is_cuda()) {
-    auto gen = at::cuda::detail::createCUDAGenerator(device.index());
-    gen.set_current_seed(seed);
-    return gen;
-  }
-#endif
-  (void)device;
-  return generator(seed);
-}
-
-uint64_t init_seed(const config::Job& job) {
-  return job.model.init_seed >= 0 ? static_cast<uint64_t>(job.model.init_seed) : job.seed;
-}
-
-// Linear layer weights: U(-1/sqrt(in), 1/sqrt(in)) like torch.nn.Linear, drawn on the CPU from
-// a generator of their own so every rank (and every device) gets the same values.
-torch::Tensor uniform_param(std::vector<int64_t> sizes, double bound, uint64_t seed,
-                            torch::Device device) {
-  auto gen = generator(seed);
-  auto t = torch::empty(sizes, torch::kFloat32);
-  t.uniform_(-bound, bound, gen);
-  return t.to(device).set_requires_grad(true);
-}
-
-// Helper that registers parameters with names and groups. On the CPU (the host store builds
-// every θ[t] there) the values are drawn when the builder goes out of scope, in parallel over
-// parameters: each has a generator of its own, so the values do not depend on the order, and
-// T = 256 heads of 33.6 M parameters drawn one after another would take minutes.
-// With `lazy` (CPU only), task parameters (group > 0) are not drawn at all: they are
-// placeholders with an init function (NamedParam::init) that draws the same values later.
-class ParamBuilder {
- public:
-  ParamBuilder(uint64_t seed, torch::Device device, std::vector<NamedParam>& out, bool lazy = false)
-      : seed_(seed), device_(device), out_(out), lazy_(lazy && device.is_cpu()) {}
-  ParamBuilder(const ParamBuilder&) = delete;
-  ParamBuilder& operator=(const ParamBuilder&) = delete;
-  ~ParamBuilder() {
-    at::parallel_for(0, static_cast<int64_t>(deferred_.size()), 1, [&](int64_t b, int64_t e) {
-      torch::NoGradGuard no_grad;  // thread-local: in-place fills of leaves that require grad
-      for (int64_t i = b; i < e; ++i) {
-        Deferred& d = deferred_[static_cast<size_t>(i)];
-        d.tensor.uniform_(-d.bound, d.bound, generator(d.seed));
-      }
-    });
-  }
-  torch::Tensor linear_w(const std::string& name, int group, int64_t in, int64_t out) {
-    return add(name + ".weight", group, {out, in}, 1.0 / std::sqrt(double(in)));
-  }
-  torch::Tensor linear_b(const std::string& name, int group, int64_t in, int64_t out) {
-    return add(name + ".bias", group, {out}, 1.0 / std::sqrt(double(in)));
-  }
-  torch::Tensor add(const std::string& name, int group, std::vector<int64_t> sizes, double bound) {
-    const uint64_t seed = next_seed(group);
-    if (lazy_ && group > 0)
-      return put(name, group, placeholder(sizes),
-                 [bound, seed](torch::Tensor& d) { d.uniform_(-bound, bound, generator(seed)); });
-    torch::Tensor t;
-    if (device_.is_cpu()) {
-      t = torch::empty(sizes, torch::kFloat32).set_requires_grad(true);
-      deferred_.push_back({t, bound, seed});
-    } else {
-      t = uniform_param(std::move(sizes), bound, seed, device_);
-    }
-    return put(name, group, t);
-  }
-  // A [rows x (cols+1)] parameter: a U(-bound, bound) weight with the bias (same bound) as its
-  // last column, drawn from the group's next two seeds (weight, then bias).
-  torch::Tensor add_weight_bias(const std::string& name, int group, int64_t rows, int64_t cols, double bound) {
-    const uint64_t ws = next_seed(group), bs = next_seed(group);
-    ParamInit init = [=](torch::Tensor& d) {
-      torch::NoGradGuard no_grad;
-      d.narrow(1, 0, cols).copy_(torch::empty({rows, cols}, torch::kFloat32).uniform_(-bound, bound, generator(ws)));
-      d.select(1, cols).copy_(torch::empty({rows}, torch::kFloat32).uniform_(-bound, bound, generator(bs)));
-    };
-    if (lazy_ && group > 0) return put(name, group, placeholder({rows, cols + 1}), std::move(init));
-    torch::Tensor t = torch::empty({rows, cols + 1}, torch::kFloat32);
-    init(t);
-    return put(name, group, t.to(device_).set_requires_grad(true));
-  }
-  torch::Tensor put(const std::string& name, int group, torch::Tensor t, ParamInit init = {}) {
-    out_.push_back({name, t, group, std::move(init)});
-    return t;
-  }
-
- private:
-  struct Deferred {
-    torch::Tensor tensor;
-    double bound;
-    uint64_t seed;
-  };
-  uint64_t next_seed(int group) {
-    const int index_in_group = counts_[group]++;
-    return mix_seed(seed_, static_cast<uint64_t>(group), index_in_group);
-  }
-  // Shape and autograd metadata only: one zero, expanded.
-  static torch::Tensor placeholder(const std::vector<int64_t>& sizes) {
-    return torch::zeros({1}, torch::kFloat32).expand(sizes).detach().set_requires_grad(true);
-  }
-  std::vector<Deferred> deferred_;
-  uint64_t seed_;
-  torch::Device device_;
-  std::vector<NamedParam>& out_;
-  bool lazy_;
-  std::map<int, int> counts_;
-};
-
-struct Linear {
-  torch::Tensor w, b;
-  torch::Tensor operator()(const torch::Tensor& x) const { return torch::addmm(b, x, w.t()); }
-};
-
-Linear make_linear(ParamBuilder& pb, const std::string& name, int group, int64_t in, int64_t out) {
-  Linear l;
-  l.w = pb.linear_w(name, group, in, out);
-  l.b = pb.linear_b(name, group, in, out);
-  return l;
-}
+using namespace detail;
 
 // Shared trunk of Linear+GELU layers, one head per task (Linear+GELU ..., Linear).
 class MultitaskMlp : public TaskModel {
@@ -486,6 +363,7 @@ std::unique_ptr<TaskModel> make_model(const config::Job& job, torch::Device devi
     case ModelKind::MultitaskAdapter: return std::make_unique<MultitaskAdapter>(job, device, lazy_tasks);
     case ModelKind::Torchscript: return std::make_unique<ScriptModel>(job, device);
     case ModelKind::ExtremeClassifier: return std::make_unique<ExtremeClassifier>(job, device, lazy_tasks);
+    case ModelKind::Transformer: return make_transformer(job, device, lazy_tasks);
   }
   throw InternalError("make_model: model.kind " + std::to_string(static_cast<int>(job.model.kind)) +
                       " has no model");
@@ -496,6 +374,7 @@ std::unique_ptr<DataSource> make_npy_data(const config::Job& job, const TaskMode
 
 std::unique_ptr<DataSource> make_data(const config::Job& job, const TaskModel& model,
                                       torch::Device device) {
+  if (job.model.kind == config::ModelKind::Transformer) return make_token_data(job, device);
   const bool synthetic = job.data.kind == config::DataKind::Synthetic;
   if (synthetic && model.loss_kind() == LossKind::cross_entropy)
     return std::make_unique<SyntheticClasses>(job, device);

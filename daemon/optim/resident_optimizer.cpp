@@ -110,8 +110,10 @@ GroupState ResidentOptimizer::state(int g) const {
   for (int p : groups_.members[static_cast<size_t>(g)]) {
     st.names.push_back(groups_[p].name);
     st.params.push_back(groups_[p].tensor);
-    st.exp_avg.push_back(exp_avg_[static_cast<size_t>(p)]);
-    st.exp_avg_sq.push_back(exp_avg_sq_[static_cast<size_t>(p)]);
+    // A group never stepped here (a frozen base) has no moments: zeros in the checkpoint.
+    const auto& m = exp_avg_[static_cast<size_t>(p)];
+    st.exp_avg.push_back(m.defined() ? m : torch::zeros_like(groups_[p].tensor));
+    st.exp_avg_sq.push_back(m.defined() ? exp_avg_sq_[static_cast<size_t>(p)] : torch::zeros_like(groups_[p].tensor));
   }
   return st;
 }
@@ -122,6 +124,7 @@ void ResidentOptimizer::restore(int g, const GroupState& st) {
   for (size_t i = 0; i < members.size(); ++i) {
     const auto p = static_cast<size_t>(members[i]);
     groups_[members[i]].tensor.copy_(st.params[i]);
+    if (!exp_avg_[p].defined()) continue;  // never stepped here (a frozen base)
     exp_avg_[p].copy_(st.exp_avg[i]);
     exp_avg_sq_[p].copy_(st.exp_avg_sq[i]);
   }

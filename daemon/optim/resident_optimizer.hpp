@@ -19,7 +19,8 @@ namespace thetad::daemon {
 
 class ResidentOptimizer {
  public:
-  // `resident`: per group, whether it is stepped here.
+  // `resident`: per group, whether it is stepped here (the others' moments live in the host
+  // store, or nowhere: a frozen base).
   ResidentOptimizer(ParamGroups& groups, const GradHooks& hooks, const comm::BucketPlan& plan,
                     const DataPlane& plane, std::vector<uint8_t> resident, const config::OptimizerConfig& opt);
   ~ResidentOptimizer();

@@ -107,7 +107,10 @@ void Trainer::build() {
   std::vector<uint8_t> resident(static_cast<size_t>(groups_->num_groups()), 1);
   for (int g = 0; g < groups_->num_groups(); ++g) resident[static_cast<size_t>(g)] = !offloaded(g);
   hooks_ = std::make_unique<GradHooks>(*groups_, *engine_, data_, overwrite_, resident);
-  resident_ = std::make_unique<ResidentOptimizer>(*groups_, *hooks_, engine_->plan(), data_, resident,
+  // A frozen base (model.train_shared: false) is never stepped: no Adam moments for it.
+  std::vector<uint8_t> stepped = resident;
+  if (!job_.model.train_shared) stepped[0] = 0;
+  resident_ = std::make_unique<ResidentOptimizer>(*groups_, *hooks_, engine_->plan(), data_, stepped,
                                                   job_.optimizer);
   state_ = std::make_unique<RunState>(job_, world_, *plane_, *groups_, *resident_, store_.get());
   recorder_ = std::make_unique<StepRecorder>(job_, data_, world_.rank);
@@ -162,6 +165,9 @@ void Trainer::build_engine() {
   for (int g = 0; g < groups_->num_groups(); ++g) {
     comm::GradMemory mode = model_->row_chunked(g) ? comm::GradMemory::owned : comm::GradMemory::overwrite;
     if (offloaded(g)) mode = store_->grad_memory(g);
+    // A frozen base never gets a gradient: pooled buffers are bound only to groups in use, so it
+    // holds no gradient memory (a 1 B-parameter base would otherwise keep 4 GB of zeros).
+    if (g == 0 && !job_.model.train_shared) mode = comm::GradMemory::pooled;
     eopts.grad_memory.push_back(mode);
     overwrite_[static_cast<size_t>(g)] = mode == comm::GradMemory::overwrite;
   }

@@ -25,4 +25,17 @@ expect_in() {
     fail "$1 lacks /$2/"; tail -15 "$WORK/$1.log"; fi
 }
 final_hash() { grep -o 'final params hash: [0-9a-f]*' "$1" | awk '{print $4}' | tail -1; }
+# run_np NAME NP JOB ARGS...: `thetad run JOB` on NP ranks from scratch, expecting exit 0, with its
+# checkpoints in $WORK/NAME.ckpt, its metrics in $WORK/NAME.jsonl and its log in $WORK/NAME.log.
+run_np() {
+  local name=$1 np=$2 job=$3; shift 3
+  expect_code 0 "$name" mpirun "${MPIRUN_FLAGS[@]}" -np "$np" "$thetad" run "$job" --no-resume \
+    --set checkpoint.dir="$WORK/$name.ckpt" --set metrics.path="$WORK/$name.jsonl" --set log.level=info "$@"
+}
+# same_hash WHAT A B: runs A and B (logs in $WORK) ended with bitwise the same parameters.
+same_hash() {
+  local a b
+  a=$(final_hash "$WORK/$2.log"); b=$(final_hash "$WORK/$3.log")
+  if [ -n "$a" ] && [ "$a" = "$b" ]; then pass "$1 ($a)"; else fail "$1: $a != $b"; fi
+}
 finish() { echo "$PASSES passed, $FAILS failed"; [ "$FAILS" -eq 0 ]; }

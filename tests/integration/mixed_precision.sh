@@ -14,16 +14,6 @@ thetad=$1
 reference=$2
 equiv=$HERE/jobs/equiv.yaml
 small=$HERE/jobs/small.yaml
-run_job() {  # name np job args...
-  local name=$1 np=$2 job=$3; shift 3
-  expect_code 0 "$name" mpirun "${MPIRUN_FLAGS[@]}" -np "$np" "$thetad" run "$job" --no-resume \
-    --set checkpoint.dir="$WORK/$name.ckpt" --set metrics.path="$WORK/$name.jsonl" --set log.level=info "$@"
-}
-same_hash() {  # what a b
-  local a b
-  a=$(final_hash "$WORK/$2.log"); b=$(final_hash "$WORK/$3.log")
-  if [ -n "$a" ] && [ "$a" = "$b" ]; then pass "$1 ($a)"; else fail "$1: $a != $b"; fi
-}
 
 # Equivalence with the reference, both wire dtypes; prune on/off bitwise.
 for np in 1 2 3; do
@@ -31,7 +21,7 @@ for np in 1 2 3; do
     tol=1e-6; [ "$np" -ge 3 ] && [ "$wire" = bf16 ] && tol=1e-2
     args=(--set precision=bf16 --set "comm.grad_dtype=$wire" --set data.schedule=round_robin --set data.tasks_per_rank=2)
     for prune in true false; do
-      run_job "np${np}_$wire-prune_$prune" "$np" "$equiv" "${args[@]}" --set comm.prune=$prune
+      run_np "np${np}_$wire-prune_$prune" "$np" "$equiv" "${args[@]}" --set comm.prune=$prune
     done
     expect_code 0 "np${np}_$wire-reference" "$reference" "$equiv" --world "$np" "${args[@]}" \
       --compare "$WORK/np${np}_$wire-prune_true.ckpt" --tol "$tol"
@@ -39,7 +29,7 @@ for np in 1 2 3; do
   done
 done
 # The wire: exactly half the bytes, step by step; bf16 compute differs from fp32, but not by much.
-run_job fp32_np2 2 "$equiv" --set data.schedule=round_robin --set data.tasks_per_rank=2
+run_np fp32_np2 2 "$equiv" --set data.schedule=round_robin --set data.tasks_per_rank=2
 /usr/bin/python3 - "$WORK/fp32_np2.jsonl" "$WORK/np2_fp32-prune_true.jsonl" "$WORK/np2_bf16-prune_true.jsonl" <<'PY' \
   && pass "bf16 wire = half the bytes of fp32 at every step; bf16 loss within 5% of fp32's" || fail "bytes or loss"
 import json, sys
@@ -57,8 +47,8 @@ PY
 # extreme classifier's slices streamed in row shards).
 bf=(--set precision=bf16 --set comm.grad_dtype=bf16 --set steps=20 --set offload.device_slots=2 --set offload.prefetch=1)
 for off in false true; do
-  run_job "mlp_offload_$off" 2 "$small" "${bf[@]}" --set model.tasks=6 --set offload.enabled=$off
-  run_job "xc_offload_$off" 2 "$small" "${bf[@]}" --set model.kind=extreme_classifier --set model.classes=400 \
+  run_np "mlp_offload_$off" 2 "$small" "${bf[@]}" --set model.tasks=6 --set offload.enabled=$off
+  run_np "xc_offload_$off" 2 "$small" "${bf[@]}" --set model.kind=extreme_classifier --set model.classes=400 \
     --set optimizer.lr=0.03 --set offload.shard_mb=0.004 --set offload.enabled=$off
 done
 same_hash "bf16 mlp: offload on == off bitwise" mlp_offload_false mlp_offload_true
@@ -76,18 +66,18 @@ assert last < float(sys.argv[2]) * first
 PY
 }
 train=(--set precision=bf16 --set comm.grad_dtype=bf16 --set steps=80)
-run_job mlp_train 2 "$small" "${train[@]}"; falls mlp_train 0.7
-run_job adapter_train 2 "$small" "${train[@]}" --set model.kind=multitask_adapter --set model.adapter_rank=4
+run_np mlp_train 2 "$small" "${train[@]}"; falls mlp_train 0.7
+run_np adapter_train 2 "$small" "${train[@]}" --set model.kind=multitask_adapter --set model.adapter_rank=4
 falls adapter_train 0.7
 xc=(--set model.kind=extreme_classifier --set model.classes=400 --set optimizer.lr=0.03 --set steps=160)
-run_job xc_sampled_train 2 "$small" "${train[@]}" "${xc[@]}" --set model.negatives_per_step=20 \
+run_np xc_sampled_train 2 "$small" "${train[@]}" "${xc[@]}" --set model.negatives_per_step=20 \
   --set offload.enabled=true --set offload.device_slots=2
 falls xc_sampled_train 0.9
-run_job xc_sharded_train 2 "$small" "${train[@]}" "${xc[@]}" --set offload.enabled=true --set offload.shard_mb=0.004
+run_np xc_sharded_train 2 "$small" "${train[@]}" "${xc[@]}" --set offload.enabled=true --set offload.shard_mb=0.004
 falls xc_sharded_train 0.9
 if /usr/bin/python3 -c 'import torch' 2>/dev/null; then
   /usr/bin/python3 "$HERE/../../docs/examples/export_torchscript.py" "$WORK/model.pt" --input-dim 16 --tasks 4
-  run_job torchscript_train 2 "$small" "${train[@]}" --set model.kind=torchscript --set model.path="$WORK/model.pt" \
+  run_np torchscript_train 2 "$small" "${train[@]}" --set model.kind=torchscript --set model.path="$WORK/model.pt" \
     --set 'model.shared=["trunk.*"]' --set 'model.task=heads.{t}.*'
   falls torchscript_train 0.7
 else

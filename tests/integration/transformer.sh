@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# The transformer with per-task LoRA adapters (issue 20), on the CPU build:
+#  - N ranks (1, 2, 3) equal the single-process reference bitwise, with the base trained and
+#    frozen (model.train_shared: false); prune on == off bitwise;
+#  - a frozen base puts no byte on the wire: bytes_allreduced per step = exactly 4 x the active
+#    adapters' parameters, and the base's parameters end as they began;
+#  - offload on == off bitwise (adapters through 2 device slots), bf16 equals its reference;
+#  - resume is bitwise (10 steps, then resumed to 20 = 20 straight);
+#  - the loss falls (synthetic token walks; token files), and bad token files are exit 2 naming
+#    the file before any step.
+source "$(dirname "$0")/lib.sh"
+thetad=$1
+reference=$2
+job=$HERE/jobs/transformer.yaml
+run_job() { local name=$1 np=$2; shift 2; run_np "$name" "$np" "$job" "$@"; }  # name np args...
+# Per task: 2 layers x rank 2 x ((16+16) q + (16+16) v + (16+32) up) = 448 parameters.
+per_task=448
+for np in 1 2 3; do
+  for shared in true false; do
+    name=np${np}_shared_$shared
+    run_job "$name" "$np" --set model.train_shared=$shared
+    expect_code 0 "$name-reference" "$reference" "$job" --world "$np" --set model.train_shared=$shared \
+      --compare "$WORK/$name.ckpt"
+  done
+  # Round robin with 4 tasks: each step's ranks train min(np, 4) distinct adapters.
+  /usr/bin/python3 - "$WORK/np${np}_shared_false.jsonl" $((4 * per_task * np)) <<'PY' \
+    && pass "np$np frozen base: bytes per step = 4 x the active adapters ($((4 * per_task * np)))" \
+    || fail "np$np frozen base: bytes per step"
+import json, sys
+got = {json.loads(l)["bytes_allreduced"] for l in open(sys.argv[1])}
+assert got == {int(sys.argv[2])}, got
+PY
+done
+run_job np2_shared_false_noprune 2 --set model.train_shared=false --set comm.prune=false
+same_hash "frozen base: prune on == off bitwise" np2_shared_false np2_shared_false_noprune
+# The frozen base's parameters after 20 steps are those after 1 (AdamW's decay alone would move
+# a base that is stepped).
+run_job init_only 1 --set steps=1 --set model.train_shared=false
+/usr/bin/python3 - "$WORK/init_only.ckpt" "$WORK/np2_shared_false.ckpt" <<'PY' \
+  && pass "frozen base: parameters after 20 steps == after 1" || fail "frozen base changed"
+import glob, os, sys, torch
+def latest(d):
+    return sorted(os.path.dirname(m) for m in glob.glob(os.path.join(d, "step-*", "manifest.json")))[-1]
+a, b = (torch.load(glob.glob(os.path.join(latest(d), "group-0000*"))[0]) for d in sys.argv[1:])
+keys = [k for k in a if k.startswith("param/")]
+assert keys and all(torch.equal(a[k], b[k]) for k in keys), "base differs"
+PY
+for off in false true; do
+  run_job "offload_$off" 2 --set offload.enabled=$off --set offload.device_slots=2 --set offload.prefetch=1
+done
+same_hash "offload on == off bitwise" offload_false offload_true
+run_job bf16 2 --set precision=bf16
+expect_code 0 bf16-reference "$reference" "$job" --world 2 --set precision=bf16 --compare "$WORK/bf16.ckpt"
+
+# Resume: 10 steps, then the same run continued to 20, equals 20 straight.
+expect_code 0 resume_first "$thetad" run "$job" --set steps=10 --set checkpoint.dir="$WORK/resume" \
+  --set metrics.path="$WORK/resume.jsonl" --set log.level=info
+expect_code 0 resume_second "$thetad" run "$job" --set checkpoint.dir="$WORK/resume" \
+  --set metrics.path="$WORK/resume.jsonl" --set log.level=info
+expect_in resume_second "resumed from .*step-00000010"
+same_hash "resume at step 10 == 20 straight, bitwise" resume_second np1_shared_true
+
+# The loss falls: synthetic walks (1 rank, 150 steps) and the same walks from token files.
+falls() {  # name
+  /usr/bin/python3 - "$WORK/$1.jsonl" <<'PY' && pass "$1: loss falls" || fail "$1: loss did not fall"
+import json, sys
+recs = [json.loads(l)["loss"] for l in open(sys.argv[1])]
+first, last = sum(recs[:5]) / 5, sum(recs[-5:]) / 5
+print(f"loss {first:.3f} -> {last:.3f}")
+assert last < 0.5 * first
+PY
+}
+run_job synthetic_train 1 --set steps=150
+falls synthetic_train
+mkdir -p "$WORK/tokens" "$WORK/bad"
+/usr/bin/python3 - "$WORK/tokens" "$WORK/bad" <<'PY'
+import numpy as np, sys
+good, bad = sys.argv[1:]
+for t in range(4):  # task t: a walk of stride 2t+1 through 24 ids, 5000 tokens
+    np.save(f"{good}/task{t}.npy", ((np.arange(5000) * (2 * t + 1) + 3 * t) % 24).astype(np.int32 if t % 2 else np.int64))
+np.save(f"{bad}/float.npy", np.zeros(100, dtype=np.float32))
+np.save(f"{bad}/big_id.npy", np.full(100, 24, dtype=np.int64))
+np.save(f"{bad}/short.npy", np.zeros(8, dtype=np.uint16))
+PY
+run_job tokens_train 2 --set steps=150 --set data.kind=tokens --set data.dir="$WORK/tokens"
+falls tokens_train
+for bad in float big_id short; do
+  rm -rf "$WORK/bad_dir" && cp -r "$WORK/tokens" "$WORK/bad_dir" && cp "$WORK/bad/$bad.npy" "$WORK/bad_dir/task2.npy"
+  expect_code 2 "bad_$bad" "$thetad" run "$job" --no-resume --set data.kind=tokens --set data.dir="$WORK/bad_dir" \
+    --set checkpoint.dir="$WORK/bad_$bad.ckpt"
+  expect_in "bad_$bad" "bad_dir/task2.npy"
+done
+expect_in bad_float "int64, int32 or uint16, found float32"
+expect_in bad_big_id "token id 24 is outside \[0, model.vocab = 24\)"
+expect_in bad_short "fewer than one window"
+finish
