@@ -79,6 +79,7 @@ struct ModelConfig {
   std::vector<std::string> shared;  // torchscript: name patterns of Θ (glob, '*' matches any)
   std::string task;                 // torchscript: pattern of θ[t], with "{t}" for the task index
   int64_t init_seed = -1;       // parameter init seed; -1 = the job's seed
+  std::string init_from;        // initial weights: a torch.save'd state dict or a checkpoint group file
   // transformer: decoder-only, pre-norm, learned positions (docs/configuration.md)
   int64_t layers = 2;
   int64_t d_model = 64;

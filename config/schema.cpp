@@ -134,6 +134,7 @@ const std::vector<Field> kFields = {
     THETAD_FIELD("model", "shared", StringList, model.shared, true),
     THETAD_FIELD("model", "task", String, model.task, true),
     THETAD_FIELD("model", "init_seed", Int, model.init_seed, true),
+    THETAD_FIELD("model", "init_from", String, model.init_from, true),
     THETAD_FIELD("model", "layers", Int, model.layers, true),
     THETAD_FIELD("model", "d_model", Int, model.d_model, true),
     THETAD_FIELD("model", "heads", Int, model.heads, true),

@@ -156,6 +156,12 @@ class Checker {
     at_most<int64_t>("model.head_layers", m.head_layers, kMaxLayers, "layers");
     at_most<int64_t>("model.classes", m.classes, int64_t{1} << 32, "output rows");
     at_least<int64_t>("model.init_seed", m.init_seed, -1);
+    if (!m.init_from.empty() && ok("model.init_from")) {
+      std::error_code ec;
+      if (!std::filesystem::is_regular_file(m.init_from, ec))
+        fail("model.init_from", "no such file: '" + m.init_from +
+                                    "' (a torch.save'd state dict or a checkpoint group file)");
+    }
     if (!ok("model.kind") || unknown("model.kind")) return;
     if (m.kind == ModelKind::MultitaskAdapter) {
       at_least<int64_t>("model.adapter_rank", m.adapter_rank, 1);
@@ -378,8 +384,10 @@ class Checker {
     if (is("data.kind", dc.kind, DataKind::Tokens) && dc.dir.empty())
       fail("data.dir", "required when data.kind is 'tokens' (directory of task{t}.npy token files)", "data.kind");
     const bool transformer = is("model.kind", j_.model.kind, ModelKind::Transformer);
-    if (is("data.kind", dc.kind, DataKind::Tokens) && ok("model.kind") && !transformer)
-      fail("data.kind", "'tokens' is the transformer's data; model.kind is '" + to_string(j_.model.kind) + "'");
+    if (is("data.kind", dc.kind, DataKind::Tokens) && ok("model.kind") && !transformer &&
+        !is("model.kind", j_.model.kind, ModelKind::Torchscript))
+      fail("data.kind", "'tokens' is for the transformer and TorchScript language models; model.kind is '" +
+                            to_string(j_.model.kind) + "'");
     if (transformer && is("data.kind", dc.kind, DataKind::Npy))
       fail("data.kind", "the transformer reads tokens: 'synthetic' or 'tokens', not 'npy'");
     placeholders("data.dir", dc.dir);

@@ -106,6 +106,9 @@ std::unique_ptr<DataSource> make_data(const config::Job& job, const TaskModel& m
 
 // Per-task loss of a model output.
 torch::Tensor task_loss(LossKind kind, const torch::Tensor& out, const torch::Tensor& y);
+// Cross-entropy of logits [rows, seq, vocab] against the next tokens [rows, seq], over every
+// position (language models: the transformer, TorchScript models on token data).
+torch::Tensor next_token_loss(const torch::Tensor& logits, const torch::Tensor& next);
 
 // 64-bit mixing of several integers (splitmix64 chain); seeds for generators.
 uint64_t mix_seed(uint64_t a, uint64_t b, uint64_t c = 0, uint64_t d = 0);

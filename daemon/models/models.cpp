@@ -13,6 +13,7 @@
 #include "common/log.hpp"
 #include "common/text.hpp"
 #include "daemon/models/chunked_softmax.hpp"
+#include "daemon/models/initial_weights.hpp"
 #include "daemon/models/model.hpp"
 #include "daemon/models/param_builder.hpp"
 #include "daemon/models/transformer.hpp"
@@ -178,6 +179,12 @@ class ScriptModel : public TaskModel {
   std::vector<NamedParam>& params() override { return params_; }
   torch::Tensor forward(const torch::Tensor& x, int task) override {
     return module_.forward({x, static_cast<int64_t>(task)}).toTensor();
+  }
+  // Token batches (data.kind: tokens): forward returns logits [rows, seq, vocab], trained on the
+  // next tokens as the built-in transformer is.
+  torch::Tensor loss(const Batch& b, int task, uint64_t sample_seed) override {
+    if (b.x.scalar_type() != torch::kInt64) return TaskModel::loss(b, task, sample_seed);
+    return next_token_loss(forward(b.x, task), b.y);
   }
 
   // What thetad calls, checked when the model is loaded (bad input: exit 2 before any step, not
@@ -356,7 +363,9 @@ uint64_t mix_seed(uint64_t a, uint64_t b, uint64_t c, uint64_t d) {
   return splitmix64(splitmix64(splitmix64(splitmix64(a) ^ b) ^ c) ^ d);
 }
 
-std::unique_ptr<TaskModel> make_model(const config::Job& job, torch::Device device, bool lazy_tasks) {
+namespace {
+
+std::unique_ptr<TaskModel> build_model(const config::Job& job, torch::Device device, bool lazy_tasks) {
   using config::ModelKind;
   switch (job.model.kind) {
     case ModelKind::MultitaskMlp: return std::make_unique<MultitaskMlp>(job, device, lazy_tasks);
@@ -369,12 +378,21 @@ std::unique_ptr<TaskModel> make_model(const config::Job& job, torch::Device devi
                       " has no model");
 }
 
+}  // namespace
+
+std::unique_ptr<TaskModel> make_model(const config::Job& job, torch::Device device, bool lazy_tasks) {
+  std::unique_ptr<TaskModel> model = build_model(job, device, lazy_tasks);
+  load_initial_weights(job, *model);
+  return model;
+}
+
 std::unique_ptr<DataSource> make_npy_data(const config::Job& job, const TaskModel& model,
                                           torch::Device device);
 
 std::unique_ptr<DataSource> make_data(const config::Job& job, const TaskModel& model,
                                       torch::Device device) {
-  if (job.model.kind == config::ModelKind::Transformer) return make_token_data(job, device);
+  if (job.model.kind == config::ModelKind::Transformer || job.data.kind == config::DataKind::Tokens)
+    return make_token_data(job, device);
   const bool synthetic = job.data.kind == config::DataKind::Synthetic;
   if (synthetic && model.loss_kind() == LossKind::cross_entropy)
     return std::make_unique<SyntheticClasses>(job, device);
@@ -385,6 +403,10 @@ std::unique_ptr<DataSource> make_data(const config::Job& job, const TaskModel& m
 torch::Tensor TaskModel::loss(const Batch& batch, int task, uint64_t sample_seed) {
   (void)sample_seed;
   return task_loss(loss_kind(), forward(batch.x, task), batch.y);
+}
+
+torch::Tensor next_token_loss(const torch::Tensor& logits, const torch::Tensor& next) {
+  return task_loss(LossKind::cross_entropy, logits.reshape({-1, logits.size(-1)}), next.reshape({-1}));
 }
 
 torch::Tensor task_loss(LossKind kind, const torch::Tensor& out, const torch::Tensor& y) {

@@ -103,11 +103,10 @@ class Transformer : public TaskModel {
     return torch::matmul(norm(h, lnf_w_, lnf_b_), head_.t());
   }
 
-  // Next-token cross-entropy over every position of every row (in float32, task_loss).
+  // Next-token cross-entropy over every position of every row (in float32).
   torch::Tensor loss(const Batch& batch, int task, uint64_t sample_seed) override {
     (void)sample_seed;
-    const torch::Tensor logits = forward(batch.x, task);
-    return task_loss(LossKind::cross_entropy, logits.reshape({-1, m_.vocab}), batch.y.reshape({-1}));
+    return next_token_loss(forward(batch.x, task), batch.y);
   }
 
  private:

@@ -194,7 +194,7 @@ const std::vector<BadJob>& bad_jobs() {
       {"transformer_too_big", "steps: 1\nmodel: {kind: transformer, vocab: 16000000, d_model: 4096}\ndata: {}\n",
        {"bad.yaml:2:", "model.vocab: the largest parameter of transformer has"}},
       {"tokens_for_mlp", "steps: 1\nmodel: {kind: multitask_mlp}\ndata: {kind: tokens, dir: d}\n",
-       {"'tokens' is the transformer's data; model.kind is 'multitask_mlp'"}},
+       {"'tokens' is for the transformer and TorchScript language models; model.kind is 'multitask_mlp'"}},
       {"transformer_npy", "steps: 1\nmodel: {kind: transformer}\ndata: {kind: npy, dir: d}\n",
        {"the transformer reads tokens: 'synthetic' or 'tokens', not 'npy'"}},
       {"tokens_without_dir", "steps: 1\nmodel: {kind: transformer}\ndata: {kind: tokens}\n",

@@ -90,6 +90,39 @@ for bad in float big_id short; do
     --set checkpoint.dir="$WORK/bad_$bad.ckpt"
   expect_in "bad_$bad" "bad_dir/task2.npy"
 done
+# The TorchScript path with a real transformer: the Python model of docs/examples/
+# export_transformer.py, scripted, trains under thetad on the token files with the same loss
+# curve as the built-in transformer started from its weights (model.init_from: its state dict).
+tokens=(--set steps=60 --set lora.targets=[q,v] --set data.kind=tokens --set data.dir="$WORK/tokens")
+/usr/bin/python3 "$HERE/../../docs/examples/export_transformer.py" "$WORK/tfm.pt" --state-dict "$WORK/tfm-init.pt" \
+  > "$WORK/export.log" 2>&1 || fail "export_transformer.py: $(tail -3 "$WORK/export.log")"
+run_job builtin_from_state_dict 1 "${tokens[@]}" --set model.init_from="$WORK/tfm-init.pt"
+run_job torchscript_transformer 1 "${tokens[@]}" --set model.kind=torchscript --set model.path="$WORK/tfm.pt" \
+  --set 'model.shared=["embed.*", "pos.*", "blocks.*", "ln_f.*", "lm_head.*"]' --set 'model.task=lora.{t}.*'
+expect_in builtin_from_state_dict "model.init_from: [0-9]+ parameters from"
+/usr/bin/python3 - "$WORK/builtin_from_state_dict.jsonl" "$WORK/torchscript_transformer.jsonl" <<'PY' \
+  && pass "TorchScript transformer == built-in from its state dict: same loss curve" || fail "loss curves differ"
+import json, sys
+a, b = ([json.loads(l)["loss"] for l in open(p)] for p in sys.argv[1:])
+worst = max(abs(x - y) / x for x, y in zip(a, b))
+print(f"60 steps, loss {a[0]:.4f} -> {a[-1]:.4f}; largest relative difference {worst:.2e}")
+assert len(a) == len(b) == 60 and worst < 1e-5 and a[-1] < 0.7 * a[0]
+PY
+# Initial weights that do not fit: exit 2 naming the file and the key, before any step.
+/usr/bin/python3 - "$WORK/tfm-init.pt" "$WORK" <<'PY'
+import sys, torch
+sd = torch.load(sys.argv[1]); out = sys.argv[2]
+torch.save({k: v for k, v in sd.items() if k != "lm_head.weight"}, f"{out}/missing.pt")
+torch.save(dict(sd, **{"blocks.9.attn.q.weight": torch.zeros(2, 2)}), f"{out}/unexpected.pt")
+torch.save(dict(sd, **{"embed.weight": torch.zeros(25, 16)}), f"{out}/shape.pt")
+PY
+for bad in missing unexpected shape; do
+  expect_code 2 "init_$bad" "$thetad" run "$job" --no-resume --set model.init_from="$WORK/$bad.pt" \
+    --set lora.targets=[q,v] --set checkpoint.dir="$WORK/init_$bad.ckpt"
+done
+expect_in init_missing "missing.pt: model.init_from: shared parameter 'lm_head.weight' is missing"
+expect_in init_unexpected "unexpected.pt: model.init_from: key 'blocks.9.attn.q.weight' is not a parameter"
+expect_in init_shape "shape.pt: model.init_from: key 'embed.weight' has shape \[25, 16\]"
 expect_in bad_float "int64, int32 or uint16, found float32"
 expect_in bad_big_id "token id 24 is outside \[0, model.vocab = 24\)"
 expect_in bad_short "fewer than one window"

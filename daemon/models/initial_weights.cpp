@@ -1,0 +1,91 @@
+// load_initial_weights (see initial_weights.hpp).
+#include "daemon/models/initial_weights.hpp"
+
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "common/errors.hpp"
+#include "common/log.hpp"
+
+namespace thetad::daemon {
+namespace {
+
+std::string shape_of(const torch::Tensor& t) {
+  std::ostringstream os;
+  os << t.sizes();
+  return os.str();
+}
+
+// name -> tensor from the file; thetad checkpoint files: "param/NAME" keys, the rest skipped.
+std::map<std::string, torch::Tensor> read_state_dict(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw ConfigError(path + ": model.init_from: cannot open the file");
+  const std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  c10::IValue v;
+  try {
+    v = torch::pickle_load(bytes);
+  } catch (const c10::Error& e) {
+    throw ConfigError(path + ": model.init_from: not a file of torch.save (zip format): " + e.what_without_backtrace());
+  }
+  if (!v.isGenericDict()) throw ConfigError(path + ": model.init_from: expected a dict {name: tensor} (a state dict)");
+  const c10::impl::GenericDict dict = v.toGenericDict();
+  bool checkpoint = false;
+  for (const auto& item : dict)
+    if (item.key().isString() && item.key().toStringRef().rfind("param/", 0) == 0) checkpoint = true;
+  std::map<std::string, torch::Tensor> out;
+  for (const auto& item : dict) {
+    if (!item.key().isString()) throw ConfigError(path + ": model.init_from: a key that is not a string");
+    std::string key = item.key().toStringRef();
+    if (checkpoint) {
+      if (key.rfind("param/", 0) != 0) continue;  // exp_avg/..., steps: the optimizer's
+      key = key.substr(6);
+    }
+    if (!item.value().isTensor()) throw ConfigError(path + ": model.init_from: key '" + key + "' is not a tensor");
+    out[key] = item.value().toTensor();
+  }
+  return out;
+}
+
+}  // namespace
+
+void load_initial_weights(const config::Job& job, TaskModel& model) {
+  const std::string& path = job.model.init_from;
+  if (path.empty()) return;
+  std::map<std::string, torch::Tensor> values = read_state_dict(path);
+  std::map<std::string, NamedParam*> by_name;
+  for (NamedParam& p : model.params()) by_name[p.name] = &p;
+  for (const auto& [name, t] : values) {
+    auto it = by_name.find(name);
+    if (it == by_name.end())
+      throw ConfigError(path + ": model.init_from: key '" + name + "' is not a parameter of the model (" +
+                        config::to_string(job.model.kind) + "; its first is '" + model.params().front().name + "')");
+    const NamedParam& p = *it->second;
+    if (!p.tensor.sizes().equals(t.sizes()))
+      throw ConfigError(path + ": model.init_from: key '" + name + "' has shape " + shape_of(t) +
+                        ", the model's parameter has " + shape_of(p.tensor));
+  }
+  int loaded = 0;
+  for (NamedParam& p : model.params()) {
+    auto it = values.find(p.name);
+    if (it == values.end()) {
+      if (p.group == 0)
+        throw ConfigError(path + ": model.init_from: shared parameter '" + p.name + "' is missing from the file");
+      continue;
+    }
+    const torch::Tensor value = it->second.to(torch::kFloat32).contiguous();
+    if (p.init) {  // a placeholder the host store fills later
+      p.init = [value](torch::Tensor& dst) { dst.copy_(value); };
+    } else {
+      torch::NoGradGuard no_grad;
+      p.tensor.copy_(value);
+    }
+    ++loaded;
+  }
+  THETAD_LOG(info, "train") << "model.init_from: " << loaded << " parameters from " << path;
+}
+
+}  // namespace thetad::daemon

@@ -1,0 +1,18 @@
+// model.init_from: starting a model from weights the user has (fine-tuning a base).
+#pragma once
+
+#include "config/job.hpp"
+#include "daemon/models/model.hpp"
+
+namespace thetad::daemon {
+
+// Overwrites the model's initial parameters with those of job.model.init_from: a file written by
+// torch.save (or torch::pickle_save) of a dict {parameter name: tensor} (a state dict), or one of
+// thetad's own checkpoint group files (keys "param/NAME"; the optimizer's keys are ignored).
+// Every shared parameter (group 0) must be in the file; task parameters may be (those not in it
+// keep their initialization). A key that names no parameter, a tensor of another shape, or a
+// missing shared parameter is a ConfigError naming the file and the key. Tensors are converted to
+// float32. Lazily built task parameters (the host store) get an init that copies the file's values.
+void load_initial_weights(const config::Job& job, TaskModel& model);
+
+}  // namespace thetad::daemon
