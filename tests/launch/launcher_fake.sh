@@ -311,7 +311,14 @@ case_flags() {
   out=$(SLURM_JOB_ID=42 SLURM_JOB_NUM_NODES=2 "$LAUNCHER" --thetad "$FAKE" --dry-run "$job")
   grep -q -- '^launch: srun --mpi=pmix' <<<"$out" || fail "inside Slurm: want srun: $out"
   grep -q -- '--worker' <<<"$out" || fail "srun: workers not wrapped: $out"
+  # Simulated nodes: N x --nproc-per-node ranks on this host, the variable passed to every rank.
+  out=$("$LAUNCHER" --thetad "$FAKE" --dry-run --simulate-nodes 3 --nproc-per-node 2 "$job")
+  grep -q -- '-np 6 .*--bind-to none.*-x THETAD_SIMULATE_NODES' <<<"$out" || fail "--simulate-nodes 3 x 2: $out"
+  grep -q -- 'ranks: 6 (3 node(s) x 2)' <<<"$out" || fail "--simulate-nodes 3 x 2: want 3 nodes: $out"
   local rc=0
+  "$LAUNCHER" --thetad "$FAKE" --dry-run --simulate-nodes 2 --hosts a:2,b:2 "$job" 2>/dev/null || rc=$?
+  ((rc == 2)) || fail "--simulate-nodes with --hosts: want exit 2, got $rc"
+  rc=0
   "$LAUNCHER" --thetad "$T/nonexistent" "$job" 2>/dev/null || rc=$?
   ((rc == 1)) || fail "missing thetad: want exit 1, got $rc"
   rc=0; "$LAUNCHER" --thetad "$FAKE" "$T/nonexistent.yaml" 2>/dev/null || rc=$?
