@@ -115,10 +115,10 @@ expect_lost() {
   pass "kill -9 of $3: launcher exit $RC after ${ELAPSED}s naming it; nothing left"
 }
 
-# resume_and_compare JOB: reruns the job to a fixed total past the newest checkpoint; it must
-# resume (not restart) and end with the parameters of a run that never failed.
-resume_and_compare() {
-  local job=$1 s total rc h_resume h_ref
+# resume_run JOB: reruns the job to 40 steps past the newest checkpoint; it must resume (not
+# restart) and succeed. Sets RESUMED_FROM and RESUMED_TO.
+resume_run() {
+  local job=$1 s total rc
   s=$(newest_step "$T/ckpt")
   ((s >= 20)) || fail "no checkpoint left after the fault"
   total=$((s + 40))
@@ -132,13 +132,20 @@ resume_and_compare() {
   else
     assert_grep '[Rr]esum' "$T/logs-resume/rank-0.log" "resumed run does not say it resumed"
   fi
+  RESUMED_FROM=$s RESUMED_TO=$total
+}
+
+# resume_and_compare JOB: resume_run, and the result equals a run that never failed.
+resume_and_compare() {
+  local job=$1 rc h_resume h_ref
+  resume_run "$job"
   rc=0
   "$LAUNCHER" --thetad "$THETAD" "${LAUNCH_ARGS[@]}" --log-dir "$T/logs-ref" "$job" \
-    --set "steps=$total" --set "checkpoint.dir=$T/ckpt-ref" >"$T/ref.out" 2>"$T/ref.err" || rc=$?
+    --set "steps=$RESUMED_TO" --set "checkpoint.dir=$T/ckpt-ref" >"$T/ref.out" 2>"$T/ref.err" || rc=$?
   ((rc == 0)) || { tail -n 30 "$T/ref.err" >&2; fail "uninterrupted run: exit $rc"; }
   h_resume=$(final_hash "$T/logs-resume/rank-0.log")
   h_ref=$(final_hash "$T/logs-ref/rank-0.log")
   [[ -n $h_resume && -n $h_ref ]] || fail "no 'final params hash:' line on rank 0 (resume '$h_resume', reference '$h_ref')"
-  [[ $h_resume == "$h_ref" ]] || fail "resumed from step $s to $total: params hash $h_resume != uninterrupted $h_ref"
-  pass "resumed from step $s to $total; final params hash $h_resume equals an uninterrupted run's"
+  [[ $h_resume == "$h_ref" ]] || fail "resumed from step $RESUMED_FROM to $RESUMED_TO: params hash $h_resume != uninterrupted $h_ref"
+  pass "resumed from step $RESUMED_FROM to $RESUMED_TO; final params hash $h_resume equals an uninterrupted run's"
 }
