@@ -5,6 +5,7 @@
 
 #include <cstdlib>
 
+#include "comm/node_split.hpp"
 #include "common/errors.hpp"
 #include "common/log.hpp"
 
@@ -42,8 +43,7 @@ WorldInfo world_info() {
   WorldInfo w;
   MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &w.rank));
   MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &w.size));
-  MPI_Comm local = MPI_COMM_NULL;
-  MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, w.rank, MPI_INFO_NULL, &local));
+  MPI_Comm local = split_node(MPI_COMM_WORLD);  // real hosts, or THETAD_SIMULATE_NODES blocks
   MPI_CHECK(MPI_Comm_rank(local, &w.local_rank));
   MPI_CHECK(MPI_Comm_size(local, &w.local_size));
   MPI_CHECK(MPI_Comm_free(&local));

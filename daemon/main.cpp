@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "comm/bootstrap.hpp"
+#include "comm/node_split.hpp"
 #include "common/errors.hpp"
 #include "common/log.hpp"
 #include "config/loader.hpp"
@@ -90,6 +91,12 @@ int cmd_run(const Args& a) {
   int code = thetad::kExitOk;
   try {
     thetad::log::init(lo);
+    // The launcher names a lost node's ranks from this line; tests check the split with it.
+    const auto place = thetad::comm::node_place();
+    THETAD_LOG(info, "comm") << "rank " << world.rank << " of " << world.size << ": node "
+                             << place.node << " of " << place.nodes
+                             << (place.simulated ? " (simulated)" : "") << ", node-local rank "
+                             << world.local_rank << " of " << world.local_size;
     code = thetad::daemon::run_worker(job, thetad::daemon::RunOptions{a.resume});
   } catch (const std::exception& e) {
     code = thetad::exit_code_for(e);

@@ -18,6 +18,7 @@
 
 #include "comm/bootstrap.hpp"
 #include "comm/control_plane.hpp"
+#include "comm/node_split.hpp"
 #include "comm/mpi/mpi_communicator.hpp"
 #include "common/errors.hpp"
 #include "common/log.hpp"
@@ -86,7 +87,7 @@ HostArena::HostArena(MPI_Comm comm, std::vector<ArenaEntry> entries, size_t host
   }
   total_ = round_up(off, kPage);
 
-  MPI_CHECK(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node_));
+  node_ = comm::split_node(comm);  // the node's ranks: a host, or a simulated node
   MPI_CHECK(MPI_Comm_set_errhandler(node_, MPI_ERRORS_RETURN));
   MPI_CHECK(MPI_Comm_rank(node_, &local_rank_));
   MPI_CHECK(MPI_Comm_size(node_, &local_size_));
@@ -205,6 +206,7 @@ HostArena::HostArena(MPI_Comm comm, std::vector<ArenaEntry> entries, size_t host
   node_barrier("host arena: sequence numbers constructed");  // before anyone reads them
   THETAD_LOG(info, "offload") << "host arena: " << mib(total_) << " MiB for " << entries_.size()
                               << " groups shared by " << local_size_ << " local ranks"
+                              << " (this is node-local rank " << local_rank_ << ")"
                               << (pinned() ? ", pinned" : ", not pinned") << std::fixed
                               << std::setprecision(2) << " (pages faulted in " << touch_s
                               << " s, pinned in " << pin_s << " s)";

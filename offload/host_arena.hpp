@@ -1,5 +1,5 @@
-// One host-resident arena per host, shared by all ranks of that host: an MPI shared-memory
-// window on the node communicator holding, per offloaded group, fp32 parameters, Adam m and v,
+// One host-resident arena per node, shared by all ranks of that node: an MPI shared-memory
+// window on the node communicator (comm/node_split.hpp: a host, or a simulated node) holding, per offloaded group, fp32 parameters, Adam m and v,
 // and a landing area for the reduced gradient, plus one sequence number per group.
 //
 // The node's local rank 0 allocates the whole segment, the others 0 bytes, and every rank maps

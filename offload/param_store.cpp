@@ -85,7 +85,17 @@ void ParamStore::alloc_slots(MPI_Comm comm) {
 }
 
 ParamStore::~ParamStore() {
-  updates_.reset();  // runs what is queued, then stops the owner's optimizer thread
+  // What is queued runs anyway (the queue's destructor); waiting here first lets the count
+  // below include it. Tests add the counts up per node: each group is stepped once per node
+  // per step it was used.
+  try {
+    updates_->wait_idle();
+  } catch (...) {  // the error has been reported where it happened
+  }
+  THETAD_LOG(info, "offload") << "parameter store: " << updates_->steps()
+                              << " group steps run as owner (node-local rank "
+                              << arena_->local_rank() << " of " << arena_->local_size() << ")";
+  updates_.reset();  // stops the owner's optimizer thread
   // Copies into the slots, and out of the device into the arena, may still be in flight.
   copied_.push_back(last_d2h_);
   for (const Fence& f : copied_) {

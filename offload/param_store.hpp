@@ -79,7 +79,7 @@ class ParamStore {
 
   // Throws ConfigError for bad settings (slots < 1, a unit larger than the budget without
   // sharding, a row larger than the shard size, an arena over the host limit or memory).
-  // comm: the ranks of the job; the host's ranks are found with MPI_COMM_TYPE_SHARED.
+  // comm: the ranks of the job; the node's ranks are found by comm::split_node.
   ParamStore(const StoreOptions& opts, std::vector<GroupShape> groups, Device& device,
              Schedule groups_needed_at, MPI_Comm comm = MPI_COMM_WORLD);
   ~ParamStore();

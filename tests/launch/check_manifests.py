@@ -45,6 +45,13 @@ def readme_packages(root):
     return README_PACKAGES
 
 
+def launcher_flags(root):
+    """The options thetad-launch's usage (--help) lists."""
+    text = open(os.path.join(root, "launch/thetad-launch")).read()
+    usage = text[text.index("usage: thetad-launch"):text.index("EOF", text.index("usage: thetad-launch"))]
+    return set(re.findall(r"^\s+(--[a-z][a-z-]*)", usage, re.M))
+
+
 def check_mpijob(root):
     docs = list(yaml.safe_load_all(open(os.path.join(root, "deploy/k8s/mpijob.yaml"))))
     kinds = {d["kind"]: d for d in docs if d}
@@ -65,6 +72,13 @@ def check_mpijob(root):
     cmd = [str(x) for x in lc.get("command", []) + lc.get("args", [])]
     check(any("thetad" in os.path.basename(c) for c in cmd), f"launcher command does not run thetad: {cmd}")
     if any(c.endswith("thetad-launch") for c in cmd):
+        # Every launcher option the MPIJob passes (those before the job file) is one the
+        # launcher's usage lists: a renamed or removed flag fails here, not in a cluster.
+        known = launcher_flags(root)
+        job_at = next((i for i, c in enumerate(cmd) if c.endswith((".yaml", ".yml"))), len(cmd))
+        for c in cmd[1:job_at]:
+            if c.startswith("--") and c != "--":
+                check(c.split("=")[0] in known, f"MPIJob launcher flag {c} is not a thetad-launch option ({sorted(known)})")
         if "--nproc-per-node" in cmd:
             n = int(cmd[cmd.index("--nproc-per-node") + 1])
             check(n == slots, f"--nproc-per-node {n} != slotsPerWorker {slots}")

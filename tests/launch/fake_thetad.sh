@@ -51,6 +51,7 @@ if [[ ${THETAD_FAKE_START_DELAY:-0} != 0 ]]; then sleep "$THETAD_FAKE_START_DELA
 trap on_term TERM
 
 echo "[$(ts)] [rank $rank] [daemon] info: fake worker starts job $job" >&2
+echo "[$(ts)] [rank $rank] [daemon] info: CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES-unset}" >&2
 echo "untagged line from fake rank $rank" >&2
 steps=${THETAD_FAKE_STEPS:-3}
 for ((s = 1; s <= steps; s++)); do

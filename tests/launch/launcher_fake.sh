@@ -311,7 +311,14 @@ case_flags() {
   out=$(SLURM_JOB_ID=42 SLURM_JOB_NUM_NODES=2 "$LAUNCHER" --thetad "$FAKE" --dry-run "$job")
   grep -q -- '^launch: srun --mpi=pmix' <<<"$out" || fail "inside Slurm: want srun: $out"
   grep -q -- '--worker' <<<"$out" || fail "srun: workers not wrapped: $out"
+  # Simulated nodes: N x --nproc-per-node ranks on this host, the variable passed to every rank.
+  out=$("$LAUNCHER" --thetad "$FAKE" --dry-run --simulate-nodes 3 --nproc-per-node 2 "$job")
+  grep -q -- '-np 6 .*--bind-to none.*-x THETAD_SIMULATE_NODES' <<<"$out" || fail "--simulate-nodes 3 x 2: $out"
+  grep -q -- 'ranks: 6 (3 node(s) x 2)' <<<"$out" || fail "--simulate-nodes 3 x 2: want 3 nodes: $out"
   local rc=0
+  "$LAUNCHER" --thetad "$FAKE" --dry-run --simulate-nodes 2 --hosts a:2,b:2 "$job" 2>/dev/null || rc=$?
+  ((rc == 2)) || fail "--simulate-nodes with --hosts: want exit 2, got $rc"
+  rc=0
   "$LAUNCHER" --thetad "$T/nonexistent" "$job" 2>/dev/null || rc=$?
   ((rc == 1)) || fail "missing thetad: want exit 1, got $rc"
   rc=0; "$LAUNCHER" --thetad "$FAKE" "$T/nonexistent.yaml" 2>/dev/null || rc=$?
@@ -319,6 +326,24 @@ case_flags() {
   rc=0; "$LAUNCHER" --bogus 2>/dev/null || rc=$?
   ((rc == 2)) || fail "unknown option: want exit 2, got $rc"
   pass "mpirun/srun command lines"
+}
+
+# --simulate-nodes with GPUs: each simulated node's ranks see only its share of the host's GPUs
+# (one rank per GPU of it by default), and each node has its log with its ranks' lines.
+case_simulate_nodes() {
+  local job; job=$(make_job simnodes)
+  CUDA_VISIBLE_DEVICES=4,5,6,7 THETAD_FAKE_STEPS=1 run_launcher "$T/sim" --simulate-nodes 2 --log-dir "$T/sim-logs" "$job"
+  ((RC == 0)) || { cat "$T/sim.err" >&2; fail "--simulate-nodes 2 with 4 GPUs: want exit 0, got $RC"; }
+  assert_grep 'job simnodes-.*: 4 rank\(s\) on 2 node\(s\)' "$T/sim.err" "want 2 nodes x 2 ranks (one per GPU of a node)"
+  local r want
+  for r in 0 1 2 3; do
+    want=$([[ $r -lt 2 ]] && echo 4,5 || echo 6,7)
+    assert_grep "\[rank $r\] \[daemon\] info: CUDA_VISIBLE_DEVICES=$want\$" "$T/sim-logs/rank-$r.log" "rank $r should see GPUs $want"
+    assert_grep "\[rank $r\] \[daemon\] info: step 1" "$T/sim-logs/node-$((r / 2)).log" "node-$((r / 2)).log lacks rank $r"
+    assert_grep "host [^ ]+ node $((r / 2)) pid" "$T/sim-logs/rank-$r.log" "rank $r's header should name node $((r / 2))"
+  done
+  assert_no_grep '\[rank [23]\]' "$T/sim-logs/node-0.log" "node-0.log holds ranks of node 1"
+  pass "--simulate-nodes 2 with 4 GPUs: nodes see GPUs 4,5 and 6,7; node-0.log and node-1.log"
 }
 
 case ${1:-} in
@@ -334,6 +359,7 @@ case ${1:-} in
   kill9) case_kill9 ;;
   kill9_wrapper) case_kill9_wrapper ;;
   flags) case_flags ;;
+  simulate_nodes) case_simulate_nodes ;;
   all) case_flags; case_bad_job; case_bad_args; case_rank_fails; case_logs; sig_case TERM; sig_case INT
        sig_case INT bg; case_early_stop; case_stop_twice; case_kill9; case_kill9_wrapper ;;
   *) echo "usage: $0 bad_job|bad_args|rank_fails|logs|sigterm|sigint|sigint_bg|early_stop|stop_twice|kill9|kill9_wrapper|flags|all" >&2; exit 2 ;;

@@ -14,6 +14,8 @@ MPIRUN=${THETAD_MPIRUN:-mpirun}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 unset SLURM_JOB_ID CUDA_VISIBLE_DEVICES || true
 COMM_TIMEOUT=20
+# How the launcher spreads the job (a test may set more before its runs, e.g. --simulate-nodes).
+LAUNCH_ARGS=(--nproc-per-node 2)
 
 # fault_job FILE NAME [CKPT_DIR]: the job every fault test trains (tiny, CPU, MPI backend).
 fault_job() {
@@ -75,10 +77,10 @@ PY
 # final_hash LOGFILE: the hex of rank 0's "final params hash: <hex>" line.
 final_hash() { sed -n -E 's/.*final params hash: ([0-9a-fA-F]+).*/\1/p' "$1" | tail -n 1; }
 
-# start_fault_run JOB: the launcher in the background on 2 ranks; sets LPID. Waits until a
+# start_fault_run JOB: the launcher in the background (LAUNCH_ARGS: 2 ranks); sets LPID. Waits until a
 # checkpoint at step >= 40 exists.
 start_fault_run() {
-  "$LAUNCHER" --thetad "$THETAD" --nproc-per-node 2 --log-dir "$T/logs-fault" "$1" \
+  "$LAUNCHER" --thetad "$THETAD" "${LAUNCH_ARGS[@]}" --log-dir "$T/logs-fault" "$1" \
     >"$T/fault.out" 2>"$T/fault.err" &
   LPID=$!
   local deadline=$((SECONDS + 180))
@@ -102,15 +104,26 @@ wait_launcher() {
   ELAPSED=$((SECONDS - start))
 }
 
-# resume_and_compare JOB: reruns the job to a fixed total past the newest checkpoint; it must
-# resume (not restart) and end with the parameters of a run that never failed.
-resume_and_compare() {
-  local job=$1 s total rc h_resume h_ref
+# expect_lost LIMIT PATTERN WHAT: after a kill, the launcher ends within LIMIT seconds with exit 3
+# (lost peer), its stderr matching PATTERN (it names WHAT was lost), and no process is left.
+expect_lost() {
+  wait_launcher "$1"
+  ((RC == 3)) || { tail -n 30 "$T/fault.err" >&2; fail "want launcher exit 3 (lost peer) after $3 was killed, got $RC"; }
+  assert_grep "$2" "$T/fault.err" "the launcher does not name $3"
+  [[ -z $(thetad_pids) ]] || fail "thetad processes left: $(thetad_pids | paste -sd' ')"
+  no_leftovers
+  pass "kill -9 of $3: launcher exit $RC after ${ELAPSED}s naming it; nothing left"
+}
+
+# resume_run JOB: reruns the job to 40 steps past the newest checkpoint; it must resume (not
+# restart) and succeed. Sets RESUMED_FROM and RESUMED_TO.
+resume_run() {
+  local job=$1 s total rc
   s=$(newest_step "$T/ckpt")
   ((s >= 20)) || fail "no checkpoint left after the fault"
   total=$((s + 40))
   rc=0
-  "$LAUNCHER" --thetad "$THETAD" --nproc-per-node 2 --log-dir "$T/logs-resume" "$job" \
+  "$LAUNCHER" --thetad "$THETAD" "${LAUNCH_ARGS[@]}" --log-dir "$T/logs-resume" "$job" \
     --set "steps=$total" --set "metrics.path=$T/metrics-resume.jsonl" >"$T/resume.out" 2>"$T/resume.err" || rc=$?
   ((rc == 0)) || { tail -n 30 "$T/resume.err" >&2; fail "resumed run: exit $rc"; }
   if [[ -s $T/metrics-resume.jsonl ]]; then
@@ -119,13 +132,20 @@ resume_and_compare() {
   else
     assert_grep '[Rr]esum' "$T/logs-resume/rank-0.log" "resumed run does not say it resumed"
   fi
+  RESUMED_FROM=$s RESUMED_TO=$total
+}
+
+# resume_and_compare JOB: resume_run, and the result equals a run that never failed.
+resume_and_compare() {
+  local job=$1 rc h_resume h_ref
+  resume_run "$job"
   rc=0
-  "$LAUNCHER" --thetad "$THETAD" --nproc-per-node 2 --log-dir "$T/logs-ref" "$job" \
-    --set "steps=$total" --set "checkpoint.dir=$T/ckpt-ref" >"$T/ref.out" 2>"$T/ref.err" || rc=$?
+  "$LAUNCHER" --thetad "$THETAD" "${LAUNCH_ARGS[@]}" --log-dir "$T/logs-ref" "$job" \
+    --set "steps=$RESUMED_TO" --set "checkpoint.dir=$T/ckpt-ref" >"$T/ref.out" 2>"$T/ref.err" || rc=$?
   ((rc == 0)) || { tail -n 30 "$T/ref.err" >&2; fail "uninterrupted run: exit $rc"; }
   h_resume=$(final_hash "$T/logs-resume/rank-0.log")
   h_ref=$(final_hash "$T/logs-ref/rank-0.log")
   [[ -n $h_resume && -n $h_ref ]] || fail "no 'final params hash:' line on rank 0 (resume '$h_resume', reference '$h_ref')"
-  [[ $h_resume == "$h_ref" ]] || fail "resumed from step $s to $total: params hash $h_resume != uninterrupted $h_ref"
-  pass "resumed from step $s to $total; final params hash $h_resume equals an uninterrupted run's"
+  [[ $h_resume == "$h_ref" ]] || fail "resumed from step $RESUMED_FROM to $RESUMED_TO: params hash $h_resume != uninterrupted $h_ref"
+  pass "resumed from step $RESUMED_FROM to $RESUMED_TO; final params hash $h_resume equals an uninterrupted run's"
 }

@@ -1,0 +1,71 @@
+// The split of the job's ranks into nodes, real or simulated (see node_split.hpp).
+#include "comm/node_split.hpp"
+
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "comm/mpi_check.hpp"
+#include "common/errors.hpp"
+
+namespace thetad::comm {
+
+int simulated_nodes(int world_size) {
+  const char* raw = std::getenv(kSimulateNodesEnv);
+  if (raw == nullptr || *raw == '\0') return 0;
+  const std::string text(raw);
+  // Digits only: "2x", "-1" or " 2" are typos to report, not numbers to guess at.
+  const bool digits = text.size() <= 9 && text.find_first_not_of("0123456789") == std::string::npos;
+  const int n = digits ? std::stoi(text) : -1;
+  if (n < 1 || n > world_size || world_size % n != 0)
+    throw ConfigError(detail::concat(
+        kSimulateNodesEnv, "='", text, "': simulated nodes must be a whole number from 1 to the ",
+        world_size, " ranks of the job that divides it (each simulated node gets the same number "
+        "of contiguous ranks)"));
+  return n;
+}
+
+MPI_Comm split_node(MPI_Comm comm) {
+  int world_rank = 0, world_size = 1;
+  MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &world_rank));
+  MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world_size));
+  const int sim = simulated_nodes(world_size);
+  int rank = 0;
+  MPI_CHECK(MPI_Comm_rank(comm, &rank));
+  MPI_Comm block = MPI_COMM_NULL;
+  // Color by world block first, then by shared memory within it: a simulated node never spans
+  // two real hosts (the host arena is a shared-memory window).
+  const int color = sim > 0 ? world_rank / (world_size / sim) : 0;
+  MPI_CHECK(MPI_Comm_split(comm, color, rank, &block));
+  MPI_Comm node = MPI_COMM_NULL;
+  const int rc = MPI_Comm_split_type(block, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node);
+  MPI_CHECK_NOTHROW(MPI_Comm_free(&block));
+  MPI_CHECK(rc);
+  return node;
+}
+
+NodePlace node_place() {
+  int world_rank = 0, world_size = 1;
+  MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &world_rank));
+  MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world_size));
+  MPI_Comm node = split_node(MPI_COMM_WORLD);
+  int lowest = world_rank;  // the node's name among nodes: its lowest world rank
+  const int rc = MPI_Allreduce(&world_rank, &lowest, 1, MPI_INT, MPI_MIN, node);
+  MPI_CHECK_NOTHROW(MPI_Comm_free(&node));
+  MPI_CHECK(rc);
+  const int leader = lowest == world_rank ? 1 : 0;
+  std::vector<int> leaders(static_cast<size_t>(world_size), 0);
+  MPI_CHECK(MPI_Allgather(&leader, 1, MPI_INT, leaders.data(), 1, MPI_INT, MPI_COMM_WORLD));
+  NodePlace p;
+  p.simulated = simulated_nodes(world_size) > 0;
+  p.nodes = 0;
+  p.node = 0;
+  for (int r = 0; r < world_size; ++r) {
+    if (leaders[static_cast<size_t>(r)] == 0) continue;
+    p.nodes += 1;
+    if (r < lowest) p.node += 1;
+  }
+  return p;
+}
+
+}  // namespace thetad::comm

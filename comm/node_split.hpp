@@ -1,0 +1,34 @@
+// Which ranks form a node: the one place the job's ranks are split into nodes (hosts). Every
+// per-node thing (the host arena and its group owners, pinning, the local rank that picks the
+// GPU, the CPU share of the owner's threads) follows this split.
+//
+// A testing aid: THETAD_SIMULATE_NODES=N (set by `thetad-launch --simulate-nodes N`) makes one
+// host look like N nodes: the world's ranks are cut into N contiguous blocks of size/N ranks,
+// each block a node (intersected with the real hosts, so a node always shares memory). Unset or
+// empty: nodes are the hosts (MPI_COMM_TYPE_SHARED). No other code reads the variable.
+#pragma once
+
+#include <mpi.h>
+
+namespace thetad::comm {
+
+inline constexpr const char* kSimulateNodesEnv = "THETAD_SIMULATE_NODES";
+
+// N from THETAD_SIMULATE_NODES, checked against the world size: 0 when unset or empty;
+// ConfigError (exit 2) unless 1 <= N <= world_size and world_size % N == 0.
+int simulated_nodes(int world_size);
+
+// A new communicator (the caller frees it) of the ranks of `comm` on the caller's node, ordered
+// as in `comm`. Collective over `comm`. Simulated nodes are blocks of MPI_COMM_WORLD's ranks,
+// whatever `comm` is, so every communicator splits alike.
+MPI_Comm split_node(MPI_Comm comm);
+
+struct NodePlace {
+  int node = 0;   // 0-based index of the node, ordered by the lowest world rank on each
+  int nodes = 1;  // how many nodes the job has
+  bool simulated = false;
+};
+// Where the caller's node stands among the job's nodes. Collective over MPI_COMM_WORLD.
+NodePlace node_place();
+
+}  // namespace thetad::comm
