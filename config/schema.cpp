@@ -35,6 +35,7 @@ THETAD_ENUM_WORDS(DataKind, "synthetic", "npy")
 THETAD_ENUM_WORDS(ModelKind, "multitask_mlp", "multitask_adapter", "extreme_classifier", "torchscript")
 THETAD_ENUM_WORDS(OptimizerKind, "adamw", "adam", "sgd")
 THETAD_ENUM_WORDS(LrSchedule, "constant", "cosine")
+THETAD_ENUM_WORDS(NonFinite, "stop", "skip_step", "warn")
 
 #undef THETAD_ENUM_WORDS
 
@@ -73,6 +74,7 @@ THETAD_ENUM_API(DataKind)
 THETAD_ENUM_API(ModelKind)
 THETAD_ENUM_API(OptimizerKind)
 THETAD_ENUM_API(LrSchedule)
+THETAD_ENUM_API(NonFinite)
 
 #undef THETAD_ENUM_API
 
@@ -169,6 +171,8 @@ const std::vector<Field> kFields = {
     THETAD_FIELD("optimizer", "min_lr", Double, optimizer.min_lr, true),
     THETAD_FIELD("optimizer", "overlap", Bool, optimizer.overlap, true),
 
+    THETAD_ENUM_FIELD("train", "on_nonfinite", train.on_nonfinite),
+
     THETAD_FIELD("checkpoint", "dir", String, checkpoint.dir, true),
     THETAD_FIELD("checkpoint", "every_steps", Int, checkpoint.every_steps, true),
     THETAD_FIELD("checkpoint", "keep", Int, checkpoint.keep, true),
@@ -188,8 +192,8 @@ const std::vector<Field> kFields = {
 #undef THETAD_ENUM_FIELD
 
 const std::vector<std::string> kSections = {"model",     "data",       "comm",    "offload",
-                                            "optimizer", "checkpoint", "metrics", "log",
-                                            "timeline"};
+                                            "optimizer", "train",      "checkpoint", "metrics",
+                                            "log",       "timeline"};
 
 const std::map<std::string, std::vector<std::string>> kEnums = {
     {"precision", words<Precision>()},
@@ -201,6 +205,7 @@ const std::map<std::string, std::vector<std::string>> kEnums = {
     {"comm.active", words<Active>()},
     {"optimizer.kind", words<OptimizerKind>()},
     {"optimizer.lr_schedule", words<LrSchedule>()},
+    {"train.on_nonfinite", words<NonFinite>()},
     {"log.level", {"trace", "debug", "info", "warn", "error", "critical", "off"}},
 };
 

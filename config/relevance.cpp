@@ -1,0 +1,54 @@
+// Keys without effect under the job's choices (see relevance.hpp).
+#include "config/relevance.hpp"
+
+#include <string>
+#include <vector>
+
+namespace thetad::config::detail {
+namespace {
+
+struct Rule {
+  const char* key;  // key path
+  bool used;        // whether it has an effect in this job
+  std::string why;  // what would make it matter
+};
+
+}  // namespace
+
+void warn_irrelevant(const Job& job, Diagnostics& diag) {
+  const ModelKind mk = job.model.kind;
+  const ScheduleKind sk = job.data.schedule;
+  const std::string model = "model.kind is " + to_string(mk);
+  const std::string sched = "data.schedule is " + to_string(sk);
+  const bool mlp_like = mk == ModelKind::MultitaskMlp || mk == ModelKind::MultitaskAdapter;
+  const std::vector<Rule> rules = {
+      {"model.adapter_rank", mk == ModelKind::MultitaskAdapter, model + " (used by multitask_adapter)"},
+      {"model.classes", mk == ModelKind::ExtremeClassifier, model + " (used by extreme_classifier)"},
+      {"model.negatives_per_step", mk == ModelKind::ExtremeClassifier, model + " (used by extreme_classifier)"},
+      {"model.output_dim", mlp_like, model + " (used by multitask_mlp and multitask_adapter)"},
+      {"model.path", mk == ModelKind::Torchscript, model + " (used by torchscript)"},
+      {"model.shared", mk == ModelKind::Torchscript, model + " (used by torchscript)"},
+      {"model.task", mk == ModelKind::Torchscript, model + " (used by torchscript)"},
+      {"model.trunk_layers", mk != ModelKind::Torchscript, model + " (the TorchScript file fixes the layers)"},
+      {"model.head_layers", mk != ModelKind::Torchscript, model + " (the TorchScript file fixes the layers)"},
+      {"data.dir", job.data.kind == DataKind::Npy, "data.kind is " + to_string(job.data.kind) + " (used by npy)"},
+      {"data.noise", job.data.kind == DataKind::Synthetic, "data.kind is " + to_string(job.data.kind) + " (used by synthetic)"},
+      {"data.tasks_per_rank", sk == ScheduleKind::RoundRobin || sk == ScheduleKind::Weighted,
+       sched + " (used by round_robin and weighted)"},
+      {"data.weights", sk == ScheduleKind::Weighted, sched + " (used by weighted)"},
+      {"data.per_rank", sk == ScheduleKind::PerRank, sched + " (used by per_rank)"},
+      {"data.alternate", sk == ScheduleKind::Alternate, sched + " (used by alternate)"},
+      {"offload.device_slots", job.offload.enabled, "offload.enabled is false"},
+      {"offload.device_budget_mb", job.offload.enabled, "offload.enabled is false"},
+      {"offload.prefetch", job.offload.enabled, "offload.enabled is false"},
+      {"offload.host_limit_mb", job.offload.enabled, "offload.enabled is false"},
+      {"offload.cpu_threads", job.offload.enabled, "offload.enabled is false"},
+      {"optimizer.betas", job.optimizer.kind != OptimizerKind::Sgd, "optimizer.kind is sgd"},
+      {"optimizer.eps", job.optimizer.kind != OptimizerKind::Sgd, "optimizer.kind is sgd"},
+      {"optimizer.min_lr", job.optimizer.lr_schedule == LrSchedule::Cosine, "optimizer.lr_schedule is not cosine"},
+  };
+  for (const Rule& r : rules)
+    if (!r.used && diag.given(r.key) && !diag.bad(r.key)) diag.warning(r.key, "ignored: " + r.why);
+}
+
+}  // namespace thetad::config::detail
