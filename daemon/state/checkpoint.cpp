@@ -172,11 +172,21 @@ std::string write_checkpoint(const CheckpointWriter& w, int num_groups,
       error = e.what();
     }
   }
-  // Every rank learns whether all succeeded; each throws the same way if not.
+  // Every rank learns whether all succeeded; each throws the same way if not. A failed write
+  // (a full disk) leaves no temporary directory behind to fill the disk further: rank 0 removes
+  // it once every rank has stopped writing (the agreement), and the newest complete checkpoint
+  // stays what it was.
   const auto agree = [&](const char* elsewhere) {
-    if (!w.all_ok(ok))
-      throw Error("checkpoint at step " + std::to_string(w.step) + " failed" +
-                  (error.empty() ? std::string(elsewhere) : ": " + error));
+    if (w.all_ok(ok)) return;
+    std::string removed;
+    if (w.rank == 0) {
+      std::error_code ec;
+      fs::remove_all(tmp, ec);
+      removed = ec ? "; could not remove " + tmp.string() + ": " + ec.message() : "; " + tmp.string() + " removed";
+    }
+    throw Error("checkpoint at step " + std::to_string(w.step) + " failed" +
+                (error.empty() ? std::string(elsewhere) : ": " + error) + removed +
+                " (the newest complete checkpoint in " + w.dir + " is unchanged)");
   };
   agree(" on another rank");
   // Rank 0 publishes: the manifest last, the directory renamed into place once everything in it
@@ -347,6 +357,10 @@ GroupState CheckpointReader::load_group(int group) const {
   }
   for (const auto& name : st.names) {
     st.params.push_back(tensor("param/" + name));
+    // Training on from NaN or Inf would only spread it: refused before any step.
+    if (!torch::isfinite(st.params.back()).all().item<bool>())
+      throw ConfigError(file.string() + ": parameter '" + name + "' holds NaN or Inf (resume from an earlier "
+                        "checkpoint, or start anew with --no-resume)");
     st.exp_avg.push_back(tensor("exp_avg/" + name));
     st.exp_avg_sq.push_back(tensor("exp_avg_sq/" + name));
   }

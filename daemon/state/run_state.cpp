@@ -3,6 +3,7 @@
 
 #include <ATen/Parallel.h>
 
+#include <cmath>
 #include <map>
 
 #include "comm/bucket_plan.hpp"
@@ -81,6 +82,12 @@ int64_t RunState::resume(bool resume, std::vector<int64_t>& group_steps) {
   });
   if (step < 0) return 0;
   const CheckpointInfo ckpt{checkpoint_path(dir, step), step};
+  // A checkpoint past the job's end (steps lowered since): there is nothing to run, and
+  // running on would be silent about it. (At exactly `steps` the job is complete: nothing to do.)
+  if (step > job_.steps)
+    throw ConfigError(ckpt.path + ": the newest checkpoint is of step " + std::to_string(step) + ", past steps: " +
+                      std::to_string(job_.steps) + " of this job; nothing would run (raise steps above " +
+                      std::to_string(step) + " to train on, or start anew with --no-resume)");
   const CheckpointReader reader(ckpt, groups_.num_groups(), model_hash(job_));
   for (int g = 0; g < groups_.num_groups(); ++g) {
     const GroupState st = in_parameter_order(reader.load_group(g), groups_, g, ckpt.path);
@@ -92,8 +99,38 @@ int64_t RunState::resume(bool resume, std::vector<int64_t>& group_steps) {
   return ckpt.step;
 }
 
+std::string RunState::first_nonfinite_param(int first, int stride) {
+  torch::NoGradGuard no_grad;
+  for (int g = first; g < groups_.num_groups(); g += stride) {
+    const bool host = store_ && store_->offloaded(g);
+    const float* values = host ? store_->group_values(g) : nullptr;
+    for (int p : groups_.members[static_cast<size_t>(g)]) {
+      const NamedParam& np = groups_[p];
+      bool finite = true;
+      if (host) {
+        const float* v = values + groups_.offset[static_cast<size_t>(p)];
+        for (int64_t i = 0, n = np.tensor.numel(); i < n && finite; ++i) finite = std::isfinite(v[i]);
+      } else {
+        finite = torch::isfinite(np.tensor.detach()).all().item<bool>();
+      }
+      if (!finite) return "parameter '" + np.name + "' of group " + std::to_string(g);
+    }
+  }
+  return "";
+}
+
 void RunState::checkpoint(int64_t completed, const std::vector<int64_t>& group_steps) {
   if (job_.checkpoint.dir.empty()) return;
+  // Never a checkpoint of non-finite parameters: it would become the newest and, with keep,
+  // replace the last good one. Each rank checks the groups it writes; the first failing rank's
+  // message reaches every rank.
+  std::exception_ptr bad;
+  if (const std::string what = first_nonfinite_param(world_.rank, world_.size); !what.empty())
+    bad = std::make_exception_ptr(Error("non-finite parameters after step " + std::to_string(completed) + ": " + what +
+                                        " holds NaN or Inf; the checkpoint of step " + std::to_string(completed) +
+                                        " is not written (the newest one in " + job_.checkpoint.dir +
+                                        " stays the last finite one)"));
+  plane_.agree(bad, {"checking the parameters before the checkpoint", completed, -1});
   CheckpointWriter w;
   w.dir = config::expand_path(job_.checkpoint.dir, job_, 0);
   w.step = completed;

@@ -49,19 +49,12 @@ damaged unknown_key "manifest.json: extra: unknown key" "sed -i 's/\"format\"/\"
 damaged not_json "manifest.json: manifest: not valid JSON" "echo '{\"format\": [' > manifest.json"
 # A key missing inside a group file whose checksum was made to match: the file and key named.
 damaged missing_key "$g: key 'steps' missing" "$py - <<'PY'
-import json, torch
-from hashlib import sha1
+import torch
 d = torch.load('$g')
 del d['steps']
 torch.save(d, '$g')
-data = open('$g', 'rb').read()
-h = 0xcbf29ce484222325
-for b in data:
-    h = ((h ^ b) * 0x100000001b3) & 0xFFFFFFFFFFFFFFFF
-m = json.load(open('manifest.json'))
-m['groups'][2]['fnv1a64'] = '%016x' % h
-json.dump(m, open('manifest.json', 'w'))
-PY"
+PY
+$py $HERE/rechecksum.py ."
 
 # checkpoint.dir is a file: refused before step 0, nothing trained.
 : > "$WORK/a_file"
@@ -79,4 +72,17 @@ kill -TERM "$holder" 2>/dev/null || true
 wait "$holder" 2>/dev/null || true
 # The lock goes with its holder: the directory is usable again.
 expect_code 0 after_holder run --set checkpoint.dir="$WORK/shared" --no-resume
+
+# A disk that fills up during a checkpoint (a 512 KiB tmpfs; the checkpoint needs ~1 MiB): exit 1
+# with the cause, and no .tmp-step-* directory left to fill the disk further.
+mkdir -p "$WORK/full"
+if mount -t tmpfs -o size=512k tmpfs "$WORK/full" 2>/dev/null; then
+  expect_code 1 disk_full run --set checkpoint.dir="$WORK/full/ck" --set model.hidden=256 --no-resume
+  expect_in disk_full "checkpoint at step 4 failed: .*No space left on device.*removed \\(the newest complete checkpoint in .* is unchanged\\)"
+  left=$(ls -A "$WORK/full/ck" | grep -c '^\.tmp-step' || true)
+  [ "$left" -eq 0 ] && pass "disk_full: no .tmp-step directory left" || fail "disk_full: $left .tmp-step directories left"
+  umount "$WORK/full"
+else
+  echo "cannot mount a tmpfs here: disk-full case skipped"
+fi
 finish
