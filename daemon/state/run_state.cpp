@@ -33,8 +33,28 @@ uint64_t bytes_hash(const void* data, size_t bytes, uint64_t seed) {
   return comm::fnv1a64(hs.data(), hs.size() * sizeof(uint64_t), seed);
 }
 
-// A loaded group's tensors in the order of the group's parameters, each checked by name and shape.
+// A loaded group's tensors in the order of the group's parameters: each checked by name and
+// shape, or (a shard's group: no names, one flat tensor each) cut from the group's flat layout.
 GroupState in_parameter_order(const GroupState& loaded, const ParamGroups& groups, int g, const std::string& where) {
+  if (loaded.names.empty()) {
+    const int64_t n = groups.numel(g);
+    if (loaded.params.size() != 1 || loaded.params[0].numel() != n)
+      throw ConfigError(where + ": group " + std::to_string(g) + " holds " +
+                        std::to_string(loaded.params.empty() ? 0 : loaded.params[0].numel()) +
+                        " values where this model's group has " + std::to_string(n));
+    GroupState st;
+    st.group = g;
+    st.steps = loaded.steps;
+    for (int p : groups.members[static_cast<size_t>(g)]) {
+      const NamedParam& np = groups[p];
+      const auto off = static_cast<int64_t>(groups.offset[static_cast<size_t>(p)]);
+      st.names.push_back(np.name);
+      st.params.push_back(loaded.params[0].narrow(0, off, np.tensor.numel()).view(np.tensor.sizes()));
+      st.exp_avg.push_back(loaded.exp_avg[0].narrow(0, off, np.tensor.numel()).view(np.tensor.sizes()));
+      st.exp_avg_sq.push_back(loaded.exp_avg_sq[0].narrow(0, off, np.tensor.numel()).view(np.tensor.sizes()));
+    }
+    return st;
+  }
   std::map<std::string, size_t> by_name;
   for (size_t i = 0; i < loaded.names.size(); ++i) by_name[loaded.names[i]] = i;
   GroupState st;
@@ -121,16 +141,6 @@ std::string RunState::first_nonfinite_param(int first, int stride) {
 
 void RunState::checkpoint(int64_t completed, const std::vector<int64_t>& group_steps) {
   if (job_.checkpoint.dir.empty()) return;
-  // Never a checkpoint of non-finite parameters: it would become the newest and, with keep,
-  // replace the last good one. Each rank checks the groups it writes; the first failing rank's
-  // message reaches every rank.
-  std::exception_ptr bad;
-  if (const std::string what = first_nonfinite_param(world_.rank, world_.size); !what.empty())
-    bad = std::make_exception_ptr(Error("non-finite parameters after step " + std::to_string(completed) + ": " + what +
-                                        " holds NaN or Inf; the checkpoint of step " + std::to_string(completed) +
-                                        " is not written (the newest one in " + job_.checkpoint.dir +
-                                        " stays the last finite one)"));
-  plane_.agree(bad, {"checking the parameters before the checkpoint", completed, -1});
   CheckpointWriter w;
   w.dir = config::expand_path(job_.checkpoint.dir, job_, 0);
   w.step = completed;
@@ -139,11 +149,12 @@ void RunState::checkpoint(int64_t completed, const std::vector<int64_t>& group_s
   w.job_name = job_.name;
   w.job_hash = model_hash(job_);
   w.keep = job_.checkpoint.keep;
+  for (int g = 0; g < groups_.num_groups(); ++g) w.group_bytes.push_back(groups_.numel(g) * 3 * int64_t{sizeof(float)});
   w.barrier = [this, completed] { plane_.barrier({"checkpoint barrier", completed, -1}); };
   w.all_ok = [this, completed](bool ok) {
     return plane_.all_ok(ok, {"allreduce of the checkpoint status", completed, -1});
   };
-  write_checkpoint(w, groups_.num_groups(), [&](int g) {
+  write_checkpoint(w, [&](int g) {
     GroupState st = state(g);
     st.steps = group_steps[static_cast<size_t>(g)];
     return st;
