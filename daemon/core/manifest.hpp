@@ -19,7 +19,7 @@ constexpr const char* kManifestFormatV2 = "thetad-checkpoint-2";
 constexpr const char* kManifestFormatV1 = "thetad-checkpoint-1";
 
 // A shard file holds at most this many groups and, unless one group alone is larger, at most
-// this many bytes of parameters and moments: 1,048,577 tiny groups become 128 files; files stay
+// this many bytes of parameters and moments: 1,048,577 tiny groups become 129 files; files stay
 // small enough for torch.load and for the ranks to share the writing.
 constexpr int64_t kShardMaxGroups = 8192;
 constexpr int64_t kShardMaxBytes = int64_t{64} << 20;

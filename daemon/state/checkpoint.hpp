@@ -1,7 +1,7 @@
 // Checkpoints: a directory per step, `step-00000040/` with manifest.json (daemon/core/manifest.hpp:
 // a checksum per file) and the groups packed into shard files (`shard-00000.pt`, each a dict of
 // tensors that Python's torch.load reads; at most kShardMaxGroups groups or kShardMaxBytes
-// each, so a million tasks make ~128 files, not a million). Written under a temporary name, the
+// each, so a million tasks make ~129 files, not a million). Written under a temporary name, the
 // shards shared round-robin among the ranks, each file synced to disk, and renamed (then the
 // rename synced) once all have finished, so a directory named step-* is always complete, also after a
 // crash of the machine. Keep-N pruning runs after that and never removes the new checkpoint.
