@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
+#include <map>
 #include <regex>
 #include <sstream>
 
@@ -481,6 +482,45 @@ GroupState CheckpointReader::load_group_file(int group) const {
   const at::Tensor steps = tensor(dict, "steps", mg.file);
   if (steps.numel() != 1 || steps.scalar_type() != at::kLong) throw damaged(mg.file, "key 'steps' is not one int64");
   st.steps = steps.item<int64_t>();
+  return st;
+}
+
+GroupState in_model_layout(const GroupState& loaded, const ParamGroups& groups, int g, const std::string& where) {
+  if (loaded.names.empty()) {
+    const int64_t n = groups.numel(g);
+    if (loaded.params.size() != 1 || loaded.params[0].numel() != n)
+      throw ConfigError(where + ": group " + std::to_string(g) + " holds " +
+                        std::to_string(loaded.params.empty() ? 0 : loaded.params[0].numel()) +
+                        " values where this model's group has " + std::to_string(n));
+    GroupState st;
+    st.group = g;
+    st.steps = loaded.steps;
+    for (int p : groups.members[static_cast<size_t>(g)]) {
+      const NamedParam& np = groups[p];
+      const auto off = static_cast<int64_t>(groups.offset[static_cast<size_t>(p)]);
+      st.names.push_back(np.name);
+      st.params.push_back(loaded.params[0].narrow(0, off, np.tensor.numel()).view(np.tensor.sizes()));
+      st.exp_avg.push_back(loaded.exp_avg[0].narrow(0, off, np.tensor.numel()).view(np.tensor.sizes()));
+      st.exp_avg_sq.push_back(loaded.exp_avg_sq[0].narrow(0, off, np.tensor.numel()).view(np.tensor.sizes()));
+    }
+    return st;
+  }
+  std::map<std::string, size_t> by_name;
+  for (size_t i = 0; i < loaded.names.size(); ++i) by_name[loaded.names[i]] = i;
+  GroupState st;
+  st.group = g;
+  st.steps = loaded.steps;
+  for (int p : groups.members[static_cast<size_t>(g)]) {
+    const NamedParam& np = groups[p];
+    auto it = by_name.find(np.name);
+    if (it == by_name.end()) throw ConfigError(where + ": parameter '" + np.name + "' missing");
+    if (!loaded.params[it->second].sizes().equals(np.tensor.sizes()))
+      throw ConfigError(where + ": parameter '" + np.name + "' has another shape");
+    st.names.push_back(np.name);
+    st.params.push_back(loaded.params[it->second]);
+    st.exp_avg.push_back(loaded.exp_avg[it->second]);
+    st.exp_avg_sq.push_back(loaded.exp_avg_sq[it->second]);
+  }
   return st;
 }
 

@@ -94,4 +94,9 @@ class CheckpointReader {
   mutable Shard shard_;
 };
 
+// A loaded group in the model's terms: its parameters' names, shapes and order as `groups` has
+// them. Tensors by name are checked by name and shape (formats 1 and 2); a shard's flat values
+// (format 3) are cut at the group's layout, their count checked. ConfigError naming `where`.
+GroupState in_model_layout(const GroupState& loaded, const ParamGroups& groups, int g, const std::string& where);
+
 }  // namespace thetad::daemon

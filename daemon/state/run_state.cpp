@@ -33,47 +33,6 @@ uint64_t bytes_hash(const void* data, size_t bytes, uint64_t seed) {
   return comm::fnv1a64(hs.data(), hs.size() * sizeof(uint64_t), seed);
 }
 
-// A loaded group's tensors in the order of the group's parameters: each checked by name and
-// shape, or (a shard's group: no names, one flat tensor each) cut from the group's flat layout.
-GroupState in_parameter_order(const GroupState& loaded, const ParamGroups& groups, int g, const std::string& where) {
-  if (loaded.names.empty()) {
-    const int64_t n = groups.numel(g);
-    if (loaded.params.size() != 1 || loaded.params[0].numel() != n)
-      throw ConfigError(where + ": group " + std::to_string(g) + " holds " +
-                        std::to_string(loaded.params.empty() ? 0 : loaded.params[0].numel()) +
-                        " values where this model's group has " + std::to_string(n));
-    GroupState st;
-    st.group = g;
-    st.steps = loaded.steps;
-    for (int p : groups.members[static_cast<size_t>(g)]) {
-      const NamedParam& np = groups[p];
-      const auto off = static_cast<int64_t>(groups.offset[static_cast<size_t>(p)]);
-      st.names.push_back(np.name);
-      st.params.push_back(loaded.params[0].narrow(0, off, np.tensor.numel()).view(np.tensor.sizes()));
-      st.exp_avg.push_back(loaded.exp_avg[0].narrow(0, off, np.tensor.numel()).view(np.tensor.sizes()));
-      st.exp_avg_sq.push_back(loaded.exp_avg_sq[0].narrow(0, off, np.tensor.numel()).view(np.tensor.sizes()));
-    }
-    return st;
-  }
-  std::map<std::string, size_t> by_name;
-  for (size_t i = 0; i < loaded.names.size(); ++i) by_name[loaded.names[i]] = i;
-  GroupState st;
-  st.group = g;
-  st.steps = loaded.steps;
-  for (int p : groups.members[static_cast<size_t>(g)]) {
-    const NamedParam& np = groups[p];
-    auto it = by_name.find(np.name);
-    if (it == by_name.end()) throw ConfigError(where + ": parameter '" + np.name + "' missing");
-    if (!loaded.params[it->second].sizes().equals(np.tensor.sizes()))
-      throw ConfigError(where + ": parameter '" + np.name + "' has another shape");
-    st.names.push_back(np.name);
-    st.params.push_back(loaded.params[it->second]);
-    st.exp_avg.push_back(loaded.exp_avg[it->second]);
-    st.exp_avg_sq.push_back(loaded.exp_avg_sq[it->second]);
-  }
-  return st;
-}
-
 }  // namespace
 
 RunState::RunState(const config::Job& job, const comm::WorldInfo& world, comm::ControlPlane& plane,
@@ -102,15 +61,15 @@ int64_t RunState::resume(bool resume, std::vector<int64_t>& group_steps) {
   });
   if (step < 0) return 0;
   const CheckpointInfo ckpt{checkpoint_path(dir, step), step};
+  const CheckpointReader reader(ckpt, groups_.num_groups(), model_hash(job_));  // another model: exit 2 first
   // A checkpoint past the job's end (steps lowered since): there is nothing to run, and
   // running on would be silent about it. (At exactly `steps` the job is complete: nothing to do.)
   if (step > job_.steps)
     throw ConfigError(ckpt.path + ": the newest checkpoint is of step " + std::to_string(step) + ", past steps: " +
                       std::to_string(job_.steps) + " of this job; nothing would run (raise steps above " +
                       std::to_string(step) + " to train on, or start anew with --no-resume)");
-  const CheckpointReader reader(ckpt, groups_.num_groups(), model_hash(job_));
   for (int g = 0; g < groups_.num_groups(); ++g) {
-    const GroupState st = in_parameter_order(reader.load_group(g), groups_, g, ckpt.path);
+    const GroupState st = in_model_layout(reader.load_group(g), groups_, g, ckpt.path);
     if (store_ && store_->offloaded(g)) store_->restore(g, st);
     else resident_.restore(g, st);
     group_steps[static_cast<size_t>(g)] = st.steps;
