@@ -3,9 +3,16 @@
 
     /usr/bin/python3 bench/plot_metrics.py runs/demo/metrics.jsonl [-o OUTDIR]
 
-Writes loss_per_task.png (loss of each task over steps), step_time.png (stacked forward,
-backward, comm_wait and optimizer ms per step, averaged over the ranks present) and bytes.png
-(cumulative bytes allreduced vs pruned). Needs matplotlib (Debian: python3-matplotlib).
+Writes loss_per_task.png (loss of each task over steps), step_time.png (the phases of each
+step stacked, averaged over the ranks present) and bytes.png (cumulative bytes allreduced vs
+pruned). Needs matplotlib (Debian: python3-matplotlib).
+
+The phases are disjoint (docs/configuration.md, `metrics`): forward, backward (autograd and the
+hooks, buckets launched as they fill), comm_wait (waiting for the last buckets after backward),
+optimizer, and "other" = step_ms less their sum (data, schedule, the loss check, the stop
+agreement, checkpoints). Their stack is the step line; a record whose phases exceed its step_ms
+(GPU device times against host wall time) is drawn scaled down to it and counted in a note.
+Bad input (a missing or unreadable file, no records) is exit 2 with a one-line message.
 """
 import argparse
 import json
@@ -20,9 +27,17 @@ matplotlib.use("Agg")  # no display on cluster nodes and CI
 import matplotlib.pyplot as plt  # noqa: E402
 
 
+def fail(message):
+    print(f"plot_metrics: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
 def read_records(path):
-    with open(path, encoding="utf-8") as f:
-        lines = f.read().splitlines()
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError as e:
+        fail(f"{path}: cannot read the metrics file: {e.strerror}")
     last = max((i for i, l in enumerate(lines) if l.strip()), default=-1)
     records = []
     for i, line in enumerate(lines):
@@ -35,9 +50,11 @@ def read_records(path):
             if i == last:
                 print(f"{path}:{i + 1}: ignoring a truncated last line", file=sys.stderr)
                 continue
-            sys.exit(f"{path}:{i + 1}: not JSON: {e}")
+            fail(f"{path}:{i + 1}: not JSON: {e}")
+        if not isinstance(records[-1], dict) or "step" not in records[-1]:
+            fail(f"{path}:{i + 1}: not a thetad metrics record (no step)")
     if not records:
-        sys.exit(f"{path}: no metrics records")
+        fail(f"{path}: no metrics records")
     return records
 
 
@@ -73,6 +90,10 @@ def plot_loss(records, out):
     finite = [v for r in records for v in [num(r.get("loss"))] if not math.isnan(v)]
     if finite and min(finite) > 0:  # losses span decades; log only where it can show them all
         ax.set_yscale("log")
+    if not finite:  # a run whose every loss is NaN/Inf (null) would be an empty or one-point plot
+        note = f"no finite loss in {len(records)} records: every loss is NaN or Inf (see train.on_nonfinite)"
+        ax.text(0.5, 0.5, note, transform=ax.transAxes, ha="center", va="center", wrap=True)
+        print(f"plot_metrics: note: {note}", file=sys.stderr)
     if len(per_task) <= 20:
         ax.legend(fontsize="small", ncol=2)
     ax.grid(alpha=0.3)
@@ -83,11 +104,25 @@ def plot_loss(records, out):
 
 def plot_step_time(records, out):
     parts = ["forward_ms", "backward_ms", "comm_wait_ms", "optimizer_ms"]
-    steps, _ = per_step_mean(records, "step_ms")
+    steps, total = per_step_mean(records, "step_ms")
     series = [[0.0 if math.isnan(v) else v for v in per_step_mean(records, p)[1]] for p in parts]
+    other, over = [], 0
+    for i, step_ms in enumerate(total):
+        step_ms = 0.0 if math.isnan(step_ms) else step_ms
+        used = sum(s[i] for s in series)
+        if used > step_ms > 0:  # never stack above the step: scale this record's phases to it
+            over += 1
+            for s in series:
+                s[i] *= step_ms / used
+            used = step_ms
+        other.append(max(step_ms - used, 0.0))
     fig, ax = plt.subplots(figsize=(9, 5))
-    ax.stackplot(steps, *series, labels=[p[:-3] for p in parts], alpha=0.85)
-    ax.plot(steps, per_step_mean(records, "step_ms")[1], color="black", linewidth=0.8, label="step")
+    ax.stackplot(steps, *series, other, labels=[p[:-3] for p in parts] + ["other"], alpha=0.85)
+    ax.plot(steps, total, color="black", linewidth=0.8, label="step")
+    if over:
+        note = f"{over} of {len(steps)} steps: phases above step_ms, scaled down to it"
+        ax.text(0.01, 0.99, note, transform=ax.transAxes, va="top", fontsize="small")
+        print(f"plot_metrics: note: {note}", file=sys.stderr)
     ax.set_xlabel("step")
     ax.set_ylabel("ms")
     ax.set_title("Step time breakdown")

@@ -1,5 +1,6 @@
-// Small text helpers shared by config/ and daemon/: placeholder substitution and JSON string
-// escaping (metrics, timeline, checkpoint manifests). Header-only, no dependencies.
+// Small text helpers shared by config/ and daemon/: placeholder substitution, JSON string
+// escaping (metrics, timeline, checkpoint manifests) and printable messages. Header-only, no
+// dependencies.
 #pragma once
 
 #include <string>
@@ -45,6 +46,45 @@ inline void append_json_string(std::string& out, const std::string& s) {
 inline std::string json_string(const std::string& s) {
   std::string out;
   append_json_string(out, s);
+  return out;
+}
+
+// `s` safe to print in a one-line message: control characters and DEL as \xNN (a newline as
+// \n), and bytes that are not part of valid UTF-8 as \xNN, so that a binary file named in an
+// error cannot garble or drive the terminal. Valid UTF-8 passes through.
+inline std::string printable(const std::string& s) {
+  static const char* hex = "0123456789abcdef";
+  std::string out;
+  out.reserve(s.size());
+  const auto escape = [&](unsigned char u) {
+    out += "\\x";
+    out += hex[u >> 4];
+    out += hex[u & 15];
+  };
+  for (size_t i = 0; i < s.size();) {
+    const auto u = static_cast<unsigned char>(s[i]);
+    if (u == '\n') {
+      out += "\\n";
+      ++i;
+      continue;
+    }
+    if (u < 0x20 || u == 0x7f) {
+      escape(u);
+      ++i;
+      continue;
+    }
+    // A UTF-8 sequence: its length from the lead byte, then continuation bytes 10xxxxxx.
+    const size_t len = u < 0x80 ? 1 : (u >> 5) == 0x6 && u >= 0xc2 ? 2 : (u >> 4) == 0xe ? 3 : (u >> 3) == 0x1e && u <= 0xf4 ? 4 : 0;
+    bool valid = len > 0 && i + len <= s.size();
+    for (size_t k = 1; valid && k < len; ++k) valid = (static_cast<unsigned char>(s[i + k]) & 0xc0) == 0x80;
+    if (!valid) {
+      escape(u);
+      ++i;
+      continue;
+    }
+    out.append(s, i, len);
+    i += len;
+  }
   return out;
 }
 

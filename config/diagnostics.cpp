@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <numeric>
 
+#include "common/text.hpp"
+
 namespace thetad::config::detail {
 
 std::string parent_path(const std::string& path) {
@@ -46,16 +48,21 @@ bool Diagnostics::bad(const std::string& path) const {
   return false;
 }
 
+std::string Diagnostics::format(Origin where, const std::string& path, const std::string& what) const {
+  if (where.from_override) return printable("--set " + path + ": " + what);
+  if (!where.known()) where = Origin{1, 1, false};
+  // A binary job file's bytes are never echoed raw.
+  return printable(source_ + ":" + std::to_string(where.line) + ":" + std::to_string(where.col) + ": " +
+                   (path.empty() ? "" : path + ": ") + what);
+}
+
 void Diagnostics::error_at(Origin where, const std::string& path, const std::string& what) {
-  std::string text;
-  if (where.from_override) {
-    text = "--set " + path + ": " + what;
-  } else {
-    if (!where.known()) where = Origin{1, 1, false};
-    text = source_ + ":" + std::to_string(where.line) + ":" + std::to_string(where.col) + ": " +
-           (path.empty() ? "" : path + ": ") + what;
-  }
-  entries_.push_back({where, std::move(text)});
+  if (!where.from_override && !where.known()) where = Origin{1, 1, false};
+  entries_.push_back({where, format(where, path, what)});
+}
+
+void Diagnostics::warning(const std::string& path, const std::string& what) {
+  warnings_.push_back(format(where(path), path, what));
 }
 
 void Diagnostics::error(const std::string& path, const std::string& what,

@@ -48,8 +48,14 @@ class Diagnostics {
   }
 
   void error_at(Origin where, const std::string& path, const std::string& what);
+  // `WHERE: KEY.PATH: what` (or `--set KEY.PATH: what`), control characters escaped.
+  std::string format(Origin where, const std::string& path, const std::string& what) const;
   // At `path`'s own origin, or `anchor`'s when `path` was not given (a missing key).
   void error(const std::string& path, const std::string& what, const std::string& anchor = "");
+
+  // A key that is valid but likely a mistake: `WHERE: KEY.PATH: what`, reported without failing.
+  void warning(const std::string& path, const std::string& what);
+  const std::vector<std::string>& warnings() const { return warnings_; }
 
   bool empty() const { return entries_.empty(); }
   // File errors in file order, then command-line ones.
@@ -65,6 +71,7 @@ class Diagnostics {
   std::set<std::string> bad_;
   std::map<std::string, std::string> unknown_words_;
   std::vector<Entry> entries_;
+  std::vector<std::string> warnings_;
 };
 
 // Parent of a key path: "a.b[2]" -> "a.b", "a.b" -> "a", "a" -> "".

@@ -21,6 +21,7 @@ enum class DataKind { Synthetic, Npy, Tokens };               // synthetic | npy
 enum class ModelKind { MultitaskMlp, MultitaskAdapter, ExtremeClassifier, Torchscript, Transformer };
 enum class OptimizerKind { AdamW, Adam, Sgd };                // adamw | adam | sgd
 enum class LrSchedule { Constant, Cosine };                   // constant | cosine
+enum class NonFinite { Stop, SkipStep, Warn };                // stop | skip_step | warn
 
 const std::string& to_string(Precision v);
 const std::string& to_string(GradDtype v);
@@ -32,6 +33,7 @@ const std::string& to_string(DataKind v);
 const std::string& to_string(ModelKind v);
 const std::string& to_string(OptimizerKind v);
 const std::string& to_string(LrSchedule v);
+const std::string& to_string(NonFinite v);
 
 // False (and `out` unchanged) when `word` is not one of the type's YAML words.
 bool from_string(const std::string& word, Precision& out);
@@ -44,6 +46,7 @@ bool from_string(const std::string& word, DataKind& out);
 bool from_string(const std::string& word, ModelKind& out);
 bool from_string(const std::string& word, OptimizerKind& out);
 bool from_string(const std::string& word, LrSchedule& out);
+bool from_string(const std::string& word, NonFinite& out);
 
 // One entry of data.alternate: the groups trained in that step.
 struct AlternateEntry {
@@ -155,6 +158,10 @@ struct OptimizerConfig {
   bool overlap = true;            // GPUs: step each bucket's groups as its allreduce lands
 };
 
+struct TrainConfig {
+  NonFinite on_nonfinite = NonFinite::Stop;  // a non-finite loss: stop (exit 1), skip the step, or warn
+};
+
 struct CheckpointConfig {
   std::string dir;                // "" = no checkpoints
   int64_t every_steps = 0;        // 0 = only at the end and on interruption
@@ -188,6 +195,7 @@ inline bool is_job_name(const std::string& s) {
 
 struct Job {
   std::string source;             // the file it came from
+  std::vector<std::string> warnings;  // keys without effect in this job (file:line:key), for the CLI
   std::string name = "thetad-job";  // key `job`
   uint64_t seed = 0;
   int64_t steps = 0;              // required
@@ -199,6 +207,7 @@ struct Job {
   CommConfig comm;
   OffloadConfig offload;
   OptimizerConfig optimizer;
+  TrainConfig train;
   CheckpointConfig checkpoint;
   MetricsConfig metrics;
   LogConfig log;

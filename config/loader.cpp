@@ -8,10 +8,13 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <utility>
+#include <vector>
 
 #include "common/text.hpp"
 #include "config/diagnostics.hpp"
 #include "config/reader.hpp"
+#include "config/relevance.hpp"
 #include "config/schema.hpp"
 #include "config/validate.hpp"
 
@@ -51,6 +54,8 @@ Job load_job_from_string(const std::string& yaml, const std::string& source,
   for (const auto& assignment : opts.overrides) detail::apply_override(assignment, job, diag);
   if (document_ok) detail::validate(job, opts, diag);
   if (!diag.empty()) throw JobError(diag.messages());
+  detail::warn_irrelevant(job, diag);
+  job.warnings = diag.warnings();
   complete(job);
   return job;
 }
@@ -64,10 +69,16 @@ Job load_job(const std::string& path, const LoadOptions& opts) {
     const int err = errno;
     throw JobError({path + ": cannot read job file: " + std::strerror(err)});
   }
-  std::ostringstream text;
-  text << in.rdbuf();
+  // Bounded: a job is a small text; /dev/zero or a data file given by mistake must not be read
+  // without end.
+  std::string text(kMaxJobFileBytes + 1, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
   if (in.bad()) throw JobError({path + ": cannot read job file: read error"});
-  return load_job_from_string(text.str(), path, opts);
+  text.resize(static_cast<size_t>(in.gcount()));
+  if (text.size() > kMaxJobFileBytes)
+    throw JobError({path + ": larger than " + std::to_string(kMaxJobFileBytes >> 20) +
+                    " MiB: not a job file (a job is a small YAML text)"});
+  return load_job_from_string(text, path, opts);
 }
 
 std::string to_yaml(const Job& job) {
@@ -100,11 +111,20 @@ std::string expand_path(const std::string& path, const Job& job, int rank) {
 
 void check_world(const Job& job, int world_size) {
   THETAD_CHECK(world_size >= 1, InternalError, "check_world: world size must be >= 1, got ", world_size);
+  const std::string source = job.source.empty() ? std::string("job") : job.source;
+  std::vector<std::string> errors;
   const auto& lists = job.data.per_rank;
   if (job.data.schedule == ScheduleKind::PerRank && static_cast<int64_t>(lists.size()) != world_size)
-    throw JobError({::thetad::detail::concat(job.source.empty() ? std::string("job") : job.source,
-                                   ": data.per_rank has ", lists.size(), " task lists but the world has ",
-                                   world_size, " ranks (one list per rank is required)")});
+    errors.push_back(::thetad::detail::concat(source, ": data.per_rank has ", lists.size(),
+                                              " task lists but the world has ", world_size,
+                                              " ranks (one list per rank is required)"));
+  // Every rank writes its own trace and log: one file for all would be interleaved garbage.
+  for (const auto& [key, path] : {std::pair<const char*, const std::string&>{"timeline.path", job.timeline.path},
+                                  {"log.file", job.log.file}})
+    if (world_size > 1 && !path.empty() && path.find("{rank}") == std::string::npos)
+      errors.push_back(::thetad::detail::concat(source, ": ", key, ": '", path, "' has no {rank} but the world has ",
+                                                world_size, " ranks, which would all write this one file (add {rank})"));
+  if (!errors.empty()) throw JobError(errors);
 }
 
 }  // namespace thetad::config

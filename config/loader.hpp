@@ -2,6 +2,7 @@
 // All problems are collected and reported together; each names file, line, column and key.
 #pragma once
 
+#include <cstddef>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,9 @@ struct LoadOptions {
   bool cuda_build = false;             // whether this binary was built with NCCL/CUDA
 };
 
+// The largest job file load_job reads.
+constexpr size_t kMaxJobFileBytes = size_t{1} << 20;
+
 // Reads, overrides, validates. Throws JobError (exit 2) listing every problem.
 Job load_job(const std::string& path, const LoadOptions& opts = {});
 
@@ -39,8 +43,9 @@ std::string to_yaml(const Job& job);
 // hash check); excludes per-rank things such as log file paths.
 std::string fingerprint(const Job& job);
 
-// The check that needs the number of ranks, known only when the job runs: schedule per_rank
-// needs one task list per rank. Throws JobError naming the job file.
+// The checks that need the number of ranks, known only when the job runs (before any step):
+// schedule per_rank needs one task list per rank, and with more than one rank timeline.path
+// and log.file need {rank}. Throws JobError naming the job file and the key.
 void check_world(const Job& job, int world_size);
 
 // Expands "{rank}" and "{job}" in a path.

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <map>
 #include <optional>
+#include <utility>
 
 #include "config/schema.hpp"
 
@@ -71,7 +72,9 @@ std::string unknown_key_message(const std::string& section, const std::string& k
 
 class Reader {
  public:
-  Reader(Job& job, Diagnostics& diag, bool cli) : job_(job), d_(diag), cli_(cli) {}
+  // `cli_arg`: the --set argument being read (cli), named in its messages.
+  Reader(Job& job, Diagnostics& diag, bool cli, std::string cli_arg = "")
+      : job_(job), d_(diag), cli_(cli), cli_arg_(std::move(cli_arg)) {}
 
   // The entries of a map: the top level ("") or a section.
   void read_entries(const std::string& section, const YAML::Node& map) {
@@ -87,8 +90,8 @@ class Reader {
       const std::string path = section.empty() ? key : section + "." + key;
       const auto [first, inserted] = seen.emplace(key, ko.line);
       if (!inserted) {
-        d_.error_at(ko, path, "duplicate key (first given on line " +
-                                  std::to_string(first->second) + ")");
+        d_.error_at(ko, path, cli_ ? "duplicate key (given twice in --set '" + cli_arg_ + "')"
+                                   : "duplicate key (first given on line " + std::to_string(first->second) + ")");
         d_.mark_bad(path);
         continue;
       }
@@ -305,6 +308,7 @@ class Reader {
   Job& job_;
   Diagnostics& d_;
   bool cli_;
+  std::string cli_arg_;
 };
 
 }  // namespace
@@ -414,7 +418,7 @@ void apply_override(const std::string& assignment, Job& job, Diagnostics& diag) 
       return;
     }
   }
-  Reader reader(job, diag, true);
+  Reader reader(job, diag, true, assignment);
   if (whole_section) {
     reader.read_section(name, node, Origin::cli());
   } else {

@@ -37,6 +37,7 @@ THETAD_ENUM_WORDS(ModelKind, "multitask_mlp", "multitask_adapter", "extreme_clas
                   "transformer")
 THETAD_ENUM_WORDS(OptimizerKind, "adamw", "adam", "sgd")
 THETAD_ENUM_WORDS(LrSchedule, "constant", "cosine")
+THETAD_ENUM_WORDS(NonFinite, "stop", "skip_step", "warn")
 
 #undef THETAD_ENUM_WORDS
 
@@ -76,6 +77,7 @@ THETAD_ENUM_API(DataKind)
 THETAD_ENUM_API(ModelKind)
 THETAD_ENUM_API(OptimizerKind)
 THETAD_ENUM_API(LrSchedule)
+THETAD_ENUM_API(NonFinite)
 
 #undef THETAD_ENUM_API
 
@@ -185,6 +187,8 @@ const std::vector<Field> kFields = {
     THETAD_FIELD("optimizer", "min_lr", Double, optimizer.min_lr, true),
     THETAD_FIELD("optimizer", "overlap", Bool, optimizer.overlap, true),
 
+    THETAD_ENUM_FIELD("train", "on_nonfinite", train.on_nonfinite),
+
     THETAD_FIELD("checkpoint", "dir", String, checkpoint.dir, true),
     THETAD_FIELD("checkpoint", "every_steps", Int, checkpoint.every_steps, true),
     THETAD_FIELD("checkpoint", "keep", Int, checkpoint.keep, true),
@@ -203,8 +207,8 @@ const std::vector<Field> kFields = {
 #undef THETAD_FIELD
 #undef THETAD_ENUM_FIELD
 
-const std::vector<std::string> kSections = {"model",     "lora",     "data",       "comm",    "offload",
-                                            "optimizer", "checkpoint", "metrics", "log",
+const std::vector<std::string> kSections = {"model",     "lora",  "data",       "comm",    "offload",
+                                            "optimizer", "train", "checkpoint", "metrics", "log",
                                             "timeline"};
 
 const std::map<std::string, std::vector<std::string>> kEnums = {
@@ -218,6 +222,7 @@ const std::map<std::string, std::vector<std::string>> kEnums = {
     {"comm.grad_dtype", words<GradDtype>()},
     {"optimizer.kind", words<OptimizerKind>()},
     {"optimizer.lr_schedule", words<LrSchedule>()},
+    {"train.on_nonfinite", words<NonFinite>()},
     {"log.level", {"trace", "debug", "info", "warn", "error", "critical", "off"}},
 };
 

@@ -7,7 +7,9 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <iterator>
 #include <limits>
+#include <utility>
 #include <string>
 
 #include "config/limits.hpp"
@@ -45,6 +47,7 @@ class Checker {
     comm();
     offload();
     optimizer();
+    one_of("train.on_nonfinite");
     outputs();
   }
 
@@ -639,6 +642,20 @@ class Checker {
     placeholders("log.file", j_.log.file);
     at_least("log.progress_every_s", j_.log.progress_every_s, 0.0);
     placeholders("timeline.path", j_.timeline.path);
+    distinct_outputs();
+  }
+
+  // Two outputs on one path would write one garbage file (or a file where a directory goes).
+  void distinct_outputs() {
+    const std::pair<const char*, const std::string*> outs[] = {{"checkpoint.dir", &j_.checkpoint.dir},
+                                                               {"metrics.path", &j_.metrics.path},
+                                                               {"log.file", &j_.log.file},
+                                                               {"timeline.path", &j_.timeline.path}};
+    for (size_t i = 0; i < std::size(outs); ++i)
+      for (size_t k = 0; k < i; ++k)
+        if (!outs[i].second->empty() && *outs[i].second == *outs[k].second)
+          fail(outs[i].first, "is the same path as " + std::string(outs[k].first) + " ('" + *outs[i].second +
+                                  "'); each output needs a path of its own", outs[k].first);
   }
 
   const Job& j_;

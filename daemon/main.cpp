@@ -11,6 +11,7 @@
 #include "comm/node_split.hpp"
 #include "common/errors.hpp"
 #include "common/log.hpp"
+#include "common/text.hpp"
 #include "config/loader.hpp"
 #include "daemon/core/stop_agreement.hpp"
 #include "daemon/train/trainer.hpp"
@@ -66,11 +67,16 @@ Args parse_args(int argc, char** argv) {
   return a;
 }
 
-thetad::config::Job load(const Args& a) {
+// `warn`: print the job's warnings (keys without effect) to stderr; with several ranks only
+// rank 0 does.
+thetad::config::Job load(const Args& a, bool warn = true) {
   thetad::config::LoadOptions lo;
   lo.overrides = a.overrides;
   lo.cuda_build = thetad::torch_has_cuda();
-  return thetad::config::load_job(a.job_path, lo);
+  thetad::config::Job job = thetad::config::load_job(a.job_path, lo);
+  if (warn)
+    for (const auto& w : job.warnings) std::cerr << "thetad: warning: " << w << "\n";
+  return job;
 }
 
 void on_signal(int sig) { thetad::daemon::g_stop_signal.store(sig); }
@@ -81,9 +87,12 @@ int cmd_run(const Args& a) {
   std::signal(SIGTERM, on_signal);
   std::signal(SIGINT, on_signal);
   std::signal(SIGUSR1, on_signal);  // `kill -USR1 <mpirun>` stops a plain mpirun job gracefully
-  thetad::config::Job job = load(a);  // before MPI: a bad job starts nothing
+  thetad::config::Job job = load(a, /*warn=*/false);  // before MPI: a bad job starts nothing
   thetad::comm::MpiSession session;
   const auto world = thetad::comm::world_info();
+  if (world.rank == 0)
+    for (const auto& w : job.warnings) std::cerr << "thetad: warning: " << w << "\n";
+  thetad::config::check_world(job, world.size);  // every rank alike: exit 2 before anything starts
   thetad::log::Options lo;
   lo.rank = world.rank;
   lo.level = a.log_level.empty() ? job.log.level : a.log_level;
@@ -136,7 +145,7 @@ int main(int argc, char** argv) {
     return e.exit_code();
   } catch (const std::exception& e) {
     const int code = thetad::exit_code_for(e);
-    std::cerr << "thetad: error: " << e.what() << "\n";
+    std::cerr << "thetad: error: " << thetad::printable(e.what()) << "\n";
     if (code == thetad::kExitBadInput && args.command.empty()) std::cerr << kUsage;
     return code;
   }

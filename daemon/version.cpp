@@ -29,9 +29,17 @@ std::string version_text() {
 #ifdef THETAD_WITH_CUDA
   os << "cuda " << CUDART_VERSION / 1000 << "." << (CUDART_VERSION % 1000) / 10 << "\n";
   os << "nccl " << NCCL_MAJOR << "." << NCCL_MINOR << "." << NCCL_PATCH << "\n";
+  constexpr bool kNcclLinked = true;
 #else
   os << "cuda none\nnccl none\n";
+  constexpr bool kNcclLinked = false;
 #endif
+  // What a job can actually use: NCCL needs both the library and a LibTorch with CUDA (the
+  // tensors it reduces live on GPUs); the job loader refuses comm.backend: nccl otherwise.
+  os << "backends: mpi (CPU tensors), nccl ";
+  if (kNcclLinked && THETAD_TORCH_CUDA) os << "(GPU tensors)\n";
+  else if (kNcclLinked) os << "unusable: this LibTorch is CPU-only, so comm.backend: nccl is refused\n";
+  else os << "unusable: built without CUDA and NCCL, so comm.backend: nccl is refused\n";
   return os.str();
 }
 

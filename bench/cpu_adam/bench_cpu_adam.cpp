@@ -11,7 +11,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <vector>
+
+#include <unistd.h>
 
 #include "offload/cpu_adam.hpp"
 #include "offload/thread_pool.hpp"
@@ -36,13 +39,48 @@ double best_of(int iters, F&& fn) {
   return best;
 }
 
+const char* kUsage =
+    "usage: bench_cpu_adam [MILLIONS] [ITERATIONS] [THREADS]\n"
+    "  MILLIONS    fp32 parameters in millions (default 64); the run holds about 40 bytes per\n"
+    "              parameter, which must fit in the memory available now\n"
+    "  ITERATIONS  1..1000 (default 5)\n"
+    "  THREADS     1..4096 (default: the CPUs of the affinity mask)\n";
+
+[[noreturn]] void usage(const std::string& why) {
+  std::fprintf(stderr, "bench_cpu_adam: %s\n%s", why.c_str(), kUsage);
+  std::exit(2);
+}
+
+// argv[i] as a number in [lo, hi], or the usage message and exit 2.
+double arg_in(const char* text, double lo, double hi, const char* what) {
+  char* end = nullptr;
+  const double v = std::strtod(text, &end);
+  if (end == text || *end != '\0' || !(v >= lo && v <= hi))
+    usage(std::string(what) + " '" + text + "' is not a number in [" + std::to_string(lo) + ", " +
+          std::to_string(hi) + "]");
+  return v;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  const size_t n = static_cast<size_t>(argc > 1 ? std::atof(argv[1]) : 64.0) * (1u << 20);
-  const int iters = argc > 2 ? std::atoi(argv[2]) : 5;
-  if (argc > 3) thetad::offload::ThreadPool::configure(static_cast<size_t>(std::atoi(argv[3])));
+  if (argc > 4) usage("too many arguments");
+  if (argc > 1 && (std::strcmp(argv[1], "-h") == 0 || std::strcmp(argv[1], "--help") == 0)) {
+    std::fputs(kUsage, stdout);
+    return 0;
+  }
+  const double millions = argc > 1 ? arg_in(argv[1], 1e-6, 1e9, "MILLIONS") : 64.0;
+  const size_t n = static_cast<size_t>(millions * double(1u << 20));
+  const int iters = argc > 2 ? static_cast<int>(arg_in(argv[2], 1, 1000, "ITERATIONS")) : 5;
+  if (argc > 3) thetad::offload::ThreadPool::configure(static_cast<size_t>(arg_in(argv[3], 1, 4096, "THREADS")));
   const size_t bytes = n * sizeof(float);
+  // Refuse what cannot fit instead of dying in bad_alloc or the OOM killer: ten arrays of n
+  // floats (copy source and destination, p, g, m, v, and torch's copies of them).
+  const double need = 10.0 * static_cast<double>(bytes);
+  const double avail = double(::sysconf(_SC_AVPHYS_PAGES)) * double(::sysconf(_SC_PAGESIZE));
+  if (avail > 0 && need > avail)
+    usage(std::to_string(millions) + " million parameters need about " + std::to_string(int64_t(need / 1e9)) +
+          " GB; " + std::to_string(int64_t(avail / 1e9)) + " GB are available");
 
   // Copy bandwidth: memcpy over the pool's threads, as adam_step uses them, counting bytes read
   // plus bytes written (the same accounting as the 28 bytes per parameter).

@@ -3,6 +3,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <iomanip>
 #include <sstream>
@@ -68,11 +69,50 @@ std::string group_file_name(int group) {
   return os.str();
 }
 
+std::string shard_file_name(int64_t shard) {
+  std::ostringstream os;
+  os << "shard-" << std::setw(5) << std::setfill('0') << shard << ".pt";
+  return os.str();
+}
+
+std::vector<ManifestShard> plan_shards(const std::vector<int64_t>& group_bytes) {
+  std::vector<ManifestShard> shards;
+  int64_t bytes = 0;
+  for (size_t g = 0; g < group_bytes.size(); ++g) {
+    const bool full = !shards.empty() && (shards.back().count >= kShardMaxGroups ||
+                                          bytes + group_bytes[g] > kShardMaxBytes);
+    if (shards.empty() || full) {
+      shards.push_back({shard_file_name(static_cast<int64_t>(shards.size())), static_cast<int64_t>(g), 0, 0});
+      bytes = 0;
+    }
+    shards.back().count += 1;
+    bytes += group_bytes[g];
+  }
+  return shards;
+}
+
+size_t shard_of(const Manifest& m, int64_t group) {
+  const auto it = std::upper_bound(m.shards.begin(), m.shards.end(), group,
+                                   [](int64_t g, const ManifestShard& s) { return g < s.first; });
+  return static_cast<size_t>(it - m.shards.begin()) - 1;
+}
+
 std::string manifest_json(const Manifest& m) {
   std::ostringstream os;
   os << "{\n  \"format\": " << json_string(m.format) << ",\n  \"job\": " << json_string(m.job)
      << ",\n  \"job_hash\": " << json_string(m.job_hash) << ",\n  \"step\": " << m.step
-     << ",\n  \"world_size\": " << m.world_size << ",\n  \"groups\": [";
+     << ",\n  \"world_size\": " << m.world_size;
+  if (m.format == kManifestFormat) {
+    os << ",\n  \"groups\": " << m.num_groups << ",\n  \"shards\": [";
+    for (size_t i = 0; i < m.shards.size(); ++i) {
+      const ManifestShard& s = m.shards[i];
+      os << (i ? ",\n    " : "\n    ") << "{\"file\": " << json_string(s.file) << ", \"first\": " << s.first
+         << ", \"count\": " << s.count << ", \"fnv1a64\": \"" << hex16(s.fnv1a64) << "\"}";
+    }
+    os << "\n  ]\n}\n";
+    return os.str();
+  }
+  os << ",\n  \"groups\": [";
   for (size_t i = 0; i < m.groups.size(); ++i) {
     const ManifestGroup& g = m.groups[i];
     os << (i ? ",\n    " : "\n    ") << "{\"group\": " << g.group << ", \"file\": " << json_string(g.file);
@@ -94,18 +134,53 @@ Manifest parse_manifest(const std::string& text, const std::string& path) {
   if (!root.IsMap()) r.fail("manifest", "not a JSON object");
   Manifest m;
   m.format = r.text(root, "format");
-  if (m.format != kManifestFormat && m.format != kManifestFormatV1)
+  if (m.format != kManifestFormat && m.format != kManifestFormatV2 && m.format != kManifestFormatV1)
     r.fail("format", "'" + m.format + "' is not a format this release reads (" + kManifestFormat + ")");
-  const bool checksums = m.format == kManifestFormat;
+  const bool sharded = m.format == kManifestFormat;
+  const bool checksums = m.format != kManifestFormatV1;
   m.job = r.text(root, "job");
   if (!config::is_job_name(m.job)) r.fail("job", "'" + m.job + "' is not a job name");
   m.job_hash = r.text(root, "job_hash");
   if (!is_hex16(m.job_hash)) r.fail("job_hash", "'" + m.job_hash + "' is not 16 hex digits");
   m.step = r.integer(root, "step", 0, int64_t{1} << 62);
   m.world_size = r.integer(root, "world_size", 1, int64_t{1} << 24);
-  const YAML::Node groups = root["groups"];
-  if (!groups || !groups.IsSequence()) r.fail("groups", "missing or not a list");
-  for (size_t i = 0; i < groups.size(); ++i) {
+  constexpr int64_t kMaxGroups = int64_t{1} << 21;  // model.tasks <= 2^20, plus Θ
+  if (sharded) {
+    m.num_groups = r.integer(root, "groups", 1, kMaxGroups);
+    const YAML::Node shards = root["shards"];
+    if (!shards || !shards.IsSequence()) r.fail("shards", "missing or not a list");
+    int64_t next = 0;  // the first group the next shard must hold
+    for (size_t i = 0; i < shards.size(); ++i) {
+      const YAML::Node& n = shards[i];
+      const std::string where = "shards[" + std::to_string(i) + "].";
+      if (!n.IsMap()) r.fail("shards[" + std::to_string(i) + "]", "not an object");
+      ManifestShard sh;
+      sh.file = r.text(n, "file", where);
+      if (sh.file != shard_file_name(static_cast<int64_t>(i)))  // a name, never a path
+        r.fail(where + "file", "'" + sh.file + "' is not " + shard_file_name(static_cast<int64_t>(i)));
+      sh.first = r.integer(n, "first", 0, kMaxGroups, where);
+      if (sh.first != next) r.fail(where + "first", std::to_string(sh.first) + " where the shards before end at " +
+                                                        std::to_string(next) + " (shards hold the groups in order, each once)");
+      sh.count = r.integer(n, "count", 1, kShardMaxGroups, where);
+      if (sh.first + sh.count > m.num_groups)
+        r.fail(where + "count", "groups " + std::to_string(sh.first) + ".." + std::to_string(sh.first + sh.count - 1) +
+                                    " beyond groups: " + std::to_string(m.num_groups));
+      const std::string h = r.text(n, "fnv1a64", where);
+      if (!is_hex16(h)) r.fail(where + "fnv1a64", "'" + h + "' is not 16 hex digits");
+      sh.fnv1a64 = std::stoull(h, nullptr, 16);
+      for (const auto& key : n) {
+        const std::string k = key.first.as<std::string>("");
+        if (k != "file" && k != "first" && k != "count" && k != "fnv1a64") r.fail(where + k, "unknown key");
+      }
+      next = sh.first + sh.count;
+      m.shards.push_back(sh);
+    }
+    if (next != m.num_groups)
+      r.fail("shards", "hold groups 0.." + std::to_string(next - 1) + " of groups: " + std::to_string(m.num_groups));
+  }
+  const YAML::Node groups = sharded ? YAML::Node() : root["groups"];
+  if (!sharded && (!groups || !groups.IsSequence())) r.fail("groups", "missing or not a list");
+  for (size_t i = 0; !sharded && i < groups.size(); ++i) {
     const YAML::Node& g = groups[i];
     const std::string where = "groups[" + std::to_string(i) + "].";
     if (!g.IsMap()) r.fail("groups[" + std::to_string(i) + "]", "not an object");
@@ -123,9 +198,11 @@ Manifest parse_manifest(const std::string& text, const std::string& path) {
     }
     m.groups.push_back(mg);
   }
+  if (!sharded) m.num_groups = static_cast<int64_t>(m.groups.size());
   for (const auto& key : root) {
     const std::string k = key.first.as<std::string>("");
-    if (k != "format" && k != "job" && k != "job_hash" && k != "step" && k != "world_size" && k != "groups")
+    if (k != "format" && k != "job" && k != "job_hash" && k != "step" && k != "world_size" && k != "groups" &&
+        !(sharded && k == "shards"))
       r.fail(k, "unknown key");
   }
   return m;

@@ -1,7 +1,7 @@
 // The checkpoint manifest (`manifest.json`): what a checkpoint directory holds. Rank 0 writes it
 // last; resume parses it strictly before reading anything else: every key with its type, a known
-// format, the step of the directory's name, each group once, the group files by their fixed
-// names only (a manifest can never send resume outside its directory) and a checksum per file.
+// format, the step of the directory's name, each group once, the files by their fixed names only
+// (a manifest can never send resume outside its directory) and a checksum per file.
 // Torch-free, so that it is fuzzed (tests/fuzz/fuzz_manifest.cpp).
 #pragma once
 
@@ -11,16 +11,31 @@
 
 namespace thetad::daemon {
 
-// "thetad-checkpoint-2": with a checksum per group file. "thetad-checkpoint-1" (earlier
-// releases, no checksums) is still read.
-constexpr const char* kManifestFormat = "thetad-checkpoint-2";
+// "thetad-checkpoint-3": groups packed into shard files (a bounded number of files however many
+// tasks), a checksum per shard. "thetad-checkpoint-2" (a file per group, a checksum each) and
+// "thetad-checkpoint-1" (a file per group, no checksums) are still read.
+constexpr const char* kManifestFormat = "thetad-checkpoint-3";
+constexpr const char* kManifestFormatV2 = "thetad-checkpoint-2";
 constexpr const char* kManifestFormatV1 = "thetad-checkpoint-1";
 
-struct ManifestGroup {
+// A shard file holds at most this many groups and, unless one group alone is larger, at most
+// this many bytes of parameters and moments: 1,048,577 tiny groups become 129 files; files stay
+// small enough for torch.load and for the ranks to share the writing.
+constexpr int64_t kShardMaxGroups = 8192;
+constexpr int64_t kShardMaxBytes = int64_t{64} << 20;
+
+struct ManifestGroup {     // formats 1 and 2
   int group = 0;
   std::string file;        // always group_file_name(group)
   uint64_t fnv1a64 = 0;    // FNV-1a 64 of the file's bytes
   bool has_checksum = false;
+};
+
+struct ManifestShard {     // format 3: groups first .. first + count - 1
+  std::string file;        // always shard_file_name(index)
+  int64_t first = 0;
+  int64_t count = 0;
+  uint64_t fnv1a64 = 0;    // FNV-1a 64 of the file's bytes
 };
 
 struct Manifest {
@@ -29,8 +44,18 @@ struct Manifest {
   std::string job_hash;    // 16 hex digits: the model's compatibility key
   int64_t step = 0;        // completed steps
   int64_t world_size = 1;
-  std::vector<ManifestGroup> groups;  // group g at index g
+  int64_t num_groups = 0;
+  std::vector<ManifestGroup> groups;  // formats 1 and 2: group g at index g
+  std::vector<ManifestShard> shards;  // format 3: in group order, covering 0..num_groups-1 once
 };
+
+// "shard-00012.pt".
+std::string shard_file_name(int64_t shard);
+// Cuts groups 0..n-1 (`group_bytes[g]`: their bytes in a checkpoint) into consecutive shards of
+// at most kShardMaxGroups groups and kShardMaxBytes bytes (a larger group alone). Checksums 0.
+std::vector<ManifestShard> plan_shards(const std::vector<int64_t>& group_bytes);
+// The index of the shard holding group g (g must be in range).
+size_t shard_of(const Manifest& m, int64_t group);
 
 // "group-0003.pt".
 std::string group_file_name(int group);

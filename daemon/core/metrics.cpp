@@ -1,6 +1,7 @@
 // JSON-lines metrics writer and the JSON text helpers (escaping, finite numbers).
 #include "daemon/core/metrics.hpp"
 
+#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -77,11 +78,51 @@ std::string to_json(const StepRecord& r) {
   field(out, "host_pinned_bytes", r.host_pinned_bytes);
   field(out, "cpu_adam_ms", r.cpu_adam_ms);
   field(out, "acquire_wait_ms", r.acquire_wait_ms);
+  field(out, "nonfinite", r.nonfinite);
+  field(out, "skipped", r.skipped);
   out.back() = '}';  // replaces the last field's ','
   return out;
 }
 
-MetricsWriter::MetricsWriter(const std::string& path, bool append) : path_(path) {
+int64_t step_of_record(const std::string& line) {
+  static const std::string kHead = "{\"step\":";
+  if (line.compare(0, kHead.size(), kHead) != 0 || line.back() != '}') return -1;
+  int64_t step = 0;
+  size_t i = kHead.size();
+  if (i >= line.size() || !std::isdigit(static_cast<unsigned char>(line[i]))) return -1;
+  for (; i < line.size() && std::isdigit(static_cast<unsigned char>(line[i])) && step < (int64_t{1} << 58); ++i)
+    step = step * 10 + (line[i] - '0');
+  return i < line.size() && line[i] == ',' ? step : -1;
+}
+
+namespace {
+
+// A resumed run's metrics file: the records before `resume_step`, rewritten in place (through a
+// temporary file renamed over it, so a crash here loses nothing).
+void keep_records_before(const std::string& path, int64_t resume_step) {
+  std::ifstream in(path);
+  if (!in) return;  // nothing written yet
+  std::string kept, line;
+  size_t dropped = 0;
+  while (std::getline(in, line)) {
+    const int64_t s = line.empty() ? -1 : step_of_record(line);
+    if (s >= 0 && s < resume_step) kept += line + "\n";
+    else ++dropped;
+  }
+  if (dropped == 0) return;
+  const std::string tmp = path + ".resume-tmp";
+  std::ofstream out(tmp, std::ios::out | std::ios::trunc);
+  out << kept;
+  out.close();
+  if (!out || std::rename(tmp.c_str(), path.c_str()) != 0)
+    throw ConfigError(path + ": cannot drop the records of the steps replayed after the resume: " +
+                      std::strerror(errno));
+}
+
+}  // namespace
+
+MetricsWriter::MetricsWriter(const std::string& path, int64_t resume_step) : path_(path) {
+  const bool append = resume_step > 0;
   namespace fs = std::filesystem;
   THETAD_CHECK(!path.empty(), InternalError, "MetricsWriter: empty path (the worker writes no metrics then)");
   std::error_code ec;
@@ -92,6 +133,7 @@ MetricsWriter::MetricsWriter(const std::string& path, bool append) : path_(path)
       throw ConfigError(path + ": cannot create the metrics directory " + parent.string() + ": " +
                         ec.message());
   }
+  if (append) keep_records_before(path, resume_step);
   out_.open(path, append ? std::ios::out | std::ios::app : std::ios::out | std::ios::trunc);
   if (!out_)
     throw ConfigError(path + ": cannot open the metrics file for writing: " + std::strerror(errno));

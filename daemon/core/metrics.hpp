@@ -47,6 +47,8 @@ struct StepRecord {
   int64_t host_pinned_bytes = 0;
   double cpu_adam_ms = 0.0;         // this rank's CPU Adam for the groups it owns (offload)
   double acquire_wait_ms = 0.0;     // host time acquire() waited for a group's CPU update
+  int64_t nonfinite = 0;            // 1: the step's loss was NaN or Inf on some rank (train.on_nonfinite)
+  int64_t skipped = 0;              // 1: the step updated nothing (train.on_nonfinite: skip_step)
 };
 
 // JSON strings: append_json_string and json_string of common/text.hpp.
@@ -57,12 +59,17 @@ void append_json_number(std::string& out, int64_t v);
 
 // The record as one JSON object, no trailing newline. Key order is stable (field order).
 std::string to_json(const StepRecord& r);
+// The step of a record line written by to_json, or -1 for anything else (a torn line).
+int64_t step_of_record(const std::string& line);
 
 class MetricsWriter {
  public:
-  // Creates the parent directories and opens `path` (truncating, or appending when resuming).
-  // Throws ConfigError naming the path if it cannot.
-  explicit MetricsWriter(const std::string& path, bool append = false);
+  // Creates the parent directories and opens `path`: truncated for a fresh run (resume_step 0);
+  // for a run resumed at resume_step, the records of steps before it are kept and those at or
+  // after it (steps a crashed run wrote after its last checkpoint, which the resumed run replays,
+  // and a torn last line) are dropped, so that each step has one record. Throws ConfigError
+  // naming the path if it cannot.
+  explicit MetricsWriter(const std::string& path, int64_t resume_step = 0);
   MetricsWriter(const MetricsWriter&) = delete;
   MetricsWriter& operator=(const MetricsWriter&) = delete;
 

@@ -1,8 +1,9 @@
 // Checkpoints: a directory per step, `step-00000040/` with manifest.json (daemon/core/manifest.hpp:
-// a checksum per file) and one file per group (`group-0003.pt`, a dict of tensors that Python's
-// torch.load reads). Written under a temporary
-// name by the ranks that own the groups, each file synced to disk, and renamed (then the rename
-// synced) once all have finished, so a directory named step-* is always complete, also after a
+// a checksum per file) and the groups packed into shard files (`shard-00000.pt`, each a dict of
+// tensors that Python's torch.load reads; at most kShardMaxGroups groups or kShardMaxBytes
+// each, so a million tasks make ~129 files, not a million). Written under a temporary name, the
+// shards shared round-robin among the ranks, each file synced to disk, and renamed (then the
+// rename synced) once all have finished, so a directory named step-* is always complete, also after a
 // crash of the machine. Keep-N pruning runs after that and never removes the new checkpoint.
 #pragma once
 
@@ -14,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "common/errors.hpp"
 #include "daemon/core/manifest.hpp"
 #include "daemon/models/param_groups.hpp"
 
@@ -58,25 +60,43 @@ struct CheckpointWriter {
   int rank = 0, world = 1;
   std::string job_name, job_hash;
   int64_t keep = 3;
+  std::vector<int64_t> group_bytes;  // per group: bytes of its parameters and moments (the shard plan)
   std::function<void()> barrier;
   std::function<bool(bool)> all_ok;
 };
-std::string write_checkpoint(const CheckpointWriter& w, int num_groups,
-                             const std::function<GroupState(int group)>& group_state);
+std::string write_checkpoint(const CheckpointWriter& w, const std::function<GroupState(int group)>& group_state);
 
 // Reads a checkpoint: its manifest parsed and checked once (format, step, groups, the model's
-// hash; `num_groups` < 0: any count), then each group's file checked against its checksum before
-// it is unpickled (every rank loads every group: groups are replicated, so a checkpoint resumes on
+// hash; `num_groups` < 0: any count), then each file checked against its checksum before it is
+// unpickled (a shard once for all its groups: load_group is fastest in group order) (every rank loads every group: groups are replicated, so a checkpoint resumes on
 // any world size). Every problem is a ConfigError naming the file and, where there is one, the key.
 class CheckpointReader {
  public:
   CheckpointReader(const CheckpointInfo& ckpt, int num_groups, const std::string& expected_job_hash);
+  // Group g's state: by name (formats 1 and 2), or (format 3) with no names and one flat tensor
+  // each of parameters and moments, in the group's flat layout (ParamGroups::offset).
   GroupState load_group(int group) const;
   const Manifest& manifest() const { return manifest_; }
 
  private:
+  GroupState load_shard_group(int group) const;
+  GroupState load_group_file(int group) const;
+  c10::impl::GenericDict load_file(const std::string& name, bool has_checksum, uint64_t checksum) const;
+  at::Tensor tensor(const c10::impl::GenericDict& dict, const std::string& key, const std::string& file) const;
+  ConfigError damaged(const std::string& name, const std::string& what) const;
   CheckpointInfo ckpt_;
   Manifest manifest_;
+  struct Shard {  // the shard read last (format 3), checked
+    int64_t index = -1;
+    at::Tensor param, exp_avg, exp_avg_sq;
+    std::vector<int64_t> offsets, steps;
+  };
+  mutable Shard shard_;
 };
+
+// A loaded group in the model's terms: its parameters' names, shapes and order as `groups` has
+// them. Tensors by name are checked by name and shape (formats 1 and 2); a shard's flat values
+// (format 3) are cut at the group's layout, their count checked. ConfigError naming `where`.
+GroupState in_model_layout(const GroupState& loaded, const ParamGroups& groups, int g, const std::string& where);
 
 }  // namespace thetad::daemon

@@ -3,6 +3,7 @@
 
 #include <ATen/Parallel.h>
 
+#include <cmath>
 #include <map>
 
 #include "comm/bucket_plan.hpp"
@@ -30,27 +31,6 @@ uint64_t bytes_hash(const void* data, size_t bytes, uint64_t seed) {
     }
   });
   return comm::fnv1a64(hs.data(), hs.size() * sizeof(uint64_t), seed);
-}
-
-// A loaded group's tensors in the order of the group's parameters, each checked by name and shape.
-GroupState in_parameter_order(const GroupState& loaded, const ParamGroups& groups, int g, const std::string& where) {
-  std::map<std::string, size_t> by_name;
-  for (size_t i = 0; i < loaded.names.size(); ++i) by_name[loaded.names[i]] = i;
-  GroupState st;
-  st.group = g;
-  st.steps = loaded.steps;
-  for (int p : groups.members[static_cast<size_t>(g)]) {
-    const NamedParam& np = groups[p];
-    auto it = by_name.find(np.name);
-    if (it == by_name.end()) throw ConfigError(where + ": parameter '" + np.name + "' missing");
-    if (!loaded.params[it->second].sizes().equals(np.tensor.sizes()))
-      throw ConfigError(where + ": parameter '" + np.name + "' has another shape");
-    st.names.push_back(np.name);
-    st.params.push_back(loaded.params[it->second]);
-    st.exp_avg.push_back(loaded.exp_avg[it->second]);
-    st.exp_avg_sq.push_back(loaded.exp_avg_sq[it->second]);
-  }
-  return st;
 }
 
 }  // namespace
@@ -81,15 +61,41 @@ int64_t RunState::resume(bool resume, std::vector<int64_t>& group_steps) {
   });
   if (step < 0) return 0;
   const CheckpointInfo ckpt{checkpoint_path(dir, step), step};
-  const CheckpointReader reader(ckpt, groups_.num_groups(), model_hash(job_));
+  const CheckpointReader reader(ckpt, groups_.num_groups(), model_hash(job_));  // another model: exit 2 first
+  // A checkpoint past the job's end (steps lowered since): there is nothing to run, and
+  // running on would be silent about it. (At exactly `steps` the job is complete: nothing to do.)
+  if (step > job_.steps)
+    throw ConfigError(ckpt.path + ": the newest checkpoint is of step " + std::to_string(step) + ", past steps: " +
+                      std::to_string(job_.steps) + " of this job; nothing would run (raise steps above " +
+                      std::to_string(step) + " to train on, or start anew with --no-resume)");
   for (int g = 0; g < groups_.num_groups(); ++g) {
-    const GroupState st = in_parameter_order(reader.load_group(g), groups_, g, ckpt.path);
+    const GroupState st = in_model_layout(reader.load_group(g), groups_, g, ckpt.path);
     if (store_ && store_->offloaded(g)) store_->restore(g, st);
     else resident_.restore(g, st);
     group_steps[static_cast<size_t>(g)] = st.steps;
   }
   THETAD_LOG(info, "ckpt") << "resumed from " << ckpt.path << " at step " << ckpt.step;
   return ckpt.step;
+}
+
+std::string RunState::first_nonfinite_param(int first, int stride) {
+  torch::NoGradGuard no_grad;
+  for (int g = first; g < groups_.num_groups(); g += stride) {
+    const bool host = store_ && store_->offloaded(g);
+    const float* values = host ? store_->group_values(g) : nullptr;
+    for (int p : groups_.members[static_cast<size_t>(g)]) {
+      const NamedParam& np = groups_[p];
+      bool finite = true;
+      if (host) {
+        const float* v = values + groups_.offset[static_cast<size_t>(p)];
+        for (int64_t i = 0, n = np.tensor.numel(); i < n && finite; ++i) finite = std::isfinite(v[i]);
+      } else {
+        finite = torch::isfinite(np.tensor.detach()).all().item<bool>();
+      }
+      if (!finite) return "parameter '" + np.name + "' of group " + std::to_string(g);
+    }
+  }
+  return "";
 }
 
 void RunState::checkpoint(int64_t completed, const std::vector<int64_t>& group_steps) {
@@ -102,11 +108,12 @@ void RunState::checkpoint(int64_t completed, const std::vector<int64_t>& group_s
   w.job_name = job_.name;
   w.job_hash = model_hash(job_);
   w.keep = job_.checkpoint.keep;
+  for (int g = 0; g < groups_.num_groups(); ++g) w.group_bytes.push_back(groups_.numel(g) * 3 * int64_t{sizeof(float)});
   w.barrier = [this, completed] { plane_.barrier({"checkpoint barrier", completed, -1}); };
   w.all_ok = [this, completed](bool ok) {
     return plane_.all_ok(ok, {"allreduce of the checkpoint status", completed, -1});
   };
-  write_checkpoint(w, groups_.num_groups(), [&](int g) {
+  write_checkpoint(w, [&](int g) {
     GroupState st = state(g);
     st.steps = group_steps[static_cast<size_t>(g)];
     return st;

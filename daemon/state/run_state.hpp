@@ -28,8 +28,14 @@ class RunState {
   // checkpoint rank 0 sees, so that every rank starts at the same step whatever its view of a
   // shared directory. Fills the groups' step counts; returns the first step to run.
   int64_t resume(bool resume, std::vector<int64_t>& group_steps);
-  // Writes the checkpoint after `completed` steps (nothing without checkpoint.dir).
+  // Writes the checkpoint after `completed` steps (nothing without checkpoint.dir). Refuses
+  // (Error, exit 1, on every rank) parameters that are not finite (write_checkpoint): the newest
+  // checkpoint on disk then stays the last finite one.
   void checkpoint(int64_t completed, const std::vector<int64_t>& group_steps);
+  // The first parameter of groups first, first + stride, ... that holds a NaN or an Inf, as
+  // "parameter 'name' of group g", or "" where all are finite. Read where each group lives; a
+  // pass over the parameters, so only after a non-finite loss (to say what is non-finite).
+  std::string first_nonfinite_param(int first, int stride);
   // FNV-1a over every parameter's bytes in registration order, read where each lives.
   uint64_t params_hash();
 

@@ -32,9 +32,8 @@ void StepRecorder::start(int64_t start_step) {
   // A resumed run appends to its metrics, a fresh one starts the file anew.
   if (!job_.metrics.path.empty() && (rank_ == 0 || job_.metrics.all_ranks))
     metrics_ = std::make_unique<MetricsWriter>(config::expand_path(job_.metrics.path, job_, rank_),
-                                               /*append=*/start_step > 0);
+                                               /*resume_step=*/start_step);
   progress_ = std::make_unique<Progress>(job_, rank_, start_step);
-  last_done_ = std::chrono::steady_clock::now();
 }
 
 void StepRecorder::mark(PendingStep& p, Phase phase) const {
@@ -95,10 +94,7 @@ void StepRecorder::finish(PendingStep& p, int64_t extra_device_bytes) {
   const float* l = p.losses.data_ptr<float>();
   rec.loss = l[0];
   for (size_t i = 0; i < p.tasks.size(); ++i) rec.task_loss.push_back({p.tasks[i], l[i + 1]});
-  // Wall time per step: from the previous step's end to this one's, as the host observes it.
-  const auto now = std::chrono::steady_clock::now();
-  rec.step_ms = std::chrono::duration<double, std::milli>(now - last_done_).count();
-  last_done_ = now;
+  // step_ms comes with the record (the trainer times the whole iteration, checkpoint included).
   rec.device_mem_peak_bytes = plane_.gpu() ? plane_.allocator_peak_bytes() + extra_device_bytes : 0;
   if (metrics_) metrics_->write(rec);
   progress_->finished(rec);

@@ -54,7 +54,6 @@ class StepRecorder {
   const int rank_;
   std::unique_ptr<MetricsWriter> metrics_;
   std::unique_ptr<Progress> progress_;
-  std::chrono::steady_clock::time_point last_done_;
 };
 
 }  // namespace thetad::daemon

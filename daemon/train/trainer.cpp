@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include <chrono>
+#include <cmath>
 #include <iomanip>
 #include <memory>
 #include <vector>
@@ -53,7 +54,8 @@ class Trainer {
   torch::Tensor forward(int64_t micro, const StepPlan& plan, PendingStep& p);
   void backward(torch::Tensor& total, bool last, const StepPlan& plan, PendingStep& p);
   void finish_reduce(PendingStep& p);
-  void optimizer_step(int64_t step, PendingStep& p);
+  bool nonfinite_skip(int64_t step, PendingStep& p);
+  void optimizer_step(int64_t step, PendingStep& p, bool skip);
   AdamSettings adam_settings(int64_t step) const;
   void record_engine_stats(StepRecord& rec);
   int64_t device_extra_bytes() const;
@@ -82,6 +84,7 @@ class Trainer {
   AdamSettings step_settings_;                // the current step's (step count: per group)
   std::vector<std::pair<int, torch::Tensor>> task_losses_;  // read once per step (one sync)
   torch::Tensor loss_total_;
+  int64_t nonfinite_steps_ = 0;               // train.on_nonfinite: skip_step / warn, for the log
 };
 
 void Trainer::build() {
@@ -182,7 +185,8 @@ void Trainer::on_bucket_launch(int b, int contributors, comm::Work& work, float*
     store_->on_bucket_launch(b, contributors, work, data);
     return;
   }
-  if (!resident_ || !resident_->overlap()) return;
+  // skip_step decides after backward whether the step updates anything: no bucket steps first.
+  if (!resident_ || !resident_->overlap() || job_.train.on_nonfinite == config::NonFinite::SkipStep) return;
   AdamSettings s = step_settings_;
   s.step = group_steps_[static_cast<size_t>(g)] + 1;
   resident_->step_bucket(b, contributors, work, s);
@@ -260,12 +264,14 @@ void Trainer::backward(torch::Tensor& total, bool last, const StepPlan& plan, Pe
   // No host synchronization: on GPUs finish_backward makes the compute stream wait for the
   // last buckets (EngineOptions::wait_stream) and the marks around it time that stall.
   recorder_->mark(p, Phase::backward);
+  // backward_ms is autograd's own time; the wait for the last buckets is comm_wait_ms, so that
+  // the phases are disjoint and sum to at most step_ms.
+  p.rec.backward_ms += ms_since(t1);
   if (last) {
     finish_reduce(p);
     hooks_->end_window();
   }
   const double bwd_ms = ms_since(t1);
-  p.rec.backward_ms += bwd_ms;
   if (timeline_)
     timeline_->record(Lane::compute, last ? "backward+reduce" : "backward", bwd_us, int64_t(bwd_ms * 1000),
                       {{"bytes_allreduced", int64_t{last ? engine_->stats().bytes_allreduced : 0}}});
@@ -295,10 +301,44 @@ void Trainer::finish_reduce(PendingStep& p) {
                      {"on_launch_ms", st.on_launch_ms}});
 }
 
+// train.on_nonfinite: the step's loss (already computed: one scalar, one agreement per step) is
+// finite on every rank, or the policy decides: stop (every rank throws the first failing rank's
+// message, exit 1), skip_step (true: no rank updates anything this step) or warn. A non-finite
+// update (optimizer.lr too large) shows in the next step's loss; the parameters themselves are
+// checked only here on failure, to say what is non-finite, and before each checkpoint.
+bool Trainer::nonfinite_skip(int64_t step, PendingStep& p) {
+  const double loss = loss_total_.item<double>();
+  if (plane_->all_ok(std::isfinite(loss), {"allreduce of the loss check", step, -1})) return false;
+  p.rec.nonfinite = 1;
+  const std::string params = state_->first_nonfinite_param(0, 1);
+  const std::string what =
+      std::isfinite(loss) ? std::string() :
+      "the loss of step " + std::to_string(step) + " is " + (std::isnan(loss) ? "nan" : "inf") + " on rank " +
+          std::to_string(world_.rank) + "; " +
+          (params.empty() ? "the parameters are finite (look at the inputs and targets, data.noise, optimizer.lr)"
+                          : params + " holds NaN or Inf (look at optimizer.lr)");
+  const config::NonFinite policy = job_.train.on_nonfinite;
+  if (policy == config::NonFinite::Stop) {
+    plane_->agree(what.empty() ? nullptr : std::make_exception_ptr(Error("non-finite training: " + what +
+                                                                         " (train.on_nonfinite: stop)")),
+                  {"checking the loss for NaN and Inf", step, -1});
+  }
+  ++nonfinite_steps_;
+  const bool skip = policy == config::NonFinite::SkipStep;
+  p.rec.skipped = skip ? 1 : 0;
+  // Every occurrence is in the metrics; the log names the first ones and then every 100th.
+  if (nonfinite_steps_ <= 3 || nonfinite_steps_ % 100 == 0) {
+    THETAD_LOG(warn, "train") << "non-finite loss at step " << step << (what.empty() ? " on another rank" : ": " + what)
+                              << (skip ? "; the step is skipped on every rank" : "; training goes on (train.on_nonfinite: warn)")
+                              << " (" << nonfinite_steps_ << " such steps so far)";
+  }
+  return skip;
+}
+
 // Lazy semantics: a group no rank used this step is not stepped at all. Offloaded groups are
 // stepped by their owner on the host; resident ones here, except the buckets stepped as they
 // landed (optimizer.overlap).
-void Trainer::optimizer_step(int64_t step, PendingStep& p) {
+void Trainer::optimizer_step(int64_t step, PendingStep& p, bool skip) {
   const auto t0 = Clock::now();
   const auto& contributors = engine_->contributors();
   AdamSettings s = adam_settings(step);
@@ -307,7 +347,7 @@ void Trainer::optimizer_step(int64_t step, PendingStep& p) {
   resident_->join_bucket_steps();
   for (int g = 0; g < groups_->num_groups(); ++g) {
     const auto gi = static_cast<size_t>(g);
-    if (contributors[gi] == 0) {
+    if (contributors[gi] == 0 || skip) {  // skip: no group of this step is updated, on any rank
       if (offloaded(g)) store_->skip_group(g);
       continue;
     }
@@ -372,8 +412,13 @@ int Trainer::run() {
   build();
   const int64_t start_step = state_->resume(opts_.resume, group_steps_);
   recorder_->start(start_step);
-  THETAD_LOG(info, "train") << "job " << job_.name << ": " << world_.size << " ranks, " << job_.model.tasks
-                            << " tasks, steps " << start_step << ".." << job_.steps;
+  if (start_step == job_.steps) {
+    THETAD_LOG(info, "train") << "job " << job_.name << " is already complete: resumed at step " << start_step
+                              << " = steps; nothing to do (raise steps to train further)";
+  } else {
+    THETAD_LOG(info, "train") << "job " << job_.name << ": " << world_.size << " ranks, " << job_.model.tasks
+                              << " tasks, steps " << start_step << ".." << job_.steps;
+  }
   StopAgreement stop(*plane_, job_.steps);
   int exit_code = kExitOk;
   std::unique_ptr<PendingStep> pending;  // the previous step, until its device work is read
@@ -385,11 +430,13 @@ int Trainer::run() {
     pending.reset();
   };
   for (int64_t step = start_step; step < job_.steps; ++step) {
+    const auto t_step = Clock::now();
     auto cur = std::make_unique<PendingStep>(step, world_.rank);
     train_step(step, *cur);
+    const bool skip = nonfinite_skip(step, *cur);
     {
       Timeline::Scope span(timeline_.get(), Lane::compute, "optimizer (queue)");
-      optimizer_step(step, *cur);
+      optimizer_step(step, *cur, skip);
       recorder_->queue_losses(*cur, loss_total_, task_losses_);
     }
     record_engine_stats(cur->rec);
@@ -403,15 +450,16 @@ int Trainer::run() {
       stop_now = stop.stop_after(step);
     }
     if (stop_now) {
-      flush();
       THETAD_LOG(warn, "train") << "stop requested (signal); checkpointing at step " << completed;
-      state_->checkpoint(completed, group_steps_);
+    }
+    if (stop_now || completed == job_.steps ||
+        (job_.checkpoint.every_steps > 0 && completed % job_.checkpoint.every_steps == 0))
+      state_->checkpoint(completed, group_steps_);  // waits for the step's device work itself
+    // step_ms: this iteration's wall time, its checkpoint included (written one step late).
+    pending->rec.step_ms = ms_since(t_step);
+    if (stop_now) {
       exit_code = kExitInterrupted;
       break;
-    }
-    if (completed == job_.steps || (job_.checkpoint.every_steps > 0 && completed % job_.checkpoint.every_steps == 0)) {
-      flush();
-      state_->checkpoint(completed, group_steps_);
     }
   }
   flush();

@@ -10,29 +10,16 @@
 
 #include "config/diagnostics.hpp"
 #include "config/loader.hpp"
+#include "job_test_util.hpp"
 
 namespace thetad::config {
 namespace {
 
 namespace fs = std::filesystem;
 
-const std::string kMinimal =
-    "steps: 10\n"
-    "model: {kind: multitask_mlp}\n"
-    "data: {}\n";
-
-std::string error_of(const std::string& yaml, const LoadOptions& opts = {}) {
-  try {
-    load_job_from_string(yaml, "job.yaml", opts);
-  } catch (const JobError& e) {
-    return e.what();
-  }
-  return "(accepted)";
-}
-
-bool contains(const std::string& hay, const std::string& needle) {
-  return hay.find(needle) != std::string::npos;
-}
+using test::contains;
+using test::error_of;
+using test::kMinimal;
 
 TEST(Load, MinimalJobGetsDefaults) {
   const Job job = load_job_from_string(kMinimal, "job.yaml");
@@ -286,8 +273,9 @@ TEST(ToYaml, RoundTripsEveryKey) {
   EXPECT_TRUE(contains(text, "optimizer:\n  kind: adamw\n"));
   EXPECT_TRUE(contains(text, "  betas: [0.5, 0.75]\n"));
   EXPECT_TRUE(contains(text, "timeline:\n  path: \"\"\n"));
-  // Every key is there: 5 top-level keys + 10 section headers + section keys.
-  EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 1 + 5 + 10 + 22 + 3 + 9 + 8 + 7 + 10 + 3 + 2 + 3 + 1);
+  // Every key is there: 5 top-level keys + 11 section headers + section keys.
+  EXPECT_EQ(std::count(text.begin(), text.end(), '
+'), 1 + 5 + 11 + 22 + 3 + 9 + 8 + 7 + 10 + 1 + 3 + 2 + 3 + 1);
 }
 
 TEST(Fingerprint, ChangesWithSharedSettingsOnly) {

@@ -7,6 +7,10 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <sstream>
+#include <vector>
+
+#include <sys/wait.h>
 
 #include "common/errors.hpp"
 #include "daemon/core/metrics.hpp"
@@ -71,7 +75,7 @@ const char* kKeys[] = {"step", "rank", "loss", "task_loss", "lr", "samples", "st
                        "bytes_allreduced", "bytes_pruned", "buckets_launched", "buckets_pruned", "buckets_broadcast",
                        "h2d_bytes", "d2h_bytes", "swap_hits", "swap_misses",
                        "device_mem_peak_bytes", "host_pinned_bytes", "cpu_adam_ms",
-                       "acquire_wait_ms"};
+                       "acquire_wait_ms", "nonfinite", "skipped"};
 
 TEST(Metrics, RecordHasEveryField) {
   const std::string j = to_json(sample());
@@ -123,7 +127,7 @@ TEST(Metrics, WriterCreatesDirsAndWritesLines) {
   const std::string text = test::read_file(path);
   EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 2);
   {
-    MetricsWriter w(path, /*append=*/true);
+    MetricsWriter w(path, /*resume_step=*/19);  // resumed after both: both kept
     w.write(sample());
   }
   const std::string text3 = test::read_file(path);
@@ -134,9 +138,40 @@ TEST(Metrics, WriterCreatesDirsAndWritesLines) {
         "recs=[json.loads(l) for l in open(sys.argv[1])]\n"
         "assert len(recs)==3 and recs[1][\"step\"]==18 and recs[1][\"loss\"] is None\n"
         "assert recs[0][\"task_loss\"][0]==dict(task=3,loss=0.5)\n"
-        "assert len(recs[0])==26, len(recs[0])",
+        "assert len(recs[0])==28, len(recs[0])",
         path));
   }
+}
+
+// A run that crashed after its last checkpoint wrote records that the resumed run replays: the
+// resumed writer drops them (and a torn last line), so each step has one record.
+TEST(Metrics, ResumedWriterDropsReplayedSteps) {
+  test::ScratchDir dir;
+  const std::string path = dir.file("metrics.jsonl");
+  {
+    MetricsWriter w(path);
+    for (int step = 0; step < 6; ++step) {
+      StepRecord r = sample();
+      r.step = step;
+      w.write(r);
+    }
+  }
+  { std::ofstream(path, std::ios::app) << "{\"step\":6,\"rank\":0,\"lo"; }  // killed mid-line
+  {
+    MetricsWriter w(path, /*resume_step=*/4);
+    for (int step = 4; step < 8; ++step) {
+      StepRecord r = sample();
+      r.step = step;
+      w.write(r);
+    }
+  }
+  std::istringstream in(test::read_file(path));
+  std::vector<int64_t> steps;
+  for (std::string line; std::getline(in, line);) steps.push_back(step_of_record(line));
+  EXPECT_EQ(steps, (std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6, 7}));
+  EXPECT_EQ(step_of_record("{\"step\":12,\"rank\":0}"), 12);
+  EXPECT_EQ(step_of_record("{\"step\":12"), -1);
+  EXPECT_EQ(step_of_record("garbage"), -1);
 }
 
 TEST(Metrics, WriterErrorsNameThePath) {
@@ -176,6 +211,36 @@ TEST(Metrics, PlotScriptReadsWriterOutput) {
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
   for (const char* png : {"loss_per_task.png", "step_time.png", "bytes.png"})
     EXPECT_GT(std::filesystem::file_size(out + "/" + png), 1000u) << png;
+}
+
+// Bad input is exit 2 with one line, no traceback; a run without one finite loss says so.
+TEST(Metrics, PlotScriptRefusesMissingFileAndNotesAllNan) {
+  if (!test::have_python() || std::system("/usr/bin/python3 -c 'import matplotlib' 2>/dev/null") != 0)
+    GTEST_SKIP() << "/usr/bin/python3 with matplotlib not available";
+  test::ScratchDir dir;
+  const std::string script = std::string("/usr/bin/python3 ") + THETAD_SOURCE_DIR + "/bench/plot_metrics.py '";
+  const std::string log = dir.file("out.txt");
+  const std::string missing = script + dir.file("none.jsonl") + "' > '" + log + "' 2>&1";
+  const int rc = std::system(missing.c_str());
+  EXPECT_TRUE(WIFEXITED(rc) && WEXITSTATUS(rc) == 2) << rc;
+  std::string text = test::read_file(log);
+  EXPECT_NE(text.find("none.jsonl: cannot read the metrics file"), std::string::npos) << text;
+  EXPECT_EQ(text.find("Traceback"), std::string::npos) << text;
+  const std::string path = dir.file("nan.jsonl");
+  {
+    MetricsWriter w(path);
+    for (int step = 0; step < 3; ++step) {
+      StepRecord r = sample();
+      r.step = step;
+      r.loss = std::nan("");
+      r.task_loss = {{0, std::nan("")}};
+      w.write(r);
+    }
+  }
+  const std::string all_nan = script + path + "' -o '" + dir.file("plots") + "' > '" + log + "' 2>&1";
+  ASSERT_EQ(std::system(all_nan.c_str()), 0) << test::read_file(log);
+  text = test::read_file(log);
+  EXPECT_NE(text.find("note: no finite loss in 3 records"), std::string::npos) << text;
 }
 
 }  // namespace

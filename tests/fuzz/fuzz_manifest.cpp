@@ -1,7 +1,9 @@
 // libFuzzer target: parse_manifest (the checkpoint manifest resume reads first) on arbitrary
 // bytes. It may only return a manifest or throw ConfigError; an accepted manifest must name
-// only its own group files, each once and in order, and print back to text it parses again to
-// the same manifest. Anything else (a sanitizer report, another exception) is a bug.
+// only its own files (group files of formats 1 and 2, shard files of format 3), each once and
+// in order, its shards must cover its groups exactly (shard_of finds each shard's groups in it),
+// and it must print back to text that parses again to the same manifest. Anything else (a
+// sanitizer report, another exception) is a bug.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -10,19 +12,41 @@
 #include "common/errors.hpp"
 #include "daemon/core/manifest.hpp"
 
+namespace {
+
+using thetad::daemon::Manifest;
+
+void check(const Manifest& m) {
+  for (size_t i = 0; i < m.groups.size(); ++i)
+    if (m.groups[i].group != static_cast<int>(i) || m.groups[i].file != thetad::daemon::group_file_name(m.groups[i].group) ||
+        m.groups[i].file.find('/') != std::string::npos)
+      std::abort();
+  int64_t next = 0;
+  for (size_t i = 0; i < m.shards.size(); ++i) {
+    const auto& s = m.shards[i];
+    if (s.file != thetad::daemon::shard_file_name(static_cast<int64_t>(i)) || s.file.find('/') != std::string::npos ||
+        s.first != next || s.count < 1)
+      std::abort();
+    if (thetad::daemon::shard_of(m, s.first) != i || thetad::daemon::shard_of(m, s.first + s.count - 1) != i)
+      std::abort();
+    next += s.count;
+  }
+  if (!m.shards.empty() && next != m.num_groups) std::abort();
+}
+
+}  // namespace
+
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string text(reinterpret_cast<const char*>(data), size);
   try {
-    const thetad::daemon::Manifest m = thetad::daemon::parse_manifest(text, "fuzz/manifest.json");
-    for (size_t i = 0; i < m.groups.size(); ++i)
-      if (m.groups[i].group != static_cast<int>(i) || m.groups[i].file != thetad::daemon::group_file_name(m.groups[i].group) ||
-          m.groups[i].file.find('/') != std::string::npos)
-        std::abort();
-    const thetad::daemon::Manifest again =
-        thetad::daemon::parse_manifest(thetad::daemon::manifest_json(m), "fuzz/again.json");
+    const Manifest m = thetad::daemon::parse_manifest(text, "fuzz/manifest.json");
+    check(m);
+    const Manifest again = thetad::daemon::parse_manifest(thetad::daemon::manifest_json(m), "fuzz/again.json");
     if (again.step != m.step || again.groups.size() != m.groups.size() || again.job != m.job ||
-        again.job_hash != m.job_hash)
+        again.job_hash != m.job_hash || again.num_groups != m.num_groups || again.shards.size() != m.shards.size())
       std::abort();
+    for (size_t i = 0; i < m.shards.size(); ++i)
+      if (again.shards[i].fnv1a64 != m.shards[i].fnv1a64 || again.shards[i].count != m.shards[i].count) std::abort();
   } catch (const thetad::ConfigError&) {
   }
   return 0;

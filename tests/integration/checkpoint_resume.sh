@@ -34,10 +34,10 @@ expect_in world3 "resumed from .*step-00000030 at step 30"
 if /usr/bin/python3 -c 'import torch' 2>/dev/null; then
   expect_code 0 torch_load /usr/bin/python3 -c "
 import torch, json, sys
-d = torch.load('$WORK/full/step-00000030/group-0001.pt')
+d = torch.load('$WORK/full/step-00000030/shard-00000.pt')
 m = json.load(open('$WORK/full/step-00000030/manifest.json'))
-assert m['step'] == 30 and m['world_size'] == 2, m
-assert int(d['steps']) > 0 and any(k.startswith('exp_avg/heads.0') for k in d), list(d)
+assert m['step'] == 30 and m['world_size'] == 2 and m['groups'] == 5, m
+assert int(d['steps'][1]) > 0 and d['offsets'].numel() == 6 and d['exp_avg'].numel() == d['param'].numel(), list(d)
 print('keys', sorted(d)[:4])"
 fi
 # A fresh start (--no-resume) in a directory holding a newer run's checkpoints: those move to

@@ -43,6 +43,11 @@ if /usr/bin/python3 -c 'import torch' 2>/dev/null; then
   /usr/bin/python3 "$HERE/../../docs/examples/export_torchscript.py" "$WORK/model.pt" --input-dim 16 --tasks 4
   train "torchscript_np2" 2 --set model.kind=torchscript --set model.path="$WORK/model.pt" \
     --set 'model.shared=["trunk.*"]' --set 'model.task=heads.{t}.*'
+  # The documented example job, as written (only its outputs and model file moved here).
+  expect_code 0 torchscript_example mpirun "${MPIRUN_FLAGS[@]}" -np 2 "$thetad" run \
+    "$HERE/../../docs/examples/torchscript.yaml" --no-resume --set steps=80 --set model.path="$WORK/model.pt" \
+    --set checkpoint.dir="$WORK/ts-example-ck" --set metrics.path="$WORK/ts-example.jsonl"
+  check_metrics torchscript_example "$WORK/ts-example.jsonl"
   # A model that breaks the contract (no task argument; a tuple returned): exit 2 on every rank
   # before any step, naming the file and the expected form.
   # (TorchScript reads the classes' source: a file, not standard input.)

@@ -146,8 +146,9 @@ int main(int argc, char** argv) {
     double worst = 0;
     std::string worst_name;
     const CheckpointReader reader(*ckpt, G, "");
+    const ParamGroups groups(params, G);
     for (int g = 0; g < G; ++g) {
-      GroupState st = reader.load_group(g);
+      GroupState st = in_model_layout(reader.load_group(g), groups, g, ckpt->path);
       double max_ref = 1e-12, max_diff = 0;
       std::string where;
       for (size_t i = 0; i < st.names.size(); ++i) {

@@ -1,0 +1,68 @@
+// Keys without effect under the job's choices (see relevance.hpp).
+#include "config/relevance.hpp"
+
+#include <string>
+#include <vector>
+
+namespace thetad::config::detail {
+namespace {
+
+struct Rule {
+  const char* key;  // key path
+  bool used;        // whether it has an effect in this job
+  std::string why;  // what would make it matter
+};
+
+}  // namespace
+
+void warn_irrelevant(const Job& job, Diagnostics& diag) {
+  const ModelKind mk = job.model.kind;
+  const ScheduleKind sk = job.data.schedule;
+  const std::string model = "model.kind is " + to_string(mk);
+  const std::string sched = "data.schedule is " + to_string(sk);
+  const bool mlp_like = mk == ModelKind::MultitaskMlp || mk == ModelKind::MultitaskAdapter;
+  const bool transformer = mk == ModelKind::Transformer;
+  const bool token_model = transformer || job.data.kind == DataKind::Tokens;
+  const std::vector<Rule> rules = {
+      {"model.adapter_rank", mk == ModelKind::MultitaskAdapter, model + " (used by multitask_adapter)"},
+      {"model.classes", mk == ModelKind::ExtremeClassifier, model + " (used by extreme_classifier)"},
+      {"model.negatives_per_step", mk == ModelKind::ExtremeClassifier, model + " (used by extreme_classifier)"},
+      {"model.output_dim", mlp_like, model + " (used by multitask_mlp and multitask_adapter)"},
+      {"model.path", mk == ModelKind::Torchscript, model + " (used by torchscript)"},
+      {"model.shared", mk == ModelKind::Torchscript, model + " (used by torchscript)"},
+      {"model.task", mk == ModelKind::Torchscript, model + " (used by torchscript)"},
+      {"model.trunk_layers", mlp_like || mk == ModelKind::ExtremeClassifier, model + " (used by multitask_mlp, multitask_adapter and extreme_classifier)"},
+      {"model.head_layers", mk == ModelKind::MultitaskMlp, model + " (used by multitask_mlp)"},
+      {"model.hidden", mk != ModelKind::Torchscript && !transformer, model + " (the transformer's width is model.d_model)"},
+      {"model.input_dim", !transformer, model + " (the transformer reads token ids)"},
+      {"model.layers", transformer, model + " (used by transformer)"},
+      {"model.d_model", transformer, model + " (used by transformer)"},
+      {"model.heads", transformer, model + " (used by transformer)"},
+      {"model.d_ff", transformer, model + " (used by transformer)"},
+      {"model.vocab", token_model, model + " and data.kind is " + to_string(job.data.kind) + " (used by transformer and token data)"},
+      {"model.seq_len", token_model, model + " and data.kind is " + to_string(job.data.kind) + " (used by transformer and token data)"},
+      {"lora.rank", transformer, model + " (LoRA adapters are the transformer's)"},
+      {"lora.alpha", transformer, model + " (LoRA adapters are the transformer's)"},
+      {"lora.targets", transformer, model + " (LoRA adapters are the transformer's)"},
+      {"data.dir", job.data.kind == DataKind::Npy || job.data.kind == DataKind::Tokens,
+       "data.kind is " + to_string(job.data.kind) + " (used by npy and tokens)"},
+      {"data.noise", job.data.kind == DataKind::Synthetic, "data.kind is " + to_string(job.data.kind) + " (used by synthetic)"},
+      {"data.tasks_per_rank", sk == ScheduleKind::RoundRobin || sk == ScheduleKind::Weighted,
+       sched + " (used by round_robin and weighted)"},
+      {"data.weights", sk == ScheduleKind::Weighted, sched + " (used by weighted)"},
+      {"data.per_rank", sk == ScheduleKind::PerRank, sched + " (used by per_rank)"},
+      {"data.alternate", sk == ScheduleKind::Alternate, sched + " (used by alternate)"},
+      {"offload.device_slots", job.offload.enabled, "offload.enabled is false"},
+      {"offload.device_budget_mb", job.offload.enabled, "offload.enabled is false"},
+      {"offload.prefetch", job.offload.enabled, "offload.enabled is false"},
+      {"offload.host_limit_mb", job.offload.enabled, "offload.enabled is false"},
+      {"offload.cpu_threads", job.offload.enabled, "offload.enabled is false"},
+      {"optimizer.betas", job.optimizer.kind != OptimizerKind::Sgd, "optimizer.kind is sgd"},
+      {"optimizer.eps", job.optimizer.kind != OptimizerKind::Sgd, "optimizer.kind is sgd"},
+      {"optimizer.min_lr", job.optimizer.lr_schedule == LrSchedule::Cosine, "optimizer.lr_schedule is not cosine"},
+  };
+  for (const Rule& r : rules)
+    if (!r.used && diag.given(r.key) && !diag.bad(r.key)) diag.warning(r.key, "ignored: " + r.why);
+}
+
+}  // namespace thetad::config::detail
