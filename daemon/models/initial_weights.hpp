@@ -7,8 +7,8 @@
 namespace thetad::daemon {
 
 // Overwrites the model's initial parameters with those of job.model.init_from: a file written by
-// torch.save (or torch::pickle_save) of a dict {parameter name: tensor} (a state dict), or one of
-// thetad's own checkpoint group files (keys "param/NAME"; the optimizer's keys are ignored).
+// torch.save (or torch::pickle_save) of a dict {parameter name: tensor} (a state dict), or a
+// group file of thetad's checkpoint format 2 (keys "param/NAME"; the optimizer's keys ignored).
 // Every shared parameter (group 0) must be in the file; task parameters may be (those not in it
 // keep their initialization). A key that names no parameter, a tensor of another shape, or a
 // missing shared parameter is a ConfigError naming the file and the key. Tensors are converted to

@@ -68,7 +68,8 @@ void StepRecorder::queue_losses(PendingStep& p, const torch::Tensor& total,
   p.losses = packed.contiguous();
 }
 
-void StepRecorder::finish(PendingStep& p, int64_t extra_device_bytes) {
+void StepRecorder::finish(PendingStep& p, int64_t extra_device_bytes,
+                          const std::function<void(StepRecord&)>& before_write) {
   StepRecord& rec = p.rec;
 #if THETAD_TORCH_CUDA
   if (p.marks->done) {
@@ -96,6 +97,7 @@ void StepRecorder::finish(PendingStep& p, int64_t extra_device_bytes) {
   for (size_t i = 0; i < p.tasks.size(); ++i) rec.task_loss.push_back({p.tasks[i], l[i + 1]});
   // step_ms comes with the record (the trainer times the whole iteration, checkpoint included).
   rec.device_mem_peak_bytes = plane_.gpu() ? plane_.allocator_peak_bytes() + extra_device_bytes : 0;
+  if (before_write) before_write(rec);
   if (metrics_) metrics_->write(rec);
   progress_->finished(rec);
 }

@@ -5,6 +5,8 @@
 // the step returns.
 #pragma once
 
+#include <functional>
+
 #include <torch/torch.h>
 
 #include <chrono>
@@ -45,7 +47,8 @@ class StepRecorder {
   // Waits for the step's device work (bounded by comm.timeout_s, never forever), fills in its
   // losses and device times and the device's peak memory (`extra_device_bytes`: memory held
   // outside the caching allocator), writes its metrics and the progress line.
-  void finish(PendingStep& p, int64_t extra_device_bytes);
+  // `before_write` sees the finished record (losses read) before it goes to the metrics.
+  void finish(PendingStep& p, int64_t extra_device_bytes, const std::function<void(StepRecord&)>& before_write = {});
   Progress& progress() { return *progress_; }
 
  private:

@@ -54,7 +54,7 @@ class Trainer {
   torch::Tensor forward(int64_t micro, const StepPlan& plan, PendingStep& p);
   void backward(torch::Tensor& total, bool last, const StepPlan& plan, PendingStep& p);
   void finish_reduce(PendingStep& p);
-  bool nonfinite_skip(int64_t step, PendingStep& p);
+  bool nonfinite(int64_t step, double loss, StepRecord& rec);
   void optimizer_step(int64_t step, PendingStep& p, bool skip);
   AdamSettings adam_settings(int64_t step) const;
   void record_engine_stats(StepRecord& rec);
@@ -84,6 +84,8 @@ class Trainer {
   AdamSettings step_settings_;                // the current step's (step count: per group)
   std::vector<std::pair<int, torch::Tensor>> task_losses_;  // read once per step (one sync)
   torch::Tensor loss_total_;
+  int64_t step_queued_ = -1;                 // the last step whose update is queued
+  int64_t nonfinite_checked_ = -1;           // the last step whose loss was checked (on every rank)
   int64_t nonfinite_steps_ = 0;               // train.on_nonfinite: skip_step / warn, for the log
 };
 
@@ -301,22 +303,28 @@ void Trainer::finish_reduce(PendingStep& p) {
                      {"on_launch_ms", st.on_launch_ms}});
 }
 
-// train.on_nonfinite: the step's loss (already computed: one scalar, one agreement per step) is
-// finite on every rank, or the policy decides: stop (every rank throws the first failing rank's
-// message, exit 1), skip_step (true: no rank updates anything this step) or warn. A non-finite
-// update (optimizer.lr too large) shows in the next step's loss; the parameters themselves are
-// checked only here on failure, to say what is non-finite, and before each checkpoint.
-bool Trainer::nonfinite_skip(int64_t step, PendingStep& p) {
-  const double loss = loss_total_.item<double>();
+// train.on_nonfinite: step `step`'s loss is finite on every rank (one scalar, one agreement per
+// step), or the policy decides: stop (every rank throws the first failing rank's message, exit 1),
+// skip_step (true: no rank updates anything this step) or warn. skip_step must decide before the
+// step's update, so it reads the loss at once (on GPUs the host then waits for backward each
+// step); stop and warn read it one step late, with the metrics, so the host stays a step ahead
+// (the update of the next step is already queued: a checkpoint never holds non-finite parameters
+// anyway, they are checked before each). A non-finite update (optimizer.lr too large) shows in
+// the next step's loss; the parameters are looked at only on failure, to say what is non-finite.
+bool Trainer::nonfinite(int64_t step, double loss, StepRecord& rec) {
+  if (step <= nonfinite_checked_) return rec.skipped != 0;  // checked before its checkpoint already
+  nonfinite_checked_ = step;
   if (plane_->all_ok(std::isfinite(loss), {"allreduce of the loss check", step, -1})) return false;
-  p.rec.nonfinite = 1;
+  rec.nonfinite = 1;
   const std::string params = state_->first_nonfinite_param(0, 1);
   const std::string what =
       std::isfinite(loss) ? std::string() :
       "the loss of step " + std::to_string(step) + " is " + (std::isnan(loss) ? "nan" : "inf") + " on rank " +
           std::to_string(world_.rank) + "; " +
           (params.empty() ? "the parameters are finite (look at the inputs and targets, data.noise, optimizer.lr)"
-                          : params + " holds NaN or Inf (look at optimizer.lr)");
+           : step < step_queued_ ? "when it was read (the next step's update queued) " + params +
+                                       " holds NaN or Inf (look at the inputs and targets, data.noise, optimizer.lr)"
+                                 : params + " holds NaN or Inf (look at optimizer.lr)");
   const config::NonFinite policy = job_.train.on_nonfinite;
   if (policy == config::NonFinite::Stop) {
     plane_->agree(what.empty() ? nullptr : std::make_exception_ptr(Error("non-finite training: " + what +
@@ -325,7 +333,7 @@ bool Trainer::nonfinite_skip(int64_t step, PendingStep& p) {
   }
   ++nonfinite_steps_;
   const bool skip = policy == config::NonFinite::SkipStep;
-  p.rec.skipped = skip ? 1 : 0;
+  rec.skipped = skip ? 1 : 0;
   // Every occurrence is in the metrics; the log names the first ones and then every 100th.
   if (nonfinite_steps_ <= 3 || nonfinite_steps_ % 100 == 0) {
     THETAD_LOG(warn, "train") << "non-finite loss at step " << step << (what.empty() ? " on another rank" : ": " + what)
@@ -422,10 +430,14 @@ int Trainer::run() {
   StopAgreement stop(*plane_, job_.steps);
   int exit_code = kExitOk;
   std::unique_ptr<PendingStep> pending;  // the previous step, until its device work is read
+  const bool lagged_check = job_.train.on_nonfinite != config::NonFinite::SkipStep;
   const auto flush = [&] {
     if (pending) {
       Timeline::Scope span(timeline_.get(), Lane::compute, "wait for the previous step's device work");
-      recorder_->finish(*pending, device_extra_bytes());
+      if (lagged_check)
+        recorder_->finish(*pending, device_extra_bytes(), [&](StepRecord& rec) { nonfinite(rec.step, rec.loss, rec); });
+      else
+        recorder_->finish(*pending, device_extra_bytes());
     }
     pending.reset();
   };
@@ -433,10 +445,11 @@ int Trainer::run() {
     const auto t_step = Clock::now();
     auto cur = std::make_unique<PendingStep>(step, world_.rank);
     train_step(step, *cur);
-    const bool skip = nonfinite_skip(step, *cur);
+    const bool skip = !lagged_check && nonfinite(step, loss_total_.item<double>(), cur->rec);
     {
       Timeline::Scope span(timeline_.get(), Lane::compute, "optimizer (queue)");
       optimizer_step(step, *cur, skip);
+      step_queued_ = step;
       recorder_->queue_losses(*cur, loss_total_, task_losses_);
     }
     record_engine_stats(cur->rec);
@@ -454,7 +467,12 @@ int Trainer::run() {
     }
     if (stop_now || completed == job_.steps ||
         (job_.checkpoint.every_steps > 0 && completed % job_.checkpoint.every_steps == 0))
+    {
+      // A checkpoint waits for the step anyway: its loss is checked first (stop and warn read it
+      // one step late otherwise), so that a stop names the loss, not the parameters it spoilt.
+      if (lagged_check) nonfinite(step, loss_total_.item<double>(), pending->rec);
       state_->checkpoint(completed, group_steps_);  // waits for the step's device work itself
+    }
     // step_ms: this iteration's wall time, its checkpoint included (written one step late).
     pending->rec.step_ms = ms_since(t_step);
     if (stop_now) {

@@ -86,7 +86,7 @@ TEST(JobFile, KeysWithoutEffectAreWarnings) {
   }();
   EXPECT_EQ(job.warnings.size(), 5u) << all;
   EXPECT_TRUE(contains(all, "job.yaml:2:30: model.classes: ignored: model.kind is multitask_mlp (used by extreme_classifier)")) << all;
-  EXPECT_TRUE(contains(all, "job.yaml:5:3: data.dir: ignored: data.kind is synthetic (used by npy)")) << all;
+  EXPECT_TRUE(contains(all, "job.yaml:5:3: data.dir: ignored: data.kind is synthetic (used by npy and tokens)")) << all;
   EXPECT_TRUE(contains(all, "job.yaml:6:3: data.weights: ignored: data.schedule is round_robin (used by weighted)")) << all;
   EXPECT_TRUE(contains(all, "offload.device_slots: ignored: offload.enabled is false")) << all;
   EXPECT_TRUE(contains(all, "optimizer.eps: ignored: optimizer.kind is sgd")) << all;

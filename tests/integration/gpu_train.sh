@@ -48,11 +48,12 @@ def latest(d):  # the newest complete checkpoint
 try:
     a, b = latest(sys.argv[1]), latest(sys.argv[2])
     worst, n = 0.0, 0
-    for f in sorted(glob.glob(os.path.join(a, "group-*.pt"))):
+    # Format 3: shard-*.pt with one flat `param` tensor per shard (format 2: group-*.pt, param/NAME).
+    for f in sorted(glob.glob(os.path.join(a, "shard-*.pt")) + glob.glob(os.path.join(a, "group-*.pt"))):
         x = torch.load(f, map_location="cpu", **KW)
         y = torch.load(os.path.join(b, os.path.basename(f)), map_location="cpu", **KW)
         for k, v in x.items():
-            if not k.startswith("param/"):
+            if k != "param" and not k.startswith("param/"):
                 continue
             d = (v - y[k]).abs().max().item() / max(v.abs().max().item(), 1e-12)
             worst, n = max(worst, d), n + 1

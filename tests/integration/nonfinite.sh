@@ -50,7 +50,8 @@ for t in range(4):
 PY
   npy=(--set data.kind=npy --set data.dir="$WORK/data" --set steps=8)
   expect_code 1 npy_stop run "${npy[@]}"
-  expect_in npy_stop "non-finite training: the loss of step [0-9]+ is (inf|nan) on rank [01]; the parameters are finite"
+  # (stop reads the loss one step late: the next update may have spoilt the parameters by then)
+expect_in npy_stop "non-finite training: the loss of step [0-9]+ is (inf|nan) on rank [01]; (the parameters are finite|when it was read .* holds NaN or Inf \\(look at the inputs and targets)"
   for offload in false true; do
     name=npy_skip_$offload
     expect_code 0 $name run "${npy[@]}" --set train.on_nonfinite=skip_step --set offload.enabled=$offload \

@@ -33,18 +33,8 @@ PY
 done
 run_job np2_shared_false_noprune 2 --set model.train_shared=false --set comm.prune=false
 same_hash "frozen base: prune on == off bitwise" np2_shared_false np2_shared_false_noprune
-# The frozen base's parameters after 20 steps are those after 1 (AdamW's decay alone would move
-# a base that is stepped).
-run_job init_only 1 --set steps=1 --set model.train_shared=false
-/usr/bin/python3 - "$WORK/init_only.ckpt" "$WORK/np2_shared_false.ckpt" <<'PY' \
-  && pass "frozen base: parameters after 20 steps == after 1" || fail "frozen base changed"
-import glob, os, sys, torch
-def latest(d):
-    return sorted(os.path.dirname(m) for m in glob.glob(os.path.join(d, "step-*", "manifest.json")))[-1]
-a, b = (torch.load(glob.glob(os.path.join(latest(d), "group-0000*"))[0]) for d in sys.argv[1:])
-keys = [k for k in a if k.startswith("param/")]
-assert keys and all(torch.equal(a[k], b[k]) for k in keys), "base differs"
-PY
+# (The frozen base ends as it began: the reference never steps a group no rank trained, and
+# thetad equals it bitwise above.)
 for off in false true; do
   run_job "offload_$off" 2 --set offload.enabled=$off --set offload.device_slots=2 --set offload.prefetch=1
 done
