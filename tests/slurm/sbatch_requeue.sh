@@ -126,6 +126,14 @@ cycle() {
     [[ $(job_field "$jobid" JobState) == PENDING ]] && break
     sleep 0.2
   done
+  # ...but it must not start before the node has torn down the first run's step: a restart whose
+  # step launched while the old slurmstepd was still ending failed to launch its tasks ("aborted
+  # before step completely launched"), seen once in CI.
+  for _ in $(seq 150); do
+    pgrep -f "slurmstepd: \[$jobid\." >/dev/null 2>&1 || break
+    sleep 0.2
+  done
+  sleep 1
   scontrol update "JobId=$jobid" StartTime=now >/dev/null 2>&1 || true
   deadline=$((SECONDS + 200))
   while :; do
