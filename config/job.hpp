@@ -80,7 +80,9 @@ struct ModelConfig {
   int64_t negatives_per_step = 0;  // extreme_classifier: sampled negative classes per step
   std::string path;             // torchscript: model file
   std::vector<std::string> shared;  // torchscript: name patterns of Θ (glob, '*' matches any)
-  std::string task;                 // torchscript: pattern of θ[t], with "{t}" for the task index
+  // torchscript: the name patterns of θ[t], each with "{t}" for the task index (a job may give one
+  // string or a list: a model with adapters.{t}.* and heads.{t}.* needs two).
+  std::vector<std::string> task;
   int64_t init_seed = -1;       // parameter init seed; -1 = the job's seed
   std::string init_from;        // initial weights: a torch.save'd state dict or a checkpoint group file
   // transformer: decoder-only, pre-norm, learned positions (docs/configuration.md)

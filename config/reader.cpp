@@ -176,6 +176,12 @@ class Reader {
         break;
       }
       case ValueType::StringList: read_string_list(v, path, ko, member); break;
+      case ValueType::Patterns:
+        if (v.IsScalar())
+          *static_cast<std::vector<std::string>*>(member) = {v.Scalar()};
+        else
+          read_string_list(v, path, ko, member);
+        break;
       case ValueType::DoubleList: read_double_list(v, path, ko, member); break;
       case ValueType::IntListList: read_int_lists(v, path, ko, member); break;
       case ValueType::Betas: read_betas(v, path, ko, member); break;

@@ -134,7 +134,7 @@ const std::vector<Field> kFields = {
     THETAD_FIELD("model", "negatives_per_step", Int, model.negatives_per_step, true),
     THETAD_FIELD("model", "path", String, model.path, true),
     THETAD_FIELD("model", "shared", StringList, model.shared, true),
-    THETAD_FIELD("model", "task", String, model.task, true),
+    THETAD_FIELD("model", "task", Patterns, model.task, true),
     THETAD_FIELD("model", "init_seed", Int, model.init_seed, true),
     THETAD_FIELD("model", "init_from", String, model.init_from, true),
     THETAD_FIELD("model", "layers", Int, model.layers, true),
@@ -343,6 +343,10 @@ std::string format_value(const Field& f, const Job& job) {
     case ValueType::Bool: return get<bool>(f, job) ? "true" : "false";
     case ValueType::String: return format_string(get<std::string>(f, job));
     case ValueType::Enum: return format_string(f.word(f.member(const_cast<Job&>(job))));
+    case ValueType::Patterns:
+      if (get<std::vector<std::string>>(f, job).size() == 1)
+        return format_string(get<std::vector<std::string>>(f, job)[0]);
+      [[fallthrough]];
     case ValueType::StringList: {
       std::vector<std::string> items;
       for (const auto& s : get<std::vector<std::string>>(f, job)) items.push_back(format_string(s));

@@ -17,6 +17,7 @@ enum class ValueType {
   String,       // std::string
   Enum,         // one of job.hpp's enums, written as its YAML word (Field::parse_word, word)
   StringList,   // std::vector<std::string>
+  Patterns,     // std::vector<std::string> written as one string or a list of them
   DoubleList,   // std::vector<double>
   IntListList,  // std::vector<std::vector<int64_t>>
   Betas,        // optimizer.betas: [beta1, beta2] stored in OptimizerConfig

@@ -366,10 +366,13 @@ class Checker {
       if (m.shared[i].empty())
         fail("model.shared[" + std::to_string(i) + "]", "empty pattern");
     if (m.task.empty())
-      fail("model.task", "torchscript needs the name pattern of the per-task parameters, e.g. "
-                         "\"heads.{t}.*\"", "model.kind");
-    else if (m.task.find("{t}") == std::string::npos)
-      fail("model.task", "pattern must contain {t} (the task index 0..T-1); got '" + m.task + "'");
+      fail("model.task", "torchscript needs the name pattern(s) of the per-task parameters, e.g. "
+                         "\"heads.{t}.*\" or [\"adapters.{t}.*\", \"heads.{t}.*\"]", "model.kind");
+    for (size_t i = 0; i < m.task.size(); ++i) {
+      const std::string key = m.task.size() == 1 ? "model.task" : "model.task[" + std::to_string(i) + "]";
+      if (m.task[i].find("{t}") == std::string::npos)
+        fail(key, "pattern must contain {t} (the task index 0..T-1); got '" + m.task[i] + "'");
+    }
   }
 
   void data() {

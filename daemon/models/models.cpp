@@ -149,21 +149,31 @@ class ScriptModel : public TaskModel {
     }
     check_contract(m.path);
     module_.train();
-    std::vector<std::string> task_patterns;
-    for (int64_t t = 0; t < m.tasks; ++t)
-      task_patterns.push_back(replace_all(m.task, "{t}", std::to_string(t)));
     std::vector<std::string> problems;
     for (const auto& np : module_.named_parameters(/*recurse=*/true)) {
+      // Every pattern that matches, named, so that "matched by 2 patterns" says which two.
       std::vector<int> groups;
+      std::vector<std::string> matched;
       for (const auto& s : m.shared)
-        if (glob_match(s, np.name)) { groups.push_back(0); break; }
+        if (glob_match(s, np.name)) {
+          groups.push_back(0);
+          matched.push_back("model.shared '" + s + "'");
+        }
       for (int64_t t = 0; t < m.tasks; ++t)
-        if (glob_match(task_patterns[t], np.name)) groups.push_back(int(t) + 1);
+        for (const auto& pattern : m.task)
+          if (glob_match(replace_all(pattern, "{t}", std::to_string(t)), np.name)) {
+            groups.push_back(int(t) + 1);
+            matched.push_back("model.task '" + pattern + "' (task " + std::to_string(t) + ")");
+          }
+      // Several shared patterns, or several task patterns of the same task, agree on the group.
+      std::sort(groups.begin(), groups.end());
+      groups.erase(std::unique(groups.begin(), groups.end()), groups.end());
       if (groups.size() != 1) {
+        std::string which;
+        for (const auto& w : matched) which += (which.empty() ? "" : ", ") + w;
         problems.push_back(m.path + ": parameter '" + np.name + "' is matched by " +
-                           (groups.empty() ? std::string("no pattern")
-                                           : std::to_string(groups.size()) + " patterns") +
-                           " of model.shared/model.task");
+                           (groups.empty() ? std::string("no pattern of model.shared/model.task")
+                                           : std::to_string(groups.size()) + " groups' patterns: " + which));
         continue;
       }
       torch::Tensor t = np.value;

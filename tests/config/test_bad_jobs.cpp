@@ -253,6 +253,10 @@ const std::vector<BadJob>& bad_jobs() {
        "steps: 10\nmodel:\n  kind: torchscript\n  path: /dev/null\n  shared: [\"trunk.*\"]\n"
        "  task: \"heads.*\"\ndata: {}\n",
        {"bad.yaml:6:3: model.task: pattern must contain {t}"}},
+      {"torchscript_second_task_pattern_without_t",
+       "steps: 10\nmodel:\n  kind: torchscript\n  path: /dev/null\n  shared: [\"trunk.*\"]\n"
+       "  task: [\"heads.{t}.*\", \"adapters.*\"]\ndata: {}\n",
+       {"bad.yaml:6:25: model.task[1]: pattern must contain {t}", "got 'adapters.*'"}},
       {"torchscript_without_shared",
        "steps: 10\nmodel:\n  kind: torchscript\n  path: /dev/null\n  task: \"heads.{t}.*\"\ndata: {}\n",
        {"bad.yaml:3:3: model.shared: torchscript needs name patterns"}},

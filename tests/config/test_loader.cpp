@@ -250,6 +250,20 @@ TEST_F(TempDir, TorchscriptPathMustExist) {
   EXPECT_EQ(load_job_from_string(yaml, "job.yaml").model.path, model);
 }
 
+// model.task is one pattern or a list of them; both round-trip in the form they were given.
+TEST(ToYaml, TaskPatternsAreOneStringOrAList) {
+  LoadOptions one, two;
+  one.overrides = {"model.task=heads.{t}.*"};
+  two.overrides = {"model.task=[\"adapters.{t}.*\", \"heads.{t}.*\"]"};
+  const Job a = load_job_from_string(kMinimal, "a.yaml", one);
+  const Job b = load_job_from_string(kMinimal, "b.yaml", two);
+  EXPECT_EQ(a.model.task, std::vector<std::string>{"heads.{t}.*"});
+  EXPECT_EQ(b.model.task, (std::vector<std::string>{"adapters.{t}.*", "heads.{t}.*"}));
+  EXPECT_NE(to_yaml(a).find("task: \"heads.{t}.*\""), std::string::npos) << to_yaml(a);
+  EXPECT_NE(to_yaml(b).find("task: [\"adapters.{t}.*\", \"heads.{t}.*\"]"), std::string::npos) << to_yaml(b);
+  EXPECT_EQ(load_job_from_string(to_yaml(b), "c.yaml").model.task, b.model.task);
+}
+
 TEST(ToYaml, RoundTripsEveryKey) {
   LoadOptions opts;
   opts.overrides = {"job=rt", "seed=99", "optimizer.lr=3.3e-5", "optimizer.betas=[0.5, 0.75]",
@@ -264,7 +278,7 @@ TEST(ToYaml, RoundTripsEveryKey) {
   EXPECT_EQ(to_yaml(b), text);
   EXPECT_EQ(fingerprint(b), fingerprint(a));
   EXPECT_EQ(b.metrics.path, "m: {rank}.jsonl");
-  EXPECT_EQ(b.model.task, "yes");
+  EXPECT_EQ(b.model.task, std::vector<std::string>{"yes"});
   EXPECT_EQ(b.model.shared[1], "emb #1");
   EXPECT_EQ(b.checkpoint.dir, "quote\"d");
   EXPECT_DOUBLE_EQ(b.optimizer.lr, 3.3e-5);

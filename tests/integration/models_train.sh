@@ -48,6 +48,17 @@ if /usr/bin/python3 -c 'import torch' 2>/dev/null; then
     "$HERE/../../docs/examples/torchscript.yaml" --no-resume --set steps=80 --set model.path="$WORK/model.pt" \
     --set checkpoint.dir="$WORK/ts-example-ck" --set metrics.path="$WORK/ts-example.jsonl"
   check_metrics torchscript_example "$WORK/ts-example.jsonl"
+  # model.task as a list: a head's weight and bias named by two patterns are the same groups as
+  # one pattern for both (bitwise the same run); a parameter two groups' patterns match is exit 2
+  # naming both patterns.
+  ts=(--set model.kind=torchscript --set model.path="$WORK/model.pt" --set 'model.shared=["trunk.*"]' --set steps=20)
+  run_np ts_one_pattern 2 "$job" "${ts[@]}" --set 'model.task=heads.{t}.*'
+  run_np ts_two_patterns 2 "$job" "${ts[@]}" --set 'model.task=["heads.{t}.weight", "heads.{t}.bias"]'
+  same_hash "model.task as a list of two patterns = one pattern" ts_one_pattern ts_two_patterns
+  expect_code 2 ts_overlap mpirun "${MPIRUN_FLAGS[@]}" -np 2 "$thetad" run "$job" --no-resume "${ts[@]}" \
+    --set 'model.shared=["trunk.*", "heads.0.*"]' --set 'model.task=["heads.{t}.weight", "heads.{t}.bias"]' \
+    --set checkpoint.dir="$WORK/ts-overlap-ck"
+  expect_in ts_overlap "parameter 'heads.0.weight' is matched by 2 groups' patterns: model.shared 'heads.0.\\*', model.task 'heads.\\{t\\}.weight' \\(task 0\\)"
   # A model that breaks the contract (no task argument; a tuple returned): exit 2 on every rank
   # before any step, naming the file and the expected form.
   # (TorchScript reads the classes' source: a file, not standard input.)
