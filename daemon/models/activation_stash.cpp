@@ -59,6 +59,7 @@ void PooledActivationStash::reap_forward(bool enforce_window) {
 
 int64_t PooledActivationStash::put(int layer, std::vector<torch::Tensor> saved) {
   std::lock_guard<std::mutex> lock(mu_);
+  const int64_t t_us = Timeline::now_us();
   Entry e;
   e.layer = layer;
   std::vector<torch::Tensor> src;
@@ -79,6 +80,9 @@ int64_t PooledActivationStash::put(int layer, std::vector<torch::Tensor> saved) 
   }
   stats_.d2h_bytes += e.bytes;
   stats_.layer_peak_bytes = std::max(stats_.layer_peak_bytes, e.bytes);
+  if (timeline_)
+    timeline_->record(Lane::d2h, "activations of layer " + std::to_string(layer), t_us, Timeline::now_us() - t_us,
+                      {{"bytes", e.bytes}});
   hold(e, std::move(src));
   const int64_t ticket = next_ticket_++;
   entries_.emplace(ticket, std::move(e));
@@ -94,6 +98,7 @@ void PooledActivationStash::fetch(Entry& e) {
   e.fetched = true;
   if (!e.on_device.empty()) return;  // still on the device from forward: used as it is
   if (!device_->done(e.d2h)) device_->host_wait(e.d2h);
+  const int64_t t_us = Timeline::now_us();
   const offload::Fence after = device_->record_compute();
   std::vector<torch::Tensor> back;
   for (const Saved& s : e.saved) {
@@ -103,6 +108,9 @@ void PooledActivationStash::fetch(Entry& e) {
   }
   stats_.h2d_bytes += e.bytes;
   hold(e, std::move(back));
+  if (timeline_)
+    timeline_->record(Lane::h2d, "activations of layer " + std::to_string(e.layer), t_us, Timeline::now_us() - t_us,
+                      {{"bytes", e.bytes}});
 }
 
 // The entry's host buffers go back to the pool once no copy reads or writes them.

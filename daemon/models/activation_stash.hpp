@@ -11,6 +11,7 @@
 #include <mutex>
 #include <vector>
 
+#include "daemon/core/timeline.hpp"
 #include "daemon/models/trunk_layer.hpp"
 #include "offload/device.hpp"
 #include "offload/pinned_pool.hpp"
@@ -41,6 +42,9 @@ class PooledActivationStash final : public ActivationStash {
   void end_backward();
   // This step's counts (and the pool's); the per-step ones start again from zero.
   ActivationStats step_stats();
+  // Queued copies go to the timeline's d2h and h2d lanes (host time of queueing them, as the
+  // store's copies do); nullptr: none.
+  void set_timeline(Timeline* timeline) { timeline_ = timeline; }
 
  private:
   struct Saved {
@@ -76,6 +80,7 @@ class PooledActivationStash final : public ActivationStash {
   std::vector<int64_t> taken_;            // tickets handed to a backward that may still use them
   int64_t next_ticket_ = 0;
   int64_t held_bytes_ = 0;
+  Timeline* timeline_ = nullptr;
   ActivationStats stats_;
 };
 

@@ -137,6 +137,7 @@ void Trainer::build_model() {
     THETAD_CHECK(model_->has_trunk_layers(), InternalError, "offload.activations: model.kind ",
                  config::to_string(job_.model.kind), " has no trunk layers");
     act_stash_ = make_activation_stash(data_.device, data_.compute_stream);
+    act_stash_->set_timeline(timeline_.get());
     model_->set_activation_stash(act_stash_.get());
   }
   if (!offload) return;

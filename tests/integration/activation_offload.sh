@@ -40,6 +40,16 @@ reference() {
   expect_code 0 "${name}_reference" "$reference" "$job" --world "$np" "${base[@]}" "$@" --compare "$WORK/${name}_act_true.ckpt"
 }
 for np in 1 2 4; do on_off "np$np" "$np"; done
+# The copies show on the timeline's d2h and h2d lanes.
+run_np timeline 1 "$job" "${base[@]}" --set steps=3 --set offload.activations=true --set timeline.path="$WORK/trace.json"
+/usr/bin/python3 - "$WORK/trace.json" <<'PY' && pass "timeline: activation copies on the d2h and h2d lanes" || fail "timeline: no activation copies"
+import json, sys
+ev = json.load(open(sys.argv[1]))
+ev = ev["traceEvents"] if isinstance(ev, dict) else ev
+lanes = {e["tid"]: e["args"]["name"] for e in ev if e.get("ph") == "M" and e.get("name") == "thread_name"}
+got = {lanes.get(e.get("tid")) for e in ev if e.get("name", "").startswith("activations of layer")}
+assert got == {"d2h", "h2d"}, got
+PY
 reference np4 4
 on_off prune_off_np2 2 --set comm.prune=false --set comm.average=world
 on_off accumulate_np2 2 --set accumulate_steps=2
