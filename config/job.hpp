@@ -139,6 +139,7 @@ struct OffloadConfig {
   double shard_mb = 0.0;          // > 0: groups larger than this are split into row shards
   double host_limit_mb = 0.0;     // > 0: refuse to pin a host arena larger than this
   int64_t cpu_threads = 0;        // CPU Adam threads per rank (0 = this rank's share of the CPUs)
+  bool activations = false;       // trunk layers' saved tensors in pinned host memory between forward and backward
 
   // shard_mb in bytes: the one conversion the store's shards and the model's chunks share.
   size_t shard_bytes() const { return mib_to_bytes(shard_mb); }

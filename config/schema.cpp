@@ -175,6 +175,7 @@ const std::vector<Field> kFields = {
     THETAD_FIELD("offload", "shard_mb", Double, offload.shard_mb, true),
     THETAD_FIELD("offload", "host_limit_mb", Double, offload.host_limit_mb, true),
     THETAD_FIELD("offload", "cpu_threads", Int, offload.cpu_threads, false),
+    THETAD_FIELD("offload", "activations", Bool, offload.activations, true),
 
     THETAD_ENUM_FIELD("optimizer", "kind", optimizer.kind),
     THETAD_FIELD("optimizer", "lr", Double, optimizer.lr, true),

@@ -533,6 +533,7 @@ class Checker {
     if (o.shard_mb > 0 && o.shard_mb <= kMaxMiB && ok("offload.shard_mb") && ok("model.kind")) shards();
     if (o.enabled && o.device_budget_mb == 0 && ok("offload.device_budget_mb") && ok("offload.enabled"))
       slots_cover_step();
+    if (o.activations && ok("offload.activations") && ok("model.kind")) activations();
     if (o.enabled && is("optimizer.kind", j_.optimizer.kind, OptimizerKind::Sgd))
       fail("offload.enabled", "the host store steps Adam/AdamW only; set optimizer.kind to adam or "
                               "adamw, or offload.enabled to false", "optimizer.kind");
@@ -588,6 +589,19 @@ class Checker {
            "device until the step's optimizer; raise it to >= " + num(groups) +
                " or set offload.device_budget_mb",
            "offload.enabled");
+  }
+
+  // Activation offload: the models whose trunk runs through trunk_layer (daemon/models). The
+  // others would keep every activation on the device, so the key is refused, not ignored.
+  void activations() {
+    const ModelKind k = j_.model.kind;
+    if (is("model.kind", k, ModelKind::MultitaskMlp) || is("model.kind", k, ModelKind::ExtremeClassifier)) return;
+    const std::string* word = unknown("model.kind");
+    fail("offload.activations",
+         "activation offload covers the trunk layers of model.kind multitask_mlp and the encoder of "
+         "extreme_classifier; '" + (word ? *word : to_string(k)) +
+             "' keeps its activations on the device (use false)",
+         "model.kind");
   }
 
   // Row shards inside a group: only the extreme classifier computes over them (its full softmax

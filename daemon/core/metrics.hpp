@@ -47,6 +47,10 @@ struct StepRecord {
   int64_t host_pinned_bytes = 0;
   double cpu_adam_ms = 0.0;         // this rank's CPU Adam for the groups it owns (offload)
   double acquire_wait_ms = 0.0;     // host time acquire() waited for a group's CPU update
+  int64_t act_offload_bytes = 0;    // offload.activations: saved tensors copied to the host and back
+  int64_t act_device_peak_bytes = 0;  // the most bytes of saved tensors the stash held on the device
+  int64_t act_layer_bytes = 0;      // the largest one layer's saved tensors (the window's unit)
+  int64_t act_pool_allocations = 0;  // pinned host buffers allocated so far (constant once warm)
   int64_t nonfinite = 0;            // 1: the step's loss was NaN or Inf on some rank (train.on_nonfinite)
   int64_t skipped = 0;              // 1: the step updated nothing (train.on_nonfinite: skip_step)
 };

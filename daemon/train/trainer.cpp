@@ -23,6 +23,7 @@
 #include "daemon/core/stop_agreement.hpp"
 #include "daemon/core/timeline.hpp"
 #include "daemon/device/data_plane.hpp"
+#include "daemon/models/activation_stash.hpp"
 #include "daemon/models/precision.hpp"
 #include "daemon/models/model.hpp"
 #include "daemon/models/param_groups.hpp"
@@ -74,6 +75,7 @@ class Trainer {
   std::unique_ptr<ParamGroups> groups_;
   std::unique_ptr<comm::Engine> engine_;
   std::unique_ptr<StoreBridge> store_;        // offload.enabled: θ[t] in the host store
+  std::unique_ptr<PooledActivationStash> act_stash_;  // offload.activations: the trunk's saved tensors
   std::unique_ptr<GradHooks> hooks_;
   std::unique_ptr<ResidentOptimizer> resident_;
   std::unique_ptr<RunState> state_;
@@ -131,6 +133,13 @@ void Trainer::build_model() {
                             << ms_since(t_model) / 1000 << " s";
   batches_ = make_data(job_, *model_, data_.device);
   groups_ = std::make_unique<ParamGroups>(model_->params(), static_cast<int>(job_.model.tasks) + 1);
+  if (job_.offload.activations) {  // validation admits only models whose trunk can use it
+    THETAD_CHECK(model_->has_trunk_layers(), InternalError, "offload.activations: model.kind ",
+                 config::to_string(job_.model.kind), " has no trunk layers");
+    act_stash_ = make_activation_stash(data_.device, data_.compute_stream);
+    act_stash_->set_timeline(timeline_.get());
+    model_->set_activation_stash(act_stash_.get());
+  }
   if (!offload) return;
   store_ = std::make_unique<StoreBridge>(job_, *model_, *groups_, data_, timeline_.get());
   if (data_.device.is_cpu()) return;
@@ -261,6 +270,7 @@ void Trainer::backward(torch::Tensor& total, bool last, const StepPlan& plan, Pe
   const auto t1 = Clock::now();
   if (store_) store_->before_backward(last, plan);
   total.backward();
+  if (act_stash_) act_stash_->end_backward();
   hooks_->rethrow_error();
   if (store_ && last) store_->after_last_backward();
   // No host synchronization: on GPUs finish_backward makes the compute stream wait for the
@@ -407,6 +417,13 @@ void Trainer::record_engine_stats(StepRecord& rec) {
     rec.host_pinned_bytes = ss.host_pinned_bytes;
     rec.cpu_adam_ms = ss.cpu_adam_ms;
     rec.acquire_wait_ms = ss.acquire_wait_ms;
+  }
+  if (act_stash_) {
+    const ActivationStats as = act_stash_->step_stats();
+    rec.act_offload_bytes = as.d2h_bytes + as.h2d_bytes;
+    rec.act_device_peak_bytes = as.device_peak_bytes;
+    rec.act_layer_bytes = as.layer_peak_bytes;
+    rec.act_pool_allocations = as.pool_allocations;
   }
   recorder_->progress().queued(job_.data.batch_per_rank * world_.size, st.bytes_pruned);
 }

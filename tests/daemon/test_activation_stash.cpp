@@ -1,0 +1,100 @@
+// The pooled activation stash on the host device (the CPU build's "device"): trunk layers give
+// the same gradient bits with it as without, at most two layers' saved tensors are held on the
+// device at once, and the pinned pool allocates in the first step only.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "common/errors.hpp"
+#include "daemon/models/activation_stash.hpp"
+#include "offload/pinned_pool.hpp"
+
+namespace thetad::daemon {
+namespace {
+
+struct Trunk {
+  std::vector<torch::Tensor> W, b;
+  explicit Trunk(const std::vector<int64_t>& dims) {
+    torch::manual_seed(17);
+    for (size_t i = 0; i + 1 < dims.size(); ++i) {
+      W.push_back(torch::randn({dims[i + 1], dims[i]}).set_requires_grad(true));
+      b.push_back(torch::randn({dims[i + 1]}).set_requires_grad(true));
+    }
+  }
+  // One step: two tasks through the trunk, one backward; returns the gradients.
+  std::vector<torch::Tensor> step(int64_t seed, ActivationStash* stash) {
+    for (auto& t : W) t.mutable_grad() = torch::Tensor();
+    for (auto& t : b) t.mutable_grad() = torch::Tensor();
+    torch::manual_seed(seed);
+    torch::Tensor loss;
+    for (int64_t rows : {12, 7}) {
+      torch::Tensor h = torch::randn({rows, W[0].size(1)});
+      for (size_t i = 0; i < W.size(); ++i) h = trunk_layer(h, W[i], b[i], TrunkAct::gelu, int(i), nullptr, stash);
+      torch::Tensor l = (h * torch::randn(h.sizes())).sum();
+      loss = loss.defined() ? loss + l : l;
+    }
+    loss.backward();
+    std::vector<torch::Tensor> g;
+    for (size_t i = 0; i < W.size(); ++i) {
+      g.push_back(W[i].grad().clone());
+      g.push_back(b[i].grad().clone());
+    }
+    return g;
+  }
+};
+
+TEST(ActivationStash, SameBitsWithinTwoLayersAndThePoolStopsGrowing) {
+  Trunk plain({10, 24, 24, 24, 24}), offl({10, 24, 24, 24, 24});
+  PooledActivationStash stash(std::make_unique<offload::HostDevice>());
+  int64_t allocs_after_first = -1;
+  for (int64_t s = 0; s < 4; ++s) {
+    auto want = plain.step(100 + s, nullptr);
+    auto got = offl.step(100 + s, &stash);
+    stash.end_backward();
+    for (size_t i = 0; i < want.size(); ++i) EXPECT_TRUE(torch::equal(want[i], got[i])) << "step " << s << " grad " << i;
+    const ActivationStats st = stash.step_stats();
+    // A layer saves x and z: 12 rows x (24 + 24) floats for the larger task.
+    EXPECT_EQ(st.layer_peak_bytes, 12 * (24 + 24) * 4);
+    EXPECT_GT(st.device_peak_bytes, 0);
+    EXPECT_LE(st.device_peak_bytes, 2 * st.layer_peak_bytes) << "step " << s;
+    // Every saved byte goes to the host and comes back (the host device frees nothing early).
+    EXPECT_EQ(st.d2h_bytes, st.h2d_bytes);
+    // Layer 0 saves x (10 wide) and z (24), the others x and z (24 each); 12 + 7 rows.
+    EXPECT_EQ(st.d2h_bytes, (12 + 7) * ((10 + 24) + 3 * (24 + 24)) * 4);
+    if (s == 0) allocs_after_first = st.pool_allocations;
+    EXPECT_EQ(st.pool_allocations, allocs_after_first) << "step " << s << " allocated pinned memory";
+  }
+  EXPECT_GT(allocs_after_first, 0);
+}
+
+TEST(ActivationStash, AWiderWindowHoldsMore) {
+  Trunk offl({10, 24, 24, 24, 24, 24});
+  PooledActivationStash stash(std::make_unique<offload::HostDevice>(), /*window=*/2);
+  offl.step(5, &stash);
+  stash.end_backward();
+  const ActivationStats st = stash.step_stats();
+  EXPECT_GT(st.device_peak_bytes, 2 * 7 * (24 + 24) * 4);  // three layers of some task at once
+  EXPECT_LE(st.device_peak_bytes, 3 * st.layer_peak_bytes);
+}
+
+TEST(ActivationStash, AnUnknownTicketIsAnInternalError) {
+  PooledActivationStash stash(std::make_unique<offload::HostDevice>());
+  EXPECT_THROW(stash.take(3), InternalError);
+}
+
+TEST(PinnedPool, ReusesBuffersBySizeClass) {
+  offload::HostDevice dev;
+  offload::PinnedPool pool(dev);
+  auto a = pool.get(5000), b = pool.get(100);
+  EXPECT_EQ(a.bytes, 8192u);
+  EXPECT_EQ(b.bytes, 4096u);
+  pool.put(a);
+  auto c = pool.get(7000);  // same class as a: reused
+  EXPECT_EQ(c.ptr, a.ptr);
+  EXPECT_EQ(pool.allocations(), 2);
+  EXPECT_EQ(pool.bytes(), 8192u + 4096u);
+  pool.put(b);
+  pool.put(c);
+}
+
+}  // namespace
+}  // namespace thetad::daemon
