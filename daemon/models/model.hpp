@@ -15,6 +15,9 @@ namespace thetad::daemon {
 
 enum class LossKind { mse, cross_entropy };
 
+class LayerWeights;     // daemon/models/trunk_layer.hpp
+class ActivationStash;  // daemon/models/trunk_layer.hpp
+
 // Fills a contiguous CPU float32 tensor of a parameter's shape with its initial values.
 using ParamInit = std::function<void(torch::Tensor& dst)>;
 
@@ -76,6 +79,12 @@ class TaskModel {
     return false;
   }
   virtual void set_shard_source(ShardSource* source) { (void)source; }
+  // Models whose trunk runs through trunk_layer (multitask_mlp's trunk, extreme_classifier's
+  // encoder): where the trunk's weights (nullptr: its own parameters) and the tensors its layers
+  // save for backward (nullptr: kept by autograd) live. Other models ignore both.
+  virtual bool has_trunk_layers() const { return false; }
+  virtual void set_layer_weights(LayerWeights* weights) { (void)weights; }
+  virtual void set_activation_stash(ActivationStash* stash) { (void)stash; }
 
  protected:
   int num_tasks_ = 0;

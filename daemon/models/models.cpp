@@ -17,11 +17,20 @@
 #include "daemon/models/model.hpp"
 #include "daemon/models/param_builder.hpp"
 #include "daemon/models/transformer.hpp"
+#include "daemon/models/trunk_layer.hpp"
 
 namespace thetad::daemon {
 namespace {
 
 using namespace detail;
+
+// Runs Linear+GELU layers through trunk_layer (layer i = index i of `layers`).
+torch::Tensor run_trunk(const std::vector<Linear>& layers, torch::Tensor h, LayerWeights* weights,
+                        ActivationStash* stash) {
+  for (size_t i = 0; i < layers.size(); ++i)
+    h = trunk_layer(h, layers[i].w, layers[i].b, TrunkAct::gelu, static_cast<int>(i), weights, stash);
+  return h;
+}
 
 // Shared trunk of Linear+GELU layers, one head per task (Linear+GELU ..., Linear).
 class MultitaskMlp : public TaskModel {
@@ -48,8 +57,7 @@ class MultitaskMlp : public TaskModel {
   }
   std::vector<NamedParam>& params() override { return params_; }
   torch::Tensor forward(const torch::Tensor& x, int task) override {
-    torch::Tensor h = x;
-    for (const auto& l : trunk_) h = torch::gelu(l(h));
+    torch::Tensor h = run_trunk(trunk_, x, weights_, stash_);
     const auto& head = heads_.at(task);
     for (size_t i = 0; i < head.size(); ++i) {
       h = head[i](h);
@@ -58,11 +66,16 @@ class MultitaskMlp : public TaskModel {
     return h;
   }
   LossKind loss_kind() const override { return LossKind::mse; }
+  bool has_trunk_layers() const override { return true; }
+  void set_layer_weights(LayerWeights* weights) override { weights_ = weights; }
+  void set_activation_stash(ActivationStash* stash) override { stash_ = stash; }
 
  private:
   std::vector<NamedParam> params_;
   std::vector<Linear> trunk_;
   std::vector<std::vector<Linear>> heads_;
+  LayerWeights* weights_ = nullptr;
+  ActivationStash* stash_ = nullptr;
 };
 
 // Residual trunk blocks h + W2 gelu(W1 h), each with a low-rank adapter per task
@@ -255,11 +268,10 @@ class ExtremeClassifier : public TaskModel {
   std::vector<NamedParam>& params() override { return params_; }
   bool row_chunked(int group) const override { return sharded_ && group >= 1; }
   void set_shard_source(ShardSource* source) override { source_ = source; }
-  torch::Tensor features(const torch::Tensor& x) {
-    torch::Tensor h = x;
-    for (const auto& l : encoder_) h = torch::gelu(l(h));
-    return h;
-  }
+  bool has_trunk_layers() const override { return true; }
+  void set_layer_weights(LayerWeights* weights) override { weights_ = weights; }
+  void set_activation_stash(ActivationStash* stash) override { stash_ = stash; }
+  torch::Tensor features(const torch::Tensor& x) { return run_trunk(encoder_, x, weights_, stash_); }
   torch::Tensor forward(const torch::Tensor& x, int task) override {
     if (sharded_) return chunked_logits(features(x), chunks(), task);
     return slices_.at(task)(features(x));
@@ -292,6 +304,8 @@ class ExtremeClassifier : public TaskModel {
   std::vector<torch::Tensor> mats_;  // sharded: [rows x (hidden+1)] per slice
   ResidentChunks own_;
   ShardSource* source_ = nullptr;
+  LayerWeights* weights_ = nullptr;
+  ActivationStash* stash_ = nullptr;
 };
 
 // Synthetic classification for the extreme classifier: per slice a fixed random linear teacher;

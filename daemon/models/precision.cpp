@@ -59,4 +59,9 @@ AutocastScope::~AutocastScope() {
   set_autocast(type_, was_enabled_, was_dtype_);
 }
 
+std::optional<torch::ScalarType> active_autocast_dtype(torch::DeviceType type) {
+  if (!autocast_enabled(type)) return std::nullopt;
+  return autocast_dtype(type);
+}
+
 }  // namespace thetad::daemon

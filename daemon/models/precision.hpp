@@ -7,6 +7,8 @@
 
 #include <torch/torch.h>
 
+#include <optional>
+
 #include "config/job.hpp"
 
 namespace thetad::daemon {
@@ -28,5 +30,9 @@ class AutocastScope {
   bool was_enabled_ = false;
   torch::ScalarType was_dtype_ = torch::kBFloat16;
 };
+
+// The dtype autocast casts matmul arguments to on `type` while it is on here (this thread), or
+// nullopt: for functions that compute a linear layer themselves and must cast as autocast would.
+std::optional<torch::ScalarType> active_autocast_dtype(torch::DeviceType type);
 
 }  // namespace thetad::daemon
