@@ -78,6 +78,10 @@ std::string to_json(const StepRecord& r) {
   field(out, "host_pinned_bytes", r.host_pinned_bytes);
   field(out, "cpu_adam_ms", r.cpu_adam_ms);
   field(out, "acquire_wait_ms", r.acquire_wait_ms);
+  field(out, "theta_h2d_bytes", r.theta_h2d_bytes);
+  field(out, "theta_d2h_bytes", r.theta_d2h_bytes);
+  field(out, "theta_device_slot_bytes", r.theta_device_slot_bytes);
+  field(out, "theta_cpu_adam_ms", r.theta_cpu_adam_ms);
   field(out, "nonfinite", r.nonfinite);
   field(out, "skipped", r.skipped);
   out.back() = '}';  // replaces the last field's ','

@@ -47,6 +47,11 @@ struct StepRecord {
   int64_t host_pinned_bytes = 0;
   double cpu_adam_ms = 0.0;         // this rank's CPU Adam for the groups it owns (offload)
   double acquire_wait_ms = 0.0;     // host time acquire() waited for a group's CPU update
+  // offload.shared: stream: Θ's own store (its layers' copies, slots and CPU AdamW).
+  int64_t theta_h2d_bytes = 0;
+  int64_t theta_d2h_bytes = 0;
+  int64_t theta_device_slot_bytes = 0;  // device memory of Θ's layer slots (the prefetch window)
+  double theta_cpu_adam_ms = 0.0;
   int64_t nonfinite = 0;            // 1: the step's loss was NaN or Inf on some rank (train.on_nonfinite)
   int64_t skipped = 0;              // 1: the step updated nothing (train.on_nonfinite: skip_step)
 };

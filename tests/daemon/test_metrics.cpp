@@ -75,7 +75,8 @@ const char* kKeys[] = {"step", "rank", "loss", "task_loss", "lr", "samples", "st
                        "bytes_allreduced", "bytes_pruned", "buckets_launched", "buckets_pruned", "buckets_broadcast",
                        "h2d_bytes", "d2h_bytes", "swap_hits", "swap_misses",
                        "device_mem_peak_bytes", "host_pinned_bytes", "cpu_adam_ms",
-                       "acquire_wait_ms", "nonfinite", "skipped"};
+                       "acquire_wait_ms", "theta_h2d_bytes", "theta_d2h_bytes", "theta_device_slot_bytes",
+                       "theta_cpu_adam_ms", "nonfinite", "skipped"};
 
 TEST(Metrics, RecordHasEveryField) {
   const std::string j = to_json(sample());
