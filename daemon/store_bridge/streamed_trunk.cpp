@@ -98,6 +98,9 @@ size_t StreamedTrunk::offset_in_layer(int p) const {
 
 void StreamedTrunk::start_window(int64_t step) {
   step_ = step;
+  // The previous step's copies of Θ's buckets to the host read memory this step's backward
+  // rewrites (on the compute stream); they started during that step's backward.
+  store_->compute_after_pushes();
   std::fill(written_.begin(), written_.end(), 0);
 }
 
