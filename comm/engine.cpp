@@ -97,8 +97,12 @@ struct Engine::Impl {
       o.divisor = std::max<int32_t>(1, counts.counts()[bucket.group]);  // 0 only with prune off: zeros
     o.tag = CollectiveTag{"allreduce", stats.step, b};
     o.bf16_wire = opts.wire == DType::bf16;
-    if (counts.ready() && opts.broadcast_min_ranks > 0 && comm.size() >= opts.broadcast_min_ranks &&
-        counts.only_root(bucket.group) >= 0) {
+    // Only where the launch order waited for the counts: with prune off and average world a rank
+    // may launch before its counts land and another after, and the two would start different
+    // collectives (an allreduce and a broadcast) for the same bucket.
+    const bool counts_agreed = opts.prune || opts.average == Average::contributors;
+    if (counts_agreed && counts.ready() && opts.broadcast_min_ranks > 0 &&
+        comm.size() >= opts.broadcast_min_ranks && counts.only_root(bucket.group) >= 0) {
       o.from_root = counts.only_root(bucket.group);
       stats.buckets_broadcast += 1;
     }

@@ -22,6 +22,7 @@ enum class ModelKind { MultitaskMlp, MultitaskAdapter, ExtremeClassifier, Torchs
 enum class OptimizerKind { AdamW, Adam, Sgd };                // adamw | adam | sgd
 enum class LrSchedule { Constant, Cosine };                   // constant | cosine
 enum class NonFinite { Stop, SkipStep, Warn };                // stop | skip_step | warn
+enum class SharedMode { Resident, Stream };                   // resident | stream (offload.shared)
 
 const std::string& to_string(Precision v);
 const std::string& to_string(GradDtype v);
@@ -34,6 +35,7 @@ const std::string& to_string(ModelKind v);
 const std::string& to_string(OptimizerKind v);
 const std::string& to_string(LrSchedule v);
 const std::string& to_string(NonFinite v);
+const std::string& to_string(SharedMode v);
 
 // False (and `out` unchanged) when `word` is not one of the type's YAML words.
 bool from_string(const std::string& word, Precision& out);
@@ -47,6 +49,7 @@ bool from_string(const std::string& word, ModelKind& out);
 bool from_string(const std::string& word, OptimizerKind& out);
 bool from_string(const std::string& word, LrSchedule& out);
 bool from_string(const std::string& word, NonFinite& out);
+bool from_string(const std::string& word, SharedMode& out);
 
 // One entry of data.alternate: the groups trained in that step.
 struct AlternateEntry {
@@ -140,6 +143,10 @@ struct OffloadConfig {
   double host_limit_mb = 0.0;     // > 0: refuse to pin a host arena larger than this
   int64_t cpu_threads = 0;        // CPU Adam threads per rank (0 = this rank's share of the CPUs)
   bool activations = false;       // trunk layers' saved tensors in pinned host memory between forward and backward
+  // Θ (the shared trunk): on the device (resident) or in a host store of its own, streamed
+  // onto the device layer by layer in forward and backward (stream).
+  SharedMode shared = SharedMode::Resident;
+  int64_t shared_prefetch_layers = 1;  // stream: layers brought onto the device ahead of the one computing
 
   // shard_mb in bytes: the one conversion the store's shards and the model's chunks share.
   size_t shard_bytes() const { return mib_to_bytes(shard_mb); }

@@ -22,6 +22,7 @@ void warn_irrelevant(const Job& job, Diagnostics& diag) {
   const std::string sched = "data.schedule is " + to_string(sk);
   const bool mlp_like = mk == ModelKind::MultitaskMlp || mk == ModelKind::MultitaskAdapter;
   const bool transformer = mk == ModelKind::Transformer;
+  const bool stream = job.offload.shared == SharedMode::Stream;
   const bool token_model = transformer || job.data.kind == DataKind::Tokens;
   const std::vector<Rule> rules = {
       {"model.adapter_rank", mk == ModelKind::MultitaskAdapter, model + " (used by multitask_adapter)"},
@@ -55,8 +56,10 @@ void warn_irrelevant(const Job& job, Diagnostics& diag) {
       {"offload.device_slots", job.offload.enabled, "offload.enabled is false"},
       {"offload.device_budget_mb", job.offload.enabled, "offload.enabled is false"},
       {"offload.prefetch", job.offload.enabled, "offload.enabled is false"},
-      {"offload.host_limit_mb", job.offload.enabled, "offload.enabled is false"},
-      {"offload.cpu_threads", job.offload.enabled, "offload.enabled is false"},
+      // Θ's host store (offload.shared: stream) has the same host limit and CPU Adam threads.
+      {"offload.host_limit_mb", job.offload.enabled || stream, "offload.enabled is false and offload.shared is resident"},
+      {"offload.cpu_threads", job.offload.enabled || stream, "offload.enabled is false and offload.shared is resident"},
+      {"offload.shared_prefetch_layers", stream, "offload.shared is resident"},
       {"optimizer.betas", job.optimizer.kind != OptimizerKind::Sgd, "optimizer.kind is sgd"},
       {"optimizer.eps", job.optimizer.kind != OptimizerKind::Sgd, "optimizer.kind is sgd"},
       {"optimizer.min_lr", job.optimizer.lr_schedule == LrSchedule::Cosine, "optimizer.lr_schedule is not cosine"},

@@ -38,6 +38,7 @@ THETAD_ENUM_WORDS(ModelKind, "multitask_mlp", "multitask_adapter", "extreme_clas
 THETAD_ENUM_WORDS(OptimizerKind, "adamw", "adam", "sgd")
 THETAD_ENUM_WORDS(LrSchedule, "constant", "cosine")
 THETAD_ENUM_WORDS(NonFinite, "stop", "skip_step", "warn")
+THETAD_ENUM_WORDS(SharedMode, "resident", "stream")
 
 #undef THETAD_ENUM_WORDS
 
@@ -78,6 +79,7 @@ THETAD_ENUM_API(ModelKind)
 THETAD_ENUM_API(OptimizerKind)
 THETAD_ENUM_API(LrSchedule)
 THETAD_ENUM_API(NonFinite)
+THETAD_ENUM_API(SharedMode)
 
 #undef THETAD_ENUM_API
 
@@ -176,6 +178,8 @@ const std::vector<Field> kFields = {
     THETAD_FIELD("offload", "host_limit_mb", Double, offload.host_limit_mb, true),
     THETAD_FIELD("offload", "cpu_threads", Int, offload.cpu_threads, false),
     THETAD_FIELD("offload", "activations", Bool, offload.activations, true),
+    THETAD_ENUM_FIELD("offload", "shared", offload.shared),
+    THETAD_FIELD("offload", "shared_prefetch_layers", Int, offload.shared_prefetch_layers, true),
 
     THETAD_ENUM_FIELD("optimizer", "kind", optimizer.kind),
     THETAD_FIELD("optimizer", "lr", Double, optimizer.lr, true),
@@ -224,6 +228,7 @@ const std::map<std::string, std::vector<std::string>> kEnums = {
     {"optimizer.kind", words<OptimizerKind>()},
     {"optimizer.lr_schedule", words<LrSchedule>()},
     {"train.on_nonfinite", words<NonFinite>()},
+    {"offload.shared", words<SharedMode>()},
     {"log.level", {"trace", "debug", "info", "warn", "error", "critical", "off"}},
 };
 

@@ -537,6 +537,8 @@ class Checker {
     if (o.enabled && is("optimizer.kind", j_.optimizer.kind, OptimizerKind::Sgd))
       fail("offload.enabled", "the host store steps Adam/AdamW only; set optimizer.kind to adam or "
                               "adamw, or offload.enabled to false", "optimizer.kind");
+    one_of("offload.shared");
+    validate_shared(j_, d_);
   }
 
   // Every task group a rank uses in an optimizer step (the union over its micro-steps) is held in

@@ -9,5 +9,7 @@
 namespace thetad::config::detail {
 
 void validate(const Job& job, const LoadOptions& opts, Diagnostics& diag);
+// offload.shared and offload.shared_prefetch_layers (validate_offload.cpp; called by validate).
+void validate_shared(const Job& job, Diagnostics& diag);
 
 }  // namespace thetad::config::detail

@@ -166,7 +166,7 @@ void ParamStore::copy_in(int u, int slot) {
   stats_.h2d_bytes += bytes;
 }
 
-float* ParamStore::acquire(int u, int64_t step) {
+float* ParamStore::acquire(int u, int64_t step, bool order_compute) {
   updates_->rethrow_error();
   THETAD_CHECK(u >= 0 && u < num_units(), InternalError, "unit ", u, " out of range");
   begin_step(step);
@@ -194,9 +194,11 @@ float* ParamStore::acquire(int u, int64_t step) {
     (fresh ? stats_.swap_hits : stats_.swap_misses) += 1;
     if (r.evicted) stats_.evictions += 1;
   }
-  device_.compute_wait(copied_[static_cast<size_t>(u)]);
+  if (order_compute) device_.compute_wait(copied_[static_cast<size_t>(u)]);
   return static_cast<float*>(slot_mem_[static_cast<size_t>(r.slot)]);
 }
+
+void ParamStore::order_compute(int u) { device_.compute_wait(copied_.at(static_cast<size_t>(u))); }
 
 void ParamStore::release(int u) {
   const auto slot = cache_.lookup(u);

@@ -105,8 +105,12 @@ class ParamStore {
 
   // Device pointer to the unit's current parameters, valid until release(unit) or
   // release_step(step). Waits for a pending update of its group, copies on a miss, and orders
-  // the compute stream after the copy. Pins the unit.
-  float* acquire(int unit, int64_t step);
+  // the compute stream after the copy. Pins the unit. `order_compute` false: the compute stream
+  // is not ordered yet (a prefetch within the step: the copy overlaps the compute queued before
+  // the unit's own), and order_compute(unit) must come before compute that reads it.
+  float* acquire(int unit, int64_t step, bool order_compute = true);
+  // The compute stream waits for the unit's last copy (after acquire(unit, step, false)).
+  void order_compute(int unit);
   // Unpins one unit before the end of the step (shard loops), once compute using it is queued.
   void release(int unit);
   // Starts copies of the units needed at steps step+1 .. step+prefetch whose values are final,

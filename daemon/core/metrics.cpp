@@ -82,6 +82,10 @@ std::string to_json(const StepRecord& r) {
   field(out, "act_device_peak_bytes", r.act_device_peak_bytes);
   field(out, "act_layer_bytes", r.act_layer_bytes);
   field(out, "act_pool_allocations", r.act_pool_allocations);
+  field(out, "theta_h2d_bytes", r.theta_h2d_bytes);
+  field(out, "theta_d2h_bytes", r.theta_d2h_bytes);
+  field(out, "theta_device_slot_bytes", r.theta_device_slot_bytes);
+  field(out, "theta_cpu_adam_ms", r.theta_cpu_adam_ms);
   field(out, "nonfinite", r.nonfinite);
   field(out, "skipped", r.skipped);
   out.back() = '}';  // replaces the last field's ','

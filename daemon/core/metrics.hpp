@@ -51,6 +51,11 @@ struct StepRecord {
   int64_t act_device_peak_bytes = 0;  // the most bytes of saved tensors the stash held on the device
   int64_t act_layer_bytes = 0;      // the largest one layer's saved tensors (the window's unit)
   int64_t act_pool_allocations = 0;  // pinned host buffers allocated so far (constant once warm)
+  // offload.shared: stream: Θ's own store (its layers' copies, slots and CPU AdamW).
+  int64_t theta_h2d_bytes = 0;
+  int64_t theta_d2h_bytes = 0;
+  int64_t theta_device_slot_bytes = 0;  // device memory of Θ's layer slots (the prefetch window)
+  double theta_cpu_adam_ms = 0.0;
   int64_t nonfinite = 0;            // 1: the step's loss was NaN or Inf on some rank (train.on_nonfinite)
   int64_t skipped = 0;              // 1: the step updated nothing (train.on_nonfinite: skip_step)
 };

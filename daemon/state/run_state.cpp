@@ -36,10 +36,11 @@ uint64_t bytes_hash(const void* data, size_t bytes, uint64_t seed) {
 }  // namespace
 
 RunState::RunState(const config::Job& job, const comm::WorldInfo& world, comm::ControlPlane& plane,
-                   ParamGroups& groups, ResidentOptimizer& resident, StoreBridge* store)
-    : job_(job), world_(world), plane_(plane), groups_(groups), resident_(resident), store_(store) {}
+                   ParamGroups& groups, ResidentOptimizer& resident, StoreBridge* store, StreamedTrunk* trunk)
+    : job_(job), world_(world), plane_(plane), groups_(groups), resident_(resident), store_(store), trunk_(trunk) {}
 
 GroupState RunState::state(int g) {
+  if (g == 0 && trunk_) return trunk_->state();
   return store_ && store_->offloaded(g) ? store_->state(g) : resident_.state(g);
 }
 
@@ -70,7 +71,8 @@ int64_t RunState::resume(bool resume, std::vector<int64_t>& group_steps) {
                       std::to_string(step) + " to train on, or start anew with --no-resume)");
   for (int g = 0; g < groups_.num_groups(); ++g) {
     const GroupState st = in_model_layout(reader.load_group(g), groups_, g, ckpt.path);
-    if (store_ && store_->offloaded(g)) store_->restore(g, st);
+    if (g == 0 && trunk_) trunk_->restore(st);
+    else if (store_ && store_->offloaded(g)) store_->restore(g, st);
     else resident_.restore(g, st);
     group_steps[static_cast<size_t>(g)] = st.steps;
   }
@@ -81,13 +83,14 @@ int64_t RunState::resume(bool resume, std::vector<int64_t>& group_steps) {
 std::string RunState::first_nonfinite_param(int first, int stride) {
   torch::NoGradGuard no_grad;
   for (int g = first; g < groups_.num_groups(); g += stride) {
-    const bool host = store_ && store_->offloaded(g);
-    const float* values = host ? store_->group_values(g) : nullptr;
+    const bool streamed = g == 0 && trunk_;
+    const bool host = streamed || (store_ && store_->offloaded(g));
+    const float* values = host && !streamed ? store_->group_values(g) : nullptr;
     for (int p : groups_.members[static_cast<size_t>(g)]) {
       const NamedParam& np = groups_[p];
       bool finite = true;
       if (host) {
-        const float* v = values + groups_.offset[static_cast<size_t>(p)];
+        const float* v = streamed ? trunk_->values(p) : values + groups_.offset[static_cast<size_t>(p)];
         for (int64_t i = 0, n = np.tensor.numel(); i < n && finite; ++i) finite = std::isfinite(v[i]);
       } else {
         finite = torch::isfinite(np.tensor.detach()).all().item<bool>();
@@ -127,6 +130,10 @@ uint64_t RunState::params_hash() {
     const auto bytes = static_cast<size_t>(p.tensor.numel()) * sizeof(float);
     if (store_ && store_->offloaded(p.group)) {  // hashed where it lives: no copy of θ (T = 384: 52 GB)
       h = bytes_hash(store_->group_values(p.group) + groups_.offset[i], bytes, h);
+      continue;
+    }
+    if (p.group == 0 && trunk_) {
+      h = bytes_hash(trunk_->values(static_cast<int>(i)), bytes, h);
       continue;
     }
     torch::Tensor c = p.tensor.detach().cpu().contiguous();

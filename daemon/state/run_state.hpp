@@ -15,6 +15,7 @@
 #include "daemon/optim/resident_optimizer.hpp"
 #include "daemon/state/checkpoint.hpp"
 #include "daemon/store_bridge/store_bridge.hpp"
+#include "daemon/store_bridge/streamed_trunk.hpp"
 
 namespace thetad::daemon {
 
@@ -22,7 +23,7 @@ class RunState {
  public:
   // `store` is null without offload.
   RunState(const config::Job& job, const comm::WorldInfo& world, comm::ControlPlane& plane, ParamGroups& groups,
-           ResidentOptimizer& resident, StoreBridge* store);
+           ResidentOptimizer& resident, StoreBridge* store, StreamedTrunk* trunk = nullptr);
 
   // A fresh start (`resume` false) sets earlier checkpoints aside; a resume loads the newest
   // checkpoint rank 0 sees, so that every rank starts at the same step whatever its view of a
@@ -48,6 +49,7 @@ class RunState {
   ParamGroups& groups_;
   ResidentOptimizer& resident_;
   StoreBridge* store_;
+  StreamedTrunk* trunk_;  // offload.shared: stream: Θ lives in its store
 };
 
 }  // namespace thetad::daemon

@@ -316,38 +316,43 @@ void StoreBridge::skip_group(int g) { store_->discard_pushes(g); }
 
 void StoreBridge::release_step(int64_t step) { store_->release_step(step); }
 
-StoreStepStats StoreBridge::step_stats() {
-  const offload::StoreStats ss = store_->stats();
+StoreStepStats step_stats_since(const offload::StoreStats& ss, offload::StoreStats& last) {
   StoreStepStats s;
-  s.h2d_bytes = static_cast<int64_t>(ss.h2d_bytes - last_stats_.h2d_bytes);
-  s.d2h_bytes = static_cast<int64_t>(ss.d2h_bytes - last_stats_.d2h_bytes);
-  s.swap_hits = static_cast<int64_t>(ss.swap_hits - last_stats_.swap_hits);
-  s.swap_misses = static_cast<int64_t>(ss.swap_misses - last_stats_.swap_misses);
+  s.h2d_bytes = static_cast<int64_t>(ss.h2d_bytes - last.h2d_bytes);
+  s.d2h_bytes = static_cast<int64_t>(ss.d2h_bytes - last.d2h_bytes);
+  s.swap_hits = static_cast<int64_t>(ss.swap_hits - last.swap_hits);
+  s.swap_misses = static_cast<int64_t>(ss.swap_misses - last.swap_misses);
   s.host_pinned_bytes = static_cast<int64_t>(ss.host_pinned_bytes);
-  s.cpu_adam_ms = ss.cpu_adam_ms - last_stats_.cpu_adam_ms;
-  s.acquire_wait_ms = ss.acquire_wait_ms - last_stats_.acquire_wait_ms;
-  last_stats_ = ss;
+  s.cpu_adam_ms = ss.cpu_adam_ms - last.cpu_adam_ms;
+  s.acquire_wait_ms = ss.acquire_wait_ms - last.acquire_wait_ms;
+  last = ss;
   return s;
 }
 
+StoreStepStats StoreBridge::step_stats() { return step_stats_since(store_->stats(), last_stats_); }
+
 size_t StoreBridge::device_slot_bytes() const { return store_->stats().device_slot_bytes; }
+
+GroupState group_state_of_flat(const ParamGroups& groups, int g, const std::vector<torch::Tensor>& flat) {
+  GroupState st;
+  st.group = g;
+  for (int p : groups.members[static_cast<size_t>(g)]) {
+    const auto& t = groups[p].tensor;
+    const auto off = static_cast<int64_t>(groups.offset[static_cast<size_t>(p)]);
+    st.names.push_back(groups[p].name);
+    st.params.push_back(flat[0].narrow(0, off, t.numel()).view(t.sizes()));
+    st.exp_avg.push_back(flat[1].narrow(0, off, t.numel()).view(t.sizes()));
+    st.exp_avg_sq.push_back(flat[2].narrow(0, off, t.numel()).view(t.sizes()));
+  }
+  return st;
+}
 
 GroupState StoreBridge::state(int g) {
   const int64_t n = groups_.numel(g);
   std::vector<torch::Tensor> flat;
   for (int i = 0; i < 3; ++i) flat.push_back(torch::empty({n}, torch::kFloat32));
   store_->read_group(g, flat[0].data_ptr<float>(), flat[1].data_ptr<float>(), flat[2].data_ptr<float>());
-  GroupState st;
-  st.group = g;
-  for (int p : groups_.members[static_cast<size_t>(g)]) {
-    const auto& t = groups_[p].tensor;
-    const auto off = static_cast<int64_t>(groups_.offset[static_cast<size_t>(p)]);
-    st.names.push_back(groups_[p].name);
-    st.params.push_back(flat[0].narrow(0, off, t.numel()).view(t.sizes()));
-    st.exp_avg.push_back(flat[1].narrow(0, off, t.numel()).view(t.sizes()));
-    st.exp_avg_sq.push_back(flat[2].narrow(0, off, t.numel()).view(t.sizes()));
-  }
-  return st;
+  return group_state_of_flat(groups_, g, flat);
 }
 
 void StoreBridge::restore(int g, const GroupState& st) {

@@ -35,6 +35,11 @@ struct StoreStepStats {
   double cpu_adam_ms = 0, acquire_wait_ms = 0;
 };
 
+// The store's traffic since `last` (then set to `now`).
+StoreStepStats step_stats_since(const offload::StoreStats& now, offload::StoreStats& last);
+// Group g's state as views of its parameters, exp_avg and exp_avg_sq in flat layout (3 tensors).
+GroupState group_state_of_flat(const ParamGroups& groups, int g, const std::vector<torch::Tensor>& flat);
+
 class StoreBridge {
  public:
   StoreBridge(const config::Job& job, TaskModel& model, ParamGroups& groups, const DataPlane& plane,
@@ -79,6 +84,8 @@ class StoreBridge {
 
   StoreStepStats step_stats();
   size_t device_slot_bytes() const;
+  // The store's device (streams, copies): Θ's streamed store shares it (after build).
+  offload::Device* device() { return device_.get(); }
   // Checkpoints and the final hash read the store, not a device copy.
   GroupState state(int g);
   void restore(int g, const GroupState& st);  // tensors in the group's parameter order

@@ -32,6 +32,7 @@
 #include "daemon/reducer/grad_hooks.hpp"
 #include "daemon/state/run_state.hpp"
 #include "daemon/store_bridge/store_bridge.hpp"
+#include "daemon/store_bridge/streamed_trunk.hpp"
 #include "daemon/train/step_record.hpp"
 #include "offload/host_arena.hpp"
 
@@ -76,6 +77,7 @@ class Trainer {
   std::unique_ptr<comm::Engine> engine_;
   std::unique_ptr<StoreBridge> store_;        // offload.enabled: θ[t] in the host store
   std::unique_ptr<PooledActivationStash> act_stash_;  // offload.activations: the trunk's saved tensors
+  std::unique_ptr<StreamedTrunk> trunk_;      // offload.shared: stream: Θ in a host store of its own
   std::unique_ptr<GradHooks> hooks_;
   std::unique_ptr<ResidentOptimizer> resident_;
   std::unique_ptr<RunState> state_;
@@ -111,24 +113,30 @@ void Trainer::build() {
     THETAD_LOG(info, "offload") << "host store ready in " << std::fixed << std::setprecision(2)
                                 << ms_since(t_store) / 1000 << " s";
   }
+  if (trunk_) {  // also before the hooks: Θ's tensors become placeholders
+    trunk_->build(*engine_, store_ ? store_->device() : nullptr);
+    model_->set_layer_weights(trunk_.get());
+  }
   std::vector<uint8_t> resident(static_cast<size_t>(groups_->num_groups()), 1);
   for (int g = 0; g < groups_->num_groups(); ++g) resident[static_cast<size_t>(g)] = !offloaded(g);
   hooks_ = std::make_unique<GradHooks>(*groups_, *engine_, data_, overwrite_, resident);
   // A frozen base (model.train_shared: false) is never stepped: no Adam moments for it.
   std::vector<uint8_t> stepped = resident;
-  if (!job_.model.train_shared) stepped[0] = 0;
+  if (!job_.model.train_shared || trunk_) stepped[0] = 0;  // streamed Θ: its moments live in its store
   resident_ = std::make_unique<ResidentOptimizer>(*groups_, *hooks_, engine_->plan(), data_, stepped,
                                                   job_.optimizer);
-  state_ = std::make_unique<RunState>(job_, world_, *plane_, *groups_, *resident_, store_.get());
+  state_ = std::make_unique<RunState>(job_, world_, *plane_, *groups_, *resident_, store_.get(), trunk_.get());
   recorder_ = std::make_unique<StepRecorder>(job_, data_, world_.rank);
 }
 
 // With offload, θ[t] never lives on the device whole: the model is built on the host and only
-// Θ moves to the device; the store owns θ[t] from then on.
+// Θ moves to the device; the store owns θ[t] from then on. With offload.shared: stream, Θ stays
+// on the host too (its store takes it) and θ[t] moves to the device unless offloaded.
 void Trainer::build_model() {
   const bool offload = job_.offload.enabled;
+  const bool stream = job_.offload.shared == config::SharedMode::Stream;
   const auto t_model = Clock::now();
-  model_ = make_model(job_, offload ? torch::Device(torch::kCPU) : data_.device, /*lazy_tasks=*/offload);
+  model_ = make_model(job_, offload || stream ? torch::Device(torch::kCPU) : data_.device, /*lazy_tasks=*/offload);
   THETAD_LOG(info, "train") << "model " << config::to_string(job_.model.kind) << " built in " << std::fixed << std::setprecision(2)
                             << ms_since(t_model) / 1000 << " s";
   batches_ = make_data(job_, *model_, data_.device);
@@ -140,13 +148,14 @@ void Trainer::build_model() {
     act_stash_->set_timeline(timeline_.get());
     model_->set_activation_stash(act_stash_.get());
   }
-  if (!offload) return;
-  store_ = std::make_unique<StoreBridge>(job_, *model_, *groups_, data_, timeline_.get());
-  if (data_.device.is_cpu()) return;
+  if (offload) store_ = std::make_unique<StoreBridge>(job_, *model_, *groups_, data_, timeline_.get());
+  if (stream) trunk_ = std::make_unique<StreamedTrunk>(job_, *groups_, data_, timeline_.get());
+  if (data_.device.is_cpu() || !(offload || stream)) return;
   torch::NoGradGuard no_grad;
-  for (int p : groups_->members[0]) {
-    auto& t = (*groups_)[p].tensor;
-    t.set_data(t.detach().to(data_.device));
+  for (size_t i = 0; i < groups_->size(); ++i) {  // the groups neither store takes
+    auto& np = (*groups_)[static_cast<int>(i)];
+    if (np.group == 0 ? stream : offload) continue;
+    np.tensor.set_data(np.tensor.detach().to(data_.device));
   }
 }
 
@@ -167,7 +176,7 @@ void Trainer::build_engine() {
     eopts.wait_stream = data_.compute_stream;
     eopts.count_comm = ctrl_;  // host flags, host result: MPI, independent of the GPU's queue
   }
-  if (ResidentOptimizer::overlaps(data_, job_.optimizer) || store_ || timeline_)
+  if (ResidentOptimizer::overlaps(data_, job_.optimizer) || store_ || trunk_ || timeline_)
     eopts.on_launch = [this](int b, int contributors, comm::Work& w, float* data) {
       on_bucket_launch(b, contributors, w, data);
     };
@@ -196,6 +205,10 @@ void Trainer::on_bucket_launch(int b, int contributors, comm::Work& work, float*
     store_->on_bucket_launch(b, contributors, work, data);
     return;
   }
+  if (g == 0 && trunk_) {
+    trunk_->on_bucket_launch(b, contributors, work, data);
+    return;
+  }
   // skip_step decides after backward whether the step updates anything: no bucket steps first.
   if (!resident_ || !resident_->overlap() || job_.train.on_nonfinite == config::NonFinite::SkipStep) return;
   AdamSettings s = step_settings_;
@@ -213,6 +226,7 @@ void Trainer::train_step(int64_t step, PendingStep& p) {
   engine_->start_window(step);
   hooks_->start_window();
   if (store_) store_->prepare_step(step);
+  if (trunk_) trunk_->start_window(step);
   p.rec.task_loss.clear();
   task_losses_.clear();
   p.rec.forward_ms = p.rec.backward_ms = 0;
@@ -222,13 +236,16 @@ void Trainer::train_step(int64_t step, PendingStep& p) {
     const bool last = m + 1 == k;
     const StepPlan plan = schedule_->plan(micro, world_.rank);
     hooks_->set_trained(plan.trained);
+    if (trunk_) trunk_->start_micro(plan.trained[0] != 0 && job_.model.train_shared);
     if (declared_) {  // the count exchange starts before forward and overlaps it
       engine_->declare_active(plan.trained);
       if (last) engine_->begin_sync();
     }
     torch::Tensor total = forward(micro, plan, p);
     if (!declared_) {  // discovered from the graph, still before backward
-      engine_->declare_active(hooks_->discover_groups(total));
+      std::vector<uint8_t> found = hooks_->discover_groups(total);
+      if (trunk_ && trunk_->reached()) found[0] = 1;  // streamed Θ has no leaves in the graph
+      engine_->declare_active(found);
       if (last) engine_->begin_sync();
     }
     backward(total, last, plan, p);
@@ -281,6 +298,7 @@ void Trainer::backward(torch::Tensor& total, bool last, const StepPlan& plan, Pe
   p.rec.backward_ms += ms_since(t1);
   if (last) {
     finish_reduce(p);
+    if (trunk_) trunk_->after_reduce();
     hooks_->end_window();
   }
   const double bwd_ms = ms_since(t1);
@@ -367,9 +385,14 @@ void Trainer::optimizer_step(int64_t step, PendingStep& p, bool skip) {
     const auto gi = static_cast<size_t>(g);
     if (contributors[gi] == 0 || skip) {  // skip: no group of this step is updated, on any rank
       if (offloaded(g)) store_->skip_group(g);
+      if (g == 0 && trunk_) trunk_->skip();
       continue;
     }
     s.step = ++group_steps_[gi];
+    if (g == 0 && trunk_) {  // every layer, on every rank; each layer's owner steps it on the CPU
+      trunk_->step(to_hyper(s));
+      continue;
+    }
     if (offloaded(g)) {
       offload::AdamHyper h = to_hyper(s);
       h.clip_norm = job_.optimizer.clip_norm;
@@ -382,6 +405,7 @@ void Trainer::optimizer_step(int64_t step, PendingStep& p, bool skip) {
                         Timeline::now_us() - t_us);
   }
   if (store_) store_->release_step(step);
+  if (trunk_) trunk_->release_step(step);
   p.rec.optimizer_ms = ms_since(t0);
   recorder_->mark(p, Phase::optimizer);
 }
@@ -425,12 +449,20 @@ void Trainer::record_engine_stats(StepRecord& rec) {
     rec.act_layer_bytes = as.layer_peak_bytes;
     rec.act_pool_allocations = as.pool_allocations;
   }
+  if (trunk_) {
+    const StoreStepStats ts = trunk_->step_stats();
+    rec.theta_h2d_bytes = ts.h2d_bytes;
+    rec.theta_d2h_bytes = ts.d2h_bytes;
+    rec.theta_device_slot_bytes = static_cast<int64_t>(trunk_->device_slot_bytes());
+    rec.theta_cpu_adam_ms = ts.cpu_adam_ms;
+  }
   recorder_->progress().queued(job_.data.batch_per_rank * world_.size, st.bytes_pruned);
 }
 
 // Device memory outside the caching allocator: the engine's buckets and the store's slots.
 int64_t Trainer::device_extra_bytes() const {
-  return static_cast<int64_t>(engine_->buffer_bytes() + (store_ ? store_->device_slot_bytes() : 0));
+  return static_cast<int64_t>(engine_->buffer_bytes() + (store_ ? store_->device_slot_bytes() : 0) +
+                              (trunk_ ? trunk_->device_slot_bytes() : 0));
 }
 
 int Trainer::run() {

@@ -405,3 +405,59 @@ TEST(CudaStore, MatchesDirectUpdateOnGpu) {
 }
 
 }  // namespace
+
+// Streamed layers (offload.shared: stream) prefetch within a step: acquire(unit, step, false)
+// starts the copy without making compute wait for it (compute queued before the unit's own
+// overlaps the copy); order_compute(unit) then makes compute wait for exactly that copy.
+class RecordingDevice final : public off::Device {
+ public:
+  std::string name() const override { return "recording"; }
+  bool is_host() const override { return true; }
+  void* alloc(size_t bytes) override { return host_.alloc(bytes); }
+  void free(void* ptr) noexcept override { host_.free(ptr); }
+  void pin_host(void*, size_t) override {}
+  void unpin_host(void*) noexcept override {}
+  off::Fence h2d(void* dst, const void* src, size_t bytes, const off::Fence& after) override {
+    host_.h2d(dst, src, bytes, after);
+    last_copy = std::make_shared<int>(++copies);
+    return {last_copy};
+  }
+  off::Fence d2h(void* dst, const void* src, size_t bytes, const off::Fence& after) override {
+    return host_.d2h(dst, src, bytes, after);
+  }
+  off::Fence record_compute() override { return {}; }
+  void compute_wait(const off::Fence& f) override { waits.push_back(f.event); }
+  void host_wait(const off::Fence&) override {}
+  bool done(const off::Fence&) override { return true; }
+  off::HostDevice host_;
+  int copies = 0;
+  std::shared_ptr<void> last_copy;
+  std::vector<std::shared_ptr<void>> waits;
+};
+
+TEST(StoreWithinStep, PrefetchDoesNotOrderComputeUntilAsked) {
+  RecordingDevice dev;
+  off::StoreOptions o;
+  o.device_slots = 2;
+  o.prefetch = 0;
+  off::ParamStore store(o, {{1, 10, 1}, {2, 20, 1}}, dev, [](int64_t) { return std::vector<int>{1, 2}; });
+  store.init_all([](int g, float* dst) {
+    for (int i = 0; i < (g == 1 ? 10 : 20); ++i) dst[i] = float(g * 100 + i);
+  });
+  const int u1 = store.units_of(1).at(0), u2 = store.units_of(2).at(0);
+  const float* a = store.acquire(u1, 0);  // ordered: compute waits for its copy
+  ASSERT_EQ(dev.waits.size(), 1u);
+  EXPECT_EQ(dev.waits.back(), dev.last_copy);
+  const float* b = store.acquire(u2, 0, /*order_compute=*/false);  // the prefetch
+  EXPECT_EQ(dev.copies, 2);
+  EXPECT_EQ(dev.waits.size(), 1u) << "a prefetch must not make compute wait";
+  const auto prefetched = dev.last_copy;
+  store.release(u1);
+  store.order_compute(u2);
+  ASSERT_EQ(dev.waits.size(), 2u);
+  EXPECT_EQ(dev.waits.back(), prefetched);
+  EXPECT_EQ(a[3], 103.f);
+  EXPECT_EQ(b[19], 219.f);
+  store.release_step(0);
+  MPI_Barrier(MPI_COMM_WORLD);
+}

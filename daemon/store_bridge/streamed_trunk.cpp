@@ -1,0 +1,281 @@
+// Θ streamed layer by layer from its host store (see streamed_trunk.hpp).
+#include "daemon/store_bridge/streamed_trunk.hpp"
+
+#include <algorithm>
+#include <string>
+
+#include "common/errors.hpp"
+#include "common/log.hpp"
+#include "daemon/core/job_options.hpp"
+#include "offload/thread_pool.hpp"
+
+namespace thetad::daemon {
+
+StreamedTrunk::StreamedTrunk(const config::Job& job, ParamGroups& groups, const DataPlane& plane, Timeline* timeline)
+    : job_(job), groups_(groups), plane_(plane), timeline_(timeline), prefetch_(job.offload.shared_prefetch_layers) {
+  // Θ's parameters come in layer order, weight then bias (multitask_mlp registers them so).
+  const auto& members = groups_.members.at(0);
+  layer_of_.assign(groups_.size(), -1);
+  for (size_t i = 0; i + 1 < members.size(); i += 2) {
+    Layer l{members[i], members[i + 1], static_cast<size_t>(groups_[members[i]].tensor.numel()),
+            static_cast<size_t>(groups_[members[i + 1]].tensor.numel())};
+    const std::string name = "trunk." + std::to_string(layer_params_.size());
+    THETAD_CHECK(groups_[l.w].name == name + ".weight" && groups_[l.b].name == name + ".bias", InternalError,
+                 "offload.shared: stream: Θ's parameter '", groups_[l.w].name, "' is not ", name, ".weight");
+    layer_of_[static_cast<size_t>(l.w)] = layer_of_[static_cast<size_t>(l.b)] = static_cast<int>(layer_params_.size());
+    layer_params_.push_back(l);
+  }
+  THETAD_CHECK(!layer_params_.empty() && layer_params_.size() * 2 == members.size(), InternalError,
+               "offload.shared: stream: Θ is not a trunk of weight/bias layers");
+  const size_t n = layer_params_.size();
+  held_.assign(n, 0);
+  slot_.assign(n, nullptr);
+  forwards_.assign(n, 0);
+  backwards_.assign(n, 0);
+  written_.assign(n, 0);
+  sum_.resize(n);
+}
+
+StreamedTrunk::~StreamedTrunk() = default;
+
+void StreamedTrunk::build(comm::Engine& engine, offload::Device* device) {
+  engine_ = &engine;
+  std::vector<offload::GroupShape> shapes;
+  for (size_t l = 0; l < layer_params_.size(); ++l)
+    shapes.push_back({static_cast<int>(l) + 1, layer_params_[l].w_numel + layer_params_[l].b_numel, 1});
+  if (!device) {
+    if (plane_.gpu()) own_device_ = offload::make_cuda_device(plane_.device.index(), plane_.compute_stream);
+    else own_device_ = std::make_unique<offload::HostDevice>();
+    device = own_device_.get();
+  }
+  // The window: the layer computing, the ones prefetched ahead and one whose compute is still
+  // queued while the next copy lands. Shards would split a layer: never.
+  offload::StoreOptions o = store_options(job_);
+  o.device_slots = prefetch_ + 2;
+  o.device_budget_bytes = 0;
+  o.prefetch = 0;  // within the step only: a layer's next values exist once its CPU step is done
+  o.shard_bytes = 0;
+  const int L = layers();
+  try {
+    store_ = std::make_unique<offload::ParamStore>(
+        o, shapes, *device,
+        [L](int64_t) {
+          std::vector<int> all;
+          for (int l = 1; l <= L; ++l) all.push_back(l);
+          return all;
+        },
+        MPI_COMM_WORLD);
+  } catch (const ConfigError& e) {
+    throw ConfigError(job_.source + ": offload.shared: stream: Θ's host store (" + std::to_string(L) +
+                      " trunk layers, " + std::to_string(groups_.numel(0) * 4) + " bytes of parameters): " + e.what());
+  }
+  if (!job_.offload.enabled) offload::ThreadPool::configure(store_->cpu_threads());
+  store_->init_all([this](int g, float* dst) {
+    torch::NoGradGuard no_grad;  // thread-local: this runs on the store's threads
+    const Layer& l = layer_params_[static_cast<size_t>(g - 1)];
+    for (int p : {l.w, l.b}) {
+      const auto& t = groups_[p].tensor;
+      torch::from_blob(dst + offset_in_layer(p), t.sizes(), torch::kFloat32).copy_(t.detach());
+    }
+  });
+  // The model's Θ becomes placeholders (autograd metadata, requires_grad per micro-step): the
+  // trunk layer function takes the values from acquire().
+  torch::NoGradGuard no_grad;
+  for (int p : groups_.members[0]) {
+    groups_[p].init = nullptr;
+    auto& t = groups_[p].tensor;
+    t.set_data(torch::zeros({1}, torch::TensorOptions().dtype(torch::kFloat32).device(plane_.device)).expand(t.sizes()));
+  }
+  THETAD_LOG(info, "offload") << "Θ streamed: " << L << " trunk layers, " << store_->slots() << " device slots of "
+                              << store_->slot_bytes() << " bytes (prefetch " << prefetch_ << "), host arena "
+                              << store_->arena().bytes() << " bytes";
+}
+
+size_t StreamedTrunk::offset_in_layer(int p) const {
+  const Layer& l = layer_params_.at(static_cast<size_t>(layer_of_.at(static_cast<size_t>(p))));
+  return p == l.w ? 0 : l.w_numel;
+}
+
+void StreamedTrunk::start_window(int64_t step) {
+  step_ = step;
+  // The previous step's copies of Θ's buckets to the host read memory this step's backward
+  // rewrites (on the compute stream); they started during that step's backward.
+  store_->compute_after_pushes();
+  std::fill(written_.begin(), written_.end(), 0);
+}
+
+void StreamedTrunk::start_micro(bool trained) {
+  trained_ = trained;
+  reached_ = false;
+  std::fill(forwards_.begin(), forwards_.end(), 0);
+  std::fill(backwards_.begin(), backwards_.end(), 0);
+}
+
+// Pins the layer's slot; `order` false: a prefetch, whose copy runs while queued compute does.
+void StreamedTrunk::hold(int layer, bool order) {
+  const auto l = static_cast<size_t>(layer);
+  if (held_[l]) {
+    if (order) store_->order_compute(unit(layer));
+    return;
+  }
+  const int64_t t_us = Timeline::now_us();
+  slot_[l] = store_->acquire(unit(layer), step_, order);
+  held_[l] = 1;
+  if (timeline_)
+    timeline_->record(Lane::h2d, (order ? "acquire Θ layer " : "prefetch Θ layer ") + std::to_string(layer), t_us,
+                      Timeline::now_us() - t_us, {{"layer", int64_t(layer)}});
+}
+
+std::pair<torch::Tensor, torch::Tensor> StreamedTrunk::acquire(int layer, bool backward) {
+  THETAD_CHECK(layer >= 0 && layer < layers(), InternalError, "trunk layer ", layer, " out of range");
+  hold(layer, /*order=*/true);
+  // The next layers in this pass's direction are copied while this one computes.
+  for (int64_t k = 1; k <= prefetch_; ++k) {
+    const int64_t next = backward ? layer - k : layer + k;
+    if (next >= 0 && next < layers()) hold(static_cast<int>(next), /*order=*/false);
+  }
+  if (!backward && trained_) {
+    ++forwards_[static_cast<size_t>(layer)];
+    reached_ = true;
+  }
+  const Layer& l = layer_params_[static_cast<size_t>(layer)];
+  const auto opts = torch::TensorOptions().dtype(torch::kFloat32).device(plane_.device);
+  float* base = slot_[static_cast<size_t>(layer)];
+  return {torch::from_blob(base, groups_[l.w].tensor.sizes(), opts),
+          torch::from_blob(base + l.w_numel, groups_[l.b].tensor.sizes(), opts)};
+}
+
+void StreamedTrunk::release(int layer) {
+  const auto l = static_cast<size_t>(layer);
+  if (!held_.at(l)) return;
+  store_->release(unit(layer));
+  held_[l] = 0;
+}
+
+// Autograd sums the gradients a leaf gets from its uses in one backward (in the order they
+// arrive) before accumulating once into .grad; so does this, so that the result is bitwise the
+// resident one. The layer's sum is final once every forward of the micro-step has come back.
+// Under bf16 autocast the resident bias is cast once per forward (autocast's cache) and its uses'
+// gradients are summed in bf16 before that cast widens them: the bias sum is bf16 here too.
+void StreamedTrunk::grad(int layer, const torch::Tensor& dW, const torch::Tensor& db) {
+  const auto l = static_cast<size_t>(layer);
+  auto& s = sum_.at(l);
+  torch::NoGradGuard no_grad;
+  const bool bf16 = job_.precision == config::Precision::Bf16;
+  const torch::Tensor w = dW.to(torch::kFloat32), b = db.to(bf16 ? torch::kBFloat16 : torch::kFloat32);
+  if (!s.first.defined()) s = {w, b};
+  else s = {s.first + w, s.second + b};
+  if (++backwards_[l] >= forwards_[l]) commit(layer);
+}
+
+// The layer's gradient of this backward goes into its bucket regions (copied on the window's
+// first, added after: the engine's overwrite mode, as GradHooks does for resident groups).
+void StreamedTrunk::commit(int layer) {
+  const auto l = static_cast<size_t>(layer);
+  torch::Tensor w = std::move(sum_[l].first), b = sum_[l].second.to(torch::kFloat32);
+  sum_[l] = {};
+  const Layer& lp = layer_params_[l];
+  const auto opts = torch::TensorOptions().dtype(torch::kFloat32).device(plane_.device);
+  const bool first = !written_[l];
+  plane_.on_compute_stream([&] {
+    for (const auto& [p, g] : {std::pair<int, const torch::Tensor*>{lp.w, &w}, {lp.b, &b}}) {
+      torch::Tensor view = torch::from_blob(engine_->grad(p), groups_[p].tensor.sizes(), opts);
+      if (first) view.copy_(*g);
+      else view.add_(*g);
+    }
+  });
+  written_[l] = 1;
+  engine_->mark_ready(lp.w);
+  engine_->mark_ready(lp.b);
+}
+
+// On GPUs the D2H stream waits for the bucket's allreduce (the host does not) and the copy runs
+// while backward goes on. Where copies are synchronous the push waits for after_reduce: a host
+// wait here, inside the engine's launch, could hold up the collectives other ranks need first.
+void StreamedTrunk::on_bucket_launch(int b, int contributors, comm::Work& work, const float* data) {
+  if (contributors == 0) return;  // no rank trained Θ: not stepped, nothing to copy
+  void* d2h = store_->d2h_stream();
+  if (!d2h) {
+    deferred_.push_back({b, data});
+    return;
+  }
+  work.block_stream(d2h, engine_->communicator().default_timeout());
+  push_bucket(b, data);
+}
+
+void StreamedTrunk::after_reduce() {
+  const bool trained = engine_->contributors()[0] != 0;
+  for (const auto& [b, data] : deferred_)
+    if (trained) push_bucket(b, data);
+  deferred_.clear();
+}
+
+// The owners of the bucket's layers copy their parts to the landing areas.
+void StreamedTrunk::push_bucket(int b, const float* data) {
+  const comm::BucketPlan& plan = engine_->plan();
+  const comm::Bucket& bucket = plan.buckets[static_cast<size_t>(b)];
+  const int64_t t_us = Timeline::now_us();
+  for (size_t k = 0; k < bucket.params.size(); ++k) {
+    const int p = bucket.params[k];
+    const int layer = layer_of_[static_cast<size_t>(p)];
+    if (!store_->owns(layer + 1)) continue;
+    store_->push_grad_range(layer + 1, offset_in_layer(p), data + bucket.offsets[k],
+                            plan.params[static_cast<size_t>(p)].numel);
+  }
+  if (timeline_)
+    timeline_->record(Lane::d2h, "gradient Θ bucket " + std::to_string(b), t_us, Timeline::now_us() - t_us,
+                      {{"bytes", int64_t(bucket.numel * sizeof(float))}});
+}
+
+void StreamedTrunk::step(const offload::AdamHyper& h) {
+  const int64_t t_us = Timeline::now_us();
+  for (int l = 1; l <= layers(); ++l) store_->step_group(l, h);
+  if (timeline_) timeline_->record(Lane::cpu_adam, "adam Θ (layers)", t_us, Timeline::now_us() - t_us);
+}
+
+void StreamedTrunk::skip() {
+  for (int l = 1; l <= layers(); ++l) store_->discard_pushes(l);
+}
+
+void StreamedTrunk::release_step(int64_t step) {
+  store_->release_step(step);
+  std::fill(held_.begin(), held_.end(), 0);
+}
+
+StoreStepStats StreamedTrunk::step_stats() { return step_stats_since(store_->stats(), last_stats_); }
+
+size_t StreamedTrunk::device_slot_bytes() const { return store_->stats().device_slot_bytes; }
+
+GroupState StreamedTrunk::state() {
+  const int64_t n = groups_.numel(0);
+  std::vector<torch::Tensor> flat;
+  for (int i = 0; i < 3; ++i) flat.push_back(torch::empty({n}, torch::kFloat32));
+  for (const Layer& l : layer_params_) {
+    const size_t off = groups_.offset[static_cast<size_t>(l.w)];
+    store_->read_group(layer_of_[static_cast<size_t>(l.w)] + 1, flat[0].data_ptr<float>() + off,
+                       flat[1].data_ptr<float>() + off, flat[2].data_ptr<float>() + off);
+  }
+  return group_state_of_flat(groups_, 0, flat);
+}
+
+void StreamedTrunk::restore(const GroupState& st) {
+  const auto& members = groups_.members[0];
+  for (const Layer& l : layer_params_) {
+    std::vector<torch::Tensor> fp, fm, fv;
+    for (int p : {l.w, l.b}) {
+      const size_t i = static_cast<size_t>(std::find(members.begin(), members.end(), p) - members.begin());
+      fp.push_back(st.params.at(i).reshape({-1}));
+      fm.push_back(st.exp_avg.at(i).reshape({-1}));
+      fv.push_back(st.exp_avg_sq.at(i).reshape({-1}));
+    }
+    auto cp = torch::cat(fp).contiguous(), cm = torch::cat(fm).contiguous(), cv = torch::cat(fv).contiguous();
+    store_->write_group(layer_of_[static_cast<size_t>(l.w)] + 1, cp.data_ptr<float>(), cm.data_ptr<float>(),
+                        cv.data_ptr<float>());
+  }
+}
+
+const float* StreamedTrunk::values(int p) {
+  return store_->group_params(layer_of_.at(static_cast<size_t>(p)) + 1) + offset_in_layer(p);
+}
+
+}  // namespace thetad::daemon

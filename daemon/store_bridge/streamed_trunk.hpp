@@ -1,0 +1,114 @@
+// The shared trunk Θ streamed from a host store of its own (offload.shared: stream): one store
+// group per trunk layer, brought onto the device layer by layer as forward (and then backward, in
+// reverse) reaches it, with the next offload.shared_prefetch_layers layers copied ahead while the
+// current one computes. The layers' gradients are summed per backward as the trunk layer function
+// hands them over, reduced by the engine in Θ's ordinary buckets, copied to the host as each bucket
+// lands, and stepped there by each layer's owner with CPU AdamW. It implements the trunk layer
+// function's LayerWeights (daemon/models/trunk_layer.hpp).
+//
+// Θ's device memory: (prefetch + 2) layer slots for the weights, no Adam moments; the reduced
+// gradient keeps Θ's resident buckets (same buckets, same sums: bitwise the resident result).
+#pragma once
+
+#include <torch/torch.h>
+
+#include <memory>
+#include <vector>
+
+#include "comm/engine.hpp"
+#include "config/job.hpp"
+#include "daemon/core/timeline.hpp"
+#include "daemon/device/data_plane.hpp"
+#include "daemon/models/param_groups.hpp"
+#include "daemon/models/trunk_layer.hpp"
+#include "daemon/store_bridge/store_bridge.hpp"
+#include "offload/device.hpp"
+#include "offload/param_store.hpp"
+
+namespace thetad::daemon {
+
+class StreamedTrunk final : public LayerWeights {
+ public:
+  // Θ must be the trunk layers trunk.<i>.weight, trunk.<i>.bias (multitask_mlp; validate checks).
+  StreamedTrunk(const config::Job& job, ParamGroups& groups, const DataPlane& plane, Timeline* timeline);
+  ~StreamedTrunk() override;
+  StreamedTrunk(const StreamedTrunk&) = delete;
+  StreamedTrunk& operator=(const StreamedTrunk&) = delete;
+
+  int layers() const { return static_cast<int>(layer_params_.size()); }
+  // Builds the store (collective over the host's ranks) on `device` (the θ[t] store's, so that
+  // both share the H2D and D2H streams) or, when null, a device of its own; each layer's owner
+  // writes its values into the arena from the model's tensors, which then become placeholders.
+  void build(comm::Engine& engine, offload::Device* device);
+
+  // Start of optimizer step `step` (its window) and of each micro-step's forward (`trained`:
+  // Θ gets gradients in this micro-step).
+  void start_window(int64_t step);
+  void start_micro(bool trained);
+  // Whether this micro-step's forward ran the trunk with gradients for Θ (the loss reaches Θ:
+  // comm.active discover, where the placeholders are not in the graph).
+  bool reached() const { return reached_; }
+
+  // LayerWeights (the trunk layer function, forward and backward).
+  std::pair<torch::Tensor, torch::Tensor> acquire(int layer, bool backward) override;
+  void release(int layer) override;
+  void grad(int layer, const torch::Tensor& dW, const torch::Tensor& db) override;
+  bool wants_grad(int layer) override {
+    (void)layer;
+    return trained_;
+  }
+
+  // From the engine's launch of one of Θ's buckets: its reduced values go to the layers' owners'
+  // landing areas on the D2H stream once the allreduce is done.
+  void on_bucket_launch(int b, int contributors, comm::Work& work, const float* data);
+  // After finish_backward: the pushes that waited for the buckets (synchronous copies).
+  void after_reduce();
+  // Every rank, in a step where Θ was trained: every layer is stepped (owners: CPU AdamW).
+  void step(const offload::AdamHyper& h);
+  // A step where Θ is not updated: the pushed copies are forgotten.
+  void skip();
+  void release_step(int64_t step);
+
+  StoreStepStats step_stats();
+  size_t device_slot_bytes() const;
+  // Checkpoints, resume and the hash: Θ in group 0's flat layout (layers concatenated).
+  GroupState state();
+  void restore(const GroupState& st);
+  // Parameter p's (of group 0) current values in the arena, read-only (see ParamStore::group_params).
+  const float* values(int p);
+
+ private:
+  struct Layer {
+    int w = -1, b = -1;  // parameter indices
+    size_t w_numel = 0, b_numel = 0;
+  };
+  int unit(int layer) const { return store_->units_of(layer + 1).at(0); }
+  size_t offset_in_layer(int p) const;
+  void hold(int layer, bool order);
+  void commit(int layer);
+  void push_bucket(int b, const float* data);
+
+  const config::Job& job_;
+  ParamGroups& groups_;
+  const DataPlane& plane_;
+  Timeline* timeline_;
+  comm::Engine* engine_ = nullptr;
+  std::unique_ptr<offload::Device> own_device_;
+  std::unique_ptr<offload::ParamStore> store_;
+  std::vector<Layer> layer_params_;
+  std::vector<int> layer_of_;        // per parameter: its trunk layer (-1: not Θ)
+  int64_t prefetch_ = 1;
+  int64_t step_ = 0;
+  bool trained_ = true;
+  bool reached_ = false;
+  std::vector<uint8_t> held_;        // per layer: acquired from the store (pinned) in this step
+  std::vector<float*> slot_;         // per layer: its device slot while held
+  std::vector<int> forwards_;        // per layer: forward passes in this micro-step
+  std::vector<int> backwards_;       // per layer: gradients handed over in this backward
+  std::vector<uint8_t> written_;     // per layer: its bucket region got a gradient this window
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> sum_;  // per layer: this backward's sum
+  std::vector<std::pair<int, const float*>> deferred_;  // host device: buckets pushed after the reduce
+  offload::StoreStats last_stats_;
+};
+
+}  // namespace thetad::daemon

@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# offload.shared: stream (Θ streamed layer by layer from a host store of its own) vs resident:
+# bitwise-identical parameters after 20 steps on 1, 2 and 4 ranks, with pruning on and off,
+# gradient accumulation, an alternate schedule that freezes Θ in some steps, a frozen base, comm
+# discover mode, bf16 autocast, and θ[t] offload on and off; the single-process reference agrees; Θ's device slots stay within the
+# prefetch window (less than Θ); a checkpoint of one mode resumes in the other with the same
+# continuation; bad input is exit 2 naming the key.
+source "$(dirname "$0")/lib.sh"
+thetad=$1
+reference=$2
+job=$HERE/jobs/small.yaml
+# 6 trunk layers of 16->32 then 32->32 (+ bias): Θ = 544 + 5 x 1056 floats = 23296 bytes.
+trunk=(--set model.trunk_layers=6 --set steps=20)
+run() { local np=$1; shift; mpirun "${MPIRUN_FLAGS[@]}" -np "$np" "$thetad" run "$job" --no-resume "${trunk[@]}" "$@"; }
+
+# on_off NAME NP ARGS...: resident and streamed Θ end with the same final hash.
+on_off() {
+  local name=$1 np=$2; shift 2
+  expect_code 0 "${name}_resident" run "$np" --set offload.shared=resident "$@"
+  expect_code 0 "${name}_stream" run "$np" --set offload.shared=stream \
+    --set metrics.path="$WORK/${name}_stream.jsonl" "$@"
+  same_hash "$name: streamed Θ == resident Θ bitwise" "${name}_resident" "${name}_stream"
+}
+for np in 1 2 4; do on_off "np$np" "$np"; done
+on_off np2_prefetch3 2 --set offload.shared_prefetch_layers=3
+on_off np4_prune_off 4 --set comm.prune=false --set comm.average=world
+on_off np2_accumulate 2 --set accumulate_steps=2
+on_off np4_accumulate 4 --set accumulate_steps=3 --set data.tasks_per_rank=2
+on_off np2_alternate 2 --set data.schedule=alternate --set "data.alternate=[shared,tasks,task:2]"
+on_off np2_frozen 2 --set model.train_shared=false
+on_off np2_offload 2 --set offload.enabled=true --set offload.device_slots=2
+on_off np4_offload_accumulate 4 --set offload.enabled=true --set offload.device_slots=4 --set accumulate_steps=2
+on_off np2_discover 2 --set comm.active=discover
+# bf16 autocast with two tasks per rank: each layer's bias gradients of its two uses are summed in
+# bf16 as autocast's cached cast of the resident bias sums them.
+on_off np2_bf16 2 --set precision=bf16 --set data.tasks_per_rank=2
+expect_in np2_stream "Θ streamed: 6 trunk layers, 3 device slots"
+
+# Θ's device memory is the window's slots: (prefetch + 2) slots of the largest layer (1056 floats,
+# 4224 bytes), less than Θ itself; its copies show in the metrics.
+for name in np2 np2_prefetch3; do
+  /usr/bin/python3 - "$WORK/${name}_stream.jsonl" "$name" <<'PY' && pass "$name: Θ device bytes within the window" \
+    || fail "$name: Θ device bytes not within the window"
+import json, sys
+recs = [json.loads(l) for l in open(sys.argv[1])]
+k = 3 if sys.argv[2].endswith("prefetch3") else 1
+slots = {r["theta_device_slot_bytes"] for r in recs}
+assert slots == {(k + 2) * 4224}, slots
+assert (k + 2) * 4224 < 23296 or k == 3, "window not smaller than Θ"
+assert all(r["theta_h2d_bytes"] > 0 for r in recs), "no Θ copies"
+assert sum(r["theta_d2h_bytes"] for r in recs) > 0, "no Θ gradients to the host"
+PY
+done
+
+# The single-process reference (plain autograd, Θ on the device) agrees.
+expect_code 0 ref_run run 2 --set offload.shared=stream --set checkpoint.dir="$WORK/ref_ck" --set accumulate_steps=2
+expect_code 0 ref_compare "$reference" "$job" --world 2 "${trunk[@]}" --set accumulate_steps=2 --compare "$WORK/ref_ck"
+
+# Resume across modes: 10 steps in one mode, 10 more in the other == 20 in one.
+for first in stream resident; do
+  second=$([ $first = stream ] && echo resident || echo stream)
+  expect_code 0 "resume_${first}_10" run 2 --set offload.shared=$first --set steps=10 \
+    --set checkpoint.dir="$WORK/ck_$first"
+  expect_code 0 "resume_${first}_then_$second" mpirun "${MPIRUN_FLAGS[@]}" -np 2 "$thetad" run "$job" "${trunk[@]}" \
+    --set offload.shared=$second --set checkpoint.dir="$WORK/ck_$first"
+  expect_in "resume_${first}_then_$second" "resumed from .*step-00000010 at step 10"
+  same_hash "resume: $first then $second == 20 steps" np2_resident "resume_${first}_then_$second"
+done
+
+# Bad input: exit 2 naming the key (and the sizes).
+expect_code 2 bad_kind "$thetad" validate "$job" --set offload.shared=stream --set model.kind=multitask_adapter
+expect_in bad_kind "offload.shared: stream is for model.kind multitask_mlp"
+expect_code 2 bad_no_layers "$thetad" validate "$job" --set offload.shared=stream --set model.trunk_layers=0
+expect_in bad_no_layers "offload.shared: stream needs trunk layers to stream; model.trunk_layers is 0"
+expect_code 2 bad_window "$thetad" validate "$job" --set offload.shared=stream --set offload.shared_prefetch_layers=2
+expect_in bad_window "offload.shared_prefetch_layers: prefetches 2 layers ahead, but the trunk has 2 layers"
+expect_code 2 bad_clip "$thetad" validate "$job" --set offload.shared=stream --set optimizer.clip_norm=1
+expect_in bad_clip "optimizer.clip_norm is 1"
+expect_code 2 bad_word "$thetad" validate "$job" --set offload.shared=streamed
+expect_in bad_word "offload.shared: must be one of"
+expect_code 2 bad_arena mpirun "${MPIRUN_FLAGS[@]}" -np 1 "$thetad" run "$job" --no-resume "${trunk[@]}" \
+  --set offload.shared=stream --set offload.host_limit_mb=0.01
+expect_in bad_arena "offload.shared: stream: Θ's host store \(6 trunk layers, 23296 bytes of parameters\)"
+finish
