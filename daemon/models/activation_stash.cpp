@@ -60,6 +60,9 @@ void PooledActivationStash::reap_forward(bool enforce_window) {
 int64_t PooledActivationStash::put(int layer, std::vector<torch::Tensor> saved) {
   std::lock_guard<std::mutex> lock(mu_);
   const int64_t t_us = Timeline::now_us();
+  // The last backward's H2D copies are done by now (GPUs): their buffers serve this forward, so
+  // the pool stops growing after the first step instead of a few steps later.
+  reap_returning();
   Entry e;
   e.layer = layer;
   std::vector<torch::Tensor> src;
@@ -118,6 +121,10 @@ void PooledActivationStash::retire(Entry&& e) {
   drop(e);
   const offload::Fence& last = e.h2d.empty() ? e.d2h : e.h2d;
   for (Saved& s : e.saved) returning_.emplace_back(last, s.host);
+  reap_returning();
+}
+
+void PooledActivationStash::reap_returning() {
   std::vector<std::pair<offload::Fence, offload::PinnedBuffer>> still;
   for (auto& r : returning_) {
     if (device_->done(r.first))

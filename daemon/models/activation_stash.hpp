@@ -69,6 +69,7 @@ class PooledActivationStash final : public ActivationStash {
   void fetch(Entry& e);
   void reap_forward(bool force_all_but_last);
   void retire(Entry&& e);
+  void reap_returning();
 
   std::unique_ptr<offload::Device> device_;
   offload::PinnedPool pool_;
