@@ -57,6 +57,7 @@ void warn_irrelevant(const Job& job, Diagnostics& diag) {
       {"offload.prefetch", job.offload.enabled, "offload.enabled is false"},
       {"offload.host_limit_mb", job.offload.enabled, "offload.enabled is false"},
       {"offload.cpu_threads", job.offload.enabled, "offload.enabled is false"},
+      {"checkpoint.async", !job.checkpoint.dir.empty(), "checkpoint.dir is empty (no checkpoints)"},
       {"optimizer.betas", job.optimizer.kind != OptimizerKind::Sgd, "optimizer.kind is sgd"},
       {"optimizer.eps", job.optimizer.kind != OptimizerKind::Sgd, "optimizer.kind is sgd"},
       {"optimizer.min_lr", job.optimizer.lr_schedule == LrSchedule::Cosine, "optimizer.lr_schedule is not cosine"},
