@@ -15,7 +15,7 @@ for mode in false true; do
     --set checkpoint.async=$mode --set checkpoint.dir="$work/ckpt-$mode" --set metrics.path="$work/m-$mode.jsonl" \
     --set log.level=info "$@" > "$work/$mode.log" 2>&1
   stalls=$(grep -o 'the trainer stalled [0-9.]*' "$work/$mode.log" | awk '{print $4}' | head -n -1 | tr '\n' ' ')
-  writes=$(grep -o 'in the background in [0-9.]*' "$work/$mode.log" | awk '{print $5}' | tr '\n' ' ')
+  writes=$(grep -o 'in the background in [0-9.]*' "$work/$mode.log" | awk '{print $5}' | tr '\n' ' ' || true)
   step_med=$(python3 -c "
 import json,statistics
 print(round(statistics.median(json.loads(l)['step_ms'] for l in open('$work/m-$mode.jsonl')),2))")

@@ -98,6 +98,9 @@ void write_share(const CheckpointWriter& w, const CheckpointShare& share, WriteS
                  const std::atomic<bool>* cancel);
 void agree_checkpoint(const CheckpointWriter& w, const WriteStatus& st, const char* elsewhere);
 std::string publish_checkpoint(const CheckpointWriter& w, WriteStatus st);
+// Rank 0's part of publish_checkpoint, between its two agreements (manifest, rename, syncs,
+// keep-N pruning); throws. Any thread: the decision to publish was agreed before.
+void publish_files(const CheckpointWriter& w);
 
 // Reads a checkpoint: its manifest parsed and checked once (format, step, groups, the model's
 // hash; `num_groups` < 0: any count), then each file checked against its checksum before it is

@@ -189,47 +189,51 @@ void agree_checkpoint(const CheckpointWriter& w, const WriteStatus& st, const ch
               " (the newest complete checkpoint in " + w.dir + " is unchanged)");
 }
 
-std::string publish_checkpoint(const CheckpointWriter& w, WriteStatus st) {
+// Rank 0 publishes: the manifest last, the directory renamed into place once everything in it
+// is on disk, then the rename itself synced.
+void publish_files(const CheckpointWriter& w) {
   const fs::path root(w.dir), tmp = tmp_dir(w), final_dir = root / step_name(w.step);
-  agree_checkpoint(w, st, " on another rank");
-  // Rank 0 publishes: the manifest last, the directory renamed into place once everything in it
-  // is on disk, then the rename itself synced.
-  if (w.rank == 0) try {
-    const std::vector<ManifestShard> shards = plan_shards(w.group_bytes);
-    Manifest m;
-    m.job = w.job_name;
-    m.job_hash = w.job_hash;
-    m.step = w.step;
-    m.world_size = w.world;
-    m.num_groups = static_cast<int>(w.group_bytes.size());
-    m.shards = shards;
-    std::vector<uint8_t> summed(shards.size(), 0);
-    for (int r = 0; r < w.world; ++r) {  // every rank's checksums, then its part file goes
-      const fs::path part = tmp / checksum_part(r);
-      std::ifstream in(part);
-      size_t sh = 0;
-      uint64_t sum = 0;
-      while (in >> sh >> sum) {
-        THETAD_CHECK(sh < shards.size(), InternalError, part.string(), ": shard ", sh);
-        m.shards[sh].fnv1a64 = sum;
-        summed[sh] = 1;
-      }
-      fs::remove(part);
+  const std::vector<ManifestShard> shards = plan_shards(w.group_bytes);
+  Manifest m;
+  m.job = w.job_name;
+  m.job_hash = w.job_hash;
+  m.step = w.step;
+  m.world_size = w.world;
+  m.num_groups = static_cast<int>(w.group_bytes.size());
+  m.shards = shards;
+  std::vector<uint8_t> summed(shards.size(), 0);
+  for (int r = 0; r < w.world; ++r) {  // every rank's checksums, then its part file goes
+    const fs::path part = tmp / checksum_part(r);
+    std::ifstream in(part);
+    size_t sh = 0;
+    uint64_t sum = 0;
+    while (in >> sh >> sum) {
+      THETAD_CHECK(sh < shards.size(), InternalError, part.string(), ": shard ", sh);
+      m.shards[sh].fnv1a64 = sum;
+      summed[sh] = 1;
     }
-    for (size_t sh = 0; sh < shards.size(); ++sh)
-      THETAD_CHECK(summed[sh], InternalError, "checkpoint: no checksum for ", shards[sh].file);
-    const std::string s = manifest_json(m);
-    write_file_durable(tmp / "manifest.json", std::vector<char>(s.begin(), s.end()));
-    sync_dir(tmp);
-    fs::remove_all(final_dir);  // the same step written before (a rerun): replaced whole
-    fs::rename(tmp, final_dir);
-    sync_dir(root);
-    prune(root, w.step, w.keep);
+    fs::remove(part);
+  }
+  for (size_t sh = 0; sh < shards.size(); ++sh)
+    THETAD_CHECK(summed[sh], InternalError, "checkpoint: no checksum for ", shards[sh].file);
+  const std::string s = manifest_json(m);
+  write_file_durable(tmp / "manifest.json", std::vector<char>(s.begin(), s.end()));
+  sync_dir(tmp);
+  fs::remove_all(final_dir);  // the same step written before (a rerun): replaced whole
+  fs::rename(tmp, final_dir);
+  sync_dir(root);
+  prune(root, w.step, w.keep);
+}
+
+std::string publish_checkpoint(const CheckpointWriter& w, WriteStatus st) {
+  agree_checkpoint(w, st, " on another rank");
+  if (w.rank == 0) try {
+    publish_files(w);
   } catch (const std::exception& e) {
     record_failure(st, e);
   }
   agree_checkpoint(w, st, " on rank 0");
-  return final_dir.string();
+  return checkpoint_path(w.dir, w.step);
 }
 
 // The synchronous checkpoint: one shard copied out at a time (no second host copy of the whole

@@ -154,38 +154,50 @@ void RunState::checkpoint(int64_t completed, const std::vector<int64_t>& group_s
 }
 
 void RunState::poll_checkpoint(int64_t step) {
-  if (!inflight_) return;
-  const auto t0 = Clock::now();
-  const bool all_done = plane_.all_ok(inflight_->done(), {"allreduce of the checkpoint writers' state", step, -1});
-  if (all_done) publish_inflight(step, ms_since(t0));
-  else inflight_->stall_ms += ms_since(t0);
+  if (inflight_) advance_checkpoint(step, false);
 }
 
 void RunState::finish_checkpoint(int64_t step) {
-  if (!inflight_) return;
-  const auto t0 = Clock::now();
-  inflight_->wait(comm_timeout(job_));  // a writer still busy after it fails the agreement below
-  publish_inflight(step, ms_since(t0));
+  while (inflight_) advance_checkpoint(step, true);
 }
 
-// Every rank's write agreed on, rank 0 publishes; a failure throws on every rank (the write's
+// One control-plane allreduce asks whether every rank's thread is done (`wait`: after waiting for
+// this rank's up to comm.timeout_s; one still busy then fails the agreement on every rank). Then
+// the ranks agree on the outcome: after the write, rank 0 starts the publish on the thread;
+// after the publish, the checkpoint is complete. A failure throws on every rank (the write's
 // temporary directory removed, the newest complete checkpoint unchanged).
-void RunState::publish_inflight(int64_t step, double waited_ms) {
-  std::unique_ptr<CheckpointInFlight> f = std::move(inflight_);
-  WriteStatus st;
-  if (f->done()) st = f->status();
-  else st = {false, "the background write did not finish within comm.timeout_s (" +
-                        std::to_string(comm_timeout(job_).count() / 1000) + " s)"};
+void RunState::advance_checkpoint(int64_t step, bool wait) {
+  CheckpointInFlight& f = *inflight_;
   const auto t0 = Clock::now();
-  const std::string path = publish_checkpoint(f->writer(), st);
-  if (world_.rank == 0) {
-    THETAD_LOG(info, "ckpt") << "checkpoint written: " << path << " (asynchronous: the trainer stalled " << std::fixed
-                             << std::setprecision(1) << f->stall_ms + waited_ms + ms_since(t0) << " ms in all for it, "
-                             << f->stall_ms << " ms of them at step " << f->writer().step
-                             << "; written in the background in " << f->write_ms() << " ms, published after step "
-                             << step + 1 << ")";
+  if (wait) f.wait(comm_timeout(job_));
+  const bool done = f.done();
+  if (!plane_.all_ok(done, {"allreduce of the checkpoint writers' state", step, -1}) && !wait) {
+    f.stall_ms += ms_since(t0);
+    return;
   }
-  spare_ = f->take_share();
+  WriteStatus st;
+  if (done) st = f.status();
+  else st = {false, "the background " + std::string(f.publishing ? "publish" : "write") +
+                        " did not finish within comm.timeout_s (" + std::to_string(comm_timeout(job_).count() / 1000) + " s)"};
+  std::unique_ptr<CheckpointInFlight> failing;  // an error below: the thread joined as it unwinds
+  if (!st.ok) failing = std::move(inflight_);
+  agree_checkpoint(f.writer(), st, f.publishing ? " on rank 0" : " on another rank");
+  if (!f.publishing) {
+    f.publishing = true;
+    if (world_.rank == 0) f.publish_in_background();
+    f.stall_ms += ms_since(t0);
+    return;
+  }
+  f.stall_ms += ms_since(t0);
+  if (world_.rank == 0) {
+    THETAD_LOG(info, "ckpt") << "checkpoint written: " << checkpoint_path(f.writer().dir, f.writer().step)
+                             << " (asynchronous: the trainer stalled " << std::fixed << std::setprecision(1)
+                             << f.stall_ms << " ms in all for it, " << f.snapshot_ms << " ms of them at step "
+                             << f.writer().step << "; written and published in the background in " << f.write_ms()
+                             << " ms, complete after step " << step + 1 << ")";
+  }
+  spare_ = f.take_share();
+  inflight_.reset();
 }
 
 uint64_t RunState::params_hash() {

@@ -54,7 +54,7 @@ class RunState {
  private:
   GroupState state(int g);
   CheckpointWriter writer(int64_t completed);
-  void publish_inflight(int64_t step, double waited_ms);
+  void advance_checkpoint(int64_t step, bool wait);
   std::unique_ptr<CheckpointInFlight> inflight_;  // the asynchronous checkpoint being written
   std::unique_ptr<CheckpointShare> spare_;         // the last one's snapshot buffers, reused
   std::unique_ptr<CheckpointDirLock> lock_;  // rank 0: checkpoint.dir is this run's
