@@ -176,6 +176,7 @@ struct CheckpointConfig {
   std::string dir;                // "" = no checkpoints
   int64_t every_steps = 0;        // 0 = only at the end and on interruption
   int64_t keep = 3;
+  bool async = true;              // written by a background thread while training goes on
 };
 
 struct MetricsConfig {

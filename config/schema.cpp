@@ -197,6 +197,7 @@ const std::vector<Field> kFields = {
     THETAD_FIELD("checkpoint", "dir", String, checkpoint.dir, true),
     THETAD_FIELD("checkpoint", "every_steps", Int, checkpoint.every_steps, true),
     THETAD_FIELD("checkpoint", "keep", Int, checkpoint.keep, true),
+    THETAD_FIELD("checkpoint", "async", Bool, checkpoint.async, true),
 
     // Per-rank output settings: ranks may differ, so they stay out of the fingerprint.
     THETAD_FIELD("metrics", "path", String, metrics.path, false),

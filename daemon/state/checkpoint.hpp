@@ -9,6 +9,7 @@
 
 #include <torch/torch.h>
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -54,6 +55,7 @@ std::string set_aside_checkpoints(const std::string& dir);
 
 // Writes this rank's share of a checkpoint. `barrier` is a collective barrier across ranks;
 // `all_ok` an agreement that every rank succeeded. Returns the final directory.
+// (checkpoint_write.cpp; checkpoint_dir.cpp holds the directory logic, checkpoint_read.cpp the reader.)
 struct CheckpointWriter {
   std::string dir;
   int64_t step = 0;
@@ -65,6 +67,40 @@ struct CheckpointWriter {
   std::function<bool(bool)> all_ok;
 };
 std::string write_checkpoint(const CheckpointWriter& w, const std::function<GroupState(int group)>& group_state);
+
+// The phases of write_checkpoint, for a checkpoint written in the background (RunState): on the
+// trainer thread begin_checkpoint (collective), snapshot_share, agree_checkpoint (collective);
+// on any thread write_share (files only, no collective); back on the trainer thread
+// publish_checkpoint (collective). A phase records its rank's failure in WriteStatus; the
+// agreements make every rank throw the same Error (the temporary directory removed).
+struct WriteStatus {
+  bool ok = true;
+  std::string error;
+};
+// One shard's values as written (checkpoint.hpp's format 3), copied out of training state.
+struct ShardValues {
+  size_t index = 0;  // in plan_shards(group_bytes)
+  std::string file;
+  std::vector<float> param, exp_avg, exp_avg_sq;
+  std::vector<int64_t> offsets, steps;
+};
+// A rank's shards: a second host copy of what the rank writes (12 bytes per parameter of its
+// shards). Reused from one checkpoint to the next: the vectors keep their capacity.
+struct CheckpointShare {
+  std::vector<ShardValues> shards;
+};
+void begin_checkpoint(const CheckpointWriter& w, WriteStatus& st);
+// Copies this rank's shards; Error (in st) for non-finite parameters.
+void snapshot_share(const CheckpointWriter& w, const std::function<GroupState(int group)>& group_state,
+                    CheckpointShare& share, WriteStatus& st);
+// `cancel` set: stops before the next file (a run that fails elsewhere abandons the write).
+void write_share(const CheckpointWriter& w, const CheckpointShare& share, WriteStatus& st,
+                 const std::atomic<bool>* cancel);
+void agree_checkpoint(const CheckpointWriter& w, const WriteStatus& st, const char* elsewhere);
+std::string publish_checkpoint(const CheckpointWriter& w, WriteStatus st);
+// Rank 0's part of publish_checkpoint, between its two agreements (manifest, rename, syncs,
+// keep-N pruning); throws. Any thread: the decision to publish was agreed before.
+void publish_files(const CheckpointWriter& w);
 
 // Reads a checkpoint: its manifest parsed and checked once (format, step, groups, the model's
 // hash; `num_groups` < 0: any count), then each file checked against its checksum before it is

@@ -3,17 +3,22 @@
 
 #include <ATen/Parallel.h>
 
+#include <chrono>
 #include <cmath>
+#include <iomanip>
 #include <map>
 
 #include "comm/bucket_plan.hpp"
 #include "common/errors.hpp"
 #include "common/log.hpp"
+#include "common/stopwatch.hpp"
 #include "config/loader.hpp"
 #include "daemon/core/job_options.hpp"
 
 namespace thetad::daemon {
 namespace {
+
+using Clock = SteadyClock;
 
 // FNV-1a of a parameter's bytes: chained directly for up to 16 MiB, else over the hashes of
 // its 16 MiB pieces, hashed in parallel (rank 0 fingerprints 34 GB of parameters at T = 256:
@@ -101,8 +106,11 @@ std::string RunState::first_nonfinite_param(int first, int stride) {
   return "";
 }
 
-void RunState::checkpoint(int64_t completed, const std::vector<int64_t>& group_steps) {
-  if (job_.checkpoint.dir.empty()) return;
+// An unpublished checkpoint still in flight (an error on its way out): its write is cancelled,
+// its temporary directory never published.
+RunState::~RunState() = default;
+
+CheckpointWriter RunState::writer(int64_t completed) {
   CheckpointWriter w;
   w.dir = config::expand_path(job_.checkpoint.dir, job_, 0);
   w.step = completed;
@@ -116,11 +124,88 @@ void RunState::checkpoint(int64_t completed, const std::vector<int64_t>& group_s
   w.all_ok = [this, completed](bool ok) {
     return plane_.all_ok(ok, {"allreduce of the checkpoint status", completed, -1});
   };
-  write_checkpoint(w, [&](int g) {
+  return w;
+}
+
+void RunState::checkpoint(int64_t completed, const std::vector<int64_t>& group_steps, bool last) {
+  if (job_.checkpoint.dir.empty()) return;
+  finish_checkpoint(completed);  // at most one in flight
+  const auto t0 = Clock::now();
+  const CheckpointWriter w = writer(completed);
+  const auto group_state = [&](int g) {
     GroupState st = state(g);
     st.steps = group_steps[static_cast<size_t>(g)];
     return st;
-  });
+  };
+  if (!job_.checkpoint.async || last) {
+    const std::string path = write_checkpoint(w, group_state);
+    if (world_.rank == 0) {
+      THETAD_LOG(info, "ckpt") << "checkpoint written: " << path << " (synchronous: the trainer stalled " << std::fixed
+                               << std::setprecision(1) << ms_since(t0) << " ms)";
+    }
+    return;
+  }
+  // The copy happens here, on the trainer thread, so that training may change the state right
+  // after; every rank agrees on it at once (a non-finite parameter stops every rank now).
+  std::unique_ptr<CheckpointShare> share = spare_ ? std::move(spare_) : std::make_unique<CheckpointShare>();
+  WriteStatus st;
+  begin_checkpoint(w, st);
+  const double begin_ms = ms_since(t0);
+  snapshot_share(w, group_state, *share, st);
+  const double snapshot_ms = ms_since(t0) - begin_ms;
+  agree_checkpoint(w, st, " on another rank");
+  THETAD_LOG(debug, "ckpt") << "checkpoint of step " << completed << ": directory and barrier " << std::fixed
+                            << std::setprecision(1) << begin_ms << " ms, snapshot " << snapshot_ms << " ms, agreement "
+                            << ms_since(t0) - begin_ms - snapshot_ms << " ms";
+  inflight_ = std::make_unique<CheckpointInFlight>(w, std::move(share), ms_since(t0));
+  inflight_->abandon_wait = comm_timeout(job_);
+}
+
+void RunState::poll_checkpoint(int64_t step) {
+  if (inflight_) advance_checkpoint(step, false);
+}
+
+void RunState::finish_checkpoint(int64_t step) {
+  while (inflight_) advance_checkpoint(step, true);
+}
+
+// One control-plane allreduce asks whether every rank's thread is done (`wait`: after waiting for
+// this rank's up to comm.timeout_s; one still busy then fails the agreement on every rank). Then
+// the ranks agree on the outcome: after the write, rank 0 starts the publish on the thread;
+// after the publish, the checkpoint is complete. A failure throws on every rank (the write's
+// temporary directory removed, the newest complete checkpoint unchanged).
+void RunState::advance_checkpoint(int64_t step, bool wait) {
+  CheckpointInFlight& f = *inflight_;
+  const auto t0 = Clock::now();
+  if (wait) f.wait(comm_timeout(job_));
+  const bool done = f.done();
+  if (!plane_.all_ok(done, {"allreduce of the checkpoint writers' state", step, -1}) && !wait) {
+    f.stall_ms += ms_since(t0);
+    return;
+  }
+  WriteStatus st;
+  if (done) st = f.status();
+  else st = {false, "the background " + std::string(f.publishing ? "publish" : "write") +
+                        " did not finish within comm.timeout_s (" + std::to_string(comm_timeout(job_).count() / 1000) + " s)"};
+  std::unique_ptr<CheckpointInFlight> failing;  // an error below: the thread joined as it unwinds
+  if (!st.ok) failing = std::move(inflight_);
+  agree_checkpoint(f.writer(), st, f.publishing ? " on rank 0" : " on another rank");
+  if (!f.publishing) {
+    f.publishing = true;
+    if (world_.rank == 0) f.publish_in_background();
+    f.stall_ms += ms_since(t0);
+    return;
+  }
+  f.stall_ms += ms_since(t0);
+  if (world_.rank == 0) {
+    THETAD_LOG(info, "ckpt") << "checkpoint written: " << checkpoint_path(f.writer().dir, f.writer().step)
+                             << " (asynchronous: the trainer stalled " << std::fixed << std::setprecision(1)
+                             << f.stall_ms << " ms in all for it, " << f.snapshot_ms << " ms of them at step "
+                             << f.writer().step << "; written and published in the background in " << f.write_ms()
+                             << " ms, complete after step " << step + 1 << ")";
+  }
+  spare_ = f.take_share();
+  inflight_.reset();
 }
 
 uint64_t RunState::params_hash() {

@@ -13,6 +13,7 @@
 #include "config/job.hpp"
 #include "daemon/models/param_groups.hpp"
 #include "daemon/optim/resident_optimizer.hpp"
+#include "daemon/state/async_checkpoint.hpp"
 #include "daemon/state/checkpoint.hpp"
 #include "daemon/store_bridge/store_bridge.hpp"
 #include "daemon/store_bridge/streamed_trunk.hpp"
@@ -29,10 +30,21 @@ class RunState {
   // checkpoint rank 0 sees, so that every rank starts at the same step whatever its view of a
   // shared directory. Fills the groups' step counts; returns the first step to run.
   int64_t resume(bool resume, std::vector<int64_t>& group_steps);
+  ~RunState();
   // Writes the checkpoint after `completed` steps (nothing without checkpoint.dir). Refuses
   // (Error, exit 1, on every rank) parameters that are not finite (write_checkpoint): the newest
-  // checkpoint on disk then stays the last finite one.
-  void checkpoint(int64_t completed, const std::vector<int64_t>& group_steps);
+  // checkpoint on disk then stays the last finite one. With checkpoint.async (and not `last`:
+  // the end of the run or a stop), it returns once the rank's share is copied and every rank
+  // agreed on the copy; a background thread writes the files and poll_checkpoint publishes.
+  // A checkpoint still in flight is published first (at most one in flight).
+  void checkpoint(int64_t completed, const std::vector<int64_t>& group_steps, bool last);
+  // At a step boundary, on every rank: when a checkpoint is in flight, one control-plane
+  // allreduce asks whether every rank's writer is done; if so, the ranks agree on the outcome and
+  // rank 0 publishes (Error on every rank if a write failed: exit 1, as a failed synchronous
+  // checkpoint).
+  void poll_checkpoint(int64_t step);
+  // Waits for the in-flight checkpoint (up to comm.timeout_s), agrees and publishes it.
+  void finish_checkpoint(int64_t step);
   // The first parameter of groups first, first + stride, ... that holds a NaN or an Inf, as
   // "parameter 'name' of group g", or "" where all are finite. Read where each group lives; a
   // pass over the parameters, so only after a non-finite loss (to say what is non-finite).
@@ -42,6 +54,10 @@ class RunState {
 
  private:
   GroupState state(int g);
+  CheckpointWriter writer(int64_t completed);
+  void advance_checkpoint(int64_t step, bool wait);
+  std::unique_ptr<CheckpointInFlight> inflight_;  // the asynchronous checkpoint being written
+  std::unique_ptr<CheckpointShare> spare_;         // the last one's snapshot buffers, reused
   std::unique_ptr<CheckpointDirLock> lock_;  // rank 0: checkpoint.dir is this run's
   const config::Job& job_;
   const comm::WorldInfo world_;

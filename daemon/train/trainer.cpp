@@ -17,6 +17,7 @@
 #include "comm/engine.hpp"
 #include "common/errors.hpp"
 #include "common/log.hpp"
+#include "common/stopwatch.hpp"
 #include "config/loader.hpp"
 #include "daemon/core/job_options.hpp"
 #include "daemon/core/schedule.hpp"
@@ -39,8 +40,7 @@
 namespace thetad::daemon {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
+using Clock = SteadyClock;
 
 class Trainer {
  public:
@@ -506,6 +506,7 @@ int Trainer::run() {
     flush();
     pending = std::move(cur);
     const int64_t completed = step + 1;
+    state_->poll_checkpoint(step);  // publishes a background checkpoint once every rank wrote it
     bool stop_now = false;
     {
       Timeline::Scope span(timeline_.get(), Lane::comm, "stop agreement");
@@ -520,7 +521,9 @@ int Trainer::run() {
       // A checkpoint waits for the step anyway: its loss is checked first (stop and warn read it
       // one step late otherwise), so that a stop names the loss, not the parameters it spoilt.
       if (lagged_check) nonfinite(step, loss_total_.item<double>(), pending->rec);
-      state_->checkpoint(completed, group_steps_);  // waits for the step's device work itself
+      // The run's last checkpoint (the end, a stop) is written before the loop ends: exit 0 or 4
+      // means it is published. Others may be written in the background (checkpoint.async).
+      state_->checkpoint(completed, group_steps_, stop_now || completed == job_.steps);  // waits for the step's device work itself
     }
     // step_ms: this iteration's wall time, its checkpoint included (written one step late).
     pending->rec.step_ms = ms_since(t_step);
@@ -530,6 +533,7 @@ int Trainer::run() {
     }
   }
   flush();
+  state_->finish_checkpoint(job_.steps);  // none is left in flight: the last one was synchronous
   if (world_.rank == 0) {
     THETAD_LOG(info, "train") << "final params hash: " << hex64(state_->params_hash());
   }

@@ -1,0 +1,189 @@
+// Checkpoint directories: durable file writes, names, pruning, finding the newest complete
+// checkpoint, the directory lock and setting a previous run's checkpoints aside (checkpoint.hpp,
+// checkpoint_files.hpp).
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <regex>
+#include <sstream>
+
+#include "common/errors.hpp"
+#include "daemon/state/checkpoint.hpp"
+#include "daemon/state/checkpoint_files.hpp"
+
+namespace thetad::daemon {
+namespace ckpt_files {
+
+std::string step_name(int64_t step) {
+  std::ostringstream os;
+  os << "step-" << std::setw(8) << std::setfill('0') << step;
+  return os.str();
+}
+
+[[noreturn]] void io_error(const std::string& what, const fs::path& p) {
+  throw Error("checkpoint: " + what + " " + p.string() + ": " + std::strerror(errno));
+}
+
+void write_file_durable(const fs::path& path, const std::vector<char>& bytes) {
+  fs::path part = path;
+  part += ".part";
+  const int fd = ::open(part.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) io_error("cannot write", part);
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      ::close(fd);
+      io_error("short write to", part);
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (::fsync(fd) != 0) {
+    ::close(fd);
+    io_error("cannot sync", part);
+  }
+  if (::close(fd) != 0) io_error("cannot close", part);
+  fs::rename(part, path);
+}
+
+void sync_dir(const fs::path& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) io_error("cannot open directory", dir);
+  const int rc = ::fsync(fd);
+  ::close(fd);
+  if (rc != 0 && errno != EINVAL) io_error("cannot sync directory", dir);  // EINVAL: fs without it
+}
+
+int64_t step_of(const fs::path& p) {
+  static const std::regex re("step-([0-9]{8})");
+  std::smatch m;
+  const std::string name = p.filename().string();
+  return std::regex_match(name, m, re) ? std::stoll(m[1].str()) : -1;
+}
+
+void prune(const fs::path& root, int64_t step, int64_t keep) {
+  std::vector<std::pair<int64_t, fs::path>> older;
+  for (const auto& e : fs::directory_iterator(root)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind(".tmp-step-", 0) == 0) {
+      fs::remove_all(e.path());
+      continue;
+    }
+    const int64_t s = step_of(e.path());
+    if (s >= 0 && s < step) older.emplace_back(s, e.path());
+  }
+  std::sort(older.begin(), older.end());
+  const size_t keep_older = keep > 1 ? static_cast<size_t>(keep - 1) : 0;
+  for (size_t i = 0; i + keep_older < older.size(); ++i) fs::remove_all(older[i].second);
+}
+
+std::vector<char> read_bytes(const fs::path& p) {
+  std::error_code ec;
+  if (!fs::is_regular_file(p, ec))
+    throw ConfigError(p.string() + ": " + (fs::exists(p, ec) ? "not a regular file" : "missing") +
+                      " (the checkpoint is damaged; use --no-resume or another checkpoint.dir)");
+  std::ifstream in(p, std::ios::binary);
+  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) throw ConfigError(p.string() + ": cannot be read: " + std::strerror(errno));
+  return bytes;
+}
+
+std::string checksum_part(int rank) { return "checksums-rank-" + std::to_string(rank) + ".txt"; }
+
+}  // namespace ckpt_files
+
+using namespace ckpt_files;
+
+std::optional<CheckpointInfo> find_latest_checkpoint(const std::string& dir) {
+  std::error_code ec;
+  if (dir.empty() || !fs::is_directory(dir, ec)) return std::nullopt;
+  std::optional<CheckpointInfo> best;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const int64_t step = step_of(entry.path());
+    if (step < 0) continue;
+    if (!fs::exists(entry.path() / "manifest.json")) continue;  // incomplete
+    if (!best || step > best->step) best = CheckpointInfo{entry.path().string(), step};
+  }
+  return best;
+}
+
+std::string checkpoint_path(const std::string& dir, int64_t step) { return (fs::path(dir) / step_name(step)).string(); }
+
+CheckpointDirLock::CheckpointDirLock(const std::string& dir, const std::string& job_name) {
+  const auto refuse = [&](const std::string& why) {
+    throw ConfigError("checkpoint.dir " + dir + ": " + why + " (found before any step)");
+  };
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec || !fs::is_directory(dir, ec)) refuse(fs::exists(dir) ? "exists and is not a directory" : "cannot be created: " + ec.message());
+  const fs::path lock = fs::path(dir) / ".lock";
+  fd_ = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd_ < 0) refuse(std::string("not writable: ") + std::strerror(errno));
+  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    std::string holder(256, '\0');
+    const ssize_t n = ::pread(fd_, holder.data(), holder.size(), 0);
+    holder.resize(n > 0 ? static_cast<size_t>(n) : 0);
+    while (!holder.empty() && (holder.back() == '\n' || holder.back() == '\0')) holder.pop_back();
+    ::close(fd_);
+    fd_ = -1;
+    if (err == EWOULDBLOCK)
+      refuse("in use by another job (" + (holder.empty() ? std::string("holder unknown") : holder) +
+             "); two jobs on one checkpoint directory would publish over each other's steps");
+    refuse(std::string("cannot be locked: ") + std::strerror(err));
+  }
+  char host[256] = {0};
+  ::gethostname(host, sizeof host - 1);
+  const std::time_t now = std::time(nullptr);
+  char stamp[32];
+  std::tm utc{};
+  gmtime_r(&now, &utc);
+  std::strftime(stamp, sizeof stamp, "%Y-%m-%dT%H:%M:%SZ", &utc);
+  const std::string who = "job " + job_name + ", pid " + std::to_string(::getpid()) + " on " + host + " since " + stamp;
+  if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, who.data(), who.size(), 0) != static_cast<ssize_t>(who.size()))
+    refuse(std::string("not writable: ") + std::strerror(errno));
+  // The checkpoints themselves need files written and synced in it: prove it now, not after training.
+  const fs::path probe = fs::path(dir) / ".write-probe";
+  try {
+    write_file_durable(probe, std::vector<char>(who.begin(), who.end()));
+    fs::remove(probe);
+  } catch (const std::exception& e) {
+    refuse(std::string("not writable: ") + e.what());
+  }
+}
+
+CheckpointDirLock::~CheckpointDirLock() {
+  if (fd_ >= 0) ::close(fd_);  // releases the lock
+}
+
+std::string set_aside_checkpoints(const std::string& dir) {
+  std::error_code ec;
+  if (dir.empty() || !fs::is_directory(dir, ec)) return "";
+  std::vector<fs::path> found;
+  for (const auto& e : fs::directory_iterator(dir, ec))
+    if (step_of(e.path()) >= 0) found.push_back(e.path());
+  if (found.empty()) return "";
+  const std::time_t now = std::time(nullptr);
+  std::tm utc{};
+  gmtime_r(&now, &utc);
+  char stamp[32];
+  std::strftime(stamp, sizeof stamp, "%Y%m%dT%H%M%SZ", &utc);
+  fs::path aside = fs::path(dir) / (std::string("previous-") + stamp);
+  for (int i = 1; fs::exists(aside); ++i) aside = fs::path(dir) / (std::string("previous-") + stamp + "-" + std::to_string(i));
+  fs::create_directories(aside);
+  for (const auto& p : found) fs::rename(p, aside / p.filename());
+  sync_dir(aside);
+  sync_dir(dir);
+  return aside.string();
+}
+
+}  // namespace thetad::daemon

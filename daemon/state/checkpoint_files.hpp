@@ -1,0 +1,34 @@
+// The file-level pieces shared by the checkpoint writer, reader and directory logic: durable
+// writes (fsync before rename), directory syncs, step-directory names and keep-N pruning.
+// Internal to daemon/state/ (checkpoint.hpp is the interface).
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace thetad::daemon::ckpt_files {
+
+namespace fs = std::filesystem;
+
+// "step-00000040".
+std::string step_name(int64_t step);
+// Completed steps of a checkpoint directory's name, or -1.
+int64_t step_of(const fs::path& p);
+// Error "checkpoint: <what> <p>: <strerror(errno)>".
+[[noreturn]] void io_error(const std::string& what, const fs::path& p);
+// Writes the file under path.part, on disk (fsync) before it takes its name: a crash leaves the
+// old contents or the new ones, never a torn file.
+void write_file_durable(const fs::path& path, const std::vector<char>& bytes);
+// A directory's entries (creations, renames) on disk.
+void sync_dir(const fs::path& dir);
+// After publishing `step`: keeps the newest `keep` checkpoints up to it (it included) and drops
+// the temporary directories of interrupted writes. Newer checkpoints, if any, are left alone.
+void prune(const fs::path& root, int64_t step, int64_t keep);
+// A checkpoint file's bytes; ConfigError naming it where it cannot be read whole.
+std::vector<char> read_bytes(const fs::path& p);
+// The file in which rank `rank` leaves its shards' checksums for rank 0's manifest.
+std::string checksum_part(int rank);
+
+}  // namespace thetad::daemon::ckpt_files

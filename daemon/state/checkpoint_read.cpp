@@ -1,0 +1,211 @@
+// Reading checkpoints: the manifest checked once, each shard (format 3) or group file (formats
+// 1 and 2) checked against its checksum before it is unpickled; the model's layout restored
+// (checkpoint.hpp).
+#include <torch/serialize.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <iomanip>
+#include <map>
+#include <sstream>
+
+#include "comm/bucket_plan.hpp"
+#include "common/errors.hpp"
+#include "daemon/core/manifest.hpp"
+#include "daemon/state/checkpoint.hpp"
+#include "daemon/state/checkpoint_files.hpp"
+
+namespace fs = std::filesystem;
+
+namespace thetad::daemon {
+namespace {
+
+// Whether a host tensor holds only finite values (a plain loop: checkpoints of a million tiny
+// tensors cannot afford a LibTorch reduction per tensor).
+bool all_finite(const at::Tensor& t) {
+  if (t.scalar_type() != at::kFloat) return torch::isfinite(t).all().item<bool>();
+  const at::Tensor c = t.contiguous();
+  const float* v = c.data_ptr<float>();
+  bool finite = true;
+  for (int64_t i = 0, n = c.numel(); i < n; ++i) finite &= std::isfinite(v[i]);
+  return finite;
+}
+
+}  // namespace
+
+using ckpt_files::read_bytes;
+
+CheckpointReader::CheckpointReader(const CheckpointInfo& ckpt, int num_groups, const std::string& expected_job_hash)
+    : ckpt_(ckpt) {
+  const fs::path path = fs::path(ckpt.path) / "manifest.json";
+  const std::vector<char> text = read_bytes(path);
+  manifest_ = parse_manifest(std::string(text.begin(), text.end()), path.string());
+  if (manifest_.step != ckpt.step)
+    throw ConfigError(path.string() + ": step: " + std::to_string(manifest_.step) + " but the directory is of step " +
+                      std::to_string(ckpt.step) + " (the checkpoint is damaged; use --no-resume or another "
+                      "checkpoint.dir)");
+  if (!expected_job_hash.empty() && manifest_.job_hash != expected_job_hash)
+    throw ConfigError(path.string() + ": checkpoint is of another model (job_hash " + manifest_.job_hash +
+                      ", this job " + expected_job_hash + "); use --no-resume or another checkpoint.dir");
+  if (num_groups >= 0 && manifest_.num_groups != num_groups)
+    throw ConfigError(path.string() + ": groups: " + std::to_string(manifest_.num_groups) + " groups, this job has " +
+                      std::to_string(num_groups) + " (use --no-resume or another checkpoint.dir)");
+}
+
+// A checkpoint file's bytes checked against the manifest's checksum, then unpickled as a dict
+// (ConfigError naming the file otherwise).
+c10::impl::GenericDict CheckpointReader::load_file(const std::string& name, bool has_checksum, uint64_t checksum) const {
+  const fs::path file = fs::path(ckpt_.path) / name;  // a fixed name: parse_manifest allows no path
+  const std::vector<char> bytes = read_bytes(file);
+  if (has_checksum) {
+    const uint64_t sum = comm::fnv1a64(bytes.data(), bytes.size());
+    if (sum != checksum) {
+      std::ostringstream os;
+      os << "checksum " << std::hex << std::setw(16) << std::setfill('0') << sum << " where manifest.json says "
+         << std::setw(16) << checksum << " (" << std::dec << bytes.size() << " bytes)";
+      throw damaged(name, os.str());
+    }
+  }
+  try {
+    c10::IValue v = torch::pickle_load(bytes);
+    if (!v.isGenericDict()) throw damaged(name, "not a dict of tensors");
+    return v.toGenericDict();
+  } catch (const c10::Error& e) {
+    throw damaged(name, std::string("not a dict of tensors: ") + e.what_without_backtrace());
+  }
+}
+
+ConfigError CheckpointReader::damaged(const std::string& name, const std::string& what) const {
+  return ConfigError((fs::path(ckpt_.path) / name).string() + ": " + what +
+                     " (the checkpoint is damaged; use --no-resume or another checkpoint.dir)");
+}
+
+// A tensor of the dict by key (ConfigError naming the file and key where missing or another type).
+at::Tensor CheckpointReader::tensor(const c10::impl::GenericDict& dict, const std::string& key,
+                                    const std::string& file) const {
+  auto it = dict.find(key);
+  if (it == dict.end()) throw damaged(file, "key '" + key + "' missing");
+  if (!it->value().isTensor()) throw damaged(file, "key '" + key + "' is not a tensor");
+  return it->value().toTensor();
+}
+
+GroupState CheckpointReader::load_group(int group) const {
+  THETAD_CHECK(group >= 0 && group < manifest_.num_groups, InternalError, "no group ", group, " in ", ckpt_.path);
+  return manifest_.shards.empty() ? load_group_file(group) : load_shard_group(group);
+}
+
+// Format 3: the group's slice of its shard, the shard read and checked once for all its groups
+// (resume goes in group order). Names are not stored: the flat layout is the model's, which the
+// manifest's job_hash vouches for; RunState splits it.
+GroupState CheckpointReader::load_shard_group(int group) const {
+  const size_t s = shard_of(manifest_, group);
+  const ManifestShard& sh = manifest_.shards[s];
+  if (shard_.index != static_cast<int64_t>(s)) {
+    shard_ = {};
+    const c10::impl::GenericDict dict = load_file(sh.file, true, sh.fnv1a64);
+    const auto values = [&](const char* key) {
+      at::Tensor t = tensor(dict, key, sh.file);
+      if (t.dim() != 1 || t.scalar_type() != at::kFloat) throw damaged(sh.file, std::string("key '") + key + "' is not float32 [n]");
+      return t;
+    };
+    shard_.param = values("param");
+    shard_.exp_avg = values("exp_avg");
+    shard_.exp_avg_sq = values("exp_avg_sq");
+    const at::Tensor offsets = tensor(dict, "offsets", sh.file), steps = tensor(dict, "steps", sh.file);
+    if (offsets.dim() != 1 || offsets.scalar_type() != at::kLong || offsets.numel() != sh.count + 1)
+      throw damaged(sh.file, "key 'offsets' is not int64 [" + std::to_string(sh.count + 1) + "]");
+    if (steps.dim() != 1 || steps.scalar_type() != at::kLong || steps.numel() != sh.count)
+      throw damaged(sh.file, "key 'steps' is not int64 [" + std::to_string(sh.count) + "]");
+    const int64_t n = shard_.param.numel();
+    if (shard_.exp_avg.numel() != n || shard_.exp_avg_sq.numel() != n)
+      throw damaged(sh.file, "keys 'param', 'exp_avg' and 'exp_avg_sq' differ in length");
+    shard_.offsets.assign(offsets.data_ptr<int64_t>(), offsets.data_ptr<int64_t>() + offsets.numel());
+    shard_.steps.assign(steps.data_ptr<int64_t>(), steps.data_ptr<int64_t>() + steps.numel());
+    for (size_t i = 0; i + 1 < shard_.offsets.size(); ++i)
+      if (shard_.offsets[i] > shard_.offsets[i + 1]) throw damaged(sh.file, "key 'offsets' decreases");
+    if (shard_.offsets.front() != 0 || shard_.offsets.back() != n)
+      throw damaged(sh.file, "key 'offsets' does not span 'param' (" + std::to_string(n) + " values)");
+    shard_.index = static_cast<int64_t>(s);
+  }
+  const size_t i = static_cast<size_t>(group - sh.first);
+  const int64_t a = shard_.offsets[i], len = shard_.offsets[i + 1] - a;
+  GroupState st;
+  st.group = group;
+  st.params = {shard_.param.narrow(0, a, len)};
+  // Training on from NaN or Inf would only spread it: refused before any step.
+  if (!all_finite(st.params[0]))
+    throw ConfigError((fs::path(ckpt_.path) / sh.file).string() + ": group " + std::to_string(group) +
+                      ": parameters hold NaN or Inf (resume from an earlier checkpoint, or start anew with --no-resume)");
+  st.exp_avg = {shard_.exp_avg.narrow(0, a, len)};
+  st.exp_avg_sq = {shard_.exp_avg_sq.narrow(0, a, len)};
+  st.steps = shard_.steps[i];
+  return st;
+}
+
+// Formats 1 and 2: a file per group, tensors by name.
+GroupState CheckpointReader::load_group_file(int group) const {
+  const ManifestGroup& mg = manifest_.groups[static_cast<size_t>(group)];
+  const c10::impl::GenericDict dict = load_file(mg.file, mg.has_checksum, mg.fnv1a64);
+  GroupState st;
+  st.group = group;
+  for (const auto& item : dict) {
+    if (!item.key().isString()) throw damaged(mg.file, "a key that is not a string");
+    const std::string key = item.key().toStringRef();
+    if (key.rfind("param/", 0) == 0) st.names.push_back(key.substr(6));
+  }
+  for (const auto& name : st.names) {
+    st.params.push_back(tensor(dict, "param/" + name, mg.file));
+    if (!all_finite(st.params.back()))
+      throw ConfigError((fs::path(ckpt_.path) / mg.file).string() + ": parameter '" + name +
+                        "' holds NaN or Inf (resume from an earlier checkpoint, or start anew with --no-resume)");
+    st.exp_avg.push_back(tensor(dict, "exp_avg/" + name, mg.file));
+    st.exp_avg_sq.push_back(tensor(dict, "exp_avg_sq/" + name, mg.file));
+  }
+  const at::Tensor steps = tensor(dict, "steps", mg.file);
+  if (steps.numel() != 1 || steps.scalar_type() != at::kLong) throw damaged(mg.file, "key 'steps' is not one int64");
+  st.steps = steps.item<int64_t>();
+  return st;
+}
+
+GroupState in_model_layout(const GroupState& loaded, const ParamGroups& groups, int g, const std::string& where) {
+  if (loaded.names.empty()) {
+    const int64_t n = groups.numel(g);
+    if (loaded.params.size() != 1 || loaded.params[0].numel() != n)
+      throw ConfigError(where + ": group " + std::to_string(g) + " holds " +
+                        std::to_string(loaded.params.empty() ? 0 : loaded.params[0].numel()) +
+                        " values where this model's group has " + std::to_string(n));
+    GroupState st;
+    st.group = g;
+    st.steps = loaded.steps;
+    for (int p : groups.members[static_cast<size_t>(g)]) {
+      const NamedParam& np = groups[p];
+      const auto off = static_cast<int64_t>(groups.offset[static_cast<size_t>(p)]);
+      st.names.push_back(np.name);
+      st.params.push_back(loaded.params[0].narrow(0, off, np.tensor.numel()).view(np.tensor.sizes()));
+      st.exp_avg.push_back(loaded.exp_avg[0].narrow(0, off, np.tensor.numel()).view(np.tensor.sizes()));
+      st.exp_avg_sq.push_back(loaded.exp_avg_sq[0].narrow(0, off, np.tensor.numel()).view(np.tensor.sizes()));
+    }
+    return st;
+  }
+  std::map<std::string, size_t> by_name;
+  for (size_t i = 0; i < loaded.names.size(); ++i) by_name[loaded.names[i]] = i;
+  GroupState st;
+  st.group = g;
+  st.steps = loaded.steps;
+  for (int p : groups.members[static_cast<size_t>(g)]) {
+    const NamedParam& np = groups[p];
+    auto it = by_name.find(np.name);
+    if (it == by_name.end()) throw ConfigError(where + ": parameter '" + np.name + "' missing");
+    if (!loaded.params[it->second].sizes().equals(np.tensor.sizes()))
+      throw ConfigError(where + ": parameter '" + np.name + "' has another shape");
+    st.names.push_back(np.name);
+    st.params.push_back(loaded.params[it->second]);
+    st.exp_avg.push_back(loaded.exp_avg[it->second]);
+    st.exp_avg_sq.push_back(loaded.exp_avg_sq[it->second]);
+  }
+  return st;
+}
+
+}  // namespace thetad::daemon

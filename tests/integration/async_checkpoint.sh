@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# Asynchronous checkpoints (checkpoint.async): the files and the final parameters equal the
+# synchronous ones (offload off and on); a kill -9 while a background write is in flight leaves
+# the previous checkpoint the newest complete one, and resuming from it is bitwise; a full disk
+# during a background write is a clear exit 1 with nothing published and the previous checkpoint
+# intact; SIGTERM during a background write still ends with exit 4 and a complete checkpoint.
+# Slow and failing writes come from the writer's test aids THETAD_TEST_CHECKPOINT_WRITE_DELAY_MS
+# and THETAD_TEST_CHECKPOINT_ENOSPC_RANK (docs/configuration.md, checkpoint).
+source "$(dirname "$0")/lib.sh"
+thetad=$1
+job=$HERE/jobs/small.yaml
+run() { mpirun "${MPIRUN_FLAGS[@]}" -np 2 "$thetad" run "$job" "$@"; }
+newest() { (cd "$1" && ls -d step-*/manifest.json 2>/dev/null | sed 's|/manifest.json||' | sort | tail -1); }
+ranks_of() { pgrep -f "thetad run .*job=$1" || true; }
+# wait_for PATH_GLOB: up to 60 s until it exists.
+wait_for() {
+  for _ in $(seq 1 600); do compgen -G "$1" >/dev/null && return 0; sleep 0.1; done
+  return 1
+}
+
+# 1. async == sync: the same final hash and byte-identical checkpoint files, offload off and on.
+for off in false true; do
+  for mode in true false; do
+    expect_code 0 "eq_${off}_$mode" run --no-resume --set steps=12 --set checkpoint.every_steps=3 \
+      --set checkpoint.keep=10 --set checkpoint.async=$mode --set offload.enabled=$off \
+      --set checkpoint.dir="$WORK/eq_${off}_$mode"
+  done
+  same_hash "offload $off: async == sync final parameters" "eq_${off}_true" "eq_${off}_false"
+  n=$(find "$WORK/eq_${off}_true" -name 'shard-*.pt' | wc -l)
+  if [ "$n" -ge 4 ] && diff -r "$WORK/eq_${off}_true" "$WORK/eq_${off}_false" -x .lock > "$WORK/diff_$off.txt"; then
+    pass "offload $off: async and sync checkpoints are the same files ($n shards, manifests included)"
+  else fail "offload $off: checkpoint files differ ($n shards)"; head "$WORK/diff_$off.txt"; fi
+  expect_in "eq_${off}_true" "checkpoint written: .*step-00000003 \(asynchronous: the trainer stalled"
+  expect_in "eq_${off}_false" "checkpoint written: .*step-00000003 \(synchronous: the trainer stalled"
+done
+
+# 2. kill -9 of every rank while the write of step 10 is in flight: step 5 stays the newest
+# complete checkpoint, and a resume from it ends with the uninterrupted hash.
+THETAD_TEST_CHECKPOINT_WRITE_DELAY_MS=3000 run --no-resume --set job=kill-$$ --set checkpoint.every_steps=5 \
+  --set checkpoint.dir="$WORK/kill" > "$WORK/kill.log" 2>&1 &
+mpirun_pid=$!
+if wait_for "$WORK/kill/step-00000005/manifest.json" && wait_for "$WORK/kill/.tmp-step-00000010"; then
+  # shellcheck disable=SC2046
+  kill -9 $(ranks_of "kill-$$")
+  wait "$mpirun_pid" || true
+  [ "$(newest "$WORK/kill")" = step-00000005 ] && [ ! -e "$WORK/kill/step-00000010" ] \
+    && pass "kill -9 mid-write: step-00000005 is the newest complete checkpoint" \
+    || fail "kill -9 mid-write: newest is '$(newest "$WORK/kill")'"
+else
+  fail "kill -9: no write of step 10 in flight seen"; kill -9 $(ranks_of "kill-$$") 2>/dev/null; wait "$mpirun_pid" || true
+  tail -5 "$WORK/kill.log"
+fi
+expect_code 0 kill_resume run --set checkpoint.dir="$WORK/kill"
+expect_in kill_resume "resumed from .*step-00000005 at step 5"
+expect_code 0 uninterrupted run --no-resume --set checkpoint.every_steps=5 --set checkpoint.dir="$WORK/uninterrupted"
+same_hash "resume after kill -9 mid-write == uninterrupted" kill_resume uninterrupted
+
+# 3. A full disk on rank 1 during the background write of step 15 (checkpoints 5 and 10 were
+# written before): exit 1 naming the checkpoint and the error, nothing of step 15 left, step 10
+# intact (a resume from it ends with the uninterrupted hash).
+expect_code 0 before_full run --no-resume --set steps=10 --set checkpoint.every_steps=5 --set checkpoint.dir="$WORK/full"
+sum10=$(cat "$WORK/full/step-00000010/manifest.json" | md5sum)
+expect_code 1 disk_full env THETAD_TEST_CHECKPOINT_ENOSPC_RANK=1 \
+  mpirun "${MPIRUN_FLAGS[@]}" -np 2 "$thetad" run "$job" --set checkpoint.every_steps=5 --set checkpoint.dir="$WORK/full"
+expect_in disk_full "checkpoint at step 15 failed: checkpoint: short write to .*No space left on device \(the newest complete checkpoint in .* is unchanged\)"
+expect_in disk_full "checkpoint at step 15 failed on another rank; .*\.tmp-step-00000015 removed"
+[ "$(newest "$WORK/full")" = step-00000010 ] && [ -z "$(ls -A "$WORK/full" | grep -v -e '^step-0000000[5]$' -e '^step-00000010$' -e '^\.lock$')" ] \
+  && [ "$(md5sum < "$WORK/full/step-00000010/manifest.json")" = "$sum10" ] \
+  && pass "disk full: nothing of step 15 published or left, step-00000010 intact" \
+  || fail "disk full: checkpoint dir holds $(ls -A "$WORK/full" | tr '\n' ' ')"
+expect_code 0 full_resume run --set checkpoint.every_steps=5 --set checkpoint.dir="$WORK/full"
+expect_in full_resume "resumed from .*step-00000010 at step 10"
+same_hash "resume after a full disk == uninterrupted" full_resume uninterrupted
+
+# 4. SIGTERM to one rank while a background write is in flight: exit 4 after the in-flight
+# checkpoint and a final one are published; resuming from it ends with the uninterrupted hash.
+THETAD_TEST_CHECKPOINT_WRITE_DELAY_MS=1500 run --no-resume --set job=term-$$ --set checkpoint.every_steps=5 \
+  --set checkpoint.dir="$WORK/term" > "$WORK/term.log" 2>&1 &
+mpirun_pid=$!
+if wait_for "$WORK/term/.tmp-step-00000005"; then kill -TERM "$(ranks_of "term-$$" | tail -1)"; fi
+code=0
+wait "$mpirun_pid" || code=$?
+[ "$code" -eq 4 ] && pass "SIGTERM mid-write: exit 4" || { fail "SIGTERM mid-write: exit $code"; tail -20 "$WORK/term.log"; }
+grep -q "checkpoint written: .*step-00000005 (asynchronous" "$WORK/term.log" \
+  && pass "SIGTERM mid-write: the in-flight checkpoint was published first" || fail "SIGTERM: step 5 not published"
+last=$(newest "$WORK/term")
+[ -n "$last" ] && [ "$last" != step-00000005 ] && ! compgen -G "$WORK/term/.tmp-*" >/dev/null \
+  && pass "SIGTERM mid-write: the stop's checkpoint $last is complete" || fail "SIGTERM: newest '$last'"
+expect_code 0 term_resume run --set checkpoint.dir="$WORK/term"
+expect_in term_resume "resumed from .*$last"
+same_hash "resume after SIGTERM mid-write == uninterrupted" term_resume uninterrupted
+[ -z "$(ranks_of "term-$$")$(ranks_of "kill-$$")" ] && pass "no process left" || fail "processes left"
+finish
