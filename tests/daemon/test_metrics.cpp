@@ -140,7 +140,7 @@ TEST(Metrics, WriterCreatesDirsAndWritesLines) {
         "recs=[json.loads(l) for l in open(sys.argv[1])]\n"
         "assert len(recs)==3 and recs[1][\"step\"]==18 and recs[1][\"loss\"] is None\n"
         "assert recs[0][\"task_loss\"][0]==dict(task=3,loss=0.5)\n"
-        "assert len(recs[0])==32, len(recs[0])",
+        "assert len(recs[0])==36, len(recs[0])",
         path));
   }
 }

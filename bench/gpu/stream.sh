@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# Issue 21 on the lent GPU machine: the trunk Θ streamed from the host (offload.shared: stream)
+# against all-resident and against PyTorch FSDP2 with CPU offload (bench/peer/fsdp2_offload.py);
+# activation offload against FSDP2 with save_on_cpu; and a trunk too large for the device, which
+# all-resident cannot hold and the streamed trunk trains. Needs a build (bench/gpu/run.sh makes one).
+#
+#   source .gpukit/setup.sh; bash bench/gpu/stream.sh /tmp/build
+#
+# Output under ${OUT:-/tmp/out}/stream/; a table on stdout (median step_ms over the steps after
+# STREAM_WARMUP=5). STREAM_BUDGET_S=480 bounds the whole script (later points get what is left);
+# STREAM_POINTS="speed act size" picks the sections.
+set -uo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+BUILD=${1:?usage: stream.sh BUILD_DIR}
+THETAD=$BUILD/daemon/thetad
+[ -x "$THETAD" ] || { echo "stream.sh: no $THETAD" >&2; exit 2; }
+OUT=${OUT:-/tmp/out}/stream
+mkdir -p "$OUT"
+START=$(date +%s) BUDGET=${STREAM_BUDGET_S:-480} WARM=${STREAM_WARMUP:-5}
+export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0} TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl_vader_single_copy_mechanism=none PMIX_MCA_gds=hash
+MPI=(mpirun --oversubscribe --bind-to none --mca btl self,vader,tcp --mca btl_tcp_if_include lo
+     --mca oob_tcp_if_include lo --mca pml ob1 --mca osc ^ucx -x NCCL_NVLS_ENABLE -x PATH -np 1)
+[ -n "${LD_LIBRARY_PATH:-}" ] && MPI+=(-x LD_LIBRARY_PATH)
+left() { echo $(( BUDGET - ($(date +%s) - START) )); }
+cap() { local l; l=$(left); echo $(( l - 5 < $1 ? l - 5 : $1 )); }
+thetad() {  # NAME CAP JOB ARGS...
+  local name=$1 c; c=$(cap "$2"); shift 2
+  [ "$c" -gt 10 ] || { echo "$name: skipped (budget)"; return; }
+  mkdir -p "$OUT/$name"
+  timeout "$c" "${MPI[@]}" "$THETAD" run "$@" --no-resume --set metrics.path="$OUT/$name/metrics.jsonl" \
+      > "$OUT/$name/log.txt" 2>&1
+  echo "$name: exit $? $(grep -o 'final params hash: [0-9a-f]*' "$OUT/$name/log.txt" | tail -1)$(grep -m1 -io 'out of memory[^.]*' "$OUT/$name/log.txt" | head -c 120)"
+}
+fsdp() {  # NAME CAP ARGS...
+  local name=$1 c; c=$(cap "$2"); shift 2
+  [ "$c" -gt 10 ] || { echo "$name: skipped (budget)"; return; }
+  mkdir -p "$OUT/$name"
+  timeout "$c" "${MPI[@]}" -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=$((29600 + RANDOM % 300)) python3 \
+      "$ROOT/bench/peer/fsdp2_offload.py" --warmup "$WARM" --out "$OUT/$name/result.json" "$@" > "$OUT/$name/log.txt" 2>&1
+  echo "$name: exit $? $(tail -1 "$OUT/$name/log.txt" | head -c 300)"
+}
+POINTS=${STREAM_POINTS:-speed act size}
+# Issue 7's trunk (8 layers of 4096) with one head, batch 1024: all-resident, streamed, FSDP2.
+REF=(bench/jobs/reference.yaml --set model.tasks=1 --set data.batch_per_rank=1024 --set steps=30)
+if [[ $POINTS == *speed* ]]; then
+  thetad ref_resident 90 "${REF[@]}"
+  thetad ref_stream_k1 120 "${REF[@]}" --set offload.shared=stream
+  thetad ref_stream_k3 120 "${REF[@]}" --set offload.shared=stream --set offload.shared_prefetch_layers=3
+  fsdp fsdp2_cpu_offload 120 --batch 1024 --steps 10 --offload cpu
+  fsdp fsdp2_device 60 --batch 1024 --steps 20 --offload none
+fi
+# Activations: 8 layers of 4096 over 8192 rows (saved tensors 256 MiB a layer).
+if [[ $POINTS == *act* ]]; then
+  thetad act_off 60 bench/jobs/activation_offload.yaml --set offload.activations=false
+  thetad act_on 60 bench/jobs/activation_offload.yaml --set offload.activations=true
+  ACT=(--input-dim 1024 --hidden 4096 --trunk-layers 8 --head-layers 1 --output-dim 1 --batch 8192 --steps 20 --offload none)
+  fsdp fsdp2_act_device 60 "${ACT[@]}" --activations device
+  fsdp fsdp2_act_save_on_cpu 60 "${ACT[@]}" --activations save_on_cpu
+fi
+# A trunk the device cannot hold all-resident: 76 layers of 8192 (5.1 B parameters; with
+# gradients and AdamW moments 82 GB, more than an H100's 80 GB).
+BIG=(bench/jobs/reference.yaml --set model.tasks=1 --set model.input_dim=8192 --set model.hidden=8192
+     --set model.trunk_layers=76 --set model.head_layers=1 --set model.output_dim=8 --set data.batch_per_rank=256 --set steps=6)
+if [[ $POINTS == *size* ]]; then
+  thetad big_resident 120 "${BIG[@]}"
+  thetad big_stream 400 "${BIG[@]}" --set offload.shared=stream
+fi
+python3 - "$OUT" "$WARM" <<'PY'
+import json, os, statistics, sys
+out, warm = sys.argv[1], int(sys.argv[2])
+print("| run | steps | step ms (median after warm-up) | peak device GiB | Θ H2D GB/step | Θ D2H GB/step | Θ slots GiB | Θ CPU AdamW ms | act device peak GiB |")
+print("|---|---|---|---|---|---|---|---|---|")
+for name in sorted(os.listdir(out)):
+    d = os.path.join(out, name)
+    m, r = os.path.join(d, "metrics.jsonl"), os.path.join(d, "result.json")
+    if os.path.exists(m):
+        rows = [json.loads(l) for l in open(m)]
+        t = [x for x in rows if x["step"] >= min(warm, max(0, len(rows) - 2))] or rows
+        med = lambda k: statistics.median((x.get(k) or 0) for x in t)
+        print(f"| {name} | {len(rows)} | {med('step_ms'):.1f} | {max((x.get('device_mem_peak_bytes') or 0) for x in rows) / 2**30:.2f} | "
+              f"{med('theta_h2d_bytes') / 1e9:.2f} | {med('theta_d2h_bytes') / 1e9:.2f} | {med('theta_device_slot_bytes') / 2**30:.2f} | "
+              f"{med('theta_cpu_adam_ms'):.1f} | {med('act_device_peak_bytes') / 2**30:.2f} |")
+    elif os.path.exists(r):
+        j = json.load(open(r))
+        sm = j.get("step_ms_median")
+        print(f"| {name} (FSDP2) | {j.get('steps_done')} | {sm if sm is None else round(sm, 1)} | "
+              f"{(j.get('peak_mem_bytes') or 0) / 2**30:.2f} | | | | | {'ERROR ' + str(j.get('error'))[:80] if j.get('error') else ''} |")
+    else:
+        print(f"| {name} | failed: {open(os.path.join(d, 'log.txt')).read()[-200:]!r} | | | | | | | |")
+PY
