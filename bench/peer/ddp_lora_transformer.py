@@ -17,13 +17,10 @@ Rank 0 writes --out (JSON) as ddp_multitask.py does: step_ms_median/p90/mean (st
 --warmup), peak_mem_bytes, bytes_allreduced_per_step, losses, error, oom.
 """
 import argparse
-import json
 import math
 import os
-import statistics
 import sys
 import time
-import traceback
 
 import torch
 import torch.distributed as dist
@@ -31,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ddp_multitask import is_oom, launch_env, percentile, write_json  # noqa: E402
+from ddp_multitask import launch_env, record_failure, report, summarize_steps  # noqa: E402
 
 TARGETS = ("q", "k", "v", "o", "up", "down")
 
@@ -180,19 +177,12 @@ def main(argv=None):
             result["step_ms"].append((time.perf_counter() - t0) * 1e3)
             result["losses"].append(lv)
             result["steps_done"] = s + 1
-        timed = result["step_ms"][a.warmup:] or result["step_ms"]
-        result.update(step_ms_median=statistics.median(timed), step_ms_p90=percentile(timed, 90),
-                      step_ms_mean=statistics.mean(timed))
+        summarize_steps(result, a.warmup)
     except BaseException as e:  # noqa: BLE001 (reported, then the process ends)
-        result["oom"] = is_oom(e)
-        result["error"] = "%s: %s" % (type(e).__name__, str(e).strip()[:400])
-        result["traceback"] = traceback.format_exc()[-4000:]
+        record_failure(result, e)
     if cuda:
         result["peak_mem_bytes"] = torch.cuda.max_memory_allocated()
-    if rank == 0 or result["error"]:
-        write_json(a.out if rank == 0 else (a.out + ".rank%d.json" % rank if a.out else ""), result)
-        print("ddp_lora_transformer: " + json.dumps({k: result.get(k) for k in (
-            "rank", "steps_done", "step_ms_median", "peak_mem_bytes", "bytes_allreduced_per_step", "error")}), flush=True)
+    report("ddp_lora_transformer", a.out, rank, result, ("rank", "steps_done", "step_ms_median", "peak_mem_bytes", "bytes_allreduced_per_step", "error"))
     if result["error"]:
         os._exit(1)
     dist.barrier()

@@ -189,6 +189,27 @@ def percentile(values, q):
     return s[k]
 
 
+def summarize_steps(result, warmup):
+    """Step-time statistics over the steps after the warm-up (all of them in a shorter run)."""
+    timed = result["step_ms"][warmup:] or result["step_ms"]
+    result.update(step_ms_median=statistics.median(timed), step_ms_p90=percentile(timed, 90),
+                  step_ms_mean=statistics.mean(timed))
+
+
+def record_failure(result, e):
+    """A peer's failure in its result: the error, whether it was an out-of-memory, the traceback."""
+    result["oom"] = is_oom(e)
+    result["error"] = "%s: %s" % (type(e).__name__, str(e).strip()[:400])
+    result["traceback"] = traceback.format_exc()[-4000:]
+
+
+def report(name, out, rank, result, keys):
+    """Rank 0 (or a failed rank, to OUT.rank<r>.json) writes the result and prints a summary line."""
+    if rank == 0 or result["error"]:
+        write_json(out if rank == 0 else (out + ".rank%d.json" % rank if out else ""), result)
+        print(name + ": " + json.dumps({k: result.get(k) for k in keys}), flush=True)
+
+
 def launch_env(a):
     """Rank, world size and local rank from torchrun's variables or else from OpenMPI's."""
     env = os.environ

@@ -14,19 +14,16 @@ Needs PyTorch >= 2.6 (fully_shard in torch.distributed.fsdp); older versions rep
 """
 import argparse
 import contextlib
-import json
 import os
-import statistics
 import sys
 import time
-import traceback
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ddp_multitask import MultitaskMlp, SyntheticData, is_oom, launch_env, percentile, task_of, write_json  # noqa: E402
+from ddp_multitask import MultitaskMlp, SyntheticData, launch_env, record_failure, report, summarize_steps, task_of  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -91,19 +88,12 @@ def main(argv=None):
             result["step_ms"].append((time.perf_counter() - t0) * 1e3)
             result["losses"].append(lv)
             result["steps_done"] = s + 1
-        timed = result["step_ms"][a.warmup:] or result["step_ms"]
-        result.update(step_ms_median=statistics.median(timed), step_ms_p90=percentile(timed, 90),
-                      step_ms_mean=statistics.mean(timed))
+        summarize_steps(result, a.warmup)
     except BaseException as e:  # noqa: BLE001 (reported, then the process ends)
-        result["oom"] = is_oom(e)
-        result["error"] = "%s: %s" % (type(e).__name__, str(e).strip()[:400])
-        result["traceback"] = traceback.format_exc()[-4000:]
+        record_failure(result, e)
     if cuda and torch.cuda.is_available():
         result["peak_mem_bytes"] = torch.cuda.max_memory_allocated()
-    if rank == 0 or result["error"]:
-        write_json(a.out if rank == 0 else (a.out + ".rank%d.json" % rank if a.out else ""), result)
-        print("fsdp2_offload: " + json.dumps({k: result.get(k) for k in (
-            "rank", "steps_done", "step_ms_median", "peak_mem_bytes", "params", "error")}), flush=True)
+    report("fsdp2_offload", a.out, rank, result, ("rank", "steps_done", "step_ms_median", "peak_mem_bytes", "params", "error"))
     if result["error"]:
         os._exit(1)
     dist.barrier()
