@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -147,11 +148,20 @@ struct OffloadConfig {
   // onto the device layer by layer in forward and backward (stream).
   SharedMode shared = SharedMode::Resident;
   int64_t shared_prefetch_layers = 1;  // stream: layers brought onto the device ahead of the one computing
+  // The device cache of whole task groups with their Adam state (updated on the device while
+  // cached): "auto" (GPUs: the device memory free after set-up, less a margin; none on the CPU)
+  // or a size in MiB (0 = none).
+  std::string device_cache_mb = "auto";
 
   // shard_mb in bytes: the one conversion the store's shards and the model's chunks share.
   size_t shard_bytes() const { return mib_to_bytes(shard_mb); }
   size_t device_budget_bytes() const { return mib_to_bytes(device_budget_mb); }
   size_t host_limit_bytes() const { return mib_to_bytes(host_limit_mb); }
+  bool device_cache_auto() const { return device_cache_mb == "auto"; }
+  // The size of device_cache_mb (after validation; "auto" is resolved on the device: 0 here).
+  size_t device_cache_bytes() const {
+    return device_cache_auto() ? 0 : mib_to_bytes(std::strtod(device_cache_mb.c_str(), nullptr));
+  }
 };
 
 struct OptimizerConfig {

@@ -173,6 +173,7 @@ const std::vector<Field> kFields = {
     THETAD_FIELD("offload", "enabled", Bool, offload.enabled, true),
     THETAD_FIELD("offload", "device_slots", Int, offload.device_slots, true),
     THETAD_FIELD("offload", "device_budget_mb", Double, offload.device_budget_mb, true),
+    THETAD_FIELD("offload", "device_cache_mb", String, offload.device_cache_mb, true),
     THETAD_FIELD("offload", "prefetch", Int, offload.prefetch, true),
     THETAD_FIELD("offload", "shard_mb", Double, offload.shard_mb, true),
     THETAD_FIELD("offload", "host_limit_mb", Double, offload.host_limit_mb, true),

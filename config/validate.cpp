@@ -6,6 +6,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <iterator>
 #include <limits>
@@ -530,6 +531,7 @@ class Checker {
     for (const auto& [key, v] : {std::pair<const char*, double>{"offload.device_budget_mb", o.device_budget_mb},
                                  {"offload.shard_mb", o.shard_mb}, {"offload.host_limit_mb", o.host_limit_mb}})
       at_most(key, v, kMaxMiB, "1 PiB");
+    device_cache(o.device_cache_mb);
     if (o.shard_mb > 0 && o.shard_mb <= kMaxMiB && ok("offload.shard_mb") && ok("model.kind")) shards();
     if (o.enabled && o.device_budget_mb == 0 && ok("offload.device_budget_mb") && ok("offload.enabled"))
       slots_cover_step();
@@ -539,6 +541,15 @@ class Checker {
                               "adamw, or offload.enabled to false", "optimizer.kind");
     one_of("offload.shared");
     validate_shared(j_, d_);
+  }
+
+  // "auto" or a size in MiB: a number written as one (YAML gives it to the string key as is).
+  void device_cache(const std::string& v) {
+    if (v == "auto") return;
+    char* end = nullptr;
+    const double mib = std::strtod(v.c_str(), &end);
+    if (v.empty() || end != v.c_str() + v.size() || !(mib >= 0) || mib > kMaxMiB)
+      fail("offload.device_cache_mb", "expected auto or a size in MiB from 0 to 1 PiB, got \"" + v + "\"");
   }
 
   // Every task group a rank uses in an optimizer step (the union over its micro-steps) is held in

@@ -76,6 +76,10 @@ class CudaDevice final : public Device {
     CUDA_CHECK(cudaEventSynchronize(event_of(f)));
   }
   void* d2h_stream() override { return d2h_.get(); }
+  bool memory(size_t* free_bytes, size_t* total_bytes) override {
+    if (cudaSetDevice(device_) != cudaSuccess) return false;
+    return cudaMemGetInfo(free_bytes, total_bytes) == cudaSuccess;
+  }
   bool done(const Fence& f) override {
     if (f.empty()) return true;
     const cudaError_t err = cudaEventQuery(event_of(f));

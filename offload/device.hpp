@@ -55,6 +55,11 @@ class Device {
   // The native handle of the D2H copy stream (a cudaStream_t), nullptr where copies are
   // synchronous. Callers whose device buffers a D2H copy reads record their use on it.
   virtual void* d2h_stream() { return nullptr; }
+  // The device's free and total memory in bytes; false where it has none of its own (the host).
+  virtual bool memory(size_t* free_bytes, size_t* total_bytes) {
+    (void)free_bytes, (void)total_bytes;
+    return false;
+  }
 };
 
 // Device "memory" in ordinary host memory; synchronous copies and empty fences.

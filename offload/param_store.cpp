@@ -36,8 +36,9 @@ void parallel_copy(void* dst, const void* src, size_t bytes) {
 }  // namespace
 
 ParamStore::ParamStore(const StoreOptions& opts, std::vector<GroupShape> groups, Device& device,
-                       Schedule groups_needed_at, MPI_Comm comm)
-    : opts_(opts), device_(device), schedule_(std::move(groups_needed_at)), cache_(1) {
+                       Schedule groups_needed_at, MPI_Comm comm, Schedule groups_used_at)
+    : opts_(opts), device_(device), schedule_(std::move(groups_needed_at)), cache_(1),
+      used_schedule_(std::move(groups_used_at)) {
   THETAD_CHECK(schedule_ != nullptr, InternalError, "ParamStore needs a schedule");
   THETAD_CHECK(opts_.prefetch >= 0, ConfigError, "offload.prefetch must be >= 0 (got ",
                opts_.prefetch, ")");
@@ -50,6 +51,7 @@ ParamStore::ParamStore(const StoreOptions& opts, std::vector<GroupShape> groups,
   arena_ = std::make_unique<HostArena>(comm, entries, opts_.host_limit_bytes, &device_,
                                        timeout_of(opts_.timeout_s));
   alloc_slots(comm);
+  alloc_lines(comm);
   const size_t units = plan_.units.size();
   slot_free_.resize(slot_mem_.size());
   version_.assign(units, kNoCopy);
@@ -67,6 +69,43 @@ ParamStore::ParamStore(const StoreOptions& opts, std::vector<GroupShape> groups,
                               << mib(plan_.slot_bytes) << " MiB on " << device_.name()
                               << ", host arena " << mib(arena_->bytes()) << " MiB, CPU Adam on "
                               << cpu_threads_ << " threads (" << adam_kernel_name() << ")";
+  if (!line_mem_.empty()) {
+    THETAD_LOG(info, "offload") << "device cache: " << line_mem_.size() << " lines of " << mib(3 * line_numel_ * sizeof(float))
+                                << " MiB (a group with its Adam state; " << mib(stats_.cache_line_bytes)
+                                << " MiB): cached groups are updated on the device, the others by their owner's CPU AdamW";
+  }
+}
+
+// As many lines as the budget holds, at most one per unsharded group, allocated until the device
+// refuses; then every rank keeps the fewest any rank got, so that all place groups alike.
+void ParamStore::alloc_lines(MPI_Comm comm) {
+  std::vector<uint8_t> cacheable(plan_.index.size(), 0);
+  int64_t want = 0;
+  if (opts_.cache_bytes > 0 && used_schedule_) {
+    for (size_t gi = 0; gi < cacheable.size(); ++gi)
+      if (plan_.group_units[gi].size() == 1) {
+        cacheable[gi] = 1;
+        line_numel_ = std::max(line_numel_, plan_.group_numel[gi]);
+        ++want;
+      }
+    if (line_numel_ > 0) want = std::min<int64_t>(want, static_cast<int64_t>(opts_.cache_bytes / (3 * line_numel_ * sizeof(float))));
+  }
+  for (int64_t l = 0; l < want; ++l) {
+    try {
+      line_mem_.push_back(device_.alloc(3 * line_numel_ * sizeof(float)));
+    } catch (const ConfigError&) {
+      break;  // the device is full: fewer lines
+    }
+  }
+  int64_t lines = static_cast<int64_t>(line_mem_.size());
+  if (want > 0) MPI_Allreduce(MPI_IN_PLACE, &lines, 1, MPI_INT64_T, MPI_MIN, comm);
+  while (static_cast<int64_t>(line_mem_.size()) > lines) {
+    device_.free(line_mem_.back());
+    line_mem_.pop_back();
+  }
+  line_free_.resize(line_mem_.size());
+  lines_ = DeviceCachePolicy(lines, std::move(cacheable));
+  stats_.cache_line_bytes = line_mem_.size() * 3 * line_numel_ * sizeof(float);
 }
 
 // Every rank learns whether all got their device slots: a rank failing alone would otherwise
@@ -95,6 +134,10 @@ ParamStore::~ParamStore() {
   THETAD_LOG(info, "offload") << "parameter store: " << updates_->steps()
                               << " group steps run as owner (node-local rank "
                               << arena_->local_rank() << " of " << arena_->local_size() << ")";
+  if (!line_mem_.empty()) {
+    THETAD_LOG(info, "offload") << "device cache: " << stats_.cache_loads << " loads, " << stats_.cache_flushes
+                                << " flushes by this rank, " << stats_.device_steps << " group steps on the device";
+  }
   updates_.reset();  // stops the owner's optimizer thread
   // Copies into the slots, and out of the device into the arena, may still be in flight.
   copied_.push_back(last_d2h_);
@@ -104,7 +147,14 @@ ParamStore::~ParamStore() {
     } catch (...) {
     }
   }
+  for (const Fence& f : line_free_) {
+    try {
+      device_.host_wait(f);
+    } catch (...) {
+    }
+  }
   for (void* p : slot_mem_) device_.free(p);
+  for (void* p : line_mem_) device_.free(p);
   // arena_ (collective MPI_Win_free) goes with the members.
 }
 
@@ -141,6 +191,93 @@ void ParamStore::begin_step(int64_t step) {
   now_ = step;
   std::fill(released_.begin(), released_.end(), 0);
   schedule_cache_.erase(schedule_cache_.begin(), schedule_cache_.lower_bound(step));
+  used_cache_.erase(used_cache_.begin(), used_cache_.lower_bound(step));
+}
+
+const std::vector<size_t>& ParamStore::used_at(int64_t step) {
+  auto it = used_cache_.find(step);
+  if (it != used_cache_.end()) return it->second;
+  std::vector<size_t> entries;
+  for (int g : used_schedule_(step))
+    if (g != 0) entries.push_back(index_of(g));
+  std::sort(entries.begin(), entries.end());
+  entries.erase(std::unique(entries.begin(), entries.end()), entries.end());
+  return used_cache_.emplace(step, std::move(entries)).first->second;
+}
+
+float* ParamStore::line_part(int group, int part) {
+  const size_t gi = index_of(group);
+  const int line = lines_.line(gi);
+  THETAD_CHECK(line >= 0, InternalError, "offload: group ", group, " is not in the device cache");
+  return static_cast<float*>(line_mem_[static_cast<size_t>(line)]) + static_cast<size_t>(part) * line_numel_;
+}
+
+void ParamStore::place(int64_t step) {
+  updates_->rethrow_error();
+  begin_step(step);
+  if (lines_.lines() == 0) return;
+  const DeviceCachePolicy::Decision d =
+      lines_.decide(step, [this](int64_t s) -> const std::vector<size_t>& { return used_at(s); });
+  for (const auto& [gi, line] : d.evict) flush_line(gi, line);
+  for (const auto& [gi, line] : d.load) load_line(gi, line);
+}
+
+// The group (params, m, v) into its line, once its last host update has landed.
+void ParamStore::load_line(size_t gi, int line) {
+  if (!arena_->seq_reached(gi, expected_[gi])) {
+    const auto t0 = std::chrono::steady_clock::now();
+    updates_->wait_update(gi, expected_[gi]);
+    std::lock_guard<std::mutex> lk(stats_mu_);
+    stats_.acquire_wait_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  }
+  const size_t bytes = arena_->entry(gi).numel * sizeof(float);
+  char* dst = static_cast<char*>(line_mem_[static_cast<size_t>(line)]);
+  const float* parts[3] = {arena_->params(gi), arena_->exp_avg(gi), arena_->exp_avg_sq(gi)};
+  Fence last;
+  for (size_t k = 0; k < 3; ++k)
+    last = copy_split(true, dst + k * line_numel_ * sizeof(float), reinterpret_cast<const char*>(parts[k]), bytes,
+                      line_free_[static_cast<size_t>(line)]);
+  device_.compute_wait(last);
+  std::lock_guard<std::mutex> lk(stats_mu_);
+  stats_.h2d_bytes += 3 * bytes;
+  stats_.cache_loads += 1;
+}
+
+// The group back to the host with its state: the owner copies params, m and v into the arena
+// after the compute queued so far (its last device update) and publishes the updates it had on
+// the device once the copies landed; the host's other ranks wait for that as for a CPU update.
+void ParamStore::flush_line(size_t gi, int line) {
+  const Fence after = device_.record_compute();
+  line_free_[static_cast<size_t>(line)] = after;
+  if (!arena_->is_owner(gi)) return;
+  const size_t bytes = arena_->entry(gi).numel * sizeof(float);
+  const char* src = static_cast<const char*>(line_mem_[static_cast<size_t>(line)]);
+  float* parts[3] = {arena_->params(gi), arena_->exp_avg(gi), arena_->exp_avg_sq(gi)};
+  std::vector<Fence> copies;
+  for (size_t k = 0; k < 3; ++k)
+    copies.push_back(copy_split(false, reinterpret_cast<char*>(parts[k]), src + k * line_numel_ * sizeof(float), bytes, after));
+  line_free_[static_cast<size_t>(line)] = copies.back();
+  last_d2h_ = copies.back();
+  updates_->submit_publish(gi, std::move(copies), expected_[gi]);
+  std::lock_guard<std::mutex> lk(stats_mu_);
+  stats_.d2h_bytes += 3 * bytes;
+  stats_.cache_flushes += 1;
+}
+
+// One copy between the device and the arena, split where the arena's pinned chunks end (a copy
+// across a chunk boundary would not count as pinned). Returns the last part's completion.
+Fence ParamStore::copy_split(bool to_device, char* dst, const char* src, size_t bytes, const Fence& after) {
+  const char* host = to_device ? src : dst;
+  const char* base = arena_->base();
+  Fence last;
+  for (size_t done = 0; done < bytes;) {
+    const size_t pos = static_cast<size_t>(host + done - base);
+    const size_t room = HostArena::kPinChunkBytes - pos % HostArena::kPinChunkBytes;
+    const size_t len = std::min(bytes - done, room);
+    last = to_device ? device_.h2d(dst + done, src + done, len, after) : device_.d2h(dst + done, src + done, len, after);
+    done += len;
+  }
+  return last;
 }
 
 void ParamStore::copy_in(int u, int slot) {
@@ -149,18 +286,7 @@ void ParamStore::copy_in(int u, int slot) {
   const char* src = reinterpret_cast<const char*>(arena_->params(gi) + info.offset);
   char* dst = static_cast<char*>(slot_mem_[static_cast<size_t>(slot)]);
   const size_t bytes = info.numel * sizeof(float);
-  // The arena is pinned in chunks; a copy that crossed a chunk boundary would not count as
-  // pinned, so it is split there.
-  const char* base = arena_->base();
-  Fence last;
-  for (size_t done = 0; done < bytes;) {
-    const size_t pos = static_cast<size_t>(src + done - base);
-    const size_t room = HostArena::kPinChunkBytes - pos % HostArena::kPinChunkBytes;
-    const size_t len = std::min(bytes - done, room);
-    last = device_.h2d(dst + done, src + done, len, slot_free_[static_cast<size_t>(slot)]);
-    done += len;
-  }
-  copied_[static_cast<size_t>(u)] = last;
+  copied_[static_cast<size_t>(u)] = copy_split(true, dst, src, bytes, slot_free_[static_cast<size_t>(slot)]);
   version_[static_cast<size_t>(u)] = expected_[gi];
   std::lock_guard<std::mutex> lk(stats_mu_);
   stats_.h2d_bytes += bytes;
@@ -172,6 +298,7 @@ float* ParamStore::acquire(int u, int64_t step, bool order_compute) {
   begin_step(step);
   const UnitInfo& info = plan_.units[static_cast<size_t>(u)];
   const size_t gi = index_of(info.group);
+  THETAD_CHECK(!lines_.cached(gi), InternalError, "offload: acquire of group ", info.group, ", which is in the device cache");
   // The owner's update of this group (maybe on another rank, maybe on our worker) must land.
   if (!arena_->seq_reached(gi, expected_[gi])) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -216,6 +343,7 @@ void ParamStore::prefetch_for(int64_t step) {
     const std::vector<int> groups = needed_at(s);  // copy: needed_at may rehash the cache
     for (int g : groups) {
       const size_t gi = index_of(g);
+      if (lines_.cached(gi)) continue;  // updated in place on the device
       // Values not final yet (an update is pending): acquire will copy them.
       if (!arena_->seq_reached(gi, expected_[gi])) continue;
       for (int u : plan_.group_units[gi]) {
@@ -290,6 +418,12 @@ void ParamStore::step_group(int group, const AdamHyper& hyper) {
   updates_->rethrow_error();
   const size_t gi = index_of(group);
   expected_[gi] += 1;  // every device copy of the group is now stale (version_ < expected_)
+  if (lines_.cached(gi)) {  // the caller updated its line on the device
+    grad_fences_[gi].clear();
+    std::lock_guard<std::mutex> lk(stats_mu_);
+    stats_.device_steps += 1;
+    return;
+  }
   if (!arena_->is_owner(gi)) return;
   std::vector<Fence> grads = std::move(grad_fences_[gi]);
   grad_fences_[gi].clear();
@@ -301,6 +435,11 @@ void ParamStore::wait_idle() { updates_->wait_idle(); }
 const float* ParamStore::group_params(int group) {
   updates_->rethrow_error();
   const size_t gi = index_of(group);
+  if (lines_.cached(gi)) {  // a private copy of the line's values (the arena's are older)
+    scratch_.resize(arena_->entry(gi).numel);
+    read_group(group, scratch_.data(), nullptr, nullptr);
+    return scratch_.data();
+  }
   updates_->wait_update(gi, expected_[gi]);
   return arena_->params(gi);
 }
@@ -308,8 +447,15 @@ const float* ParamStore::group_params(int group) {
 void ParamStore::read_group(int group, float* params, float* exp_avg, float* exp_avg_sq) {
   updates_->rethrow_error();
   const size_t gi = index_of(group);
-  updates_->wait_update(gi, expected_[gi]);
   const size_t bytes = arena_->entry(gi).numel * sizeof(float);
+  if (lines_.cached(gi)) {  // after the compute queued so far (its last device update)
+    const Fence after = device_.record_compute();
+    float* dst[3] = {params, exp_avg, exp_avg_sq};
+    for (int k = 0; k < 3; ++k)
+      if (dst[k]) device_.host_wait(device_.d2h(dst[k], line_part(group, k), bytes, after));
+    return;
+  }
+  updates_->wait_update(gi, expected_[gi]);
   if (params) std::memcpy(params, arena_->params(gi), bytes);
   if (exp_avg) std::memcpy(exp_avg, arena_->exp_avg(gi), bytes);
   if (exp_avg_sq) std::memcpy(exp_avg_sq, arena_->exp_avg_sq(gi), bytes);
@@ -346,7 +492,15 @@ void ParamStore::write_common(int group, const float* params, const float* exp_a
                               const float* exp_avg_sq) {
   updates_->rethrow_error();
   const size_t gi = index_of(group);
-  updates_->wait_update(gi, expected_[gi]);
+  // A cached group's line is replaced by the arena's new values: it leaves the cache, every rank
+  // alike (the arena's sequence number is behind its device updates: the owner catches it up).
+  const bool was_cached = lines_.cached(gi);
+  if (was_cached) {
+    line_free_[static_cast<size_t>(lines_.line(gi))] = device_.record_compute();
+    lines_.drop(gi);
+  } else {
+    updates_->wait_update(gi, expected_[gi]);
+  }
   // Nobody still reads the old values (copies in flight are waited for below).
   for (int u : plan_.group_units[gi]) device_.host_wait(copied_[static_cast<size_t>(u)]);
   arena_->node_barrier("write_group: start");
@@ -356,6 +510,7 @@ void ParamStore::write_common(int group, const float* params, const float* exp_a
     parallel_copy(arena_->exp_avg(gi), exp_avg, bytes);  // null: zeros
     parallel_copy(arena_->exp_avg_sq(gi), exp_avg_sq, bytes);
     parallel_copy(arena_->grad(gi), nullptr, bytes);
+    while (was_cached && !arena_->seq_reached(gi, expected_[gi])) arena_->publish(gi);
   }
   arena_->node_barrier("write_group: the owner's values");  // visible to the host's ranks after it
   for (int u : plan_.group_units[gi]) version_[static_cast<size_t>(u)] = kNoCopy;

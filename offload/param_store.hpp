@@ -14,6 +14,15 @@
 //     store.step_group(g, hyper);     // every rank; the owner's CPU step may run asynchronously
 //   store.release_step(s);
 //
+// With a device cache (StoreOptions::cache_bytes, and the job's schedule of every rank), groups
+// that fit one line of it are placed per step by DeviceCachePolicy: at the start of each step,
+// before its acquires, every rank calls
+//   store.place(s);                   // loads (params, m, v) into lines, flushes evicted ones
+// A cached group is not acquired, pushed or stepped on the host: the caller binds its tensors to
+// cached_params/cached_exp_avg/cached_exp_avg_sq, keeps its reduced gradient on the device, runs
+// the device AdamW there and then calls step_group (which only counts the update). Evicted, it
+// goes to the host with its state (the owner's D2H copies) and takes the host path again.
+//
 // Groups no rank used at a step are not stepped (lazy Adam: their m, v and step count stay).
 // Every rank calls step_group for every globally active group so that all agree on each group's
 // update count; acquire() waits until the owner's update has landed. With a CUDA device all
@@ -35,6 +44,7 @@
 #include "comm/communicator.hpp"
 #include "offload/cpu_adam.hpp"
 #include "offload/device.hpp"
+#include "offload/device_cache.hpp"
 #include "offload/host_arena.hpp"
 #include "offload/slot_cache.hpp"
 #include "offload/store_plan.hpp"
@@ -55,6 +65,9 @@ struct StoreOptions {
   // Every blocking wait of the store and its arena: another rank's update, this rank's queued
   // steps, the host's agreements and barriers (TimeoutError naming what it waited for).
   double timeout_s = kDefaultTimeoutS;
+  // > 0: device memory for the write-back cache of whole groups with their Adam state (lines
+  // of 3 x the largest unsharded group; the ranks use the fewest lines any of them can have).
+  size_t cache_bytes = 0;
 };
 
 struct StoreStats {
@@ -69,6 +82,10 @@ struct StoreStats {
   double cpu_adam_ms = 0.0;    // time this rank spent in CPU Adam (owner steps)
   double acquire_wait_ms = 0.0;  // time acquire() blocked on a group's pending CPU update
   uint64_t optimizer_steps = 0;  // group steps this rank ran as owner
+  uint64_t cache_loads = 0;      // groups brought into the device cache (params, m, v)
+  uint64_t cache_flushes = 0;    // groups evicted from it (this rank copied them to the host)
+  uint64_t device_steps = 0;     // group updates run on the device (cached groups)
+  uint64_t cache_line_bytes = 0; // device memory of the cache lines
 };
 
 class ParamStore {
@@ -80,8 +97,9 @@ class ParamStore {
   // Throws ConfigError for bad settings (slots < 1, a unit larger than the budget without
   // sharding, a row larger than the shard size, an arena over the host limit or memory).
   // comm: the ranks of the job; the node's ranks are found by comm::split_node.
+  // groups_used_at: every rank's groups at a step (the device cache's placement; null: no cache).
   ParamStore(const StoreOptions& opts, std::vector<GroupShape> groups, Device& device,
-             Schedule groups_needed_at, MPI_Comm comm = MPI_COMM_WORLD);
+             Schedule groups_needed_at, MPI_Comm comm = MPI_COMM_WORLD, Schedule groups_used_at = nullptr);
   ~ParamStore();
   ParamStore(const ParamStore&) = delete;
   ParamStore& operator=(const ParamStore&) = delete;
@@ -96,6 +114,17 @@ class ParamStore {
   // CPUs among its ranks). The store does not resize the process-wide pool itself: the caller
   // does, once, e.g. ThreadPool::configure(store.cpu_threads()).
   size_t cpu_threads() const { return cpu_threads_; }
+
+  // The device cache: its lines (0 = none), whether a group is in it now, and its device memory.
+  int64_t cache_lines() const { return lines_.lines(); }
+  bool cached(int group) const { return lines_.cached(index_of(group)); }
+  float* cached_params(int group) { return line_part(group, 0); }
+  float* cached_exp_avg(int group) { return line_part(group, 1); }
+  float* cached_exp_avg_sq(int group) { return line_part(group, 2); }
+  // Start of step `step`, before its acquires: the cache's evictions (the owner copies params, m
+  // and v to the arena after the compute queued so far) and loads (after the group's pending
+  // host update; the compute stream waits for them). Every rank, in step order.
+  void place(int64_t step);
 
   // Startup, collective over the host's ranks: each group's owner calls fill(group, dst) to
   // write the group's initial values straight into the arena (groups in parallel on the CPU
@@ -169,6 +198,12 @@ class ParamStore {
   void alloc_slots(MPI_Comm comm);
   void write_common(int group, const float* params, const float* exp_avg, const float* exp_avg_sq);
   void push(size_t gi, size_t offset, const float* src, size_t numel, const Fence& after);
+  Fence copy_split(bool to_device, char* dst, const char* src, size_t bytes, const Fence& after);
+  float* line_part(int group, int part);
+  void alloc_lines(MPI_Comm comm);
+  void load_line(size_t gi, int line);
+  void flush_line(size_t gi, int line);
+  const std::vector<size_t>& used_at(int64_t step);
 
   StoreOptions opts_;
   Device& device_;
@@ -189,6 +224,14 @@ class ParamStore {
   Fence last_push_;                              // the latest of them (one in-order stream)
   Fence last_d2h_;                               // the latest D2H ever (the destructor waits)
   std::map<int64_t, std::vector<int>> schedule_cache_;
+  // The device cache (cache_bytes > 0 and a schedule of every rank's groups).
+  Schedule used_schedule_;
+  DeviceCachePolicy lines_{0, {}};
+  size_t line_numel_ = 0;                       // floats per part (params, m, v) of a line
+  std::vector<void*> line_mem_;                 // per line: 3 x line_numel_ floats
+  std::vector<Fence> line_free_;                // per line: its last copy out
+  std::map<int64_t, std::vector<size_t>> used_cache_;  // step -> entries any rank uses
+  std::vector<float> scratch_;                  // group_params of a cached group
   int64_t now_ = -1;
 
   mutable std::mutex stats_mu_;

@@ -26,7 +26,14 @@ UpdateQueue::~UpdateQueue() {
 }
 
 void UpdateQueue::submit(size_t entry, const AdamHyper& hyper, std::vector<Fence> grads, uint64_t target) {
-  Job job{entry, hyper, std::move(grads), target};
+  enqueue(Job{entry, hyper, std::move(grads), target});
+}
+
+void UpdateQueue::submit_publish(size_t entry, std::vector<Fence> writes, uint64_t target) {
+  enqueue(Job{entry, AdamHyper{}, std::move(writes), target, /*publish_only=*/true});
+}
+
+void UpdateQueue::enqueue(Job job) {
   if (!worker_.joinable()) {
     run(job);
     return;
@@ -42,6 +49,11 @@ void UpdateQueue::run(Job& job) {
   for (const Fence& f : job.grads) device_.host_wait(f);
   const size_t gi = job.entry;
   const uint64_t before = arena_.seq(gi).load(std::memory_order_acquire);
+  if (job.publish_only) {  // the device's updates, one publish each (readers wait for the last)
+    THETAD_CHECK(before <= job.target, InternalError, "offload: group published back in time");
+    for (uint64_t s = before; s < job.target; ++s) arena_.publish(gi);
+    return;
+  }
   THETAD_CHECK_EQ(before + 1, job.target, "offload: group updates out of order");
   const auto t0 = std::chrono::steady_clock::now();
   AdamHyper h = job.hyper;

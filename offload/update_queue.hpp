@@ -35,6 +35,9 @@ class UpdateQueue {
   // Owner: the entry's update number `target` once the gradient copies `grads` have landed.
   // Updates of an entry must be submitted in order (InternalError otherwise, when it runs).
   void submit(size_t entry, const AdamHyper& hyper, std::vector<Fence> grads, uint64_t target);
+  // Owner: once the copies `writes` into the entry (a group back from the device cache, updated
+  // there up to `target`) have landed, publishes update number `target` without a CPU step.
+  void submit_publish(size_t entry, std::vector<Fence> writes, uint64_t target);
   // Until the entry's sequence number reaches `expected` (TimeoutError after timeout_s naming
   // the group and its owner); where this rank owns it, the worker's failure ends the wait.
   void wait_update(size_t entry, uint64_t expected);
@@ -52,7 +55,9 @@ class UpdateQueue {
     AdamHyper hyper;
     std::vector<Fence> grads;
     uint64_t target;
+    bool publish_only = false;  // submit_publish: no optimizer step
   };
+  void enqueue(Job job);
   void run(Job& job);
   void worker_loop();
 

@@ -353,9 +353,11 @@ def main(argv):
             continue
         sh, pt = params_of(rec["dims"])
         T, W = int(rec["T"]), int(rec.get("np") or 1)
-        expect = 4 * (sh + min(T, W) * pt)
+        # comm.grad_dtype bf16 puts 2 bytes per gradient element on the wire
+        width = 2 if rec.get("grad_dtype") == "bf16" else 4
+        expect = width * (sh + min(T, W) * pt)
         ok = st["bytes_all"] == [expect]
-        goals.append(("bytes/step = Θ + active θ exactly (%s)" % name, "PASS" if ok else "FAIL",
+        goals.append(("bytes/step = Θ + active θ exactly, %d B per element (%s)" % (width, name), "PASS" if ok else "FAIL",
                       "expected %d, got %s" % (expect, ", ".join(str(b) for b in st["bytes_all"][:4]))))
     if res_st and res_st["step_ms"] and res_st["comm_wait_ms"] is not None:
         f = res_st["comm_wait_ms"] / res_st["step_ms"]

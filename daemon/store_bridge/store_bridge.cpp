@@ -100,16 +100,26 @@ void StoreBridge::build(comm::Engine& engine, const Schedule& schedule, int rank
     device_ = offload::make_cuda_device(plane_.device.index(), plane_.compute_stream);
   else
     device_ = std::make_unique<offload::HostDevice>();
+  // The groups of one rank (its slots and prefetch), or of every rank (the device cache's
+  // placement, which every rank must decide alike).
+  const auto groups_used = [this](int64_t step, int first_rank, int last_rank) {
+    std::vector<uint8_t> any;
+    for (int r = first_rank; r <= last_rank; ++r) {
+      const std::vector<uint8_t> used = window_used(*schedule_, step, job_.accumulate_steps, r);
+      any.resize(std::max(any.size(), used.size()), 0);
+      for (size_t g = 1; g < used.size(); ++g) any[g] |= used[g];
+    }
+    std::vector<int> groups;
+    for (size_t g = 1; g < any.size(); ++g)
+      if (any[g]) groups.push_back(static_cast<int>(g));
+    return groups;
+  };
+  offload::StoreOptions options = store_options(job_);
+  options.cache_bytes = cache_budget();
   store_ = std::make_unique<offload::ParamStore>(
-      store_options(job_), shapes, *device_,
-      [this](int64_t step) {
-        std::vector<int> groups;
-        const std::vector<uint8_t> used = window_used(*schedule_, step, job_.accumulate_steps, rank_);
-        for (size_t g = 1; g < used.size(); ++g)
-          if (used[g]) groups.push_back(static_cast<int>(g));
-        return groups;
-      },
-      MPI_COMM_WORLD);
+      options, shapes, *device_, [this, groups_used](int64_t step) { return groups_used(step, rank_, rank_); },
+      MPI_COMM_WORLD,
+      [this, groups_used](int64_t step) { return groups_used(step, 0, schedule_->world_size() - 1); });
   offload::ThreadPool::configure(store_->cpu_threads());  // the owner's CPU AdamW threads (offload.cpu_threads)
   for (int g = 1; g < groups_.num_groups(); ++g)
     if (model_.row_chunked(g) && store_->units_of(g).size() > 1 && store_->slots() < 2)
@@ -165,11 +175,32 @@ void StoreBridge::build(comm::Engine& engine, const Schedule& schedule, int rank
                               << store_->arena().bytes() << " bytes";
 }
 
+// offload.device_cache_mb: a size (no more than the device has), or auto: on a GPU what it has
+// free now (the model, Θ's buffers and optimizer state are allocated; activations and θ[t]'s
+// gradient pool are not yet), less a margin for them and the allocator's fragmentation: the
+// larger of 2 GiB and a fifth of the device. None on the CPU, where the host store is the memory.
+size_t StoreBridge::cache_budget() const {
+  size_t free_bytes = 0, total = 0;
+  const bool has = device_->memory(&free_bytes, &total);
+  if (!job_.offload.device_cache_auto()) {
+    const size_t want = job_.offload.device_cache_bytes();
+    if (has && want > total)
+      throw ConfigError(job_.source + ": offload.device_cache_mb: " + job_.offload.device_cache_mb +
+                        " MiB is more than the device has (" + std::to_string(total >> 20) + " MiB on " +
+                        device_->name() + "); lower it or set auto");
+    return want;
+  }
+  if (!has) return 0;
+  const size_t margin = std::max<size_t>(size_t{2} << 30, total / 5);
+  return free_bytes > margin ? free_bytes - margin : 0;
+}
+
 void StoreBridge::prepare_step(int64_t step) {
   const std::vector<uint8_t> used = window_used(*schedule_, step, job_.accumulate_steps, rank_);
   // The previous step's gradient copies read pooled buffers that this step re-binds (and
   // zeroes on the compute stream); they started during that step's backward.
   store_->compute_after_pushes();
+  store_->place(step);  // the device cache's loads and evictions for this step
   for (size_t g = 1; g < used.size(); ++g) {
     if (!used[g]) continue;
     const int64_t t_us = Timeline::now_us();
@@ -188,7 +219,8 @@ void StoreBridge::bind_group(int group, int64_t step) {
     chunks_->set_step(step);
     return;
   }
-  float* base = store_->acquire(store_->units_of(group).at(0), step);
+  float* base = store_->cached(group) ? store_->cached_params(group)
+                                      : store_->acquire(store_->units_of(group).at(0), step);
   for (int p : groups_.members[static_cast<size_t>(group)]) {
     auto& t = groups_[p].tensor;
     t.set_data(torch::from_blob(base + groups_.offset[static_cast<size_t>(p)], t.sizes(),
@@ -221,7 +253,8 @@ void StoreBridge::on_bucket_launch(int b, int contributors, comm::Work& work, co
   const comm::BucketPlan& plan = engine_->plan();
   const comm::Bucket& bucket = plan.buckets[static_cast<size_t>(b)];
   const bool streamed = streamed_[static_cast<size_t>(bucket.group)] != 0;
-  const bool copy = contributors != 0 && store_->owns(bucket.group);
+  // A group in the device cache keeps its gradient there: the device AdamW steps it.
+  const bool copy = contributors != 0 && store_->owns(bucket.group) && !store_->cached(bucket.group);
   // Streamed buckets are waited for also where nothing is copied: the engine gives their
   // memory back once the work completes (host backends: once waited for).
   if (!copy && !streamed) return;
@@ -306,10 +339,34 @@ void StoreBridge::hand_over_idle_shards(const StepPlan& last_plan) {
 
 // Its reduced gradient went to the host bucket by bucket as the allreduces finished
 // (on_bucket_launch); the owner clips by its norm there and steps it on the CPU.
-void StoreBridge::step_group(int g, const offload::AdamHyper& h) {
+void StoreBridge::step_group(int g, const AdamSettings& s, double clip_norm) {
   const int64_t t_us = Timeline::now_us();
-  store_->step_group(g, h);
-  if (timeline_) timeline_->record(Lane::cpu_adam, "adam θ[" + std::to_string(g - 1) + "]", t_us, Timeline::now_us() - t_us);
+  const bool cached = store_->cached(g);
+  if (cached) step_cached(g, s, clip_norm);
+  offload::AdamHyper h = to_hyper(s);
+  h.clip_norm = clip_norm;
+  store_->step_group(g, h);  // counts the update; the owner's CPU AdamW where not cached
+  if (timeline_)
+    timeline_->record(cached ? Lane::compute : Lane::cpu_adam,
+                      "adam θ[" + std::to_string(g - 1) + "]" + (cached ? " (device cache)" : ""), t_us,
+                      Timeline::now_us() - t_us);
+}
+
+// The device AdamW on a cached group's line, with its reduced gradient in the engine's pool (on
+// the compute stream, which the engine ordered after the allreduce): the math of resident groups.
+void StoreBridge::step_cached(int g, AdamSettings s, double clip_norm) {
+  const auto opts = torch::TensorOptions().dtype(torch::kFloat32).device(plane_.device);
+  std::vector<torch::Tensor> params, grads, exp_avg, exp_avg_sq;
+  for (int p : groups_.members[static_cast<size_t>(g)]) {
+    const auto sizes = groups_[p].tensor.sizes();
+    const size_t off = groups_.offset[static_cast<size_t>(p)];
+    params.push_back(torch::from_blob(store_->cached_params(g) + off, sizes, opts));
+    exp_avg.push_back(torch::from_blob(store_->cached_exp_avg(g) + off, sizes, opts));
+    exp_avg_sq.push_back(torch::from_blob(store_->cached_exp_avg_sq(g) + off, sizes, opts));
+    grads.push_back(torch::from_blob(engine_->grad(p), sizes, opts));
+  }
+  s.grad_scale = clip_scale(grads, clip_norm);
+  adam_group(params, grads, exp_avg, exp_avg_sq, s);
 }
 
 void StoreBridge::skip_group(int g) { store_->discard_pushes(g); }
@@ -331,7 +388,10 @@ StoreStepStats step_stats_since(const offload::StoreStats& ss, offload::StoreSta
 
 StoreStepStats StoreBridge::step_stats() { return step_stats_since(store_->stats(), last_stats_); }
 
-size_t StoreBridge::device_slot_bytes() const { return store_->stats().device_slot_bytes; }
+size_t StoreBridge::device_slot_bytes() const {
+  const offload::StoreStats st = store_->stats();
+  return st.device_slot_bytes + st.cache_line_bytes;
+}
 
 GroupState group_state_of_flat(const ParamGroups& groups, int g, const std::vector<torch::Tensor>& flat) {
   GroupState st;

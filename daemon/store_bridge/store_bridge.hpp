@@ -22,6 +22,7 @@
 #include "daemon/core/timeline.hpp"
 #include "daemon/device/data_plane.hpp"
 #include "daemon/models/param_groups.hpp"
+#include "daemon/optim/optimizer.hpp"
 #include "offload/device.hpp"
 #include "offload/param_store.hpp"
 
@@ -76,14 +77,15 @@ class StoreBridge {
   // From the engine's launch of an offloaded group's bucket: its reduced gradient goes to the
   // host landing area (the group's owner copies).
   void on_bucket_launch(int b, int contributors, comm::Work& work, const float* data);
-  // The optimizer step of an offloaded group (every rank; the owner runs CPU AdamW, clipping
-  // by the norm of the gradient on the host), or, for a group no rank used, nothing.
-  void step_group(int g, const offload::AdamHyper& h);
+  // The optimizer step of an offloaded group (every rank): in the device cache, the device AdamW
+  // on its line (clipping by the norm of its gradient there); else the owner runs CPU AdamW,
+  // clipping by the norm of the gradient on the host. For a group no rank used: skip_group.
+  void step_group(int g, const AdamSettings& s, double clip_norm);
   void skip_group(int g);
   void release_step(int64_t step);
 
   StoreStepStats step_stats();
-  size_t device_slot_bytes() const;
+  size_t device_slot_bytes() const;  // its slots and its cache lines (memory outside the allocator)
   // The store's device (streams, copies): Θ's streamed store shares it (after build).
   offload::Device* device() { return device_.get(); }
   // Checkpoints and the final hash read the store, not a device copy.
@@ -92,6 +94,8 @@ class StoreBridge {
   const float* group_values(int g);
 
  private:
+  size_t cache_budget() const;
+  void step_cached(int g, AdamSettings s, double clip_norm);
   void bind_group(int group, int64_t step);
   void bind_grads(int group);
   void hand_over_shard(int unit, torch::Tensor grad);

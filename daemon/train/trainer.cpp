@@ -394,9 +394,7 @@ void Trainer::optimizer_step(int64_t step, PendingStep& p, bool skip) {
       continue;
     }
     if (offloaded(g)) {
-      offload::AdamHyper h = to_hyper(s);
-      h.clip_norm = job_.optimizer.clip_norm;
-      store_->step_group(g, h);
+      store_->step_group(g, s, job_.optimizer.clip_norm);
       continue;
     }
     const int64_t t_us = Timeline::now_us();

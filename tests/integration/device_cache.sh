@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# The store's device cache (offload.device_cache_mb): groups cached on the device with their Adam
+# state and updated there, evicted to the host (Belady over every rank's schedule) and updated by
+# the owner's CPU AdamW there: bitwise the parameters of offload off, on 1, 2 and 4 ranks, with
+# every group cached, with 2 lines for 6 groups (evictions and flushes happen), with gradient
+# clipping, accumulation, two simulated nodes (one arena and one flushing owner per node), and
+# across a checkpoint taken with dirty cached groups and resumed. Bad sizes are exit 2.
+source "$(dirname "$0")/lib.sh"
+thetad=$1
+job=$HERE/jobs/small.yaml
+# 6 groups of 99 floats: a line (params, m, v) is 1188 bytes; 0.0008 MiB holds 2 lines.
+W=(--set model.tasks=6 --set data.schedule=weighted --set "data.weights=[1,2,3,1,2,3]" --set optimizer.clip_norm=0.5)
+OFF=(--set offload.enabled=false)
+ON=(--set offload.enabled=true --set offload.device_slots=2)
+TWO=("${ON[@]}" --set offload.device_cache_mb=0.0008)
+ALL=("${ON[@]}" --set offload.device_cache_mb=1)
+for np in 1 2 4; do
+  run_np off_np$np $np "$job" --set steps=30 "${W[@]}" "${OFF[@]}"
+  run_np all_np$np $np "$job" --set steps=30 "${W[@]}" "${ALL[@]}"
+  run_np two_np$np $np "$job" --set steps=30 "${W[@]}" "${TWO[@]}"
+  same_hash "np$np: every group cached == offload off" off_np$np all_np$np
+  same_hash "np$np: 2 lines for 6 groups == offload off" off_np$np two_np$np
+done
+expect_in all_np2 "device cache: 6 lines of"
+expect_in all_np2 "device cache: 6 loads, 0 flushes by this rank, [0-9]+ group steps on the device"
+expect_in two_np2 "device cache: 2 lines of"
+# Evicted groups went back to the host (some rank flushed) and later came back.
+if grep -qE "device cache: [0-9]+ loads, [1-9][0-9]* flushes" "$WORK/two_np2.log"; then
+  pass "two_np2: evicted groups flushed to the host"; else fail "two_np2: no flush"; fi
+
+run_np acc_off 2 "$job" --set steps=20 --set accumulate_steps=2 "${W[@]}" "${OFF[@]}"
+run_np acc_two 2 "$job" --set steps=20 --set accumulate_steps=2 "${W[@]}" "${TWO[@]}"
+same_hash "accumulate_steps 2: 2 lines == offload off" acc_off acc_two
+
+# Two simulated nodes of 2 ranks: each node's arena gets its flushes from its own owner.
+SIM=(-x THETAD_SIMULATE_NODES=2)
+for mode in off two; do
+  if [ $mode = off ]; then args=("${OFF[@]}"); else args=("${TWO[@]}"); fi
+  expect_code 0 nodes_$mode mpirun "${MPIRUN_FLAGS[@]}" "${SIM[@]}" -np 4 "$thetad" run "$job" --no-resume \
+    --set steps=30 "${W[@]}" "${args[@]}"
+done
+same_hash "2 simulated nodes x 2 ranks: 2 lines == offload off" nodes_off nodes_two
+
+# A checkpoint at step 20 with dirty cached groups, resumed to 30: the uninterrupted run's bits.
+run_np first20 2 "$job" --set steps=20 "${W[@]}" "${TWO[@]}"
+expect_code 0 resume30 mpirun "${MPIRUN_FLAGS[@]}" -np 2 "$thetad" run "$job" --set steps=30 "${W[@]}" "${TWO[@]}" \
+  --set checkpoint.dir="$WORK/first20.ckpt"
+expect_in resume30 "resumed from .*step-00000020 at step 20"
+same_hash "checkpoint with cached groups, resumed: == uninterrupted offload off" off_np2 resume30
+
+for bad in abc -1 "1e99"; do
+  expect_code 2 "bad_$bad" "$thetad" validate "$job" --set offload.enabled=true --set "offload.device_cache_mb=$bad"
+  expect_in "bad_$bad" "offload.device_cache_mb.*expected auto or a size in MiB"
+done
+finish

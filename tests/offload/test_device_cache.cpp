@@ -1,0 +1,113 @@
+// The device cache's placement policy against hand-computed schedules: first use fills free
+// lines, Belady's eviction (farthest next use) with bypass (a group used later than everything
+// cached stays on the host), groups needed now are never evicted, unsharded groups only, drop.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <utility>
+#include <vector>
+
+#include "offload/device_cache.hpp"
+
+using thetad::offload::DeviceCachePolicy;
+using Pairs = std::vector<std::pair<size_t, int>>;
+using Entries = std::vector<size_t>;
+
+namespace {
+
+// A schedule given as a list of steps (entries used at each); nothing after its end.
+struct Schedule {
+  explicit Schedule(std::vector<Entries> s) : steps(std::move(s)) {}
+  std::vector<Entries> steps;
+  Entries none;
+  DeviceCachePolicy::Need need() const {
+    return [this](int64_t s) -> const Entries& {
+      return s < static_cast<int64_t>(steps.size()) ? steps[static_cast<size_t>(s)] : none;
+    };
+  }
+};
+
+}  // namespace
+
+TEST(DeviceCachePolicy, NoLinesBypassesEverything) {
+  DeviceCachePolicy p(0, {1, 1, 1});
+  Schedule s({{0, 2}});
+  const auto d = p.decide(0, s.need());
+  EXPECT_TRUE(d.load.empty());
+  EXPECT_EQ(d.bypass, (Entries{0, 2}));
+}
+
+TEST(DeviceCachePolicy, EverythingFitsIsLoadedOnceAndStays) {
+  DeviceCachePolicy p(4, {1, 1, 1, 1});
+  Schedule s({{0, 1}, {2, 3}, {0, 1}, {2, 3}, {1, 2}});
+  EXPECT_EQ(p.decide(0, s.need()).load, (Pairs{{0, 0}, {1, 1}}));
+  EXPECT_EQ(p.decide(1, s.need()).load, (Pairs{{2, 2}, {3, 3}}));
+  for (int64_t step = 2; step < 5; ++step) {
+    const auto d = p.decide(step, s.need());
+    EXPECT_TRUE(d.load.empty() && d.evict.empty() && d.bypass.empty()) << "step " << step;
+  }
+  EXPECT_EQ(p.cached_entries(), (Entries{0, 1, 2, 3}));
+}
+
+// Two lines, entries used as 0 1 | 2 | 0 | 1 | 2: at step 1, 0 is next used at step 2 and 1 at
+// step 3, both sooner than 2 again (step 4): evicting either would cost a miss before 2's reuse,
+// so 2 stays on the host (bypass).
+TEST(DeviceCachePolicy, BypassWhenEverythingCachedIsNeededSooner) {
+  DeviceCachePolicy p(2, {1, 1, 1});
+  Schedule s({{0, 1}, {2}, {0}, {1}, {2}});
+  p.decide(0, s.need());
+  const auto d = p.decide(1, s.need());
+  EXPECT_TRUE(d.load.empty());
+  EXPECT_TRUE(d.evict.empty());
+  EXPECT_EQ(d.bypass, (Entries{2}));
+}
+
+// Belady: at step 1 entry 2 (next used at step 2) evicts the cached entry used farthest away
+// (entry 1, step 5; entry 0 is used at step 3), into entry 1's line.
+TEST(DeviceCachePolicy, EvictsTheFarthestNextUse) {
+  DeviceCachePolicy p(2, {1, 1, 1});
+  Schedule s({{0, 1}, {2}, {2}, {0}, {}, {1}, {1}});
+  p.decide(0, s.need());
+  const auto d = p.decide(1, s.need());
+  EXPECT_EQ(d.evict, (Pairs{{1, 1}}));
+  EXPECT_EQ(d.load, (Pairs{{2, 1}}));
+  EXPECT_FALSE(p.cached(1));
+  EXPECT_EQ(p.line(2), 1);
+  // At step 5 entry 1 comes back (and is used again at 6); neither cached entry is used after
+  // step 5: the tie goes to the lowest line, entry 0's.
+  p.decide(2, s.need());
+  p.decide(3, s.need());
+  p.decide(4, s.need());
+  const auto back = p.decide(5, s.need());
+  EXPECT_EQ(back.evict, (Pairs{{0, 0}}));
+  EXPECT_EQ(back.load, (Pairs{{1, 0}}));
+}
+
+TEST(DeviceCachePolicy, GroupsNeededNowAreNeverEvicted) {
+  DeviceCachePolicy p(2, {1, 1, 1});
+  Schedule s({{0, 1}, {0, 1, 2}});
+  p.decide(0, s.need());
+  const auto d = p.decide(1, s.need());
+  EXPECT_TRUE(d.evict.empty());
+  EXPECT_EQ(d.bypass, (Entries{2}));
+  EXPECT_TRUE(p.cached(0) && p.cached(1));
+}
+
+TEST(DeviceCachePolicy, ShardedGroupsStayOnTheHost) {
+  DeviceCachePolicy p(3, {1, 0, 1});
+  Schedule s({{0, 1, 2}});
+  const auto d = p.decide(0, s.need());
+  EXPECT_EQ(d.load, (Pairs{{0, 0}, {2, 1}}));
+  EXPECT_EQ(d.bypass, (Entries{1}));
+}
+
+TEST(DeviceCachePolicy, DropFreesTheLine) {
+  DeviceCachePolicy p(1, {1, 1});
+  Schedule s({{0}, {1}, {1}});
+  p.decide(0, s.need());
+  p.drop(0);
+  EXPECT_FALSE(p.cached(0));
+  const auto d = p.decide(1, s.need());
+  EXPECT_TRUE(d.evict.empty());
+  EXPECT_EQ(d.load, (Pairs{{1, 0}}));
+}
