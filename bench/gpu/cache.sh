@@ -8,8 +8,10 @@
 #
 #   source .gpukit/setup.sh; bash bench/gpu/cache.sh      # OUT=... (default /tmp/out)
 #
-# Environment: CACHE_STEPS=400 (reference), CACHE_TINY_STEPS=1000, CACHE_TINY_T="256 1024",
-#   BENCH_BUILD_DIR=/tmp/build, CACHE_SKIP_BUILD=1.
+# Environment: CACHE_STEPS=400 (reference), CACHE_REF="resident ..." (a subset of the reference
+#   variants), CACHE_TINY_STEPS=1000, CACHE_TINY_T="256 1024", CACHE_TINY_NOCACHE=1 (also offload
+#   without the cache at those T), CACHE_DDP=1 (the DDP peer), BENCH_BUILD_DIR=/tmp/build,
+#   CACHE_SKIP_BUILD=1.
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$ROOT" || exit 1
@@ -24,18 +26,26 @@ NP=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 # A line is one head (2 x 4096 x 4096 + biases, fp32) with its Adam m and v: 403 MB.
 LINE_MB=385
 export STEADY_CAP_S=${STEADY_CAP_S:-150}
+REF_VARIANTS=("resident|--set offload.enabled=false" "offload_nocache|--set offload.device_cache_mb=0"
+              "offload_cache_auto|--set offload.device_cache_mb=auto"
+              "offload_cache_4|--set offload.device_cache_mb=$((4 * LINE_MB))")
+# CACHE_REF="resident offload_cache_auto": only those variants
+if [ -n "${CACHE_REF:-}" ]; then
+  keep=(); for v in "${REF_VARIANTS[@]}"; do case " $CACHE_REF " in *" ${v%%|*} "*) keep+=("$v") ;; esac; done
+  REF_VARIANTS=("${keep[@]}")
+fi
 STEADY_STEPS=${CACHE_STEPS:-400} STEADY_WINDOW=100 bash bench/gpu/steady.sh "$BUILD" bench/jobs/reference-offload.yaml \
-  "resident|--set offload.enabled=false" "offload_nocache|--set offload.device_cache_mb=0" \
-  "offload_cache_auto|--set offload.device_cache_mb=auto" \
-  "offload_cache_4|--set offload.device_cache_mb=$((4 * LINE_MB))" 2>&1 | tee "$OUT/reference.txt"
+  "${REF_VARIANTS[@]}" 2>&1 | tee "$OUT/reference.txt"
 grep -h "device cache:" "$OUT"/steady/offload_cache_*/log.txt | sed 's/.*\] //' | sort | uniq -c | head -8
 TINY=(--set model.input_dim=1024 --set model.hidden=1024 --set model.output_dim=1024)
 for T in ${CACHE_TINY_T:-256 1024}; do
   OUT=$OUT/tiny_T$T STEADY_STEPS=${CACHE_TINY_STEPS:-1000} STEADY_WINDOW=250 bash bench/gpu/steady.sh "$BUILD" \
     bench/jobs/reference-offload.yaml "resident_T$T|--set offload.enabled=false --set model.tasks=$T ${TINY[*]}" \
     "offload_cache_T$T|--set model.tasks=$T ${TINY[*]}" \
-    "offload_nocache_T$T|--set offload.device_cache_mb=0 --set model.tasks=$T ${TINY[*]}" 2>&1 | tee "$OUT/tiny_T$T.txt"
+    ${CACHE_TINY_NOCACHE:+"offload_nocache_T$T|--set offload.device_cache_mb=0 --set model.tasks=$T ${TINY[*]}"} \
+    2>&1 | tee "$OUT/tiny_T$T.txt"
 done
+[ "${CACHE_DDP:-1}" = 1 ] || exit 0
 PY=/opt/torch/.venv/bin/python3; [ -x "$PY" ] || PY=python3
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl_vader_single_copy_mechanism=none PMIX_MCA_gds=hash
