@@ -10,13 +10,6 @@ source "$(dirname "$0")/lib.sh"
 thetad=$1
 job=$HERE/jobs/small.yaml
 run() { mpirun "${MPIRUN_FLAGS[@]}" -np 2 "$thetad" run "$job" "$@"; }
-newest() { (cd "$1" && ls -d step-*/manifest.json 2>/dev/null | sed 's|/manifest.json||' | sort | tail -1); }
-ranks_of() { pgrep -f "thetad run .*job=$1" || true; }
-# wait_for PATH_GLOB: up to 60 s until it exists.
-wait_for() {
-  for _ in $(seq 1 600); do compgen -G "$1" >/dev/null && return 0; sleep 0.1; done
-  return 1
-}
 
 # 1. async == sync: the same final hash and byte-identical checkpoint files, offload off and on.
 for off in false true; do

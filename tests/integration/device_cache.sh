@@ -3,8 +3,9 @@
 # state and updated there, evicted to the host (Belady over every rank's schedule) and updated by
 # the owner's CPU AdamW there: bitwise the parameters of offload off, on 1, 2 and 4 ranks, with
 # every group cached, with 2 lines for 6 groups (evictions and flushes happen), with gradient
-# clipping, accumulation, two simulated nodes (one arena and one flushing owner per node), and
-# across a checkpoint taken with dirty cached groups and resumed. Bad sizes are exit 2.
+# clipping, accumulation, two simulated nodes (one arena and one flushing owner per node), across
+# a checkpoint taken with dirty cached groups and resumed, and after a kill -9 of every rank while
+# a checkpoint is being written. Bad sizes are exit 2.
 source "$(dirname "$0")/lib.sh"
 thetad=$1
 job=$HERE/jobs/small.yaml
@@ -47,6 +48,29 @@ expect_code 0 resume30 mpirun "${MPIRUN_FLAGS[@]}" -np 2 "$thetad" run "$job" --
   --set checkpoint.dir="$WORK/first20.ckpt"
 expect_in resume30 "resumed from .*step-00000020 at step 20"
 same_hash "checkpoint with cached groups, resumed: == uninterrupted offload off" off_np2 resume30
+
+# kill -9 of every rank while the checkpoint of step 10 is being written (slowed by the writer's
+# test aid), with dirty groups in the cache: step 5 stays the newest complete checkpoint, and the
+# run resumed from it ends with the uninterrupted run's bits.
+THETAD_TEST_CHECKPOINT_WRITE_DELAY_MS=3000 mpirun "${MPIRUN_FLAGS[@]}" -np 2 "$thetad" run "$job" --no-resume \
+  --set job=cachekill-$$ --set steps=30 "${W[@]}" "${TWO[@]}" --set checkpoint.every_steps=5 \
+  --set checkpoint.dir="$WORK/kill" > "$WORK/kill.log" 2>&1 &
+mpirun_pid=$!
+if wait_for "$WORK/kill/step-00000005/manifest.json" && wait_for "$WORK/kill/.tmp-step-00000010"; then
+  # shellcheck disable=SC2046  # one pid per word
+  kill -9 $(ranks_of "cachekill-$$")
+  wait "$mpirun_pid" || true
+  [ "$(newest "$WORK/kill")" = step-00000005 ] && pass "kill -9 with cached groups: step 5 is the newest checkpoint" \
+    || fail "kill -9 with cached groups: newest is '$(newest "$WORK/kill")'"
+else
+  fail "kill -9: no write of step 10 in flight seen"
+  # shellcheck disable=SC2046  # one pid per word
+  kill -9 $(ranks_of "cachekill-$$") 2>/dev/null; wait "$mpirun_pid" || true
+fi
+expect_code 0 kill_resume mpirun "${MPIRUN_FLAGS[@]}" -np 2 "$thetad" run "$job" --set steps=30 "${W[@]}" "${TWO[@]}" \
+  --set checkpoint.dir="$WORK/kill"
+expect_in kill_resume "resumed from .*step-00000005 at step 5"
+same_hash "kill -9 with cached groups, resumed: == uninterrupted offload off" off_np2 kill_resume
 
 for bad in abc -1 "1e99"; do
   expect_code 2 "bad_$bad" "$thetad" validate "$job" --set offload.enabled=true --set "offload.device_cache_mb=$bad"

@@ -38,4 +38,13 @@ same_hash() {
   a=$(final_hash "$WORK/$2.log"); b=$(final_hash "$WORK/$3.log")
   if [ -n "$a" ] && [ "$a" = "$b" ]; then pass "$1 ($a)"; else fail "$1: $a != $b"; fi
 }
+# newest DIR: the newest complete checkpoint (step-N with a manifest) in DIR.
+newest() { (cd "$1" && ls -d step-*/manifest.json 2>/dev/null | sed 's|/manifest.json||' | sort | tail -1); }
+# ranks_of JOB: pids of the thetad processes of a run started with --set job=JOB.
+ranks_of() { pgrep -f "thetad run .*job=$1" || true; }
+# wait_for PATH_GLOB: up to 60 s until it exists.
+wait_for() {
+  for _ in $(seq 1 600); do compgen -G "$1" >/dev/null && return 0; sleep 0.1; done
+  return 1
+}
 finish() { echo "$PASSES passed, $FAILS failed"; [ "$FAILS" -eq 0 ]; }
