@@ -76,38 +76,6 @@ ParamStore::ParamStore(const StoreOptions& opts, std::vector<GroupShape> groups,
   }
 }
 
-// As many lines as the budget holds, at most one per unsharded group, allocated until the device
-// refuses; then every rank keeps the fewest any rank got, so that all place groups alike.
-void ParamStore::alloc_lines(MPI_Comm comm) {
-  std::vector<uint8_t> cacheable(plan_.index.size(), 0);
-  int64_t want = 0;
-  if (opts_.cache_bytes > 0 && used_schedule_) {
-    for (size_t gi = 0; gi < cacheable.size(); ++gi)
-      if (plan_.group_units[gi].size() == 1) {
-        cacheable[gi] = 1;
-        line_numel_ = std::max(line_numel_, plan_.group_numel[gi]);
-        ++want;
-      }
-    if (line_numel_ > 0) want = std::min<int64_t>(want, static_cast<int64_t>(opts_.cache_bytes / (3 * line_numel_ * sizeof(float))));
-  }
-  for (int64_t l = 0; l < want; ++l) {
-    try {
-      line_mem_.push_back(device_.alloc(3 * line_numel_ * sizeof(float)));
-    } catch (const ConfigError&) {
-      break;  // the device is full: fewer lines
-    }
-  }
-  int64_t lines = static_cast<int64_t>(line_mem_.size());
-  if (want > 0) MPI_Allreduce(MPI_IN_PLACE, &lines, 1, MPI_INT64_T, MPI_MIN, comm);
-  while (static_cast<int64_t>(line_mem_.size()) > lines) {
-    device_.free(line_mem_.back());
-    line_mem_.pop_back();
-  }
-  line_free_.resize(line_mem_.size());
-  lines_ = DeviceCachePolicy(lines, std::move(cacheable));
-  stats_.cache_line_bytes = line_mem_.size() * 3 * line_numel_ * sizeof(float);
-}
-
 // Every rank learns whether all got their device slots: a rank failing alone would otherwise
 // leave the others waiting in the next collective while its arena's (collective) free waits.
 void ParamStore::alloc_slots(MPI_Comm comm) {
@@ -192,76 +160,6 @@ void ParamStore::begin_step(int64_t step) {
   std::fill(released_.begin(), released_.end(), 0);
   schedule_cache_.erase(schedule_cache_.begin(), schedule_cache_.lower_bound(step));
   used_cache_.erase(used_cache_.begin(), used_cache_.lower_bound(step));
-}
-
-const std::vector<size_t>& ParamStore::used_at(int64_t step) {
-  auto it = used_cache_.find(step);
-  if (it != used_cache_.end()) return it->second;
-  std::vector<size_t> entries;
-  for (int g : used_schedule_(step))
-    if (g != 0) entries.push_back(index_of(g));
-  std::sort(entries.begin(), entries.end());
-  entries.erase(std::unique(entries.begin(), entries.end()), entries.end());
-  return used_cache_.emplace(step, std::move(entries)).first->second;
-}
-
-float* ParamStore::line_part(int group, int part) {
-  const size_t gi = index_of(group);
-  const int line = lines_.line(gi);
-  THETAD_CHECK(line >= 0, InternalError, "offload: group ", group, " is not in the device cache");
-  return static_cast<float*>(line_mem_[static_cast<size_t>(line)]) + static_cast<size_t>(part) * line_numel_;
-}
-
-void ParamStore::place(int64_t step) {
-  updates_->rethrow_error();
-  begin_step(step);
-  if (lines_.lines() == 0) return;
-  const DeviceCachePolicy::Decision d =
-      lines_.decide(step, [this](int64_t s) -> const std::vector<size_t>& { return used_at(s); });
-  for (const auto& [gi, line] : d.evict) flush_line(gi, line);
-  for (const auto& [gi, line] : d.load) load_line(gi, line);
-}
-
-// The group (params, m, v) into its line, once its last host update has landed.
-void ParamStore::load_line(size_t gi, int line) {
-  if (!arena_->seq_reached(gi, expected_[gi])) {
-    const auto t0 = std::chrono::steady_clock::now();
-    updates_->wait_update(gi, expected_[gi]);
-    std::lock_guard<std::mutex> lk(stats_mu_);
-    stats_.acquire_wait_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  }
-  const size_t bytes = arena_->entry(gi).numel * sizeof(float);
-  char* dst = static_cast<char*>(line_mem_[static_cast<size_t>(line)]);
-  const float* parts[3] = {arena_->params(gi), arena_->exp_avg(gi), arena_->exp_avg_sq(gi)};
-  Fence last;
-  for (size_t k = 0; k < 3; ++k)
-    last = copy_split(true, dst + k * line_numel_ * sizeof(float), reinterpret_cast<const char*>(parts[k]), bytes,
-                      line_free_[static_cast<size_t>(line)]);
-  device_.compute_wait(last);
-  std::lock_guard<std::mutex> lk(stats_mu_);
-  stats_.h2d_bytes += 3 * bytes;
-  stats_.cache_loads += 1;
-}
-
-// The group back to the host with its state: the owner copies params, m and v into the arena
-// after the compute queued so far (its last device update) and publishes the updates it had on
-// the device once the copies landed; the host's other ranks wait for that as for a CPU update.
-void ParamStore::flush_line(size_t gi, int line) {
-  const Fence after = device_.record_compute();
-  line_free_[static_cast<size_t>(line)] = after;
-  if (!arena_->is_owner(gi)) return;
-  const size_t bytes = arena_->entry(gi).numel * sizeof(float);
-  const char* src = static_cast<const char*>(line_mem_[static_cast<size_t>(line)]);
-  float* parts[3] = {arena_->params(gi), arena_->exp_avg(gi), arena_->exp_avg_sq(gi)};
-  std::vector<Fence> copies;
-  for (size_t k = 0; k < 3; ++k)
-    copies.push_back(copy_split(false, reinterpret_cast<char*>(parts[k]), src + k * line_numel_ * sizeof(float), bytes, after));
-  line_free_[static_cast<size_t>(line)] = copies.back();
-  last_d2h_ = copies.back();
-  updates_->submit_publish(gi, std::move(copies), expected_[gi]);
-  std::lock_guard<std::mutex> lk(stats_mu_);
-  stats_.d2h_bytes += 3 * bytes;
-  stats_.cache_flushes += 1;
 }
 
 // One copy between the device and the arena, split where the arena's pinned chunks end (a copy
