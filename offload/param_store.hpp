@@ -117,6 +117,8 @@ class ParamStore {
 
   // The device cache: its lines (0 = none), whether a group is in it now, and its device memory.
   int64_t cache_lines() const { return lines_.lines(); }
+  // Device bytes of one line: 3 x the largest group that is not row-sharded (0: no such group).
+  size_t cache_line_bytes() const { return 3 * line_numel_ * sizeof(float); }
   bool cached(int group) const { return lines_.cached(index_of(group)); }
   float* cached_params(int group) { return line_part(group, 0); }
   float* cached_exp_avg(int group) { return line_part(group, 1); }

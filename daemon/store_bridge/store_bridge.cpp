@@ -120,6 +120,12 @@ void StoreBridge::build(comm::Engine& engine, const Schedule& schedule, int rank
       options, shapes, *device_, [this, groups_used](int64_t step) { return groups_used(step, rank_, rank_); },
       MPI_COMM_WORLD,
       [this, groups_used](int64_t step) { return groups_used(step, 0, schedule_->world_size() - 1); });
+  // A budget given in MiB that holds no group is a mistake to say, not a cache to skip quietly.
+  if (!job_.offload.device_cache_auto() && options.cache_bytes > 0 && store_->cache_lines() == 0 &&
+      store_->cache_line_bytes() > options.cache_bytes)
+    throw ConfigError(job_.source + ": offload.device_cache_mb: " + job_.offload.device_cache_mb +
+                      " MiB holds no task group: one line (a group's parameters and Adam m and v) is " +
+                      std::to_string(store_->cache_line_bytes()) + " bytes; raise it, or set 0 for no cache");
   offload::ThreadPool::configure(store_->cpu_threads());  // the owner's CPU AdamW threads (offload.cpu_threads)
   for (int g = 1; g < groups_.num_groups(); ++g)
     if (model_.row_chunked(g) && store_->units_of(g).size() > 1 && store_->slots() < 2)
@@ -380,6 +386,9 @@ StoreStepStats step_stats_since(const offload::StoreStats& ss, offload::StoreSta
   s.swap_hits = static_cast<int64_t>(ss.swap_hits - last.swap_hits);
   s.swap_misses = static_cast<int64_t>(ss.swap_misses - last.swap_misses);
   s.host_pinned_bytes = static_cast<int64_t>(ss.host_pinned_bytes);
+  s.cache_loads = static_cast<int64_t>(ss.cache_loads - last.cache_loads);
+  s.cache_flushes = static_cast<int64_t>(ss.cache_flushes - last.cache_flushes);
+  s.device_steps = static_cast<int64_t>(ss.device_steps - last.device_steps);
   s.cpu_adam_ms = ss.cpu_adam_ms - last.cpu_adam_ms;
   s.acquire_wait_ms = ss.acquire_wait_ms - last.acquire_wait_ms;
   last = ss;

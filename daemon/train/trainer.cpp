@@ -439,6 +439,9 @@ void Trainer::record_engine_stats(StepRecord& rec) {
     rec.host_pinned_bytes = ss.host_pinned_bytes;
     rec.cpu_adam_ms = ss.cpu_adam_ms;
     rec.acquire_wait_ms = ss.acquire_wait_ms;
+    rec.cache_loads = ss.cache_loads;
+    rec.cache_flushes = ss.cache_flushes;
+    rec.device_steps = ss.device_steps;
   }
   if (act_stash_) {
     const ActivationStats as = act_stash_->step_stats();

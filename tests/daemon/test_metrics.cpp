@@ -75,7 +75,7 @@ const char* kKeys[] = {"step", "rank", "loss", "task_loss", "lr", "samples", "st
                        "bytes_allreduced", "bytes_pruned", "buckets_launched", "buckets_pruned", "buckets_broadcast",
                        "h2d_bytes", "d2h_bytes", "swap_hits", "swap_misses",
                        "device_mem_peak_bytes", "host_pinned_bytes", "cpu_adam_ms",
-                       "acquire_wait_ms", "act_offload_bytes", "act_device_peak_bytes", "act_layer_bytes",
+                       "acquire_wait_ms", "cache_loads", "cache_flushes", "device_steps", "act_offload_bytes", "act_device_peak_bytes", "act_layer_bytes",
                        "act_pool_allocations", "theta_h2d_bytes", "theta_d2h_bytes", "theta_device_slot_bytes",
                        "theta_cpu_adam_ms", "nonfinite", "skipped"};
 
@@ -140,7 +140,7 @@ TEST(Metrics, WriterCreatesDirsAndWritesLines) {
         "recs=[json.loads(l) for l in open(sys.argv[1])]\n"
         "assert len(recs)==3 and recs[1][\"step\"]==18 and recs[1][\"loss\"] is None\n"
         "assert recs[0][\"task_loss\"][0]==dict(task=3,loss=0.5)\n"
-        "assert len(recs[0])==36, len(recs[0])",
+        "assert len(recs[0])==39, len(recs[0])",
         path));
   }
 }

@@ -9,7 +9,7 @@
 source "$(dirname "$0")/lib.sh"
 thetad=$1
 job=$HERE/jobs/small.yaml
-# 6 groups of 99 floats: a line (params, m, v) is 1188 bytes; 0.0008 MiB holds 2 lines.
+# 6 groups of 33 floats: a line (params, m, v) is 396 bytes; 0.0008 MiB (838 bytes) holds 2 lines.
 W=(--set model.tasks=6 --set data.schedule=weighted --set "data.weights=[1,2,3,1,2,3]" --set optimizer.clip_norm=0.5)
 OFF=(--set offload.enabled=false)
 ON=(--set offload.enabled=true --set offload.device_slots=2)
@@ -71,6 +71,11 @@ expect_code 0 kill_resume mpirun "${MPIRUN_FLAGS[@]}" -np 2 "$thetad" run "$job"
   --set checkpoint.dir="$WORK/kill"
 expect_in kill_resume "resumed from .*step-00000005 at step 5"
 same_hash "kill -9 with cached groups, resumed: == uninterrupted offload off" off_np2 kill_resume
+
+# A budget that holds no line (396 bytes here) is exit 2 naming the key and the line's size.
+expect_code 2 small_budget mpirun "${MPIRUN_FLAGS[@]}" -np 2 "$thetad" run "$job" --no-resume --set steps=2 "${W[@]}" \
+  "${ON[@]}" --set offload.device_cache_mb=0.0001
+expect_in small_budget "offload.device_cache_mb: 0.0001 MiB holds no task group: one line .* is 396 bytes"
 
 for bad in abc -1 "1e99"; do
   expect_code 2 "bad_$bad" "$thetad" validate "$job" --set offload.enabled=true --set "offload.device_cache_mb=$bad"
