@@ -14,8 +14,8 @@
 //     store.step_group(g, hyper);     // every rank; the owner's CPU step may run asynchronously
 //   store.release_step(s);
 //
-// With a device cache (StoreOptions::cache_bytes, and the job's schedule of every rank), groups
-// that fit one line of it are placed per step by DeviceCachePolicy: at the start of each step,
+// With a device cache (StoreOptions::cache_bytes, and the job's schedule of every rank), flat
+// groups of one unit (not row-sharded matrices) are placed per step by DeviceCachePolicy: at the start of each step,
 // before its acquires, every rank calls
 //   store.place(s);                   // loads (params, m, v) into lines, flushes evicted ones
 // A cached group is not acquired, pushed or stepped on the host: the caller binds its tensors to

@@ -17,8 +17,10 @@ void ParamStore::alloc_lines(MPI_Comm comm) {
   std::vector<uint8_t> cacheable(plan_.index.size(), 0);
   int64_t want = 0;
   if (opts_.cache_bytes > 0 && used_schedule_) {
+    // Whole flat groups only: a [rows x row_elems] group is streamed by the model in row chunks
+    // through the slots (a unit each), even where it has one shard.
     for (size_t gi = 0; gi < cacheable.size(); ++gi)
-      if (plan_.group_units[gi].size() == 1) {
+      if (plan_.group_units[gi].size() == 1 && plan_.units[static_cast<size_t>(plan_.group_units[gi][0])].row_elems == 1) {
         cacheable[gi] = 1;
         line_numel_ = std::max(line_numel_, plan_.group_numel[gi]);
         ++want;

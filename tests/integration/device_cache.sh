@@ -29,6 +29,13 @@ expect_in two_np2 "device cache: 2 lines of"
 if grep -qE "device cache: [0-9]+ loads, [1-9][0-9]* flushes" "$WORK/two_np2.log"; then
   pass "two_np2: evicted groups flushed to the host"; else fail "two_np2: no flush"; fi
 
+# The extreme classifier's slices are streamed in row chunks through the slots even where a slice
+# is one shard: they stay out of the cache (and equal offload off).
+XC=(--set model.kind=extreme_classifier --set model.classes=400 --set optimizer.lr=0.03 --set offload.shard_mb=0.1)
+run_np xc_off 2 "$job" --set steps=20 "${XC[@]}" "${OFF[@]}"
+run_np xc_cache 2 "$job" --set steps=20 "${XC[@]}" "${ALL[@]}"
+same_hash "extreme classifier, one shard per slice, cache on == offload off" xc_off xc_cache
+
 run_np acc_off 2 "$job" --set steps=20 --set accumulate_steps=2 "${W[@]}" "${OFF[@]}"
 run_np acc_two 2 "$job" --set steps=20 --set accumulate_steps=2 "${W[@]}" "${TWO[@]}"
 same_hash "accumulate_steps 2: 2 lines == offload off" acc_off acc_two
