@@ -29,11 +29,16 @@ DeviceCachePolicy::Decision DeviceCachePolicy::decide(int64_t step, const Need& 
     d.bypass = now;
     return d;
   }
-  // Next use after this step of every entry the horizon mentions (absent: never).
+  // Next use after this step of every entry the horizon mentions (absent: never). Read only on
+  // a miss with every line taken: in steady state (everything needed is cached) never.
   std::unordered_map<size_t, int64_t> next;
-  for (int64_t s = step + kHorizon; s > step; --s)
-    for (size_t e : need(s)) next[e] = s;
+  bool horizon_read = false;
   const auto next_use = [&](size_t e) {
+    if (!horizon_read) {
+      for (int64_t s = step + kHorizon; s > step; --s)
+        for (size_t x : need(s)) next[x] = s;
+      horizon_read = true;
+    }
     const auto it = next.find(e);
     return it == next.end() ? kNever : it->second;
   };

@@ -190,6 +190,17 @@ void ParamStore::copy_in(int u, int slot) {
   stats_.h2d_bytes += bytes;
 }
 
+// The owner's update of the group (maybe on another rank, maybe on our worker) must land before
+// its values are copied to the device; the time blocked counts as acquire_wait_ms.
+void ParamStore::wait_final(size_t gi) {
+  if (arena_->seq_reached(gi, expected_[gi])) return;
+  const auto t0 = std::chrono::steady_clock::now();
+  updates_->wait_update(gi, expected_[gi]);
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  std::lock_guard<std::mutex> lk(stats_mu_);
+  stats_.acquire_wait_ms += ms;
+}
+
 float* ParamStore::acquire(int u, int64_t step, bool order_compute) {
   updates_->rethrow_error();
   THETAD_CHECK(u >= 0 && u < num_units(), InternalError, "unit ", u, " out of range");
@@ -197,15 +208,7 @@ float* ParamStore::acquire(int u, int64_t step, bool order_compute) {
   const UnitInfo& info = plan_.units[static_cast<size_t>(u)];
   const size_t gi = index_of(info.group);
   THETAD_CHECK(!lines_.cached(gi), InternalError, "offload: acquire of group ", info.group, ", which is in the device cache");
-  // The owner's update of this group (maybe on another rank, maybe on our worker) must land.
-  if (!arena_->seq_reached(gi, expected_[gi])) {
-    const auto t0 = std::chrono::steady_clock::now();
-    updates_->wait_update(gi, expected_[gi]);
-    const double ms =
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    std::lock_guard<std::mutex> lk(stats_mu_);
-    stats_.acquire_wait_ms += ms;
-  }
+  wait_final(gi);
   const SlotCache::Result r = cache_.access(u, /*pin=*/true, [this](int64_t k) {
     return next_use(static_cast<int>(k));
   });

@@ -203,6 +203,7 @@ class ParamStore {
   Fence copy_split(bool to_device, char* dst, const char* src, size_t bytes, const Fence& after);
   float* line_part(int group, int part);
   void alloc_lines(MPI_Comm comm);
+  void wait_final(size_t gi);
   void load_line(size_t gi, int line);
   void flush_line(size_t gi, int line);
   const std::vector<size_t>& used_at(int64_t step);

@@ -4,7 +4,6 @@
 #include <mpi.h>
 
 #include <algorithm>
-#include <chrono>
 
 #include "common/errors.hpp"
 #include "offload/param_store.hpp"
@@ -75,12 +74,7 @@ void ParamStore::place(int64_t step) {
 
 // The group (params, m, v) into its line, once its last host update has landed.
 void ParamStore::load_line(size_t gi, int line) {
-  if (!arena_->seq_reached(gi, expected_[gi])) {
-    const auto t0 = std::chrono::steady_clock::now();
-    updates_->wait_update(gi, expected_[gi]);
-    std::lock_guard<std::mutex> lk(stats_mu_);
-    stats_.acquire_wait_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  }
+  wait_final(gi);
   const size_t bytes = arena_->entry(gi).numel * sizeof(float);
   char* dst = static_cast<char*>(line_mem_[static_cast<size_t>(line)]);
   const float* parts[3] = {arena_->params(gi), arena_->exp_avg(gi), arena_->exp_avg_sq(gi)};
