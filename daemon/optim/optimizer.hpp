@@ -19,6 +19,12 @@ struct AdamSettings {
   double grad_scale = 1.0;  // from clipping
 };
 
+// A step's operands as tensors: parameters, their gradients and both moments, one of each per
+// parameter (views of wherever they live: a device cache line, a pooled gradient buffer).
+struct AdamOperands {
+  std::vector<at::Tensor> params, grads, exp_avg, exp_avg_sq;
+};
+
 // The same settings for the fused CPU kernel of offload/ (host store and host tensors).
 offload::AdamHyper to_hyper(const AdamSettings& s);
 

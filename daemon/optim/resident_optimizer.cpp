@@ -51,26 +51,35 @@ bool ResidentOptimizer::overlaps(const DataPlane& plane, const config::Optimizer
 
 void ResidentOptimizer::start_step() { bucket_stepped_.assign(plan_.buckets.size(), 0); }
 
+// Runs `step` (queues its kernels) on the side stream once `work`'s allreduce has landed.
+template <typename Step>
+void ResidentOptimizer::on_side_after(comm::Work& work, Step&& step) {
+#if THETAD_TORCH_CUDA
+  work.block_stream(side_->stream.stream(), plane_.comm->default_timeout());
+  c10::cuda::CUDAStreamGuard on_side(side_->stream);
+  torch::NoGradGuard no_grad;  // thread-local: this may run on autograd's device thread
+  step();
+#else
+  (void)work;
+  (void)step;
+#endif
+}
+
 // Its parameters are done with for this backward: their gradients were final when the bucket
 // launched, after every kernel that reads them was queued on the compute stream, and the
 // allreduce waited for those. The arithmetic is the group's (elementwise, same step count and
 // settings), so the parameters come out bit for bit the same as a whole-group step.
 void ResidentOptimizer::step_bucket(int b, int contributors, comm::Work& work, const AdamSettings& s) {
-#if THETAD_TORCH_CUDA
   const comm::Bucket& bucket = plan_.buckets[static_cast<size_t>(b)];
   // Unused groups are not stepped (lazy); unknown counts and other groups: step_group.
   if (!overlap_ || contributors <= 0 || !resident_[static_cast<size_t>(bucket.group)]) return;
-  work.block_stream(side_->stream.stream(), plane_.comm->default_timeout());
-  c10::cuda::CUDAStreamGuard on_side(side_->stream);
-  torch::NoGradGuard no_grad;  // thread-local: this may run on autograd's device thread
-  step_params(bucket.params, s);
+  on_side_after(work, [&] { step_params(bucket.params, s); });
   bucket_stepped_[static_cast<size_t>(b)] = 1;
-#else
-  (void)b;
-  (void)contributors;
-  (void)work;
-  (void)s;
-#endif
+}
+
+void ResidentOptimizer::step_after(comm::Work& work, AdamOperands& ops, const AdamSettings& s) {
+  THETAD_CHECK(overlap_, InternalError, "optimizer: a side-stream step without optimizer.overlap");
+  on_side_after(work, [&] { adam_group(ops.params, ops.grads, ops.exp_avg, ops.exp_avg_sq, s); });
 }
 
 void ResidentOptimizer::join_bucket_steps() {

@@ -34,6 +34,9 @@ class ResidentOptimizer {
   // From the engine's launch of bucket b (overlap): queues its parameters' step on the side
   // stream after the bucket's allreduce. `s` carries the group's step count for this step.
   void step_bucket(int b, int contributors, comm::Work& work, const AdamSettings& s);
+  // The same for operands that live elsewhere (a device-cached θ[t]'s bucket, views of its cache
+  // line): queued on the side stream after `work`, joined like the bucket steps. Overlap only.
+  void step_after(comm::Work& work, AdamOperands& ops, const AdamSettings& s);
   // Before the optimizer steps the rest: the bucket steps queued so far come before the next
   // forward (the compute stream waits for the side stream).
   void join_bucket_steps();
@@ -47,6 +50,8 @@ class ResidentOptimizer {
 
  private:
   void step_params(const std::vector<int>& params, AdamSettings s);
+  template <typename Step>
+  void on_side_after(comm::Work& work, Step&& step);
   ParamGroups& groups_;
   const GradHooks& hooks_;
   const comm::BucketPlan& plan_;

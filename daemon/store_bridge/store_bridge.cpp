@@ -206,6 +206,7 @@ void StoreBridge::prepare_step(int64_t step) {
   // The previous step's gradient copies read pooled buffers that this step re-binds (and
   // zeroes on the compute stream); they started during that step's backward.
   store_->compute_after_pushes();
+  param_stepped_.assign(groups_.size(), 0);
   store_->place(step);  // the device cache's loads and evictions for this step
   for (size_t g = 1; g < used.size(); ++g) {
     if (!used[g]) continue;
@@ -360,19 +361,38 @@ void StoreBridge::step_group(int g, const AdamSettings& s, double clip_norm) {
 
 // The device AdamW on a cached group's line, with its reduced gradient in the engine's pool (on
 // the compute stream, which the engine ordered after the allreduce): the math of resident groups.
+// Parameters stepped as their bucket landed (take_cached_bucket) are done.
 void StoreBridge::step_cached(int g, AdamSettings s, double clip_norm) {
-  const auto opts = torch::TensorOptions().dtype(torch::kFloat32).device(plane_.device);
-  std::vector<torch::Tensor> params, grads, exp_avg, exp_avg_sq;
-  for (int p : groups_.members[static_cast<size_t>(g)]) {
-    const auto sizes = groups_[p].tensor.sizes();
-    const size_t off = groups_.offset[static_cast<size_t>(p)];
-    params.push_back(torch::from_blob(store_->cached_params(g) + off, sizes, opts));
-    exp_avg.push_back(torch::from_blob(store_->cached_exp_avg(g) + off, sizes, opts));
-    exp_avg_sq.push_back(torch::from_blob(store_->cached_exp_avg_sq(g) + off, sizes, opts));
-    grads.push_back(torch::from_blob(engine_->grad(p), sizes, opts));
+  AdamOperands ops;
+  for (int p : groups_.members[static_cast<size_t>(g)])
+    if (!param_stepped_[static_cast<size_t>(p)]) add_line_operands(g, p, engine_->grad(p), ops);
+  if (ops.params.empty()) return;
+  s.grad_scale = clip_scale(ops.grads, clip_norm);
+  adam_group(ops.params, ops.grads, ops.exp_avg, ops.exp_avg_sq, s);
+}
+
+// Called with the engine's lock held: reads nothing of the engine but its plan (the gradient is
+// at `data`, the bucket's memory).
+bool StoreBridge::take_cached_bucket(int b, float* data, AdamOperands& ops) {
+  const comm::Bucket& bucket = engine_->plan().buckets[static_cast<size_t>(b)];
+  if (!store_->cached(bucket.group)) return false;
+  for (size_t k = 0; k < bucket.params.size(); ++k) {
+    const int p = bucket.params[k];  // a cached group is flat, never sharded: a model parameter
+    add_line_operands(bucket.group, p, data + bucket.offsets[k], ops);
+    param_stepped_[static_cast<size_t>(p)] = 1;
   }
-  s.grad_scale = clip_scale(grads, clip_norm);
-  adam_group(params, grads, exp_avg, exp_avg_sq, s);
+  return true;
+}
+
+// Parameter p of cached group g as views of its line (values, moments) and its gradient.
+void StoreBridge::add_line_operands(int g, int p, float* grad, AdamOperands& ops) {
+  const auto opts = torch::TensorOptions().dtype(torch::kFloat32).device(plane_.device);
+  const auto sizes = groups_[p].tensor.sizes();
+  const size_t off = groups_.offset[static_cast<size_t>(p)];
+  ops.params.push_back(torch::from_blob(store_->cached_params(g) + off, sizes, opts));
+  ops.exp_avg.push_back(torch::from_blob(store_->cached_exp_avg(g) + off, sizes, opts));
+  ops.exp_avg_sq.push_back(torch::from_blob(store_->cached_exp_avg_sq(g) + off, sizes, opts));
+  ops.grads.push_back(torch::from_blob(grad, sizes, opts));
 }
 
 void StoreBridge::skip_group(int g) { store_->discard_pushes(g); }

@@ -78,6 +78,10 @@ class StoreBridge {
   // From the engine's launch of an offloaded group's bucket: its reduced gradient goes to the
   // host landing area (the group's owner copies).
   void on_bucket_launch(int b, int contributors, comm::Work& work, const float* data);
+  // optimizer.overlap: the operands of bucket b if its group is in the device cache (its line's
+  // values and moments, its reduced gradient at `data`), for a device step as its allreduce
+  // lands; step_group then leaves its parameters alone. False (nothing taken) otherwise.
+  bool take_cached_bucket(int b, float* data, AdamOperands& ops);
   // The optimizer step of an offloaded group (every rank): in the device cache, the device AdamW
   // on its line (clipping by the norm of its gradient there); else the owner runs CPU AdamW,
   // clipping by the norm of the gradient on the host. For a group no rank used: skip_group.
@@ -97,6 +101,7 @@ class StoreBridge {
  private:
   size_t cache_budget() const;
   void step_cached(int g, AdamSettings s, double clip_norm);
+  void add_line_operands(int g, int p, float* grad, AdamOperands& ops);
   void bind_group(int group, int64_t step);
   void bind_grads(int group);
   void hand_over_shard(int unit, torch::Tensor grad);
@@ -122,6 +127,7 @@ class StoreBridge {
   std::vector<std::vector<int>> shard_params_;  // per group: engine parameters of its shards
   std::vector<int> unit_param_;                 // per store unit: its engine parameter (or -1)
   std::vector<size_t> grad_offset_;             // per engine parameter: element offset in its group
+  std::vector<uint8_t> param_stepped_;          // per model parameter: stepped as its bucket landed
   // GPUs: shard gradients launched and not yet copied out (their memory is not reusable before
   // then): at most grad_inflight_cap_ bytes before a new one is allocated (throttle_grads).
   struct InFlight;

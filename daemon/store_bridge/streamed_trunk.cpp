@@ -33,6 +33,8 @@ StreamedTrunk::StreamedTrunk(const config::Job& job, ParamGroups& groups, const 
   forwards_.assign(n, 0);
   backwards_.assign(n, 0);
   written_.assign(n, 0);
+  pushed_.assign(n, 0);
+  stepped_.assign(n, 0);
   sum_.resize(n);
 }
 
@@ -96,8 +98,11 @@ size_t StreamedTrunk::offset_in_layer(int p) const {
   return p == l.w ? 0 : l.w_numel;
 }
 
-void StreamedTrunk::start_window(int64_t step) {
+void StreamedTrunk::start_window(int64_t step, std::optional<offload::AdamHyper> early) {
   step_ = step;
+  early_ = early;
+  std::fill(pushed_.begin(), pushed_.end(), 0);
+  std::fill(stepped_.begin(), stepped_.end(), 0);
   // The previous step's copies of Θ's buckets to the host read memory this step's backward
   // rewrites (on the compute stream); they started during that step's backward.
   store_->compute_after_pushes();
@@ -200,36 +205,46 @@ void StreamedTrunk::on_bucket_launch(int b, int contributors, comm::Work& work, 
     return;
   }
   work.block_stream(d2h, engine_->communicator().default_timeout());
-  push_bucket(b, data);
+  push_bucket(b, data, contributors > 0);  // -1: counts unknown, whether Θ is stepped is not
 }
 
 void StreamedTrunk::after_reduce() {
   const bool trained = engine_->contributors()[0] != 0;
   for (const auto& [b, data] : deferred_)
-    if (trained) push_bucket(b, data);
+    if (trained) push_bucket(b, data, true);
   deferred_.clear();
 }
 
-// The owners of the bucket's layers copy their parts to the landing areas.
-void StreamedTrunk::push_bucket(int b, const float* data) {
+// The owners of the bucket's layers copy their parts to the landing areas. A layer whose
+// gradient is then all pushed is stepped at once where the settings are known (`trained`: Θ is
+// stepped this window), so that the CPU AdamW of the last layers runs while backward reaches the
+// first ones and the next forward finds layer 0 updated sooner. Every rank counts alike.
+void StreamedTrunk::push_bucket(int b, const float* data, bool trained) {
   const comm::BucketPlan& plan = engine_->plan();
   const comm::Bucket& bucket = plan.buckets[static_cast<size_t>(b)];
   const int64_t t_us = Timeline::now_us();
   for (size_t k = 0; k < bucket.params.size(); ++k) {
     const int p = bucket.params[k];
     const int layer = layer_of_[static_cast<size_t>(p)];
-    if (!store_->owns(layer + 1)) continue;
-    store_->push_grad_range(layer + 1, offset_in_layer(p), data + bucket.offsets[k],
-                            plan.params[static_cast<size_t>(p)].numel);
+    if (store_->owns(layer + 1))
+      store_->push_grad_range(layer + 1, offset_in_layer(p), data + bucket.offsets[k],
+                              plan.params[static_cast<size_t>(p)].numel);
+    if (++pushed_[static_cast<size_t>(layer)] == 2 && trained && early_) step_layer(layer, *early_);
   }
   if (timeline_)
     timeline_->record(Lane::d2h, "gradient Θ bucket " + std::to_string(b), t_us, Timeline::now_us() - t_us,
                       {{"bytes", int64_t(bucket.numel * sizeof(float))}});
 }
 
+void StreamedTrunk::step_layer(int layer, const offload::AdamHyper& h) {
+  store_->step_group(layer + 1, h);
+  stepped_[static_cast<size_t>(layer)] = 1;
+}
+
 void StreamedTrunk::step(const offload::AdamHyper& h) {
   const int64_t t_us = Timeline::now_us();
-  for (int l = 1; l <= layers(); ++l) store_->step_group(l, h);
+  for (int l = 0; l < layers(); ++l)
+    if (!stepped_[static_cast<size_t>(l)]) step_layer(l, h);
   if (timeline_) timeline_->record(Lane::cpu_adam, "adam Θ (layers)", t_us, Timeline::now_us() - t_us);
 }
 

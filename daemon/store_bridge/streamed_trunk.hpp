@@ -13,6 +13,7 @@
 #include <torch/torch.h>
 
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "comm/engine.hpp"
@@ -42,8 +43,10 @@ class StreamedTrunk final : public LayerWeights {
   void build(comm::Engine& engine, offload::Device* device);
 
   // Start of optimizer step `step` (its window) and of each micro-step's forward (`trained`:
-  // Θ gets gradients in this micro-step).
-  void start_window(int64_t step);
+  // Θ gets gradients in this micro-step). `early`: the step's settings for Θ where they cannot
+  // change after backward (no skip_step, no clipping): each layer's CPU AdamW is then submitted
+  // as soon as its reduced gradient is pushed, during backward, instead of after it.
+  void start_window(int64_t step, std::optional<offload::AdamHyper> early);
   void start_micro(bool trained);
   // Whether this micro-step's forward ran the trunk with gradients for Θ (the loss reaches Θ:
   // comm.active discover, where the placeholders are not in the graph).
@@ -63,7 +66,8 @@ class StreamedTrunk final : public LayerWeights {
   void on_bucket_launch(int b, int contributors, comm::Work& work, const float* data);
   // After finish_backward: the pushes that waited for the buckets (synchronous copies).
   void after_reduce();
-  // Every rank, in a step where Θ was trained: every layer is stepped (owners: CPU AdamW).
+  // Every rank, in a step where Θ was trained: every layer not stepped early is stepped (owners:
+  // CPU AdamW).
   void step(const offload::AdamHyper& h);
   // A step where Θ is not updated: the pushed copies are forgotten.
   void skip();
@@ -86,7 +90,8 @@ class StreamedTrunk final : public LayerWeights {
   size_t offset_in_layer(int p) const;
   void hold(int layer, bool order);
   void commit(int layer);
-  void push_bucket(int b, const float* data);
+  void push_bucket(int b, const float* data, bool trained);
+  void step_layer(int layer, const offload::AdamHyper& h);
 
   const config::Job& job_;
   ParamGroups& groups_;
@@ -106,6 +111,9 @@ class StreamedTrunk final : public LayerWeights {
   std::vector<int> forwards_;        // per layer: forward passes in this micro-step
   std::vector<int> backwards_;       // per layer: gradients handed over in this backward
   std::vector<uint8_t> written_;     // per layer: its bucket region got a gradient this window
+  std::vector<int> pushed_;          // per layer: parameters whose reduced gradient was pushed this window
+  std::vector<uint8_t> stepped_;     // per layer: its update submitted this window
+  std::optional<offload::AdamHyper> early_;  // this window's settings, if known before backward
   std::vector<std::pair<torch::Tensor, torch::Tensor>> sum_;  // per layer: this backward's sum
   std::vector<std::pair<int, const float*>> deferred_;  // host device: buckets pushed after the reduce
   offload::StoreStats last_stats_;

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <iomanip>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "comm/bootstrap.hpp"
@@ -59,6 +60,7 @@ class Trainer {
   bool nonfinite(int64_t step, double loss, StepRecord& rec);
   void optimizer_step(int64_t step, PendingStep& p, bool skip);
   AdamSettings adam_settings(int64_t step) const;
+  std::optional<offload::AdamHyper> early_trunk_settings() const;
   void record_engine_stats(StepRecord& rec);
   int64_t device_extra_bytes() const;
   bool offloaded(int g) const { return store_ && store_->offloaded(g); }
@@ -201,19 +203,23 @@ void Trainer::build_engine() {
 void Trainer::on_bucket_launch(int b, int contributors, comm::Work& work, float* data) {
   if (timeline_) timeline_->record(Lane::comm, "launch bucket " + std::to_string(b), Timeline::now_us(), 0);
   const int g = engine_->plan().buckets[static_cast<size_t>(b)].group;
-  if (offloaded(g)) {
-    store_->on_bucket_launch(b, contributors, work, data);
-    return;
-  }
   if (g == 0 && trunk_) {
     trunk_->on_bucket_launch(b, contributors, work, data);
     return;
   }
+  if (offloaded(g)) store_->on_bucket_launch(b, contributors, work, data);
   // skip_step decides after backward whether the step updates anything: no bucket steps first.
-  if (!resident_ || !resident_->overlap() || job_.train.on_nonfinite == config::NonFinite::SkipStep) return;
+  // Unused groups are not stepped (lazy); unknown counts: the whole group after backward.
+  if (!resident_ || !resident_->overlap() || job_.train.on_nonfinite == config::NonFinite::SkipStep || contributors <= 0) return;
   AdamSettings s = step_settings_;
   s.step = group_steps_[static_cast<size_t>(g)] + 1;
-  resident_->step_bucket(b, contributors, work, s);
+  if (!offloaded(g)) {
+    resident_->step_bucket(b, contributors, work, s);
+    return;
+  }
+  // A θ[t] in the device cache is stepped like a resident group, on its cache line.
+  AdamOperands ops;
+  if (store_->take_cached_bucket(b, data, ops)) resident_->step_after(work, ops, s);
 }
 
 // One optimizer step: accumulate_steps micro-steps (micro-step m of step s uses the schedule
@@ -226,7 +232,7 @@ void Trainer::train_step(int64_t step, PendingStep& p) {
   engine_->start_window(step);
   hooks_->start_window();
   if (store_) store_->prepare_step(step);
-  if (trunk_) trunk_->start_window(step);
+  if (trunk_) trunk_->start_window(step, early_trunk_settings());
   p.rec.task_loss.clear();
   task_losses_.clear();
   p.rec.forward_ms = p.rec.backward_ms = 0;
@@ -406,6 +412,15 @@ void Trainer::optimizer_step(int64_t step, PendingStep& p, bool skip) {
   if (trunk_) trunk_->release_step(step);
   p.rec.optimizer_ms = ms_since(t0);
   recorder_->mark(p, Phase::optimizer);
+}
+
+// Θ's settings for this step if nothing after backward can change them (a skipped step, a clip
+// by the gradient's norm): the streamed trunk then steps each layer as its gradient lands.
+std::optional<offload::AdamHyper> Trainer::early_trunk_settings() const {
+  if (job_.train.on_nonfinite == config::NonFinite::SkipStep || job_.optimizer.clip_norm > 0) return std::nullopt;
+  AdamSettings s = step_settings_;
+  s.step = group_steps_[0] + 1;
+  return to_hyper(s);
 }
 
 AdamSettings Trainer::adam_settings(int64_t step) const {
