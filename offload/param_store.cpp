@@ -63,7 +63,8 @@ ParamStore::ParamStore(const StoreOptions& opts, std::vector<GroupShape> groups,
   stats_.device_slot_bytes = plan_.slot_bytes * slot_mem_.size();
   cpu_threads_ = opts_.cpu_threads > 0 ? static_cast<size_t>(opts_.cpu_threads)
                                        : ThreadPool::default_threads(arena_->local_size());
-  updates_ = std::make_unique<UpdateQueue>(*arena_, device_, opts_.async_step, opts_.timeout_s);
+  updates_ = std::make_unique<UpdateQueue>(*arena_, device_, opts_.async_step, opts_.timeout_s,
+                                           opts_.lowest_group_first);
   THETAD_LOG(info, "offload") << "parameter store: " << plan_.index.size() << " groups in "
                               << units << " units, " << slot_mem_.size() << " device slots of "
                               << mib(plan_.slot_bytes) << " MiB on " << device_.name()

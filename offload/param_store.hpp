@@ -61,6 +61,10 @@ struct StoreOptions {
   size_t shard_bytes = 0;          // > 0: groups larger than this split into row shards
   size_t host_limit_bytes = 0;     // > 0: refuse a host arena larger than this
   bool async_step = true;          // owner's CPU Adam on a worker thread, overlapping forward
+  // Queued updates whose gradients have landed run lowest group first (not in submission
+  // order): for groups that the next forward needs in group order (the streamed trunk's layers,
+  // whose gradients arrive last layer first).
+  bool lowest_group_first = false;
   int64_t cpu_threads = 0;         // CPU Adam threads (0 = ThreadPool::default_threads)
   // Every blocking wait of the store and its arena: another rank's update, this rank's queued
   // steps, the host's agreements and barriers (TimeoutError naming what it waited for).

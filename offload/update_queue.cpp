@@ -10,8 +10,8 @@
 
 namespace thetad::offload {
 
-UpdateQueue::UpdateQueue(HostArena& arena, Device& device, bool async, double timeout_s)
-    : arena_(arena), device_(device), timeout_s_(timeout_s) {
+UpdateQueue::UpdateQueue(HostArena& arena, Device& device, bool async, double timeout_s, bool lowest_entry_first)
+    : arena_(arena), device_(device), timeout_s_(timeout_s), lowest_entry_first_(lowest_entry_first) {
   if (async) worker_ = std::thread([this] { worker_loop(); });
 }
 
@@ -78,8 +78,9 @@ void UpdateQueue::worker_loop() {
       std::unique_lock<std::mutex> lk(mu_);
       cv_.wait(lk, [this] { return stop_ || !queue_.empty(); });
       if (queue_.empty()) return;  // stop requested and nothing left
-      job = std::move(queue_.front());
-      queue_.pop_front();
+      const auto it = queue_.begin() + static_cast<std::ptrdiff_t>(next_job());
+      job = std::move(*it);
+      queue_.erase(it);
       busy_ = true;
     }
     try {
@@ -94,6 +95,23 @@ void UpdateQueue::worker_loop() {
     }
     idle_.notify_all();
   }
+}
+
+// The oldest job, or with lowest_entry_first the lowest entry among those ready to run (copies
+// landed, no earlier job of the same entry queued); the oldest if none is ready (run waits).
+size_t UpdateQueue::next_job() const {
+  if (!lowest_entry_first_) return 0;
+  size_t best = 0;
+  bool found = false;
+  for (size_t i = 0; i < queue_.size(); ++i) {
+    const Job& j = queue_[i];
+    if (found && j.entry >= queue_[best].entry) continue;
+    bool ready = true;
+    for (size_t k = 0; k < i && ready; ++k) ready = queue_[k].entry != j.entry;
+    for (const Fence& f : j.grads) ready = ready && device_.done(f);
+    if (ready) best = i, found = true;
+  }
+  return best;
 }
 
 // Where this rank is the owner, a failure of its own worker ends the wait with that error (not

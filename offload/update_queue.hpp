@@ -26,7 +26,9 @@ namespace thetad::offload {
 
 class UpdateQueue {
  public:
-  UpdateQueue(HostArena& arena, Device& device, bool async, double timeout_s);
+  // `lowest_entry_first`: of the queued updates whose copies have landed, the lowest entry runs
+  // next (else the oldest); none overtakes an earlier one of its own entry.
+  UpdateQueue(HostArena& arena, Device& device, bool async, double timeout_s, bool lowest_entry_first = false);
   // Runs what is queued, then stops the worker.
   ~UpdateQueue();
   UpdateQueue(const UpdateQueue&) = delete;
@@ -60,10 +62,12 @@ class UpdateQueue {
   void enqueue(Job job);
   void run(Job& job);
   void worker_loop();
+  size_t next_job() const;  // under mu_, queue_ not empty
 
   HostArena& arena_;
   Device& device_;
   const double timeout_s_;
+  const bool lowest_entry_first_;
 
   mutable std::mutex mu_;
   std::condition_variable cv_, idle_;

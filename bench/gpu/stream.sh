@@ -32,8 +32,9 @@ thetad() {  # NAME CAP JOB ARGS...
       > "$OUT/$name/log.txt" 2>&1
   echo "$name: exit $? $(grep -o 'final params hash: [0-9a-f]*' "$OUT/$name/log.txt" | tail -1)$(grep -m1 -io 'out of memory[^.]*' "$OUT/$name/log.txt" | head -c 120)"
 }
-fsdp() {  # NAME CAP ARGS...
+fsdp() {  # NAME CAP ARGS...   (STREAM_FSDP=0: the peers are skipped)
   local name=$1 c; c=$(cap "$2"); shift 2
+  [ "${STREAM_FSDP:-1}" = 1 ] || { echo "$name: skipped (STREAM_FSDP=0)"; return; }
   [ "$c" -gt 10 ] || { echo "$name: skipped (budget)"; return; }
   mkdir -p "$OUT/$name"
   timeout "$c" "${MPI[@]}" -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=$((29600 + RANDOM % 300)) python3 \

@@ -57,6 +57,9 @@ void StreamedTrunk::build(comm::Engine& engine, offload::Device* device) {
   o.device_budget_bytes = 0;
   o.prefetch = 0;  // within the step only: a layer's next values exist once its CPU step is done
   o.shard_bytes = 0;
+  // The next forward needs layer 0 first, whose gradient lands last: of the updates waiting on
+  // the owner's CPU, the lowest layer goes first.
+  o.lowest_group_first = true;
   const int L = layers();
   try {
     store_ = std::make_unique<offload::ParamStore>(

@@ -4,6 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
+#include <mutex>
+#include <thread>
 #include <mpi.h>
 
 #include <algorithm>
@@ -459,5 +462,67 @@ TEST(StoreWithinStep, PrefetchDoesNotOrderComputeUntilAsked) {
   EXPECT_EQ(a[3], 103.f);
   EXPECT_EQ(b[19], 219.f);
   store.release_step(0);
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+// offload.shared: stream: the owner's queued CPU updates whose gradients have landed run lowest
+// group first (the next forward needs layer 0 first; backward delivers it last). A device whose
+// copies land only when the test opens a gate: the worker takes the oldest update (none has
+// landed) and waits in it; the updates queued behind it then run lowest group first.
+class GatedDevice final : public off::Device {
+ public:
+  std::string name() const override { return "gated"; }
+  bool is_host() const override { return true; }
+  void* alloc(size_t bytes) override { return host_.alloc(bytes); }
+  void free(void* ptr) noexcept override { host_.free(ptr); }
+  void pin_host(void*, size_t) override {}
+  void unpin_host(void*) noexcept override {}
+  off::Fence h2d(void* dst, const void* src, size_t bytes, const off::Fence& after) override {
+    return host_.h2d(dst, src, bytes, after);
+  }
+  off::Fence d2h(void* dst, const void* src, size_t bytes, const off::Fence& after) override {
+    host_.d2h(dst, src, bytes, after);
+    auto f = std::make_shared<int>(group_pushed);
+    return {f};
+  }
+  off::Fence record_compute() override { return {}; }
+  void compute_wait(const off::Fence&) override {}
+  void host_wait(const off::Fence& f) override {
+    while (!open.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    std::lock_guard<std::mutex> lk(mu);
+    if (f.event) ran.push_back(*std::static_pointer_cast<int>(f.event));
+  }
+  bool done(const off::Fence& f) override { return f.empty() || open.load(); }
+  off::HostDevice host_;
+  int group_pushed = 0;  // the group whose gradient the next d2h copies
+  std::atomic<bool> open{false};
+  std::mutex mu;
+  std::vector<int> ran;  // groups, in the order the worker waited for their gradients
+};
+
+TEST(StoreUpdateOrder, LowestGroupFirstOnceLanded) {
+  GatedDevice dev;
+  off::StoreOptions o;
+  o.device_slots = 4;
+  o.prefetch = 0;
+  o.lowest_group_first = true;
+  off::ParamStore store(o, {{1, 8, 1}, {2, 8, 1}, {3, 8, 1}, {4, 8, 1}}, dev,
+                        [](int64_t) { return std::vector<int>{1, 2, 3, 4}; });
+  store.init_all([](int, float* dst) { std::fill(dst, dst + 8, 1.f); });
+  std::vector<float> grad(8, 0.5f);
+  std::vector<int> owned;
+  off::AdamHyper h;
+  for (int g = 4; g >= 1; --g) {  // backward's order: the last layer's gradient first
+    if (store.owns(g)) owned.push_back(g);
+    dev.group_pushed = g;
+    store.push_grad_range(g, 0, grad.data(), grad.size());
+    store.step_group(g, h);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the worker is waiting in the first
+  dev.open = true;
+  store.wait_idle();
+  std::vector<int> expected = owned;
+  if (!expected.empty()) std::sort(expected.begin() + 1, expected.end());
+  EXPECT_EQ(dev.ran, expected);
   MPI_Barrier(MPI_COMM_WORLD);
 }
