@@ -409,17 +409,26 @@ TEST(CudaStore, MatchesDirectUpdateOnGpu) {
 
 }  // namespace
 
-// Streamed layers (offload.shared: stream) prefetch within a step: acquire(unit, step, false)
-// starts the copy without making compute wait for it (compute queued before the unit's own
-// overlaps the copy); order_compute(unit) then makes compute wait for exactly that copy.
-class RecordingDevice final : public off::Device {
+// Test devices that copy like the host device and observe or gate the copies and waits.
+class HostBackedDevice : public off::Device {
  public:
-  std::string name() const override { return "recording"; }
   bool is_host() const override { return true; }
   void* alloc(size_t bytes) override { return host_.alloc(bytes); }
   void free(void* ptr) noexcept override { host_.free(ptr); }
   void pin_host(void*, size_t) override {}
   void unpin_host(void*) noexcept override {}
+  off::Fence record_compute() override { return {}; }
+
+ protected:
+  off::HostDevice host_;
+};
+
+// Streamed layers (offload.shared: stream) prefetch within a step: acquire(unit, step, false)
+// starts the copy without making compute wait for it (compute queued before the unit's own
+// overlaps the copy); order_compute(unit) then makes compute wait for exactly that copy.
+class RecordingDevice final : public HostBackedDevice {
+ public:
+  std::string name() const override { return "recording"; }
   off::Fence h2d(void* dst, const void* src, size_t bytes, const off::Fence& after) override {
     host_.h2d(dst, src, bytes, after);
     last_copy = std::make_shared<int>(++copies);
@@ -428,11 +437,9 @@ class RecordingDevice final : public off::Device {
   off::Fence d2h(void* dst, const void* src, size_t bytes, const off::Fence& after) override {
     return host_.d2h(dst, src, bytes, after);
   }
-  off::Fence record_compute() override { return {}; }
   void compute_wait(const off::Fence& f) override { waits.push_back(f.event); }
   void host_wait(const off::Fence&) override {}
   bool done(const off::Fence&) override { return true; }
-  off::HostDevice host_;
   int copies = 0;
   std::shared_ptr<void> last_copy;
   std::vector<std::shared_ptr<void>> waits;
@@ -469,14 +476,9 @@ TEST(StoreWithinStep, PrefetchDoesNotOrderComputeUntilAsked) {
 // group first (the next forward needs layer 0 first; backward delivers it last). A device whose
 // copies land only when the test opens a gate: the worker takes the oldest update (none has
 // landed) and waits in it; the updates queued behind it then run lowest group first.
-class GatedDevice final : public off::Device {
+class GatedDevice final : public HostBackedDevice {
  public:
   std::string name() const override { return "gated"; }
-  bool is_host() const override { return true; }
-  void* alloc(size_t bytes) override { return host_.alloc(bytes); }
-  void free(void* ptr) noexcept override { host_.free(ptr); }
-  void pin_host(void*, size_t) override {}
-  void unpin_host(void*) noexcept override {}
   off::Fence h2d(void* dst, const void* src, size_t bytes, const off::Fence& after) override {
     return host_.h2d(dst, src, bytes, after);
   }
@@ -485,7 +487,6 @@ class GatedDevice final : public off::Device {
     auto f = std::make_shared<int>(group_pushed);
     return {f};
   }
-  off::Fence record_compute() override { return {}; }
   void compute_wait(const off::Fence&) override {}
   void host_wait(const off::Fence& f) override {
     while (!open.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -493,7 +494,6 @@ class GatedDevice final : public off::Device {
     if (f.event) ran.push_back(*std::static_pointer_cast<int>(f.event));
   }
   bool done(const off::Fence& f) override { return f.empty() || open.load(); }
-  off::HostDevice host_;
   int group_pushed = 0;  // the group whose gradient the next d2h copies
   std::atomic<bool> open{false};
   std::mutex mu;
