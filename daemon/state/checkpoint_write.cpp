@@ -4,10 +4,17 @@
 // rank 0 writes the manifest and renames). See checkpoint.hpp for the layout and protocol.
 #include <torch/serialize.h>
 
+#if THETAD_TORCH_CUDA
+#include <c10/cuda/CUDAGuard.h>
+#include <cuda_runtime_api.h>
+#endif
+
+#include <algorithm>
 #include <chrono>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -43,11 +50,29 @@ int64_t env_int(const char* name, int64_t otherwise) {
   return v && *v ? std::atoll(v) : otherwise;
 }
 
-// The finiteness of staged parameters, computed on their device and read once per snapshot.
+// What a snapshot may stage on `device`: its free memory less a margin (max(1 GiB, 5 %)), so that
+// the clones never take what the next steps allocate (the caching allocator's reserve stays
+// theirs). Unbounded on the host (the test aid).
+int64_t stageable_bytes(const c10::Device& device) {
+#if THETAD_TORCH_CUDA
+  if (device.is_cuda()) {
+    const c10::cuda::CUDAGuard on(device.index());
+    size_t free = 0, total = 0;
+    if (cudaMemGetInfo(&free, &total) != cudaSuccess) return 0;
+    const int64_t margin = std::max<int64_t>(int64_t{1} << 30, static_cast<int64_t>(total / 20));
+    return std::max<int64_t>(0, static_cast<int64_t>(free) - margin);
+  }
+#endif
+  return device.is_cpu() ? std::numeric_limits<int64_t>::max() : 0;
+}
+
+// The finiteness of staged parameters, computed on their device and read once per snapshot,
+// and what staging may still take.
 struct FiniteChecks {
   std::vector<at::Tensor> flags;  // bool scalars, one per staged parameter
   std::vector<std::pair<std::string, int64_t>> names;  // its name and group
-  bool staging = true;  // false after a clone failed (out of device memory): host copies from then on
+  bool staging = true;  // false once the device's budget is spent or a clone failed: host copies from then on
+  int64_t stage_left = -1;  // bytes staging may still take (-1: not asked yet; one device per rank)
   int64_t staged_bytes = 0, host_bytes = 0;
 };
 
@@ -100,6 +125,16 @@ void snapshot_shard(const CheckpointWriter& w, const ManifestShard& shard, size_
   const auto append = [&](int which, const at::Tensor& t) -> at::Tensor {
     HostFloats& v = *vecs[which];
     if ((!t.device().is_cpu() || stage_host) && checks.staging) {
+      if (checks.stage_left < 0) checks.stage_left = stageable_bytes(t.device());
+      const int64_t bytes = t.numel() * int64_t{sizeof(float)};
+      if (bytes > checks.stage_left) {
+        THETAD_LOG(warn, "ckpt") << "checkpoint of step " << w.step << ": not enough free memory on " << t.device()
+                                 << " to stage the snapshot; the rest of it is copied to the host";
+        checks.staging = false;
+      }
+    }
+    if ((!t.device().is_cpu() || stage_host) && checks.staging) {
+      checks.stage_left -= t.numel() * int64_t{sizeof(float)};
       try {
         at::Tensor c = t.detach().to(at::kFloat, false, /*copy=*/true, at::MemoryFormat::Contiguous);
         out.staged.push_back({which, v.size(), c});
