@@ -4,16 +4,25 @@
 # Prints, per mode: the stall of each checkpoint but the last (synchronous in both modes: the
 # run's end), their mean, the part of it at the checkpointing step (async; the rest is the
 # per-step polls and agreements), the background write+publish times, and the median step_ms.
+# On a GPU machine (bench/gpu/checkpoint.sh): NCCL's multicast stays off and LD_LIBRARY_PATH
+# reaches the ranks; STALL_LOGS=DIR keeps the logs and metrics there (else a temporary directory).
 set -euo pipefail
 thetad=$1 job=$2 np=$3 steps=$4 every=$5; shift 5
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0} TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export OMPI_MCA_btl_vader_single_copy_mechanism=none PMIX_MCA_gds=hash
+mpi_env=(-x NCCL_NVLS_ENABLE -x TORCH_SYMM_MEM_DISABLE_MULTICAST -x NVSHMEM_DISABLE_NVLS -x PATH)
+[ -n "${LD_LIBRARY_PATH:-}" ] && mpi_env+=(-x LD_LIBRARY_PATH)
+if [ -n "${STALL_LOGS:-}" ]; then
+  work=$STALL_LOGS; mkdir -p "$work"; ckpt=$(mktemp -d); trap 'rm -rf "$ckpt"' EXIT
+else
+  work=$(mktemp -d); ckpt=$work; trap 'rm -rf "$work"' EXIT
+fi
 for mode in false true; do
   mpirun --oversubscribe --bind-to none --mca btl self,vader,tcp --mca btl_tcp_if_include lo \
-    --mca oob_tcp_if_include lo --mca pml ob1 -np "$np" "$thetad" run "$job" --no-resume \
+    --mca oob_tcp_if_include lo --mca pml ob1 --mca osc ^ucx "${mpi_env[@]}" -np "$np" "$thetad" run "$job" --no-resume \
     --set steps="$steps" --set checkpoint.every_steps="$every" --set checkpoint.keep=2 \
-    --set checkpoint.async=$mode --set checkpoint.dir="$work/ckpt-$mode" --set metrics.path="$work/m-$mode.jsonl" \
+    --set checkpoint.async=$mode --set checkpoint.dir="$ckpt/ckpt-$mode" --set metrics.path="$work/m-$mode.jsonl" \
     --set log.level=info "$@" > "$work/$mode.log" 2>&1
   stalls=$(grep -o 'the trainer stalled [0-9.]*' "$work/$mode.log" | awk '{print $4}' | head -n -1 | tr '\n' ' ')
   at_step=$(grep -o '[0-9.]* ms of them at step' "$work/$mode.log" | awk '{print $1}' | tr '\n' ' ' || true)
@@ -22,5 +31,6 @@ for mode in false true; do
 import json,statistics
 print(round(statistics.median(json.loads(l)['step_ms'] for l in open('$work/m-$mode.jsonl')),2))")
   mean=$(echo "$stalls" | awk '{s=0; for(i=1;i<=NF;i++) s+=$i; if (NF) printf "%.1f", s/NF}')
-  echo "async=$mode stall_ms: [$stalls] mean $mean; of which at the checkpointing step: [$at_step]; background write_ms: [$writes]; median step_ms $step_med"
+  staged=$(grep -o '([0-9.]* MB staged on the tensors. device, [0-9.]* MB copied on the host)' "$work/$mode.log" | head -1 || true)
+  echo "async=$mode stall_ms: [$stalls] mean $mean; of which at the checkpointing step: [$at_step]; background write_ms: [$writes]; median step_ms $step_med ${staged:+snapshot $staged}"
 done

@@ -12,8 +12,10 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/errors.hpp"
@@ -77,24 +79,59 @@ struct WriteStatus {
   bool ok = true;
   std::string error;
 };
+// A std::allocator that leaves resized elements uninitialised: the room a staged tensor takes
+// in a shard's host vectors is filled by the writer thread, and zeroing it first on the trainer
+// thread would cost a host write of the whole snapshot (~1 s for 8 GB), the stall staging removes.
+template <class T>
+struct UninitAllocator : std::allocator<T> {
+  template <class U>
+  struct rebind {
+    using other = UninitAllocator<U>;
+  };
+  UninitAllocator() = default;
+  template <class U>
+  UninitAllocator(const UninitAllocator<U>&) noexcept {}
+  template <class U>
+  void construct(U* p) noexcept {
+    ::new (static_cast<void*>(p)) U;
+  }
+  template <class U, class... A>
+  void construct(U* p, A&&... a) {
+    ::new (static_cast<void*>(p)) U(std::forward<A>(a)...);
+  }
+};
+using HostFloats = std::vector<float, UninitAllocator<float>>;
+
 // One shard's values as written (checkpoint.hpp's format 3), copied out of training state.
+// Device tensors are staged: cloned on their device at the snapshot (a device-to-device copy,
+// the trainer's whole stall), their room in the host vectors left unfilled until the writer
+// thread copies them in (fill_staged) and drops the clones, shard by shard.
 struct ShardValues {
   size_t index = 0;  // in plan_shards(group_bytes)
   std::string file;
-  std::vector<float> param, exp_avg, exp_avg_sq;
+  HostFloats param, exp_avg, exp_avg_sq;
   std::vector<int64_t> offsets, steps;
+  struct Staged {
+    int vec = 0;    // 0 param, 1 exp_avg, 2 exp_avg_sq
+    size_t at = 0;  // where its values go in that vector
+    at::Tensor values;  // float32, contiguous, on the device (finished: see snapshot_share)
+  };
+  std::vector<Staged> staged;
 };
 // A rank's shards: a second host copy of what the rank writes (12 bytes per parameter of its
 // shards). Reused from one checkpoint to the next: the vectors keep their capacity.
 struct CheckpointShare {
   std::vector<ShardValues> shards;
+  int64_t staged_bytes = 0, host_bytes = 0;  // of the last snapshot: cloned on a device / copied on the host
 };
 void begin_checkpoint(const CheckpointWriter& w, WriteStatus& st);
-// Copies this rank's shards; Error (in st) for non-finite parameters.
+// Copies this rank's shards (device tensors staged on their device, see ShardValues); Error (in
+// st) for non-finite parameters.
 void snapshot_share(const CheckpointWriter& w, const std::function<GroupState(int group)>& group_state,
                     CheckpointShare& share, WriteStatus& st);
 // `cancel` set: stops before the next file (a run that fails elsewhere abandons the write).
-void write_share(const CheckpointWriter& w, const CheckpointShare& share, WriteStatus& st,
+// The staged tensors' values are copied to the host here, a shard before its pickling.
+void write_share(const CheckpointWriter& w, CheckpointShare& share, WriteStatus& st,
                  const std::atomic<bool>* cancel);
 void agree_checkpoint(const CheckpointWriter& w, const WriteStatus& st, const char* elsewhere);
 std::string publish_checkpoint(const CheckpointWriter& w, WriteStatus st);

@@ -4,10 +4,17 @@
 // rank 0 writes the manifest and renames). See checkpoint.hpp for the layout and protocol.
 #include <torch/serialize.h>
 
+#if THETAD_TORCH_CUDA
+#include <c10/cuda/CUDAGuard.h>
+#include <cuda_runtime_api.h>
+#endif
+
+#include <algorithm>
 #include <chrono>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -32,19 +39,71 @@ void record_failure(WriteStatus& st, const std::exception& e) {
   st.error = e.what();
 }
 
+Error non_finite(const CheckpointWriter& w, const std::string& name, int64_t g) {
+  return Error("non-finite parameters after step " + std::to_string(w.step) + ": parameter '" + name + "' of group " +
+               std::to_string(g) + " holds NaN or Inf; the checkpoint of step " + std::to_string(w.step) +
+               " is not written");
+}
+
+int64_t env_int(const char* name, int64_t otherwise) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::atoll(v) : otherwise;
+}
+
+// What a snapshot may stage on `device`: its free memory less a margin (max(1 GiB, 5 %)), so that
+// the clones never take what the next steps allocate (the caching allocator's reserve stays
+// theirs). Unbounded on the host (the test aid).
+int64_t stageable_bytes(const c10::Device& device) {
+#if THETAD_TORCH_CUDA
+  if (device.is_cuda()) {
+    const c10::cuda::CUDAGuard on(device.index());
+    size_t free = 0, total = 0;
+    if (cudaMemGetInfo(&free, &total) != cudaSuccess) return 0;
+    const int64_t margin = std::max<int64_t>(int64_t{1} << 30, static_cast<int64_t>(total / 20));
+    return std::max<int64_t>(0, static_cast<int64_t>(free) - margin);
+  }
+#endif
+  return device.is_cpu() ? std::numeric_limits<int64_t>::max() : 0;
+}
+
+// The finiteness of staged parameters, computed on their device and read once per snapshot,
+// and what staging may still take.
+struct FiniteChecks {
+  std::vector<at::Tensor> flags;  // bool scalars, one per staged parameter
+  std::vector<std::pair<std::string, int64_t>> names;  // its name and group
+  bool staging = true;  // false once the device's budget is spent or a clone failed: host copies from then on
+  int64_t stage_left = -1;  // bytes staging may still take (-1: not asked yet; one device per rank)
+  int64_t staged_bytes = 0, host_bytes = 0;
+};
+
+// One read of every flag: the trainer thread's only wait on the device, and what makes the
+// clones complete before the writer thread copies them on whatever stream it has (the flags were
+// computed from the clones, after them, on the trainer's stream).
+void check_finite(const CheckpointWriter& w, FiniteChecks& c) {
+  if (c.flags.empty()) return;
+  const at::Tensor all = at::stack(c.flags).to(torch::kCPU);
+  const bool* ok = all.data_ptr<bool>();
+  for (size_t i = 0; i < c.flags.size(); ++i)
+    if (!ok[i]) throw non_finite(w, c.names[i].first, c.names[i].second);
+  c.flags.clear();
+  c.names.clear();
+}
+
 // Copies one shard's groups into `out` (its vectors keep their capacity from the last time):
 // "param", "exp_avg" and "exp_avg_sq" (float32, the groups' values one after the other, each
 // group in its flat layout: parameters in registration order), "offsets" (int64 [count + 1],
 // where each group starts) and "steps" (int64 [count]). Never a checkpoint of non-finite
 // parameters: it would become the newest and, with keep, replace the last good one (the write
-// fails on every rank, exit 1, and its temporary directory goes).
+// fails on every rank, exit 1, and its temporary directory goes). Staged (device) parameters
+// are checked in check_finite, after the shard.
 void snapshot_shard(const CheckpointWriter& w, const ManifestShard& shard, size_t index,
-                    const std::function<GroupState(int)>& group_state, ShardValues& out) {
+                    const std::function<GroupState(int)>& group_state, ShardValues& out, FiniteChecks& checks) {
   out.index = index;
   out.file = shard.file;
   out.param.clear();
   out.exp_avg.clear();
   out.exp_avg_sq.clear();
+  out.staged.clear();
   out.offsets.assign(1, 0);
   out.steps.clear();
   // Sized once (group_bytes: 3 floats per value): growing by doubling copied and faulted in
@@ -52,32 +111,82 @@ void snapshot_shard(const CheckpointWriter& w, const ManifestShard& shard, size_
   int64_t values = 0;
   for (int64_t g = shard.first; g < shard.first + shard.count; ++g)
     values += w.group_bytes[static_cast<size_t>(g)] / (3 * int64_t{sizeof(float)});
-  for (auto* v : {&out.param, &out.exp_avg, &out.exp_avg_sq}) v->reserve(static_cast<size_t>(values));
-  // Appends a tensor's values: host fp32 tensors (the common case, millions of tiny ones) by
-  // memcpy, without a LibTorch operation each; anything else (a device tensor) through a host copy.
-  const auto append = [](std::vector<float>& v, const at::Tensor& t) {
+  HostFloats* vecs[3] = {&out.param, &out.exp_avg, &out.exp_avg_sq};
+  for (auto* v : vecs) v->reserve(static_cast<size_t>(values));
+  // Test aid (tests/integration/async_checkpoint.sh): host tensors staged too (cloned on the
+  // host), so that the CPU build runs the staged path.
+  const bool stage_host = env_int("THETAD_TEST_CHECKPOINT_STAGE_HOST", 0) != 0;
+  // Appends a tensor's values. A device tensor is staged: cloned on its device (float32,
+  // contiguous), on the trainer's current stream, so that the clone is ordered after the
+  // optimizer step that wrote the tensor with no event; its room reserved. Out of device memory:
+  // a host copy, as all tensors after it. Host fp32 tensors (the common case, millions of tiny
+  // ones) by memcpy, without a LibTorch operation each; anything else through a host copy.
+  // Returns the staged clone, if any.
+  const auto append = [&](int which, const at::Tensor& t) -> at::Tensor {
+    HostFloats& v = *vecs[which];
+    if ((!t.device().is_cpu() || stage_host) && checks.staging) {
+      if (checks.stage_left < 0) checks.stage_left = stageable_bytes(t.device());
+      const int64_t bytes = t.numel() * int64_t{sizeof(float)};
+      if (bytes > checks.stage_left) {
+        THETAD_LOG(warn, "ckpt") << "checkpoint of step " << w.step << ": not enough free memory on " << t.device()
+                                 << " to stage the snapshot; the rest of it is copied to the host";
+        checks.staging = false;
+      }
+    }
+    if ((!t.device().is_cpu() || stage_host) && checks.staging) {
+      checks.stage_left -= t.numel() * int64_t{sizeof(float)};
+      try {
+        at::Tensor c = t.detach().to(at::kFloat, false, /*copy=*/true, at::MemoryFormat::Contiguous);
+        out.staged.push_back({which, v.size(), c});
+        v.resize(v.size() + static_cast<size_t>(c.numel()));  // uninitialised: filled by fill_staged
+        checks.staged_bytes += c.numel() * int64_t{sizeof(float)};
+        return c;
+      } catch (const c10::Error& e) {
+        THETAD_LOG(warn, "ckpt") << "checkpoint of step " << w.step << ": staging on " << t.device()
+                                 << " failed (" << std::string(e.what_without_backtrace()).substr(0, 200)
+                                 << "); the rest of this snapshot is copied to the host";
+        checks.staging = false;
+      }
+    }
     const at::Tensor c = t.device().is_cpu() && t.scalar_type() == at::kFloat && t.is_contiguous()
                              ? t : t.detach().to(torch::kCPU, torch::kFloat32).contiguous();
     const float* p = c.data_ptr<float>();
     v.insert(v.end(), p, p + c.numel());
+    checks.host_bytes += c.numel() * int64_t{sizeof(float)};
+    return {};
   };
   for (int64_t g = shard.first; g < shard.first + shard.count; ++g) {
     const GroupState st = group_state(static_cast<int>(g));
     for (size_t i = 0; i < st.names.size(); ++i) {
       const size_t at = out.param.size();
-      append(out.param, st.params[i]);
-      bool finite = true;
-      for (size_t k = at; k < out.param.size(); ++k) finite &= std::isfinite(out.param[k]);
-      if (!finite)
-        throw Error("non-finite parameters after step " + std::to_string(w.step) + ": parameter '" + st.names[i] +
-                    "' of group " + std::to_string(g) + " holds NaN or Inf; the checkpoint of step " +
-                    std::to_string(w.step) + " is not written");
-      append(out.exp_avg, st.exp_avg[i]);
-      append(out.exp_avg_sq, st.exp_avg_sq[i]);
+      const at::Tensor staged = append(0, st.params[i]);
+      if (staged.defined()) {
+        checks.flags.push_back(at::isfinite(staged).all());
+        checks.names.emplace_back(st.names[i], g);
+      } else {
+        bool finite = true;
+        for (size_t k = at; k < out.param.size(); ++k) finite &= std::isfinite(out.param[k]);
+        if (!finite) throw non_finite(w, st.names[i], g);
+      }
+      append(1, st.exp_avg[i]);
+      append(2, st.exp_avg_sq[i]);
     }
     out.offsets.push_back(static_cast<int64_t>(out.param.size()));
     out.steps.push_back(st.steps);
   }
+}
+
+// The writer's side of staging: the shard's clones copied into their room in the host vectors
+// (device to host, synchronous on this thread's stream; the clones are complete, check_finite),
+// each clone freed as soon as it is copied.
+void fill_staged(ShardValues& v) {
+  HostFloats* vecs[3] = {&v.param, &v.exp_avg, &v.exp_avg_sq};
+  for (ShardValues::Staged& s : v.staged) {
+    float* into = vecs[s.vec]->data() + s.at;
+    torch::from_blob(into, {s.values.numel()}, at::kFloat).copy_(s.values.view({-1}));
+    s.values = at::Tensor();
+  }
+  v.staged.clear();
 }
 
 // A shard's values as one torch.load-able dict of five tensors (a tensor per parameter would
@@ -98,11 +207,6 @@ std::vector<char> pickle_shard(const ShardValues& v) {
   return torch::pickle_save(c10::IValue(dict));
 }
 
-int64_t env_int(const char* name, int64_t otherwise) {
-  const char* v = std::getenv(name);
-  return v && *v ? std::atoll(v) : otherwise;
-}
-
 // Test aids, read only here (docs/configuration.md, tests/integration/async_checkpoint.sh):
 // THETAD_TEST_CHECKPOINT_WRITE_DELAY_MS sleeps that long before each shard file (a slow disk, so
 // that a test can kill a run while a write is in flight); THETAD_TEST_CHECKPOINT_ENOSPC_RANK=r
@@ -119,10 +223,11 @@ void test_hooks(const CheckpointWriter& w, const fs::path& file, const std::atom
 }
 
 // Pickles, writes and syncs one shard; returns the checksum of its bytes.
-uint64_t write_shard(const CheckpointWriter& w, const ShardValues& v, const std::atomic<bool>* cancel) {
+uint64_t write_shard(const CheckpointWriter& w, ShardValues& v, const std::atomic<bool>* cancel) {
   const fs::path file = tmp_dir(w) / v.file;
   test_hooks(w, file, cancel);
   if (cancel && cancel->load()) throw Error("checkpoint of step " + std::to_string(w.step) + ": write cancelled");
+  fill_staged(v);
   const std::vector<char> bytes = pickle_shard(v);
   write_file_durable(file, bytes);
   return comm::fnv1a64(bytes.data(), bytes.size());
@@ -155,23 +260,28 @@ void snapshot_share(const CheckpointWriter& w, const std::function<GroupState(in
                     CheckpointShare& share, WriteStatus& st) {
   const std::vector<ManifestShard> shards = plan_shards(w.group_bytes);
   size_t n = 0;
+  FiniteChecks checks;
   try {
     for (size_t s = static_cast<size_t>(w.rank); s < shards.size(); s += static_cast<size_t>(w.world), ++n) {
       if (share.shards.size() <= n) share.shards.emplace_back();
-      snapshot_shard(w, shards[s], s, group_state, share.shards[n]);
+      snapshot_shard(w, shards[s], s, group_state, share.shards[n], checks);
     }
+    check_finite(w, checks);
   } catch (const std::exception& e) {
     record_failure(st, e);
+    for (ShardValues& v : share.shards) v.staged.clear();  // no write follows: the clones go now
   }
   share.shards.resize(n);
+  share.staged_bytes = checks.staged_bytes;
+  share.host_bytes = checks.host_bytes;
 }
 
-void write_share(const CheckpointWriter& w, const CheckpointShare& share, WriteStatus& st,
+void write_share(const CheckpointWriter& w, CheckpointShare& share, WriteStatus& st,
                  const std::atomic<bool>* cancel) {
   if (!st.ok) return;
   try {
     std::ostringstream sums;
-    for (const ShardValues& v : share.shards) sums << v.index << " " << write_shard(w, v, cancel) << "\n";
+    for (ShardValues& v : share.shards) sums << v.index << " " << write_shard(w, v, cancel) << "\n";
     write_sums(w, sums.str(), cancel);
   } catch (const std::exception& e) {
     record_failure(st, e);
@@ -251,8 +361,10 @@ std::string write_checkpoint(const CheckpointWriter& w, const std::function<Grou
     const std::vector<ManifestShard> shards = plan_shards(w.group_bytes);
     std::ostringstream sums;
     ShardValues v;
+    FiniteChecks checks;
     for (size_t s = static_cast<size_t>(w.rank); s < shards.size(); s += static_cast<size_t>(w.world)) {
-      snapshot_shard(w, shards[s], s, group_state, v);
+      snapshot_shard(w, shards[s], s, group_state, v, checks);
+      check_finite(w, checks);
       sums << s << " " << write_shard(w, v, nullptr) << "\n";
     }
     write_sums(w, sums.str(), nullptr);

@@ -154,9 +154,13 @@ void RunState::checkpoint(int64_t completed, const std::vector<int64_t>& group_s
   snapshot_share(w, group_state, *share, st);
   const double snapshot_ms = ms_since(t0) - begin_ms;
   agree_checkpoint(w, st, " on another rank");
-  THETAD_LOG(debug, "ckpt") << "checkpoint of step " << completed << ": directory and barrier " << std::fixed
-                            << std::setprecision(1) << begin_ms << " ms, snapshot " << snapshot_ms << " ms, agreement "
-                            << ms_since(t0) - begin_ms - snapshot_ms << " ms";
+  if (world_.rank == 0) {
+    THETAD_LOG(info, "ckpt") << "checkpoint of step " << completed << ": directory and barrier " << std::fixed
+                             << std::setprecision(1) << begin_ms << " ms, snapshot " << snapshot_ms << " ms ("
+                             << std::setprecision(3) << share->staged_bytes / 1e6 << " MB staged on the tensors' device, "
+                             << share->host_bytes / 1e6 << " MB copied on the host), agreement " << std::setprecision(1)
+                             << ms_since(t0) - begin_ms - snapshot_ms << " ms";
+  }
   inflight_ = std::make_unique<CheckpointInFlight>(w, std::move(share), ms_since(t0));
   inflight_->abandon_wait = comm_timeout(job_);
 }

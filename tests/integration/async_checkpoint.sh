@@ -82,5 +82,17 @@ last=$(newest "$WORK/term")
 expect_code 0 term_resume run --set checkpoint.dir="$WORK/term"
 expect_in term_resume "resumed from .*$last"
 same_hash "resume after SIGTERM mid-write == uninterrupted" term_resume uninterrupted
+# 5. Staging (ShardValues): the snapshot clones the tensors (on a GPU on their device; here, with
+# the test aid THETAD_TEST_CHECKPOINT_STAGE_HOST, on the host) and the writer thread copies the
+# clones out; the files are byte-identical to the synchronous ones of 1., so a resume is bitwise.
+expect_code 0 staged env THETAD_TEST_CHECKPOINT_STAGE_HOST=1 mpirun "${MPIRUN_FLAGS[@]}" -np 2 "$thetad" run "$job" \
+  --no-resume --set steps=12 --set checkpoint.every_steps=3 --set checkpoint.keep=10 --set checkpoint.async=true \
+  --set offload.enabled=false --set checkpoint.dir="$WORK/staged"
+expect_in staged "checkpoint of step 3: .*snapshot [0-9.]+ ms \(0*[.0]*[1-9][0-9.]* MB staged on the tensors' device, 0\.000 MB copied on the host\)"
+expect_in eq_false_true "checkpoint of step 3: .*snapshot [0-9.]+ ms \(0\.000 MB staged on the tensors' device, 0*[.0]*[1-9][0-9.]* MB copied on the host\)"
+same_hash "staged async == sync final parameters" staged eq_false_false
+diff -r "$WORK/staged" "$WORK/eq_false_false" -x .lock > "$WORK/diff_staged.txt" \
+  && pass "staged checkpoints are the same files as the synchronous ones" \
+  || { fail "staged checkpoint files differ"; head "$WORK/diff_staged.txt"; }
 [ -z "$(ranks_of "term-$$")$(ranks_of "kill-$$")" ] && pass "no process left" || fail "processes left"
 finish
