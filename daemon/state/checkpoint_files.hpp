@@ -23,6 +23,9 @@ int64_t step_of(const fs::path& p);
 void write_file_durable(const fs::path& path, const std::vector<char>& bytes);
 // A directory's entries (creations, renames) on disk.
 void sync_dir(const fs::path& dir);
+// Removes `p` with everything under it; a missing `p` is no error (io_error otherwise). Not
+// std::filesystem::remove_all, which crashed thetad on the GPU image (see checkpoint_dir.cpp).
+void remove_tree(const fs::path& p);
 // After publishing `step`: keeps the newest `keep` checkpoints up to it (it included) and drops
 // the temporary directories of interrupted writes. Newer checkpoints, if any, are left alone.
 void prune(const fs::path& root, int64_t step, int64_t keep);

@@ -247,7 +247,7 @@ void begin_checkpoint(const CheckpointWriter& w, WriteStatus& st) {
   if (w.rank == 0) {
     try {
       fs::create_directories(w.dir);
-      fs::remove_all(tmp_dir(w));  // left over from a run killed mid-write
+      remove_tree(tmp_dir(w));  // left over from a run killed mid-write
       fs::create_directories(tmp_dir(w));
     } catch (const std::exception& e) {
       record_failure(st, e);
@@ -296,9 +296,12 @@ void agree_checkpoint(const CheckpointWriter& w, const WriteStatus& st, const ch
   if (w.all_ok(st.ok)) return;
   std::string removed;
   if (w.rank == 0) {
-    std::error_code ec;
-    fs::remove_all(tmp_dir(w), ec);
-    removed = ec ? "; could not remove " + tmp_dir(w).string() + ": " + ec.message() : "; " + tmp_dir(w).string() + " removed";
+    try {
+      remove_tree(tmp_dir(w));
+      removed = "; " + tmp_dir(w).string() + " removed";
+    } catch (const std::exception& e) {
+      removed = "; could not remove " + tmp_dir(w).string() + ": " + e.what();
+    }
   }
   throw Error("checkpoint at step " + std::to_string(w.step) + " failed" +
               (st.error.empty() ? std::string(elsewhere) : ": " + st.error) + removed +
@@ -335,7 +338,7 @@ void publish_files(const CheckpointWriter& w) {
   const std::string s = manifest_json(m);
   write_file_durable(tmp / "manifest.json", std::vector<char>(s.begin(), s.end()));
   sync_dir(tmp);
-  fs::remove_all(final_dir);  // the same step written before (a rerun): replaced whole
+  remove_tree(final_dir);  // the same step written before (a rerun): replaced whole
   fs::rename(tmp, final_dir);
   sync_dir(root);
   prune(root, w.step, w.keep);
