@@ -1,10 +1,12 @@
-// Validation of offload.shared (the shared trunk Θ streamed layer by layer from a host store):
-// what it needs of the model and the optimizer, and the prefetch window against the trunk.
-// Called from validate.cpp's offload checks; reported through Diagnostics like every key.
+// The offload section of a job (Checker, checker.hpp): the θ[t] store's slots, the device cache,
+// activations and row shards; and offload.shared (the shared trunk Θ streamed layer by layer from
+// a host store): what it needs of the model and the optimizer, and the prefetch window.
+#include <algorithm>
+#include <cstdlib>
 #include <string>
+#include <utility>
 
-#include "config/schema.hpp"
-#include "config/validate.hpp"
+#include "config/checker.hpp"
 
 namespace thetad::config::detail {
 
@@ -46,6 +48,122 @@ void validate_shared(const Job& j, Diagnostics& d) {
     fail("offload.shared", "stream steps Θ layer by layer on the host and cannot clip by Θ's whole norm; "
                            "optimizer.clip_norm is " + format_double(j.optimizer.clip_norm) +
                            " (set it to 0 or offload.shared to resident)", "optimizer.clip_norm");
+}
+
+void Checker::offload() {
+  const OffloadConfig& o = j_.offload;
+  at_least<int64_t>("offload.device_slots", o.device_slots, 1);
+  at_least("offload.device_budget_mb", o.device_budget_mb, 0.0);
+  at_least<int64_t>("offload.prefetch", o.prefetch, 0);
+  at_least("offload.shard_mb", o.shard_mb, 0.0);
+  at_least("offload.host_limit_mb", o.host_limit_mb, 0.0);
+  at_least<int64_t>("offload.cpu_threads", o.cpu_threads, 0);
+  at_most<int64_t>("offload.prefetch", o.prefetch, kMaxPrefetch, "steps planned ahead at every step");
+  at_most<int64_t>("offload.cpu_threads", o.cpu_threads, kMaxCpuThreads, "threads of one rank");
+  for (const auto& [key, v] : {std::pair<const char*, double>{"offload.device_budget_mb", o.device_budget_mb},
+                               {"offload.shard_mb", o.shard_mb}, {"offload.host_limit_mb", o.host_limit_mb}})
+    at_most(key, v, kMaxMiB, "1 PiB");
+  device_cache(o.device_cache_mb);
+  if (o.shard_mb > 0 && o.shard_mb <= kMaxMiB && ok("offload.shard_mb") && ok("model.kind")) shards();
+  if (o.enabled && o.device_budget_mb == 0 && ok("offload.device_budget_mb") && ok("offload.enabled"))
+    slots_cover_step();
+  if (o.activations && ok("offload.activations") && ok("model.kind")) activations();
+  if (o.enabled && is("optimizer.kind", j_.optimizer.kind, OptimizerKind::Sgd))
+    fail("offload.enabled", "the host store steps Adam/AdamW only; set optimizer.kind to adam or "
+                            "adamw, or offload.enabled to false", "optimizer.kind");
+  one_of("offload.shared");
+  validate_shared(j_, d_);
+}
+
+// "auto" or a size in MiB: a number written as one (YAML gives it to the string key as is).
+void Checker::device_cache(const std::string& v) {
+  if (v == "auto") return;
+  char* end = nullptr;
+  const double mib = std::strtod(v.c_str(), &end);
+  if (v.empty() || end != v.c_str() + v.size() || !(mib >= 0) || mib > kMaxMiB)
+    fail("offload.device_cache_mb", "expected auto or a size in MiB from 0 to 1 PiB, got \"" + v + "\"");
+}
+
+// Every task group a rank uses in an optimizer step (the union over its micro-steps) is held in
+// a device slot from the step's start to its optimizer step (daemon/store_bridge prepare_step),
+// so device_slots (no device_budget_mb) must cover the most groups a step can use. Round robin:
+// the worst case over world sizes (exact with one rank). Row-sharded groups (extreme_classifier
+// with shard_mb) stream their shards instead; the store checks their 2 slots.
+void Checker::slots_cover_step() {
+  const int64_t slots = j_.offload.device_slots;
+  const int64_t T = j_.model.tasks, k = j_.data.tasks_per_rank, A = j_.accumulate_steps;
+  const DataConfig& dc = j_.data;
+  if (!ok("offload.device_slots") || slots < 1 || !ok("model.tasks") || T < 1 || T > kMaxTasks ||
+      !ok("accumulate_steps") || A < 1 || A > kMaxAccumulateSteps || !ok("data.schedule") ||
+      unknown("data.schedule") || !ok("model.kind") || unknown("model.kind"))
+    return;
+  if (j_.model.kind == ModelKind::ExtremeClassifier && j_.offload.shard_mb > 0) return;
+  int64_t groups = 0;
+  std::string why;
+  switch (dc.schedule) {
+    case ScheduleKind::RoundRobin:
+    case ScheduleKind::Weighted: {
+      if (!ok("data.tasks_per_rank") || k < 1 || k > std::min(T, kMaxTasksPerRank)) return;
+      int64_t distinct = T;  // weighted: a task of weight 0 is never drawn
+      std::string cap = "model.tasks";
+      if (dc.schedule == ScheduleKind::Weighted) {
+        if (!ok("data.weights") || static_cast<int64_t>(dc.weights.size()) != T) return;
+        distinct = std::count_if(dc.weights.begin(), dc.weights.end(), [](double w) { return w > 0; });
+        cap = "the tasks of weight > 0";
+      }
+      groups = std::min(k * A, distinct);  // k, A <= 2^20: no overflow
+      why = "data.tasks_per_rank x accumulate_steps = " + num(k) + " x " + num(A) + ", at most " + cap +
+            " (" + num(distinct) + ")";
+      break;
+    }
+    case ScheduleKind::PerRank:
+      if (!ok("data.per_rank")) return;
+      for (const auto& list : dc.per_rank) groups = std::max<int64_t>(groups, list.size());
+      why = "the longest list of data.per_rank; the same tasks every micro-step";
+      break;
+    case ScheduleKind::All:
+    case ScheduleKind::Alternate:
+      groups = T;
+      why = "every task, model.tasks";
+      break;
+  }
+  if (slots < groups)
+    fail("offload.device_slots",
+         "is " + num(slots) + ", fewer than the " + num(groups) + " task groups a rank can use in one "
+         "optimizer step with schedule '" + to_string(dc.schedule) + "' (" + why + "), all held on the "
+         "device until the step's optimizer; raise it to >= " + num(groups) +
+             " or set offload.device_budget_mb",
+         "offload.enabled");
+}
+
+// Activation offload: the models whose trunk runs through trunk_layer (daemon/models). The
+// others would keep every activation on the device, so the key is refused, not ignored.
+void Checker::activations() {
+  const ModelKind k = j_.model.kind;
+  if (is("model.kind", k, ModelKind::MultitaskMlp) || is("model.kind", k, ModelKind::ExtremeClassifier)) return;
+  const std::string* word = unknown("model.kind");
+  fail("offload.activations",
+       "activation offload covers the trunk layers of model.kind multitask_mlp and the encoder of "
+       "extreme_classifier; '" + (word ? *word : to_string(k)) +
+           "' keeps its activations on the device (use false)",
+       "model.kind");
+}
+
+// Row shards inside a group: only the extreme classifier computes over them (its full softmax
+// streams the slice in chunks of shard_mb), with or without offload.
+void Checker::shards() {
+  const ModelConfig& m = j_.model;
+  if (!is("model.kind", m.kind, ModelKind::ExtremeClassifier)) {
+    const std::string* word = unknown("model.kind");
+    fail("offload.shard_mb", "row shards are computed by model.kind extreme_classifier only; '" +
+                                 (word ? *word : to_string(m.kind)) +
+                                 "' computes each task group whole (use 0)");
+  } else if (ok("model.hidden") && m.hidden > 0 && m.hidden <= kMaxDim &&
+             j_.offload.shard_bytes() < static_cast<size_t>(m.hidden + 1) * sizeof(float)) {
+    fail("offload.shard_mb", "must hold one row of the output layer, (model.hidden + 1) x 4 = " +
+                                 num(static_cast<int64_t>((m.hidden + 1) * 4)) + " bytes; got " +
+                                 num(j_.offload.shard_mb) + " MiB");
+  }
 }
 
 }  // namespace thetad::config::detail

@@ -1,0 +1,123 @@
+// The data section of a job: the data kind, batch sizes and the task schedules (weighted, per
+// rank, alternate) against the model's tasks (Checker, checker.hpp).
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "config/checker.hpp"
+
+namespace thetad::config::detail {
+
+void Checker::data() {
+  const DataConfig& dc = j_.data;
+  const int64_t T = j_.model.tasks;
+  const bool tasks_ok = ok("model.tasks") && T > 0;
+  one_of("data.kind");
+  one_of("data.schedule");
+  above<int64_t>("data.batch_per_rank", dc.batch_per_rank, 0);
+  at_most<int64_t>("data.batch_per_rank", dc.batch_per_rank, kMaxDim, "rows of one rank's batch");
+  at_least("data.noise", dc.noise, 0.0);
+  if (is("data.kind", dc.kind, DataKind::Npy) && dc.dir.empty())
+    fail("data.dir", "required when data.kind is 'npy' (directory of task{t}_x.npy, "
+                     "task{t}_y.npy)", "data.kind");
+  if (is("data.kind", dc.kind, DataKind::Tokens) && dc.dir.empty())
+    fail("data.dir", "required when data.kind is 'tokens' (directory of task{t}.npy token files)", "data.kind");
+  const bool transformer = is("model.kind", j_.model.kind, ModelKind::Transformer);
+  if (is("data.kind", dc.kind, DataKind::Tokens) && ok("model.kind") && !transformer &&
+      !is("model.kind", j_.model.kind, ModelKind::Torchscript))
+    fail("data.kind", "'tokens' is for the transformer and TorchScript language models; model.kind is '" +
+                          to_string(j_.model.kind) + "'");
+  if (transformer && is("data.kind", dc.kind, DataKind::Npy))
+    fail("data.kind", "the transformer reads tokens: 'synthetic' or 'tokens', not 'npy'");
+  placeholders("data.dir", dc.dir);
+  at_least<int64_t>("data.tasks_per_rank", dc.tasks_per_rank, 1);
+  if (tasks_ok && dc.tasks_per_rank > T)
+    fail("data.tasks_per_rank", "must be <= model.tasks (" + num(T) + "), got " +
+                                    num(dc.tasks_per_rank));
+  // With an unknown schedule nothing below could fail (a batch is split into one slice).
+  if (!ok("data.schedule") || unknown("data.schedule")) return;
+  if (dc.schedule == ScheduleKind::RoundRobin || dc.schedule == ScheduleKind::Weighted)
+    at_most<int64_t>("data.tasks_per_rank", dc.tasks_per_rank, kMaxTasksPerRank,
+                     "tasks one rank draws in a step");
+  if (dc.schedule == ScheduleKind::Weighted) weighted(T, tasks_ok);
+  if (dc.schedule == ScheduleKind::PerRank) per_rank(T, tasks_ok);
+  if (dc.schedule == ScheduleKind::Alternate) alternate(T, tasks_ok);
+  if (tasks_ok) batch_covers_tasks(T);
+}
+
+// A rank's batch is cut into one slice per task of its step; each slice needs a row.
+void Checker::batch_covers_tasks(int64_t T) {
+  const DataConfig& dc = j_.data;
+  int64_t slices = 1;
+  if (dc.schedule == ScheduleKind::RoundRobin) slices = std::min(dc.tasks_per_rank, T);
+  if (dc.schedule == ScheduleKind::Weighted) slices = dc.tasks_per_rank;
+  if (dc.schedule == ScheduleKind::All || dc.schedule == ScheduleKind::Alternate) slices = T;
+  for (const auto& tasks : dc.per_rank)
+    if (dc.schedule == ScheduleKind::PerRank) slices = std::max<int64_t>(slices, tasks.size());
+  if (dc.batch_per_rank > 0 && dc.batch_per_rank < slices && ok("data.tasks_per_rank") &&
+      ok("data.per_rank"))
+    fail("data.batch_per_rank", "is smaller than the " + num(slices) + " tasks a rank's batch "
+                                "is split into with schedule '" + to_string(dc.schedule) + "'; got " +
+                                num(dc.batch_per_rank), "data.schedule");
+}
+
+void Checker::weighted(int64_t T, bool tasks_ok) {
+  const auto& w = j_.data.weights;
+  if (w.empty()) {
+    fail("data.weights", "schedule 'weighted' needs one weight per task", "data.schedule");
+    return;
+  }
+  if (tasks_ok && static_cast<int64_t>(w.size()) != T)
+    fail("data.weights", "needs one weight per task: " + num(T) + " (model.tasks), got " +
+                             std::to_string(w.size()));
+  double sum = 0;
+  for (size_t i = 0; i < w.size(); ++i) {
+    if (w[i] < 0) fail("data.weights[" + std::to_string(i) + "]", "must be >= 0, got " + num(w[i]));
+    sum += w[i] > 0 ? w[i] : 0;
+  }
+  if (sum <= 0) fail("data.weights", "at least one weight must be > 0");
+  else if (!std::isfinite(sum))
+    fail("data.weights", "the weights must have a finite sum (they are relative frequencies: scale "
+                         "them down), got " + num(sum));
+}
+
+void Checker::per_rank(int64_t T, bool tasks_ok) {
+  const auto& pr = j_.data.per_rank;
+  if (pr.empty()) {
+    fail("data.per_rank", "schedule 'per_rank' needs a list of task ids for each rank, e.g. "
+                          "[[0, 1], [2, 3]]", "data.schedule");
+    return;
+  }
+  for (size_t r = 0; r < pr.size(); ++r) {
+    const std::string rp = "data.per_rank[" + std::to_string(r) + "]";
+    if (pr[r].empty()) fail(rp, "rank " + std::to_string(r) + " has no tasks");
+    for (size_t i = 0; i < pr[r].size(); ++i) {
+      const std::string ip = rp + "[" + std::to_string(i) + "]";
+      if (tasks_ok && (pr[r][i] < 0 || pr[r][i] >= T))
+        fail(ip, "task id must be in [0, " + num(T) + ") (tasks are numbered from 0), got " +
+                     num(pr[r][i]));
+      for (size_t k = 0; k < i; ++k)
+        if (pr[r][k] == pr[r][i]) fail(ip, "task " + num(pr[r][i]) + " is listed twice for rank " + std::to_string(r));
+    }
+  }
+}
+
+void Checker::alternate(int64_t T, bool tasks_ok) {
+  const auto& alt = j_.data.alternate;
+  if (alt.empty()) {
+    fail("data.alternate", "schedule 'alternate' needs the groups to train in turn, e.g. "
+                           "[shared, tasks] or [shared, \"task:0\"]", "data.schedule");
+    return;
+  }
+  for (size_t i = 0; i < alt.size(); ++i) {
+    const std::string& e = alt[i];
+    const std::string ip = "data.alternate[" + std::to_string(i) + "]";
+    AlternateEntry entry;
+    if (!AlternateEntry::parse(e, entry))
+      fail(ip, "must be 'shared', 'tasks' or 'task:N' (N a task id); got '" + e + "'");
+    else if (entry.kind == AlternateEntry::Kind::Task && tasks_ok && entry.task >= T)
+      fail(ip, "task id must be in [0, " + num(T) + ") (tasks are numbered from 0), got '" + e + "'");
+  }
+}
+
+}  // namespace thetad::config::detail

@@ -1,0 +1,247 @@
+// The model section of a job: its kind, sizes, the transformer and TorchScript settings, and
+// whether the model fits the limits of this build (Checker, checker.hpp).
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "config/checker.hpp"
+
+namespace thetad::config::detail {
+
+void Checker::model() {
+  const ModelConfig& m = j_.model;
+  one_of("model.kind");
+  above<int64_t>("model.tasks", m.tasks, 0);
+  above<int64_t>("model.input_dim", m.input_dim, 0);
+  above<int64_t>("model.hidden", m.hidden, 0);
+  above<int64_t>("model.output_dim", m.output_dim, 0);
+  at_least<int64_t>("model.trunk_layers", m.trunk_layers, 0);
+  at_least<int64_t>("model.head_layers", m.head_layers, 1);
+  at_most<int64_t>("model.tasks", m.tasks, kMaxTasks, "task groups, each with its own parameters");
+  for (const auto& [key, v] : {std::pair<const char*, int64_t>{"model.input_dim", m.input_dim},
+                               {"model.hidden", m.hidden}, {"model.output_dim", m.output_dim}})
+    at_most<int64_t>(key, v, kMaxDim, "a layer dimension; a square layer of it is 1 PiB");
+  at_most<int64_t>("model.trunk_layers", m.trunk_layers, kMaxLayers, "layers");
+  at_most<int64_t>("model.head_layers", m.head_layers, kMaxLayers, "layers");
+  at_most<int64_t>("model.classes", m.classes, int64_t{1} << 32, "output rows");
+  at_least<int64_t>("model.init_seed", m.init_seed, -1);
+  if (!m.init_from.empty() && ok("model.init_from")) {
+    std::error_code ec;
+    if (!std::filesystem::is_regular_file(m.init_from, ec))
+      fail("model.init_from", "no such file: '" + m.init_from +
+                                  "' (a torch.save'd state dict or a checkpoint group file)");
+  }
+  if (!ok("model.kind") || unknown("model.kind")) return;
+  if (m.kind == ModelKind::MultitaskAdapter) {
+    at_least<int64_t>("model.adapter_rank", m.adapter_rank, 1);
+    at_most<int64_t>("model.adapter_rank", m.adapter_rank, kMaxDim, "a layer dimension");
+  } else if (m.kind == ModelKind::ExtremeClassifier) {
+    if (m.classes <= 0) {
+      fail("model.classes", "extreme_classifier needs classes > 0, got " + num(m.classes),
+           "model.kind");
+    } else if (ok("model.tasks") && m.tasks > 0 && m.classes < m.tasks) {
+      fail("model.classes", "must be >= model.tasks (" + num(m.tasks) +
+                                "): each task owns a slice of the output layer; got " +
+                                num(m.classes));
+    }
+    at_least<int64_t>("model.negatives_per_step", m.negatives_per_step, 0);
+    if (m.classes > 0 && m.negatives_per_step > m.classes)
+      fail("model.negatives_per_step", "must be <= model.classes (" + num(m.classes) +
+                                           "), got " + num(m.negatives_per_step));
+  } else if (m.kind == ModelKind::Torchscript) {
+    torchscript();
+  } else if (m.kind == ModelKind::Transformer) {
+    transformer();
+  }
+  if (m.kind != ModelKind::Torchscript && m.kind != ModelKind::Transformer) model_size();
+}
+
+// The transformer's sizes and its LoRA section; its parameter count bounded as model_size does
+// for the other built-in models (daemon/models/transformer.cpp builds these shapes).
+void Checker::transformer() {
+  const ModelConfig& m = j_.model;
+  const LoraConfig& l = j_.lora;
+  const std::pair<const char*, int64_t> dims[] = {{"model.d_model", m.d_model}, {"model.d_ff", m.d_ff},
+                                                  {"model.seq_len", m.seq_len}, {"model.vocab", m.vocab}};
+  const auto in = [](int64_t v, int64_t lo, int64_t hi) { return v >= lo && v <= hi; };
+  bool sizes_ok = in(m.layers, 1, kMaxLayers) && in(m.heads, 1, kMaxDim) && in(l.rank, 1, kMaxDim);
+  for (const auto& [key, v] : dims) {
+    const int64_t lo = std::string(key) == "model.vocab" ? 2 : 1;
+    at_least<int64_t>(key, v, lo);
+    at_most<int64_t>(key, v, kMaxDim, "a layer dimension");
+    sizes_ok = sizes_ok && in(v, lo, kMaxDim);
+  }
+  at_least<int64_t>("model.layers", m.layers, 1);
+  at_most<int64_t>("model.layers", m.layers, kMaxLayers, "layers");
+  at_least<int64_t>("model.heads", m.heads, 1);
+  if (sizes_ok && m.d_model % m.heads != 0)
+    fail("model.heads", "must divide model.d_model (" + num(m.d_model) + ") into equal heads, got " + num(m.heads));
+  at_least<int64_t>("lora.rank", l.rank, 1);
+  at_most<int64_t>("lora.rank", l.rank, kMaxDim, "a layer dimension");
+  if (!(l.alpha > 0) || !std::isfinite(l.alpha)) fail("lora.alpha", "must be a finite number > 0, got " + num(l.alpha));
+  static const std::vector<std::string> kTargets = {"q", "k", "v", "o", "up", "down"};
+  if (l.targets.empty()) fail("lora.targets", "needs at least one of q, k, v, o, up, down");
+  for (size_t i = 0; i < l.targets.size(); ++i) {
+    const std::string& t = l.targets[i];
+    if (std::find(kTargets.begin(), kTargets.end(), t) == kTargets.end())
+      fail("lora.targets[" + std::to_string(i) + "]", "must be one of q, k, v, o, up, down; got '" + t + "'");
+    else if (std::find(l.targets.begin(), l.targets.begin() + static_cast<std::ptrdiff_t>(i), t) !=
+             l.targets.begin() + static_cast<std::ptrdiff_t>(i))
+      fail("lora.targets[" + std::to_string(i) + "]", "'" + t + "' is listed twice");
+  }
+  for (const char* key : {"model.d_model", "model.d_ff", "model.seq_len", "model.vocab", "model.layers",
+                          "model.heads", "model.tasks", "lora.rank"})
+    if (!ok(key)) return;
+  if (!sizes_ok || m.tasks < 1) return;
+  const double d = double(m.d_model), ff = double(m.d_ff), L = double(m.layers), r = double(l.rank);
+  const double largest = std::max({double(m.vocab) * d, d * ff, d * d});
+  if (largest > kMaxTensorElems) {
+    fail(double(m.vocab) * d >= d * ff ? "model.vocab" : "model.d_ff",
+         "the largest parameter of transformer has " + num(largest) + " elements (" + fp32_size(largest) +
+             "); a parameter may have at most 2^34 = " + num(kMaxTensorElems) + " elements",
+         "model");
+    return;
+  }
+  double per_layer_lora = 0;  // r x (in + out) per adapted matrix
+  for (const std::string& t : l.targets) per_layer_lora += r * (t == "up" || t == "down" ? d + ff : 2 * d);
+  const double shared = 2 * double(m.vocab) * d + double(m.seq_len) * d + L * (4 * d * d + 2 * d * ff + 4 * d) + 2 * d;
+  const double total = shared + double(m.tasks) * L * per_layer_lora;
+  if (total > kMaxModelParams)
+    fail(d_.given("model.tasks") ? "model.tasks" : "model.d_model",
+         "the parameters of transformer add up to " + num(total) + " elements (" + fp32_size(total) + "): " +
+             num(shared) + " shared + model.tasks (" + num(m.tasks) + ") x " + num(L * per_layer_lora) +
+             " per task; a model may have at most 2^38 = " + num(kMaxModelParams) + " parameters",
+         "model");
+}
+
+// The built-in models' parameter shapes follow from the model keys (daemon/models/models.cpp
+// builds them): the largest parameter and the total are bounded before anything is allocated.
+// Skipped while a key it reads is out of its own range (that is reported already).
+void Checker::model_size() {
+  const ModelConfig& m = j_.model;
+  for (const char* key : {"model.input_dim", "model.hidden", "model.output_dim", "model.trunk_layers",
+                          "model.head_layers", "model.tasks", "model.adapter_rank", "model.classes",
+                          "offload.shard_mb"})
+    if (!ok(key)) return;
+  auto in = [](int64_t v, int64_t lo, int64_t hi) { return v >= lo && v <= hi; };
+  if (!in(m.input_dim, 1, kMaxDim) || !in(m.hidden, 1, kMaxDim) || !in(m.output_dim, 1, kMaxDim) ||
+      !in(m.trunk_layers, 0, kMaxLayers) || !in(m.head_layers, 1, kMaxLayers) || !in(m.tasks, 1, kMaxTasks))
+    return;
+  if (m.kind == ModelKind::MultitaskAdapter && !in(m.adapter_rank, 1, kMaxDim)) return;
+  if (m.kind == ModelKind::ExtremeClassifier && !in(m.classes, m.tasks, int64_t{1} << 32)) return;
+
+  // The largest parameter: its description, its two dimensions and the keys they come from.
+  struct Largest {
+    double elems = 0;
+    std::string what, rkey, ckey;
+    int64_t rows = 0, cols = 0;
+  } big;
+  auto matrix = [&](const std::string& what, int64_t rows, const char* rkey, int64_t cols, const char* ckey) {
+    const double e = double(rows) * double(cols);
+    if (e > big.elems) big = {e, what, rkey, ckey, rows, cols};
+    return e;
+  };
+  const double H = double(m.hidden);
+  // `n` more hidden x hidden layers with their biases (none: nothing is counted).
+  auto square_layers = [&](int64_t n, const std::string& what) {
+    return n > 0 ? double(n) * (matrix(what, m.hidden, "model.hidden", m.hidden, "model.hidden") + H) : 0.0;
+  };
+  double shared = 0, per_task = 0;  // elements of Θ and of one θ[t] (the largest slice)
+  std::string per_task_keys;
+  if (m.kind == ModelKind::MultitaskMlp) {
+    if (m.trunk_layers >= 1)
+      shared = matrix("trunk.0.weight", m.hidden, "model.hidden", m.input_dim, "model.input_dim") + H +
+               square_layers(m.trunk_layers - 1, "trunk.<i>.weight");
+    const bool trunk = m.trunk_layers >= 1;
+    const int64_t dim = trunk ? m.hidden : m.input_dim;
+    const char* dim_key = trunk ? "model.hidden" : "model.input_dim";
+    if (m.head_layers == 1) {
+      per_task = matrix("heads.<t>.0.weight", m.output_dim, "model.output_dim", dim, dim_key) + double(m.output_dim);
+    } else {
+      per_task = matrix("heads.<t>.0.weight", m.hidden, "model.hidden", dim, dim_key) + H +
+                 square_layers(m.head_layers - 2, "heads.<t>.<i>.weight") +
+                 matrix("heads.<t>.<last>.weight", m.output_dim, "model.output_dim", m.hidden, "model.hidden") +
+                 double(m.output_dim);
+    }
+    per_task_keys = "model.head_layers";
+  } else if (m.kind == ModelKind::MultitaskAdapter) {
+    const double blocks = double(std::max<int64_t>(m.trunk_layers, 1));
+    shared = matrix("embed.weight", m.hidden, "model.hidden", m.input_dim, "model.input_dim") + H +
+             square_layers(2 * std::max<int64_t>(m.trunk_layers, 1), "blocks.<i>.fc1.weight");
+    per_task = 2 * blocks * matrix("adapters.<t>.<i>.down", m.adapter_rank, "model.adapter_rank", m.hidden, "model.hidden") +
+               matrix("heads.<t>.weight", m.output_dim, "model.output_dim", m.hidden, "model.hidden") +
+               double(m.output_dim);
+    per_task_keys = "model.adapter_rank";
+  } else if (m.kind == ModelKind::ExtremeClassifier) {
+    shared = matrix("encoder.0.weight", m.hidden, "model.hidden", m.input_dim, "model.input_dim") + H +
+             square_layers(std::max<int64_t>(m.trunk_layers, 1) - 1, "encoder.<i>.weight");
+    const int64_t rows = m.classes / m.tasks + (m.classes % m.tasks ? 1 : 0);  // the largest slice
+    const bool sharded = j_.offload.shard_mb > 0;
+    matrix(sharded ? "output.<t>.weight_bias" : "output.<t>.weight", rows, "model.classes",
+           sharded ? m.hidden + 1 : m.hidden, "model.hidden");
+    per_task = double(rows) * (H + 1);
+    per_task_keys = "model.classes";
+  }
+  if (big.elems > kMaxTensorElems) {
+    // At the key of the parameter's dimensions that the file gives (else the section's line).
+    const std::string key = d_.given(big.rkey) || !d_.given(big.ckey) ? big.rkey : big.ckey;
+    fail(key, "the largest parameter of " + to_string(m.kind) + ", " + big.what + " [" + big.rkey +
+                  " x " + big.ckey + " = " + num(big.rows) + " x " + num(big.cols) + "], has " +
+                  num(big.elems) + " elements (" + fp32_size(big.elems) + "); a parameter may have at most 2^34 = " +
+                  num(kMaxTensorElems) + " elements (" + fp32_size(kMaxTensorElems) + ")",
+         "model");
+    return;
+  }
+  // The extreme classifier's slices add up to classes rows, not tasks x the largest.
+  const double tasks_total = m.kind == ModelKind::ExtremeClassifier ? double(m.classes) * (H + 1)
+                                                                    : double(m.tasks) * per_task;
+  const double total = shared + tasks_total;
+  if (total > kMaxModelParams) {
+    const std::string key = m.kind == ModelKind::ExtremeClassifier ? "model.classes"
+                            : d_.given("model.tasks")                ? "model.tasks"
+                                                                     : "model.hidden";
+    const std::string tasks_part = m.kind == ModelKind::ExtremeClassifier
+        ? "model.classes x (model.hidden + 1) = " + num(m.classes) + " x " + num(m.hidden + 1)
+        : "model.tasks (" + num(m.tasks) + ") x " + num(per_task) + " per task";
+    fail(key, "the parameters of " + to_string(m.kind) + " add up to " + num(total) + " elements (" +
+                  fp32_size(total) + "): " + num(shared) + " shared + " + tasks_part +
+                  " (model.input_dim, model.hidden, model.output_dim, model.trunk_layers, " + per_task_keys +
+                  "); a model may have at most 2^38 = " + num(kMaxModelParams) + " parameters (" +
+                  fp32_size(kMaxModelParams) + ")",
+         "model");
+  }
+}
+
+void Checker::torchscript() {
+  const ModelConfig& m = j_.model;
+  if (m.path.empty()) {
+    fail("model.path", "torchscript needs the path of the exported model file", "model.kind");
+  } else if (ok("model.path") && m.path.find("{rank}") == std::string::npos) {
+    placeholders("model.path", m.path);
+    std::string p = m.path;
+    for (size_t at; (at = p.find("{job}")) != std::string::npos;) p.replace(at, 5, j_.name);
+    std::error_code ec;
+    if (!std::filesystem::is_regular_file(p, ec))
+      fail("model.path", "no such file: '" + p + "' (relative paths are resolved against the "
+                         "current directory)");
+  }
+  if (m.shared.empty())
+    fail("model.shared", "torchscript needs name patterns of the shared parameters, e.g. "
+                         "[\"trunk.*\"]", "model.kind");
+  for (size_t i = 0; i < m.shared.size(); ++i)
+    if (m.shared[i].empty())
+      fail("model.shared[" + std::to_string(i) + "]", "empty pattern");
+  if (m.task.empty())
+    fail("model.task", "torchscript needs the name pattern(s) of the per-task parameters, e.g. "
+                       "\"heads.{t}.*\" or [\"adapters.{t}.*\", \"heads.{t}.*\"]", "model.kind");
+  for (size_t i = 0; i < m.task.size(); ++i) {
+    const std::string key = m.task.size() == 1 ? "model.task" : "model.task[" + std::to_string(i) + "]";
+    if (m.task[i].find("{t}") == std::string::npos)
+      fail(key, "pattern must contain {t} (the task index 0..T-1); got '" + m.task[i] + "'");
+  }
+}
+
+}  // namespace thetad::config::detail
