@@ -148,6 +148,9 @@ struct OffloadConfig {
   // onto the device layer by layer in forward and backward (stream).
   SharedMode shared = SharedMode::Resident;
   int64_t shared_prefetch_layers = 1;  // stream: layers brought onto the device ahead of the one computing
+  // stream: the lowest trunk layers kept on the device with their Adam state and updated there
+  // (the device AdamW), the others streamed and updated by the host's CPU AdamW.
+  int64_t shared_device_layers = 0;
   // The device cache of whole task groups with their Adam state (updated on the device while
   // cached): "auto" (GPUs: the device memory free after set-up, less a margin; none on the CPU)
   // or a size in MiB (0 = none).

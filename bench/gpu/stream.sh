@@ -8,7 +8,8 @@
 #
 # Output under ${OUT:-/tmp/out}/stream/; a table on stdout (median step_ms over the steps after
 # STREAM_WARMUP=5). STREAM_BUDGET_S=480 bounds the whole script (later points get what is left);
-# STREAM_POINTS="speed act size" picks the sections.
+# STREAM_POINTS="speed act size" picks the sections; STREAM_STEPS=30 the speed runs' steps; STREAM_DEVICE_LAYERS="2 4" the
+# offload.shared_device_layers points of the speed section; STREAM_BIG_LAYERS=84 the size trunk.
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 BUILD=${1:?usage: stream.sh BUILD_DIR}
@@ -43,11 +44,16 @@ fsdp() {  # NAME CAP ARGS...   (STREAM_FSDP=0: the peers are skipped)
 }
 POINTS=${STREAM_POINTS:-speed act size}
 # Issue 7's trunk (8 layers of 4096) with one head, batch 1024: all-resident, streamed, FSDP2.
-REF=(bench/jobs/reference.yaml --set model.tasks=1 --set data.batch_per_rank=1024 --set steps=30)
+REF=(bench/jobs/reference.yaml --set model.tasks=1 --set data.batch_per_rank=1024 --set steps="${STREAM_STEPS:-30}")
 if [[ $POINTS == *speed* ]]; then
   thetad ref_resident 90 "${REF[@]}"
   thetad ref_stream_k1 120 "${REF[@]}" --set offload.shared=stream
   thetad ref_stream_k3 120 "${REF[@]}" --set offload.shared=stream --set offload.shared_prefetch_layers=3
+  # The lowest layers kept on the device with their Adam state, the rest streamed.
+  for n in ${STREAM_DEVICE_LAYERS:-2 4}; do
+    thetad "ref_stream_dev$n" 120 "${REF[@]}" --set offload.shared=stream --set offload.shared_device_layers="$n"
+  done
+  thetad ref_resident_again 90 "${REF[@]}"  # the machine's drift over the section
   fsdp fsdp2_cpu_offload 120 --batch 1024 --steps 10 --offload cpu
   fsdp fsdp2_device 60 --batch 1024 --steps 20 --offload none
 fi
@@ -59,10 +65,10 @@ if [[ $POINTS == *act* ]]; then
   fsdp fsdp2_act_device 60 "${ACT[@]}" --activations device
   fsdp fsdp2_act_save_on_cpu 60 "${ACT[@]}" --activations save_on_cpu
 fi
-# A trunk the device cannot hold all-resident: 76 layers of 8192 (5.1 B parameters; with
-# gradients and AdamW moments 82 GB, more than an H100's 80 GB).
+# A trunk the device cannot hold all-resident: 84 layers of 8192 (5.6 B parameters; with
+# gradients and AdamW moments 90 GB, more than an H100's 80 GB; 76 layers still fit, at 98%).
 BIG=(bench/jobs/reference.yaml --set model.tasks=1 --set model.input_dim=8192 --set model.hidden=8192
-     --set model.trunk_layers=76 --set model.head_layers=1 --set model.output_dim=8 --set data.batch_per_rank=256 --set steps=6)
+     --set model.trunk_layers="${STREAM_BIG_LAYERS:-84}" --set model.head_layers=1 --set model.output_dim=8 --set data.batch_per_rank=256 --set steps=6)
 if [[ $POINTS == *size* ]]; then
   thetad big_resident 120 "${BIG[@]}"
   thetad big_stream 400 "${BIG[@]}" --set offload.shared=stream

@@ -88,6 +88,7 @@ std::string to_json(const StepRecord& r) {
   field(out, "theta_h2d_bytes", r.theta_h2d_bytes);
   field(out, "theta_d2h_bytes", r.theta_d2h_bytes);
   field(out, "theta_device_slot_bytes", r.theta_device_slot_bytes);
+  field(out, "theta_device_steps", r.theta_device_steps);
   field(out, "theta_cpu_adam_ms", r.theta_cpu_adam_ms);
   field(out, "nonfinite", r.nonfinite);
   field(out, "skipped", r.skipped);

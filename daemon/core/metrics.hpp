@@ -57,7 +57,8 @@ struct StepRecord {
   // offload.shared: stream: Θ's own store (its layers' copies, slots and CPU AdamW).
   int64_t theta_h2d_bytes = 0;
   int64_t theta_d2h_bytes = 0;
-  int64_t theta_device_slot_bytes = 0;  // device memory of Θ's layer slots (the prefetch window)
+  int64_t theta_device_slot_bytes = 0;  // device memory of Θ's layer slots (the prefetch window) and device layers
+  int64_t theta_device_steps = 0;       // Θ's layers updated on the device (offload.shared_device_layers)
   double theta_cpu_adam_ms = 0.0;
   int64_t nonfinite = 0;            // 1: the step's loss was NaN or Inf on some rank (train.on_nonfinite)
   int64_t skipped = 0;              // 1: the step updated nothing (train.on_nonfinite: skip_step)

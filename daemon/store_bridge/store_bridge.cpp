@@ -184,7 +184,7 @@ void StoreBridge::build(comm::Engine& engine, const Schedule& schedule, int rank
 // offload.device_cache_mb: a size (no more than the device has), or auto: on a GPU what it has
 // free now (the model, Θ's buffers and optimizer state are allocated; activations and θ[t]'s
 // gradient pool are not yet), less a margin for them and the allocator's fragmentation: the
-// larger of 2 GiB and a fifth of the device. None on the CPU, where the host store is the memory.
+// larger of 2 GiB and a fifth of the device, and what is reserved for Θ's device layers. None on the CPU, where the host store is the memory.
 size_t StoreBridge::cache_budget() const {
   size_t free_bytes = 0, total = 0;
   const bool has = device_->memory(&free_bytes, &total);
@@ -197,7 +197,7 @@ size_t StoreBridge::cache_budget() const {
     return want;
   }
   if (!has) return 0;
-  const size_t margin = std::max<size_t>(size_t{2} << 30, total / 5);
+  const size_t margin = std::max<size_t>(size_t{2} << 30, total / 5) + reserved_device_bytes_;
   return free_bytes > margin ? free_bytes - margin : 0;
 }
 

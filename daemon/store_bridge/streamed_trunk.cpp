@@ -60,20 +60,27 @@ void StreamedTrunk::build(comm::Engine& engine, offload::Device* device) {
   // The next forward needs layer 0 first, whose gradient lands last: of the updates waiting on
   // the owner's CPU, the lowest layer goes first.
   o.lowest_group_first = true;
+  // Every layer is used every step: the cache's placement fills its lines with the lowest
+  // layers at step 0 and never evicts them.
+  o.cache_bytes = device_cache_bytes();
   const int L = layers();
+  const auto all_layers = [L](int64_t) {
+    std::vector<int> all;
+    for (int l = 1; l <= L; ++l) all.push_back(l);
+    return all;
+  };
   try {
-    store_ = std::make_unique<offload::ParamStore>(
-        o, shapes, *device,
-        [L](int64_t) {
-          std::vector<int> all;
-          for (int l = 1; l <= L; ++l) all.push_back(l);
-          return all;
-        },
-        MPI_COMM_WORLD);
+    store_ = std::make_unique<offload::ParamStore>(o, shapes, *device, all_layers, MPI_COMM_WORLD, all_layers);
   } catch (const ConfigError& e) {
     throw ConfigError(job_.source + ": offload.shared: stream: Θ's host store (" + std::to_string(L) +
                       " trunk layers, " + std::to_string(groups_.numel(0) * 4) + " bytes of parameters): " + e.what());
   }
+  const int64_t want = job_.offload.shared_device_layers;
+  if (store_->cache_lines() < want)  // the fewest any rank could allocate: every rank throws
+    throw ConfigError(job_.source + ": offload.shared_device_layers: " + std::to_string(want) + " layers need " +
+                      std::to_string(o.cache_bytes) + " bytes of device memory (" +
+                      std::to_string(store_->cache_line_bytes()) + " per layer: values and Adam moments), but the " +
+                      "device had room for " + std::to_string(store_->cache_lines()) + "; lower it");
   if (!job_.offload.enabled) offload::ThreadPool::configure(store_->cpu_threads());
   store_->init_all([this](int g, float* dst) {
     torch::NoGradGuard no_grad;  // thread-local: this runs on the store's threads
@@ -93,7 +100,14 @@ void StreamedTrunk::build(comm::Engine& engine, offload::Device* device) {
   }
   THETAD_LOG(info, "offload") << "Θ streamed: " << L << " trunk layers, " << store_->slots() << " device slots of "
                               << store_->slot_bytes() << " bytes (prefetch " << prefetch_ << "), host arena "
-                              << store_->arena().bytes() << " bytes";
+                              << store_->arena().bytes() << " bytes; " << store_->cache_lines()
+                              << " layers kept on the device (" << store_->stats().cache_line_bytes << " bytes)";
+}
+
+size_t StreamedTrunk::device_cache_bytes() const {
+  size_t largest = 0;
+  for (const Layer& l : layer_params_) largest = std::max(largest, l.w_numel + l.b_numel);
+  return static_cast<size_t>(job_.offload.shared_device_layers) * 3 * largest * sizeof(float);
 }
 
 size_t StreamedTrunk::offset_in_layer(int p) const {
@@ -101,9 +115,10 @@ size_t StreamedTrunk::offset_in_layer(int p) const {
   return p == l.w ? 0 : l.w_numel;
 }
 
-void StreamedTrunk::start_window(int64_t step, std::optional<offload::AdamHyper> early) {
+void StreamedTrunk::start_window(int64_t step, std::optional<AdamSettings> early) {
   step_ = step;
   early_ = early;
+  store_->place(step);  // step 0: the device's layers are loaded into their lines
   std::fill(pushed_.begin(), pushed_.end(), 0);
   std::fill(stepped_.begin(), stepped_.end(), 0);
   // The previous step's copies of Θ's buckets to the host read memory this step's backward
@@ -122,6 +137,7 @@ void StreamedTrunk::start_micro(bool trained) {
 // Pins the layer's slot; `order` false: a prefetch, whose copy runs while queued compute does.
 void StreamedTrunk::hold(int layer, bool order) {
   const auto l = static_cast<size_t>(layer);
+  if (on_device(layer)) return;  // its line, which the compute stream waited for at its load
   if (held_[l]) {
     if (order) store_->order_compute(unit(layer));
     return;
@@ -148,7 +164,7 @@ std::pair<torch::Tensor, torch::Tensor> StreamedTrunk::acquire(int layer, bool b
   }
   const Layer& l = layer_params_[static_cast<size_t>(layer)];
   const auto opts = torch::TensorOptions().dtype(torch::kFloat32).device(plane_.device);
-  float* base = slot_[static_cast<size_t>(layer)];
+  float* base = on_device(layer) ? store_->cached_params(layer + 1) : slot_[static_cast<size_t>(layer)];
   return {torch::from_blob(base, groups_[l.w].tensor.sizes(), opts),
           torch::from_blob(base + l.w_numel, groups_[l.b].tensor.sizes(), opts)};
 }
@@ -229,10 +245,11 @@ void StreamedTrunk::push_bucket(int b, const float* data, bool trained) {
   for (size_t k = 0; k < bucket.params.size(); ++k) {
     const int p = bucket.params[k];
     const int layer = layer_of_[static_cast<size_t>(p)];
+    if (on_device(layer)) continue;  // its gradient stays in the bucket for the device AdamW
     if (store_->owns(layer + 1))
       store_->push_grad_range(layer + 1, offset_in_layer(p), data + bucket.offsets[k],
                               plan.params[static_cast<size_t>(p)].numel);
-    if (++pushed_[static_cast<size_t>(layer)] == 2 && trained && early_) step_layer(layer, *early_);
+    if (++pushed_[static_cast<size_t>(layer)] == 2 && trained && early_) step_layer(layer, to_hyper(*early_));
   }
   if (timeline_)
     timeline_->record(Lane::d2h, "gradient Θ bucket " + std::to_string(b), t_us, Timeline::now_us() - t_us,
@@ -244,11 +261,37 @@ void StreamedTrunk::step_layer(int layer, const offload::AdamHyper& h) {
   stepped_[static_cast<size_t>(layer)] = 1;
 }
 
-void StreamedTrunk::step(const offload::AdamHyper& h) {
+void StreamedTrunk::step(const AdamSettings& s) {
+  step_on_device(s);
   const int64_t t_us = Timeline::now_us();
   for (int l = 0; l < layers(); ++l)
-    if (!stepped_[static_cast<size_t>(l)]) step_layer(l, h);
+    if (!stepped_[static_cast<size_t>(l)]) step_layer(l, to_hyper(s));
   if (timeline_) timeline_->record(Lane::cpu_adam, "adam Θ (layers)", t_us, Timeline::now_us() - t_us);
+}
+
+// The device's layers in one device AdamW over their lines and their reduced gradients in Θ's
+// buckets (the compute stream is ordered after the allreduces): the math of resident Θ.
+void StreamedTrunk::step_on_device(const AdamSettings& s) {
+  if (store_->cache_lines() == 0) return;
+  const int64_t t_us = Timeline::now_us();
+  AdamOperands ops;
+  const auto opts = torch::TensorOptions().dtype(torch::kFloat32).device(plane_.device);
+  for (int l = 0; l < layers(); ++l) {
+    if (!on_device(l)) continue;
+    const Layer& lp = layer_params_[static_cast<size_t>(l)];
+    for (int p : {lp.w, lp.b}) {
+      const auto sizes = groups_[p].tensor.sizes();
+      const size_t off = offset_in_layer(p);
+      ops.params.push_back(torch::from_blob(store_->cached_params(l + 1) + off, sizes, opts));
+      ops.exp_avg.push_back(torch::from_blob(store_->cached_exp_avg(l + 1) + off, sizes, opts));
+      ops.exp_avg_sq.push_back(torch::from_blob(store_->cached_exp_avg_sq(l + 1) + off, sizes, opts));
+      ops.grads.push_back(torch::from_blob(engine_->grad(p), sizes, opts));
+    }
+  }
+  plane_.on_compute_stream([&] { adam_group(ops.params, ops.grads, ops.exp_avg, ops.exp_avg_sq, s); });
+  for (int l = 0; l < layers(); ++l)
+    if (on_device(l)) step_layer(l, to_hyper(s));  // counts the update
+  if (timeline_) timeline_->record(Lane::compute, "adam Θ (device layers)", t_us, Timeline::now_us() - t_us);
 }
 
 void StreamedTrunk::skip() {
@@ -262,7 +305,10 @@ void StreamedTrunk::release_step(int64_t step) {
 
 StoreStepStats StreamedTrunk::step_stats() { return step_stats_since(store_->stats(), last_stats_); }
 
-size_t StreamedTrunk::device_slot_bytes() const { return store_->stats().device_slot_bytes; }
+size_t StreamedTrunk::device_slot_bytes() const {
+  const offload::StoreStats st = store_->stats();
+  return st.device_slot_bytes + st.cache_line_bytes;
+}
 
 GroupState StreamedTrunk::state() {
   const int64_t n = groups_.numel(0);

@@ -6,8 +6,15 @@
 // lands, and stepped there by each layer's owner with CPU AdamW. It implements the trunk layer
 // function's LayerWeights (daemon/models/trunk_layer.hpp).
 //
-// Θ's device memory: (prefetch + 2) layer slots for the weights, no Adam moments; the reduced
-// gradient keeps Θ's resident buckets (same buckets, same sums: bitwise the resident result).
+// offload.shared_device_layers: the lowest N layers stay on the device instead, in the store's
+// device cache (a line each: values and Adam moments), and are updated there by the device AdamW
+// after backward; nothing of theirs crosses PCIe. The lowest ones, because the next forward needs
+// layer 0 first while its gradient lands last: on the device its update is a kernel, not a CPU
+// pass behind the rest of the queue; the upper layers' CPU updates run during that forward.
+//
+// Θ's device memory: (prefetch + 2) layer slots for the weights, no Adam moments, plus N lines;
+// the reduced gradient keeps Θ's resident buckets (same buckets, same sums: bitwise the resident
+// result).
 #pragma once
 
 #include <torch/torch.h>
@@ -22,6 +29,7 @@
 #include "daemon/device/data_plane.hpp"
 #include "daemon/models/param_groups.hpp"
 #include "daemon/models/trunk_layer.hpp"
+#include "daemon/optim/optimizer.hpp"
 #include "daemon/store_bridge/store_bridge.hpp"
 #include "offload/device.hpp"
 #include "offload/param_store.hpp"
@@ -37,6 +45,9 @@ class StreamedTrunk final : public LayerWeights {
   StreamedTrunk& operator=(const StreamedTrunk&) = delete;
 
   int layers() const { return static_cast<int>(layer_params_.size()); }
+  // Device memory the layers kept on the device will take (offload.shared_device_layers lines of
+  // the largest layer's values and moments), known before build.
+  size_t device_cache_bytes() const;
   // Builds the store (collective over the host's ranks) on `device` (the θ[t] store's, so that
   // both share the H2D and D2H streams) or, when null, a device of its own; each layer's owner
   // writes its values into the arena from the model's tensors, which then become placeholders.
@@ -46,7 +57,7 @@ class StreamedTrunk final : public LayerWeights {
   // Θ gets gradients in this micro-step). `early`: the step's settings for Θ where they cannot
   // change after backward (no skip_step, no clipping): each layer's CPU AdamW is then submitted
   // as soon as its reduced gradient is pushed, during backward, instead of after it.
-  void start_window(int64_t step, std::optional<offload::AdamHyper> early);
+  void start_window(int64_t step, std::optional<AdamSettings> early);
   void start_micro(bool trained);
   // Whether this micro-step's forward ran the trunk with gradients for Θ (the loss reaches Θ:
   // comm.active discover, where the placeholders are not in the graph).
@@ -66,9 +77,9 @@ class StreamedTrunk final : public LayerWeights {
   void on_bucket_launch(int b, int contributors, comm::Work& work, const float* data);
   // After finish_backward: the pushes that waited for the buckets (synchronous copies).
   void after_reduce();
-  // Every rank, in a step where Θ was trained: every layer not stepped early is stepped (owners:
-  // CPU AdamW).
-  void step(const offload::AdamHyper& h);
+  // Every rank, in a step where Θ was trained: every layer not stepped early is stepped (the
+  // device's layers by the device AdamW; the others by their owners' CPU AdamW).
+  void step(const AdamSettings& s);
   // A step where Θ is not updated: the pushed copies are forgotten.
   void skip();
   void release_step(int64_t step);
@@ -87,11 +98,13 @@ class StreamedTrunk final : public LayerWeights {
     size_t w_numel = 0, b_numel = 0;
   };
   int unit(int layer) const { return store_->units_of(layer + 1).at(0); }
+  bool on_device(int layer) const { return store_->cached(layer + 1); }
   size_t offset_in_layer(int p) const;
   void hold(int layer, bool order);
   void commit(int layer);
   void push_bucket(int b, const float* data, bool trained);
   void step_layer(int layer, const offload::AdamHyper& h);
+  void step_on_device(const AdamSettings& s);
 
   const config::Job& job_;
   ParamGroups& groups_;
@@ -113,7 +126,7 @@ class StreamedTrunk final : public LayerWeights {
   std::vector<uint8_t> written_;     // per layer: its bucket region got a gradient this window
   std::vector<int> pushed_;          // per layer: parameters whose reduced gradient was pushed this window
   std::vector<uint8_t> stepped_;     // per layer: its update submitted this window
-  std::optional<offload::AdamHyper> early_;  // this window's settings, if known before backward
+  std::optional<AdamSettings> early_;  // this window's settings, if known before backward
   std::vector<std::pair<torch::Tensor, torch::Tensor>> sum_;  // per layer: this backward's sum
   std::vector<std::pair<int, const float*>> deferred_;  // host device: buckets pushed after the reduce
   offload::StoreStats last_stats_;

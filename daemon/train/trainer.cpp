@@ -60,7 +60,7 @@ class Trainer {
   bool nonfinite(int64_t step, double loss, StepRecord& rec);
   void optimizer_step(int64_t step, PendingStep& p, bool skip);
   AdamSettings adam_settings(int64_t step) const;
-  std::optional<offload::AdamHyper> early_trunk_settings() const;
+  std::optional<AdamSettings> early_trunk_settings() const;
   void record_engine_stats(StepRecord& rec);
   int64_t device_extra_bytes() const;
   bool offloaded(int g) const { return store_ && store_->offloaded(g); }
@@ -110,6 +110,8 @@ void Trainer::build() {
   build_engine();
   group_steps_.assign(static_cast<size_t>(groups_->num_groups()), 0);
   if (store_) {  // before the hooks: it moves θ[t]'s data to device placeholders
+    // Θ's device layers are allocated after θ[t]'s store: its cache leaves room for them.
+    if (trunk_) store_->reserve_device(trunk_->device_cache_bytes());
     const auto t_store = Clock::now();
     store_->build(*engine_, *schedule_, world_.rank);
     THETAD_LOG(info, "offload") << "host store ready in " << std::fixed << std::setprecision(2)
@@ -396,7 +398,7 @@ void Trainer::optimizer_step(int64_t step, PendingStep& p, bool skip) {
     }
     s.step = ++group_steps_[gi];
     if (g == 0 && trunk_) {  // every layer, on every rank; each layer's owner steps it on the CPU
-      trunk_->step(to_hyper(s));
+      trunk_->step(s);
       continue;
     }
     if (offloaded(g)) {
@@ -416,11 +418,11 @@ void Trainer::optimizer_step(int64_t step, PendingStep& p, bool skip) {
 
 // Θ's settings for this step if nothing after backward can change them (a skipped step, a clip
 // by the gradient's norm): the streamed trunk then steps each layer as its gradient lands.
-std::optional<offload::AdamHyper> Trainer::early_trunk_settings() const {
+std::optional<AdamSettings> Trainer::early_trunk_settings() const {
   if (job_.train.on_nonfinite == config::NonFinite::SkipStep || job_.optimizer.clip_norm > 0) return std::nullopt;
   AdamSettings s = step_settings_;
   s.step = group_steps_[0] + 1;
-  return to_hyper(s);
+  return s;
 }
 
 AdamSettings Trainer::adam_settings(int64_t step) const {
@@ -471,6 +473,7 @@ void Trainer::record_engine_stats(StepRecord& rec) {
     rec.theta_d2h_bytes = ts.d2h_bytes;
     rec.theta_device_slot_bytes = static_cast<int64_t>(trunk_->device_slot_bytes());
     rec.theta_cpu_adam_ms = ts.cpu_adam_ms;
+    rec.theta_device_steps = ts.device_steps;
   }
   recorder_->progress().queued(job_.data.batch_per_rank * world_.size, st.bytes_pruned);
 }

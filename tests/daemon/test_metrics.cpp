@@ -77,7 +77,7 @@ const char* kKeys[] = {"step", "rank", "loss", "task_loss", "lr", "samples", "st
                        "device_mem_peak_bytes", "host_pinned_bytes", "cpu_adam_ms",
                        "acquire_wait_ms", "cache_loads", "cache_flushes", "device_steps", "act_offload_bytes", "act_device_peak_bytes", "act_layer_bytes",
                        "act_pool_allocations", "theta_h2d_bytes", "theta_d2h_bytes", "theta_device_slot_bytes",
-                       "theta_cpu_adam_ms", "nonfinite", "skipped"};
+                       "theta_device_steps", "theta_cpu_adam_ms", "nonfinite", "skipped"};
 
 TEST(Metrics, RecordHasEveryField) {
   const std::string j = to_json(sample());

@@ -3,7 +3,8 @@
 # bitwise-identical parameters after 20 steps on 1, 2 and 4 ranks, with pruning on and off,
 # gradient accumulation, an alternate schedule that freezes Θ in some steps, a frozen base, comm
 # discover mode, bf16 autocast, and θ[t] offload on and off; the single-process reference agrees; Θ's device slots stay within the
-# prefetch window (less than Θ); a checkpoint of one mode resumes in the other with the same
+# prefetch window (less than Θ); the lowest layers kept on the device (shared_device_layers) change
+# nothing but where they are stepped; a checkpoint of one mode resumes in the other with the same
 # continuation; bad input is exit 2 naming the key.
 source "$(dirname "$0")/lib.sh"
 thetad=$1
@@ -35,6 +36,15 @@ on_off np2_discover 2 --set comm.active=discover
 # bf16 as autocast's cached cast of the resident bias sums them.
 on_off np2_bf16 2 --set precision=bf16 --set data.tasks_per_rank=2
 expect_in np2_stream "Θ streamed: 6 trunk layers, 3 device slots"
+# The lowest layers on the device (the store's cache lines, the device AdamW), the rest streamed.
+on_off np1_devlayers 1 --set offload.shared_device_layers=2
+on_off np2_devlayers 2 --set offload.shared_device_layers=3
+on_off np4_devlayers_accumulate 4 --set offload.shared_device_layers=1 --set accumulate_steps=2 --set data.tasks_per_rank=2
+on_off np2_devlayers_alternate 2 --set offload.shared_device_layers=2 --set data.schedule=alternate \
+  --set "data.alternate=[shared,tasks,task:2]"
+on_off np2_devlayers_offload 2 --set offload.shared_device_layers=4 --set offload.enabled=true --set offload.device_slots=2
+on_off np2_devlayers_prune_off 2 --set offload.shared_device_layers=2 --set comm.prune=false
+expect_in np2_devlayers_stream "3 layers kept on the device \(38016 bytes\)"
 
 # Θ's device memory is the window's slots: (prefetch + 2) slots of the largest layer (1056 floats,
 # 4224 bytes), less than Θ itself; its copies show in the metrics.
@@ -52,6 +62,21 @@ assert sum(r["theta_d2h_bytes"] for r in recs) > 0, "no Θ gradients to the host
 PY
 done
 
+# With 3 of 6 layers on the device: 3 lines of 3 x 1056 floats more device memory, each of those
+# layers stepped on the device every step, and their gradients no longer copied to the host.
+/usr/bin/python3 - "$WORK/np2_stream.jsonl" "$WORK/np2_devlayers_stream.jsonl" <<'PY' && pass "np2_devlayers: device layers' bytes, steps and traffic" \
+  || fail "np2_devlayers: device layers' bytes, steps or traffic wrong"
+import json, sys
+base, dev = ([json.loads(l) for l in open(f)] for f in sys.argv[1:])
+assert {r["theta_device_slot_bytes"] for r in dev} == {3 * 4224 + 3 * 3 * 4224}, {r["theta_device_slot_bytes"] for r in dev}
+assert all(r["theta_device_steps"] == 3 for r in dev), [r["theta_device_steps"] for r in dev]
+assert all(r["theta_device_steps"] == 0 for r in base)
+d2h = lambda rs: sum(r["theta_d2h_bytes"] for r in rs)
+h2d = lambda rs: sum(r["theta_h2d_bytes"] for r in rs)
+assert 0 < d2h(dev) < d2h(base), (d2h(dev), d2h(base))
+assert 0 < h2d(dev) < h2d(base), (h2d(dev), h2d(base))
+PY
+
 # The single-process reference (plain autograd, Θ on the device) agrees.
 expect_code 0 ref_run run 2 --set offload.shared=stream --set checkpoint.dir="$WORK/ref_ck" --set accumulate_steps=2
 expect_code 0 ref_compare "$reference" "$job" --world 2 "${trunk[@]}" --set accumulate_steps=2 --compare "$WORK/ref_ck"
@@ -67,6 +92,14 @@ for first in stream resident; do
   same_hash "resume: $first then $second == 20 steps" np2_resident "resume_${first}_then_$second"
 done
 
+# Resume with device layers: their values and moments are read from the device into the
+# checkpoint, and written back into the lines when a run resumes.
+expect_code 0 resume_devlayers_10 run 2 --set offload.shared=stream --set offload.shared_device_layers=3 \
+  --set steps=10 --set checkpoint.dir="$WORK/ck_devlayers"
+expect_code 0 resume_devlayers_then_devlayers mpirun "${MPIRUN_FLAGS[@]}" -np 2 "$thetad" run "$job" "${trunk[@]}" \
+  --set offload.shared=stream --set offload.shared_device_layers=3 --set checkpoint.dir="$WORK/ck_devlayers"
+same_hash "resume: device layers, 10 + 10 steps == 20" np2_resident resume_devlayers_then_devlayers
+
 # Bad input: exit 2 naming the key (and the sizes).
 expect_code 2 bad_kind "$thetad" validate "$job" --set offload.shared=stream --set model.kind=multitask_adapter
 expect_in bad_kind "offload.shared: stream is for model.kind multitask_mlp"
@@ -74,6 +107,11 @@ expect_code 2 bad_no_layers "$thetad" validate "$job" --set offload.shared=strea
 expect_in bad_no_layers "offload.shared: stream needs trunk layers to stream; model.trunk_layers is 0"
 expect_code 2 bad_window "$thetad" validate "$job" --set offload.shared=stream --set offload.shared_prefetch_layers=2
 expect_in bad_window "offload.shared_prefetch_layers: prefetches 2 layers ahead, but the trunk has 2 layers"
+expect_code 2 bad_devlayers "$thetad" validate "$job" "${trunk[@]}" --set offload.shared=stream \
+  --set offload.shared_device_layers=6
+expect_in bad_devlayers "offload.shared_device_layers: keeps 6 trunk layers on the device, but the trunk has 6 layers"
+expect_code 2 bad_devlayers_neg "$thetad" validate "$job" --set offload.shared=stream --set offload.shared_device_layers=-1
+expect_in bad_devlayers_neg "offload.shared_device_layers: must be >= 0, got -1"
 expect_code 2 bad_clip "$thetad" validate "$job" --set offload.shared=stream --set optimizer.clip_norm=1
 expect_in bad_clip "optimizer.clip_norm is 1"
 expect_code 2 bad_word "$thetad" validate "$job" --set offload.shared=streamed
