@@ -41,6 +41,12 @@ PinnedBuffer PinnedPool::get(size_t bytes) {
   return {p, cls};
 }
 
+bool PinnedPool::has_free(size_t bytes) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = free_.find(size_class(bytes));
+  return it != free_.end() && !it->second.empty();
+}
+
 void PinnedPool::put(PinnedBuffer buffer) {
   if (!buffer.ptr) return;
   std::lock_guard<std::mutex> lock(mu_);

@@ -29,6 +29,8 @@ class PinnedPool {
 
   // A buffer of at least `bytes`: a free one of its size class, else a new pinned allocation.
   PinnedBuffer get(size_t bytes);
+  // Whether get(bytes) would hand out a free buffer (no new allocation).
+  bool has_free(size_t bytes) const;
   // Gives a buffer from get() back for reuse (the caller's copies from or into it are complete).
   void put(PinnedBuffer buffer);
 

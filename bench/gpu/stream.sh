@@ -9,7 +9,8 @@
 # Output under ${OUT:-/tmp/out}/stream/; a table on stdout (median step_ms over the steps after
 # STREAM_WARMUP=5). STREAM_BUDGET_S=480 bounds the whole script (later points get what is left);
 # STREAM_POINTS="speed act size" picks the sections; STREAM_STEPS=30 the speed runs' steps; STREAM_DEVICE_LAYERS="2 4" the
-# offload.shared_device_layers points of the speed section; STREAM_BIG_LAYERS=84 the size trunk.
+# offload.shared_device_layers points of the speed section; STREAM_BIG_LAYERS=84 the size trunk,
+# STREAM_BIG_DEVICE_LAYERS=40 the device layers of point size_dev (not in the default points).
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 BUILD=${1:?usage: stream.sh BUILD_DIR}
@@ -42,10 +43,11 @@ fsdp() {  # NAME CAP ARGS...   (STREAM_FSDP=0: the peers are skipped)
       "$ROOT/bench/peer/fsdp2_offload.py" --warmup "$WARM" --out "$OUT/$name/result.json" "$@" > "$OUT/$name/log.txt" 2>&1
   echo "$name: exit $? $(tail -1 "$OUT/$name/log.txt" | head -c 300)"
 }
-POINTS=${STREAM_POINTS:-speed act size}
+POINTS=" ${STREAM_POINTS:-speed act size} "
+point() { [[ $POINTS == *" $1 "* ]]; }
 # Issue 7's trunk (8 layers of 4096) with one head, batch 1024: all-resident, streamed, FSDP2.
 REF=(bench/jobs/reference.yaml --set model.tasks=1 --set data.batch_per_rank=1024 --set steps="${STREAM_STEPS:-30}")
-if [[ $POINTS == *speed* ]]; then
+if point speed; then
   thetad ref_resident 90 "${REF[@]}"
   thetad ref_stream_k1 120 "${REF[@]}" --set offload.shared=stream
   thetad ref_stream_k3 120 "${REF[@]}" --set offload.shared=stream --set offload.shared_prefetch_layers=3
@@ -58,7 +60,7 @@ if [[ $POINTS == *speed* ]]; then
   fsdp fsdp2_device 60 --batch 1024 --steps 20 --offload none
 fi
 # Activations: 8 layers of 4096 over 8192 rows (saved tensors 256 MiB a layer).
-if [[ $POINTS == *act* ]]; then
+if point act; then
   thetad act_off 60 bench/jobs/activation_offload.yaml --set offload.activations=false
   thetad act_on 60 bench/jobs/activation_offload.yaml --set offload.activations=true
   ACT=(--input-dim 1024 --hidden 4096 --trunk-layers 8 --head-layers 1 --output-dim 1 --batch 8192 --steps 20 --offload none)
@@ -69,9 +71,14 @@ fi
 # gradients and AdamW moments 90 GB, more than an H100's 80 GB; 76 layers still fit, at 98%).
 BIG=(bench/jobs/reference.yaml --set model.tasks=1 --set model.input_dim=8192 --set model.hidden=8192
      --set model.trunk_layers="${STREAM_BIG_LAYERS:-84}" --set model.head_layers=1 --set model.output_dim=8 --set data.batch_per_rank=256 --set steps=6)
-if [[ $POINTS == *size* ]]; then
+if point size; then
   thetad big_resident 120 "${BIG[@]}"
   thetad big_stream 400 "${BIG[@]}" --set offload.shared=stream
+fi
+# The same with its lowest STREAM_BIG_DEVICE_LAYERS layers on the device (point size_dev).
+if point size_dev; then
+  thetad big_stream_dev 400 "${BIG[@]}" --set offload.shared=stream \
+    --set offload.shared_device_layers="${STREAM_BIG_DEVICE_LAYERS:-40}"
 fi
 python3 - "$OUT" "$WARM" <<'PY'
 import json, os, statistics, sys

@@ -60,9 +60,6 @@ void PooledActivationStash::reap_forward(bool enforce_window) {
 int64_t PooledActivationStash::put(int layer, std::vector<torch::Tensor> saved) {
   std::lock_guard<std::mutex> lock(mu_);
   const int64_t t_us = Timeline::now_us();
-  // The last backward's H2D copies are done by now (GPUs): their buffers serve this forward, so
-  // the pool stops growing after the first step instead of a few steps later.
-  reap_returning();
   Entry e;
   e.layer = layer;
   std::vector<torch::Tensor> src;
@@ -71,7 +68,7 @@ int64_t PooledActivationStash::put(int layer, std::vector<torch::Tensor> saved) 
     torch::Tensor c = t.contiguous();
     Saved s;
     s.bytes = static_cast<size_t>(c.nbytes());
-    s.host = pool_.get(s.bytes);
+    s.host = host_buffer(s.bytes);
     s.sizes = c.sizes().vec();
     s.dtype = c.scalar_type();
     s.device = c.device();
@@ -133,6 +130,26 @@ void PooledActivationStash::reap_returning() {
       still.push_back(std::move(r));
   }
   returning_ = std::move(still);
+}
+
+// A free pinned buffer; else one an earlier backward's H2D copy still reads, once that copy is
+// done; only when none is coming back, a new one. The host runs ahead of the device (it queues
+// this forward while the last backward still executes), so without the wait the pool would grow
+// by a few buffers a step until the lead settles; with it, the first step's buffers serve all.
+offload::PinnedBuffer PooledActivationStash::host_buffer(size_t bytes) {
+  reap_returning();
+  const size_t cls = offload::PinnedPool::size_class(bytes);
+  if (!pool_.has_free(bytes)) {
+    // The oldest of its class: backward retired it first.
+    auto it = std::find_if(returning_.begin(), returning_.end(), [cls](const auto& r) { return r.second.bytes == cls; });
+    if (it != returning_.end()) {
+      auto [copy, buffer] = std::move(*it);
+      returning_.erase(it);
+      device_->host_wait(copy);
+      return buffer;
+    }
+  }
+  return pool_.get(bytes);
 }
 
 std::vector<torch::Tensor> PooledActivationStash::take(int64_t ticket) {

@@ -70,6 +70,7 @@ class PooledActivationStash final : public ActivationStash {
   void reap_forward(bool force_all_but_last);
   void retire(Entry&& e);
   void reap_returning();
+  offload::PinnedBuffer host_buffer(size_t bytes);
 
   std::unique_ptr<offload::Device> device_;
   offload::PinnedPool pool_;

@@ -66,6 +66,50 @@ TEST(ActivationStash, SameBitsWithinTwoLayersAndThePoolStopsGrowing) {
   EXPECT_GT(allocs_after_first, 0);
 }
 
+// A device whose host-to-device copies complete only when the host waits for them, as on a GPU
+// while the host queues the next forward ahead of the last backward (copies land at once).
+class LaggingDevice final : public offload::Device {
+ public:
+  std::string name() const override { return "lagging"; }
+  bool is_host() const override { return true; }
+  void* alloc(size_t bytes) override { return host_.alloc(bytes); }
+  void free(void* ptr) noexcept override { host_.free(ptr); }
+  void pin_host(void*, size_t) override {}
+  void unpin_host(void*) noexcept override {}
+  offload::Fence h2d(void* dst, const void* src, size_t bytes, const offload::Fence& after) override {
+    host_.h2d(dst, src, bytes, after);
+    return {std::make_shared<bool>(false)};
+  }
+  offload::Fence d2h(void* dst, const void* src, size_t bytes, const offload::Fence& after) override {
+    return host_.d2h(dst, src, bytes, after);
+  }
+  offload::Fence record_compute() override { return {}; }
+  void compute_wait(const offload::Fence&) override {}
+  void host_wait(const offload::Fence& f) override {
+    if (f.event) *std::static_pointer_cast<bool>(f.event) = true;
+  }
+  bool done(const offload::Fence& f) override { return !f.event || *std::static_pointer_cast<bool>(f.event); }
+
+ private:
+  offload::HostDevice host_;
+};
+
+TEST(ActivationStash, ThePoolDoesNotGrowWhileTheHostRunsAhead) {
+  Trunk plain({10, 24, 24, 24}), offl({10, 24, 24, 24});
+  PooledActivationStash stash(std::make_unique<LaggingDevice>());
+  int64_t allocs_after_first = -1;
+  for (int64_t s = 0; s < 4; ++s) {
+    auto want = plain.step(200 + s, nullptr);
+    auto got = offl.step(200 + s, &stash);
+    stash.end_backward();
+    for (size_t i = 0; i < want.size(); ++i) EXPECT_TRUE(torch::equal(want[i], got[i])) << "step " << s << " grad " << i;
+    const ActivationStats st = stash.step_stats();
+    if (s == 0) allocs_after_first = st.pool_allocations;
+    EXPECT_EQ(st.pool_allocations, allocs_after_first) << "step " << s << " allocated pinned memory";
+  }
+  EXPECT_GT(allocs_after_first, 0);
+}
+
 TEST(ActivationStash, AWiderWindowHoldsMore) {
   Trunk offl({10, 24, 24, 24, 24, 24});
   PooledActivationStash stash(std::make_unique<offload::HostDevice>(), /*window=*/2);
