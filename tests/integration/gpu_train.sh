@@ -9,7 +9,10 @@
 #     resident sharded model, and its gradients stream through the device a few shards at a time;
 #  5. precision bf16 with bf16 gradients on the wire tracks the fp32 run's loss over 200 steps:
 #     every window of 20 steps within 5% (+0.005) of fp32's mean loss (bf16 keeps 8 bits of
-#     mantissa: per-step losses differ by ~0.5%, and training must not drift away from fp32's).
+#     mantissa: per-step losses differ by ~0.5%, and training must not drift away from fp32's);
+#  6. the trunk streamed from the host (offload.shared: stream, its two lowest layers on the
+#     device, activations offloaded, θ[t] offloaded) matches all-resident within float tolerance
+#     (the host's and the device's AdamW round differently), with prefetch 1 and 2 bitwise equal.
 # (The CPU reference cannot be the yardstick here: synthetic batches are drawn on the device.)
 #   gpu_train.sh THETAD
 source "$(dirname "$0")/lib.sh"
@@ -116,6 +119,18 @@ print("shard gradients held at most %.1f MB (%.1f shards of %.2f MB)" % (stream 
 sys.exit(0 if 0 < stream <= 8 * shard else 1)
 PY
 ); then pass "sampled sharded offload streams: $out"; else fail "sampled sharded offload streams: $out"; fi
+
+tr=(--set model.trunk_layers=5)
+run trunk_resident "${tr[@]}"
+run trunk_stream "${tr[@]}" --set offload.shared=stream --set offload.shared_device_layers=2 \
+  --set offload.activations=true --set offload.enabled=true --set offload.device_slots=2
+run trunk_stream_k2 "${tr[@]}" --set offload.shared=stream --set offload.shared_device_layers=2 \
+  --set offload.activations=true --set offload.enabled=true --set offload.device_slots=2 \
+  --set offload.shared_prefetch_layers=2
+compare "streamed trunk (2 device layers, activations, θ[t] offloaded) vs all-resident on the GPU" \
+  "$WORK/trunk_resident/ckpt" "$WORK/trunk_stream/ckpt"
+same_hash "streamed trunk: prefetch 1 == prefetch 2 bitwise" trunk_stream trunk_stream_k2
+expect_in trunk_stream "2 layers kept on the device"
 
 bf=(--set steps=200 --set data.batch_per_rank=64)
 run loss_fp32 "${bf[@]}" --set metrics.path="$WORK/loss_fp32.jsonl"
