@@ -42,6 +42,12 @@ void adam_step(float* p, const float* g, float* m, float* v, size_t n, const Ada
 // added in order).
 double sum_squares(const float* g, size_t n);
 
+// adam_step treats subnormal floats as zero (inputs) and flushes subnormal results to zero, as
+// torch.set_flush_denormal(True) does: on by default (see cpu_adam.cpp for why: it changes no
+// parameter's bits and keeps Intel cores off their slow path). false gives IEEE behaviour; the
+// benchmark compares the two. Process-wide.
+void set_flush_subnormals(bool on);
+
 // Which kernel adam_step uses on this CPU: "avx512", "avx2" or "scalar".
 std::string adam_kernel_name();
 

@@ -4,6 +4,8 @@
 //
 //   bench_cpu_adam [millions of elements, default 64] [iterations, default 5] [threads, default:
 //                  the CPUs of the affinity mask]
+//   BENCH_ADAM_SHARED=1 also runs adam_step on a MAP_SHARED mapping, as the host arena's memory is
+//   (needs 14 instead of 10 arrays of memory). BENCH_ADAM_GRAD_SCALE=1e-20 gives subnormal moments.
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -11,9 +13,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <string>
 #include <vector>
 
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "offload/cpu_adam.hpp"
@@ -76,7 +80,7 @@ int main(int argc, char** argv) {
   const size_t bytes = n * sizeof(float);
   // Refuse what cannot fit instead of dying in bad_alloc or the OOM killer: ten arrays of n
   // floats (copy source and destination, p, g, m, v, and torch's copies of them).
-  const double need = 10.0 * static_cast<double>(bytes);
+  const double need = (std::getenv("BENCH_ADAM_SHARED") ? 14.0 : 10.0) * static_cast<double>(bytes);
   const double avail = double(::sysconf(_SC_AVPHYS_PAGES)) * double(::sysconf(_SC_PAGESIZE));
   if (avail > 0 && need > avail)
     usage(std::to_string(millions) + " million parameters need about " + std::to_string(int64_t(need / 1e9)) +
@@ -113,10 +117,14 @@ int main(int argc, char** argv) {
   const double bw = std::max(copy_bw, rmw_bw);
 
   // thetad adam_step.
+  // BENCH_ADAM_GRAD_SCALE scales the gradients: at 1e-20 their squares (Adam's second moment)
+  // are subnormal floats, as in the lowest layers of a deep trunk whose gradients vanish.
+  const char* scale_env = std::getenv("BENCH_ADAM_GRAD_SCALE");
+  const float grad_scale = scale_env ? static_cast<float>(arg_in(scale_env, 0, 1e30, "BENCH_ADAM_GRAD_SCALE")) : 1.0f;
   std::vector<float> p(n), g(n), m(n, 0.f), v(n, 0.f);
   for (size_t i = 0; i < n; ++i) {
     p[i] = static_cast<float>(i % 1000) * 1e-3f;
-    g[i] = static_cast<float>((i * 7) % 1000) * 1e-3f - 0.5f;
+    g[i] = (static_cast<float>((i * 7) % 1000) * 1e-3f - 0.5f) * grad_scale;
   }
   thetad::offload::AdamHyper h;
   h.lr = 1e-3;
@@ -129,6 +137,34 @@ int main(int argc, char** argv) {
   };
   ours();
   const double t_ours = best_of(iters, ours);
+  // The same with IEEE subnormals kept (adam_step flushes them by default): with
+  // BENCH_ADAM_GRAD_SCALE=1e-20 the difference is what flushing saves on this CPU.
+  thetad::offload::set_flush_subnormals(false);
+  const double t_ieee = best_of(iters, ours);
+  thetad::offload::set_flush_subnormals(true);
+
+  // The same on memory mapped as the host arena's (an MPI shared window is a shared mapping:
+  // 4 KiB pages unless the kernel's shmem huge pages are on). At tens of GB the page tables of
+  // 4 KiB pages no longer fit the caches: this shows what that costs at this size.
+  double t_shared = 0;
+  if (std::getenv("BENCH_ADAM_SHARED")) {
+    void* mem = ::mmap(nullptr, 4 * bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (mem == MAP_FAILED) usage("mmap of the shared mapping failed");
+    float* s = static_cast<float*>(mem);
+    float* parts[4] = {s, s + n, s + 2 * n, s + 3 * n};
+    const float* from[4] = {p.data(), g.data(), m.data(), v.data()};
+    pool.parallel_for(chunks, [&](size_t c) {
+      const size_t b = c * per, e = std::min(n, b + per);
+      for (int k = 0; k < 4; ++k)
+        if (b < e) std::memcpy(parts[k] + b, from[k] + b, (e - b) * sizeof(float));
+    });
+    auto shared = [&] {
+      h.step = ++step;
+      thetad::offload::adam_step(parts[0], parts[1], parts[2], parts[3], n, h);
+    };
+    t_shared = best_of(iters, shared);
+    ::munmap(mem, 4 * bytes);
+  }
 
   // LibTorch AdamW on the same values.
   // Same threads for torch as for adam_step.
@@ -145,18 +181,27 @@ int main(int argc, char** argv) {
   const double torch_pps = static_cast<double>(n) / t_torch;
   const double bound_pps = bw / 28.0;
   std::printf("CPU Adam benchmark: %zu parameters (%.0fM), best of %d, %zu threads, kernel %s, "
-              "torch threads %d\n",
+              "torch threads %d, gradients x %g\n",
               n, static_cast<double>(n) / (1 << 20), iters, pool.threads(),
-              thetad::offload::adam_kernel_name().c_str(), at::get_num_threads());
+              thetad::offload::adam_kernel_name().c_str(), at::get_num_threads(), double(grad_scale));
   std::printf("%-28s %12s %14s %14s\n", "", "ms/step", "Mparams/s", "vs torch");
   std::printf("%-28s %12.1f %14.1f %13.2fx\n", "torch::optim::AdamW::step", t_torch * 1e3,
               torch_pps / 1e6, 1.0);
   std::printf("%-28s %12.1f %14.1f %13.2fx\n", "thetad adam_step", t_ours * 1e3, ours_pps / 1e6,
               ours_pps / torch_pps);
+  std::printf("%-28s %12.1f %14.1f %13.2fx\n", "adam_step, IEEE subnormals", t_ieee * 1e3,
+              static_cast<double>(n) / t_ieee / 1e6, static_cast<double>(n) / t_ieee / torch_pps);
   std::printf("%-28s %12.1f %14.1f %14s\n", "bandwidth bound (28 B/param)", n / bound_pps * 1e3,
               bound_pps / 1e6, "");
   std::printf("bandwidth (bytes read + written): memcpy %.2f GB/s, in-place read-modify-write "
               "%.2f GB/s; adam_step moves %.2f GB/s = %.0f%% of the bound\n",
               copy_bw / 1e9, rmw_bw / 1e9, ours_pps * 28.0 / 1e9, 100.0 * ours_pps / bound_pps);
+  if (t_shared > 0) {
+    std::string thp, shmem;
+    std::getline(std::ifstream("/sys/kernel/mm/transparent_hugepage/enabled"), thp);
+    std::getline(std::ifstream("/sys/kernel/mm/transparent_hugepage/shmem_enabled"), shmem);
+    std::printf("adam_step on a shared mapping (as the host arena): %.1f ms = %.2f GB/s (THP: %s; shmem: %s)\n",
+                t_shared * 1e3, 28.0 * static_cast<double>(n) / t_shared / 1e9, thp.c_str(), shmem.c_str());
+  }
   return 0;
 }

@@ -10,7 +10,8 @@
 # STREAM_WARMUP=5). STREAM_BUDGET_S=480 bounds the whole script (later points get what is left);
 # STREAM_POINTS="speed act size" picks the sections; STREAM_STEPS=30 the speed runs' steps; STREAM_DEVICE_LAYERS="2 4" the
 # offload.shared_device_layers points of the speed section; STREAM_BIG_LAYERS=84 the size trunk,
-# STREAM_BIG_DEVICE_LAYERS=40 the device layers of point size_dev (not in the default points).
+# STREAM_BIG_DEVICE_LAYERS=40 the device layers of point size_dev; points threads and heavy (below)
+# are not in the default points either.
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 BUILD=${1:?usage: stream.sh BUILD_DIR}
@@ -79,6 +80,22 @@ fi
 if point size_dev; then
   thetad big_stream_dev 400 "${BIG[@]}" --set offload.shared=stream \
     --set offload.shared_device_layers="${STREAM_BIG_DEVICE_LAYERS:-40}"
+fi
+# The size trunk's CPU AdamW rate against its thread count (point threads): if the optimizer's
+# threads contended for cores with the threads that feed the GPU, fewer would be faster per byte.
+# STREAM_THREAD_LAYERS=40 layers of 8192, offload.cpu_threads in STREAM_THREADS="15 12 8", 10 steps.
+if point threads; then
+  for th in ${STREAM_THREADS:-15 12 8}; do
+    thetad "big${STREAM_THREAD_LAYERS:-40}_stream_t$th" 200 "${BIG[@]}" --set model.trunk_layers="${STREAM_THREAD_LAYERS:-40}" \
+      --set steps=10 --set offload.shared=stream --set offload.cpu_threads="$th"
+  done
+fi
+# The host-bandwidth bound of the reference trunk's streamed step tested where it predicts the
+# opposite (point heavy): at batch 4096 compute (about 4x batch 1024's) exceeds the streamed
+# step's host bound, so the streamed step should equal the all-resident one.
+if point heavy; then
+  thetad heavy_resident 90 "${REF[@]}" --set data.batch_per_rank=4096
+  thetad heavy_stream_k1 120 "${REF[@]}" --set data.batch_per_rank=4096 --set offload.shared=stream
 fi
 python3 - "$OUT" "$WARM" <<'PY'
 import json, os, statistics, sys

@@ -2,12 +2,15 @@
 // with a double-precision evaluation of the documented algorithm to float accuracy.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstring>
 #include <random>
 #include <stdexcept>
 #include <vector>
+
+#include <xmmintrin.h>
 
 #include "offload/cpu_adam.hpp"
 #include "offload/thread_pool.hpp"
@@ -114,6 +117,37 @@ TEST(CpuAdamKernels, MatchesDoubleReference) {
       ASSERT_NEAR(s.m[i], m[i], 1e-5 * std::abs(m[i]) + 1e-7) << i;
     }
   }
+}
+
+// Vanishing gradients (subnormal squares): every kernel, inline and threaded, flushes a subnormal
+// second moment to zero by default and keeps them with set_flush_subnormals(false); the normal
+// parameters' bits are the same either way, and the caller's MXCSR is untouched.
+TEST(CpuAdamKernels, SubnormalMomentsAreFlushedAndParametersKeepTheirBits) {
+  for (size_t n : {size_t{1000}, size_t{300001}}) {  // inline, and split over the pool
+    for (int k : {1, 2, 3}) {
+      thetad::offload::detail::force_adam_kernel(k);
+      State flushed = random_state(n, 5);
+      for (float& g : flushed.g) g *= 1e-20f;  // (1 - beta2) g^2 ~ 1e-43: subnormal
+      std::fill(flushed.m.begin(), flushed.m.end(), 0.0f);
+      std::fill(flushed.v.begin(), flushed.v.end(), 0.0f);
+      State kept = flushed;
+      const unsigned csr = _mm_getcsr();
+      adam_step(flushed.p.data(), flushed.g.data(), flushed.m.data(), flushed.v.data(), n, hyper(true, 0.01, 1));
+      EXPECT_EQ(_mm_getcsr(), csr);
+      thetad::offload::set_flush_subnormals(false);
+      adam_step(kept.p.data(), kept.g.data(), kept.m.data(), kept.v.data(), n, hyper(true, 0.01, 1));
+      thetad::offload::set_flush_subnormals(true);
+      size_t subnormal_v = 0;
+      for (size_t i = 0; i < n; ++i) {
+        ASSERT_EQ(flushed.v[i], 0.0f) << i;
+        ASSERT_EQ(flushed.m[i], kept.m[i]) << i;  // (1 - beta1) g ~ 1e-21 is a normal float
+        subnormal_v += std::fpclassify(kept.v[i]) == FP_SUBNORMAL;
+      }
+      EXPECT_GT(subnormal_v, n / 2) << "kernel " << k;  // IEEE mode kept them
+      EXPECT_TRUE(same_bits(flushed.p, kept.p)) << "kernel " << k;
+    }
+  }
+  thetad::offload::detail::force_adam_kernel(0);
 }
 
 // The clip norm of offloaded groups: the sum of squares in double, over sizes that split into
