@@ -4,6 +4,9 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <functional>
+#include <vector>
+
 #include "common/errors.hpp"
 #include "daemon/models/activation_stash.hpp"
 #include "offload/pinned_pool.hpp"
@@ -42,16 +45,29 @@ struct Trunk {
   }
 };
 
-TEST(ActivationStash, SameBitsWithinTwoLayersAndThePoolStopsGrowing) {
-  Trunk plain({10, 24, 24, 24, 24}), offl({10, 24, 24, 24, 24});
-  PooledActivationStash stash(std::make_unique<offload::HostDevice>());
+// Four steps of the trunk with and without the stash: the same gradients' bits every step, and
+// the pinned pool allocated in the first step only. check(step, stats) adds a test's own checks.
+void expect_same_bits_and_a_fixed_pool(const std::vector<int64_t>& widths, PooledActivationStash& stash,
+                                       int64_t seed,
+                                       const std::function<void(int64_t, const ActivationStats&)>& check) {
+  Trunk plain(widths), offl(widths);
   int64_t allocs_after_first = -1;
   for (int64_t s = 0; s < 4; ++s) {
-    auto want = plain.step(100 + s, nullptr);
-    auto got = offl.step(100 + s, &stash);
+    auto want = plain.step(seed + s, nullptr);
+    auto got = offl.step(seed + s, &stash);
     stash.end_backward();
     for (size_t i = 0; i < want.size(); ++i) EXPECT_TRUE(torch::equal(want[i], got[i])) << "step " << s << " grad " << i;
     const ActivationStats st = stash.step_stats();
+    check(s, st);
+    if (s == 0) allocs_after_first = st.pool_allocations;
+    EXPECT_EQ(st.pool_allocations, allocs_after_first) << "step " << s << " allocated pinned memory";
+  }
+  EXPECT_GT(allocs_after_first, 0);
+}
+
+TEST(ActivationStash, SameBitsWithinTwoLayersAndThePoolStopsGrowing) {
+  PooledActivationStash stash(std::make_unique<offload::HostDevice>());
+  expect_same_bits_and_a_fixed_pool({10, 24, 24, 24, 24}, stash, 100, [](int64_t s, const ActivationStats& st) {
     // A layer saves x and z: 12 rows x (24 + 24) floats for the larger task.
     EXPECT_EQ(st.layer_peak_bytes, 12 * (24 + 24) * 4);
     EXPECT_GT(st.device_peak_bytes, 0);
@@ -60,10 +76,7 @@ TEST(ActivationStash, SameBitsWithinTwoLayersAndThePoolStopsGrowing) {
     EXPECT_EQ(st.d2h_bytes, st.h2d_bytes);
     // Layer 0 saves x (10 wide) and z (24), the others x and z (24 each); 12 + 7 rows.
     EXPECT_EQ(st.d2h_bytes, (12 + 7) * ((10 + 24) + 3 * (24 + 24)) * 4);
-    if (s == 0) allocs_after_first = st.pool_allocations;
-    EXPECT_EQ(st.pool_allocations, allocs_after_first) << "step " << s << " allocated pinned memory";
-  }
-  EXPECT_GT(allocs_after_first, 0);
+  });
 }
 
 // A device whose host-to-device copies complete only when the host waits for them, as on a GPU
@@ -95,19 +108,8 @@ class LaggingDevice final : public offload::Device {
 };
 
 TEST(ActivationStash, ThePoolDoesNotGrowWhileTheHostRunsAhead) {
-  Trunk plain({10, 24, 24, 24}), offl({10, 24, 24, 24});
   PooledActivationStash stash(std::make_unique<LaggingDevice>());
-  int64_t allocs_after_first = -1;
-  for (int64_t s = 0; s < 4; ++s) {
-    auto want = plain.step(200 + s, nullptr);
-    auto got = offl.step(200 + s, &stash);
-    stash.end_backward();
-    for (size_t i = 0; i < want.size(); ++i) EXPECT_TRUE(torch::equal(want[i], got[i])) << "step " << s << " grad " << i;
-    const ActivationStats st = stash.step_stats();
-    if (s == 0) allocs_after_first = st.pool_allocations;
-    EXPECT_EQ(st.pool_allocations, allocs_after_first) << "step " << s << " allocated pinned memory";
-  }
-  EXPECT_GT(allocs_after_first, 0);
+  expect_same_bits_and_a_fixed_pool({10, 24, 24, 24}, stash, 200, [](int64_t, const ActivationStats&) {});
 }
 
 TEST(ActivationStash, AWiderWindowHoldsMore) {
