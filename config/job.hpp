@@ -149,8 +149,10 @@ struct OffloadConfig {
   SharedMode shared = SharedMode::Resident;
   int64_t shared_prefetch_layers = 1;  // stream: layers brought onto the device ahead of the one computing
   // stream: the lowest trunk layers kept on the device with their Adam state and updated there
-  // (the device AdamW), the others streamed and updated by the host's CPU AdamW.
-  int64_t shared_device_layers = 0;
+  // (the device AdamW), the others streamed and updated by the host's CPU AdamW: a count, or
+  // "auto" (as many as the device's free memory holds after set-up, less the margin that
+  // device_cache_mb auto keeps; none on the CPU).
+  std::string shared_device_layers = "0";
   // The device cache of whole task groups with their Adam state (updated on the device while
   // cached): "auto" (GPUs: the device memory free after set-up, less a margin; none on the CPU)
   // or a size in MiB (0 = none).
@@ -161,6 +163,11 @@ struct OffloadConfig {
   size_t device_budget_bytes() const { return mib_to_bytes(device_budget_mb); }
   size_t host_limit_bytes() const { return mib_to_bytes(host_limit_mb); }
   bool device_cache_auto() const { return device_cache_mb == "auto"; }
+  bool shared_device_layers_auto() const { return shared_device_layers == "auto"; }
+  // The count of shared_device_layers (after validation; "auto" is resolved on the device: 0 here).
+  int64_t shared_device_layer_count() const {
+    return shared_device_layers_auto() ? 0 : std::strtoll(shared_device_layers.c_str(), nullptr, 10);
+  }
   // The size of device_cache_mb (after validation; "auto" is resolved on the device: 0 here).
   size_t device_cache_bytes() const {
     return device_cache_auto() ? 0 : mib_to_bytes(std::strtod(device_cache_mb.c_str(), nullptr));

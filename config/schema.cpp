@@ -181,7 +181,7 @@ const std::vector<Field> kFields = {
     THETAD_FIELD("offload", "activations", Bool, offload.activations, true),
     THETAD_ENUM_FIELD("offload", "shared", offload.shared),
     THETAD_FIELD("offload", "shared_prefetch_layers", Int, offload.shared_prefetch_layers, true),
-    THETAD_FIELD("offload", "shared_device_layers", Int, offload.shared_device_layers, true),
+    THETAD_FIELD("offload", "shared_device_layers", String, offload.shared_device_layers, true),
 
     THETAD_ENUM_FIELD("optimizer", "kind", optimizer.kind),
     THETAD_FIELD("optimizer", "lr", Double, optimizer.lr, true),

@@ -18,8 +18,14 @@ void validate_shared(const Job& j, Diagnostics& d) {
   };
   if (o.shared_prefetch_layers < 1)
     fail("offload.shared_prefetch_layers", "must be >= 1, got " + std::to_string(o.shared_prefetch_layers));
-  if (o.shared_device_layers < 0)
-    fail("offload.shared_device_layers", "must be >= 0, got " + std::to_string(o.shared_device_layers));
+  // "auto" or a whole number (YAML gives it to the string key as written).
+  const std::string& dl = o.shared_device_layers;
+  char* end = nullptr;
+  const long long count = std::strtoll(dl.c_str(), &end, 10);
+  if (dl != "auto" && (dl.empty() || end != dl.c_str() + dl.size()))
+    fail("offload.shared_device_layers", "expected auto or a whole number of layers, got \"" + dl + "\"");
+  else if (dl != "auto" && count < 0)
+    fail("offload.shared_device_layers", "must be >= 0, got " + dl);
   if (o.shared != SharedMode::Stream || d.bad("offload.shared") || d.unknown_word("offload.shared")) return;
   // Only multitask_mlp's trunk is built of layers the store can stream (trunk.<i>.weight/bias,
   // one store group each); the other models keep Θ on the device.
@@ -41,9 +47,9 @@ void validate_shared(const Job& j, Diagnostics& d) {
              std::to_string(layers) + " layers (model.trunk_layers), so at most " + std::to_string(layers - 1) +
              (layers == 1 ? " (a trunk of one layer has nothing to prefetch: set offload.shared to resident)" : ""),
          "offload.shared");
-  if (o.shared_device_layers >= layers && !d.bad("model.trunk_layers"))
+  if (o.shared_device_layer_count() >= layers && !d.bad("model.trunk_layers"))
     fail("offload.shared_device_layers",
-         "keeps " + std::to_string(o.shared_device_layers) + " trunk layers on the device, but the trunk has " +
+         "keeps " + dl + " trunk layers on the device, but the trunk has " +
              std::to_string(layers) + " layers (model.trunk_layers), so nothing would stream: at most " +
              std::to_string(layers - 1) + ", or set offload.shared to resident",
          "offload.shared");

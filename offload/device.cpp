@@ -1,6 +1,7 @@
-// HostDevice, and the CUDA factory's stub for builds without CUDA.
+// HostDevice, the "auto" cache budget, and the CUDA factory's stub for builds without CUDA.
 #include "offload/device.hpp"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -28,6 +29,13 @@ Fence HostDevice::h2d(void* dst, const void* src, size_t bytes, const Fence&) {
 Fence HostDevice::d2h(void* dst, const void* src, size_t bytes, const Fence&) {
   std::memcpy(dst, src, bytes);
   return {};
+}
+
+size_t auto_cache_bytes(Device& device) {
+  size_t free_bytes = 0, total = 0;
+  if (!device.memory(&free_bytes, &total)) return 0;
+  const size_t margin = std::max<size_t>(size_t{2} << 30, total / 5);
+  return free_bytes > margin ? free_bytes - margin : 0;
 }
 
 #ifndef THETAD_WITH_CUDA

@@ -79,6 +79,12 @@ class HostDevice final : public Device {
   bool done(const Fence&) override { return true; }
 };
 
+// What an "auto" device cache may take (offload.device_cache_mb, offload.shared_device_layers):
+// the device's free memory now less a margin for what is allocated later (activations, gradient
+// pools) and the allocator's fragmentation, the larger of 2 GiB and a fifth of the device; 0
+// where the device has no memory of its own (the host).
+size_t auto_cache_bytes(Device& device);
+
 // True when this build has CUDA and a GPU is visible.
 bool cuda_available();
 

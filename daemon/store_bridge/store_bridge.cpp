@@ -183,8 +183,8 @@ void StoreBridge::build(comm::Engine& engine, const Schedule& schedule, int rank
 
 // offload.device_cache_mb: a size (no more than the device has), or auto: on a GPU what it has
 // free now (the model, Θ's buffers and optimizer state are allocated; activations and θ[t]'s
-// gradient pool are not yet), less a margin for them and the allocator's fragmentation: the
-// larger of 2 GiB and a fifth of the device, and what is reserved for Θ's device layers. None on the CPU, where the host store is the memory.
+// gradient pool are not yet) less offload::auto_cache_bytes's margin and what is reserved for
+// Θ's device layers. None on the CPU, where the host store is the memory.
 size_t StoreBridge::cache_budget() const {
   size_t free_bytes = 0, total = 0;
   const bool has = device_->memory(&free_bytes, &total);
@@ -196,9 +196,8 @@ size_t StoreBridge::cache_budget() const {
                         device_->name() + "); lower it or set auto");
     return want;
   }
-  if (!has) return 0;
-  const size_t margin = std::max<size_t>(size_t{2} << 30, total / 5) + reserved_device_bytes_;
-  return free_bytes > margin ? free_bytes - margin : 0;
+  const size_t avail = offload::auto_cache_bytes(*device_);
+  return avail > reserved_device_bytes_ ? avail - reserved_device_bytes_ : 0;
 }
 
 void StoreBridge::prepare_step(int64_t step) {

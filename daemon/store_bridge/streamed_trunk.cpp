@@ -75,7 +75,7 @@ void StreamedTrunk::build(comm::Engine& engine, offload::Device* device) {
     throw ConfigError(job_.source + ": offload.shared: stream: Θ's host store (" + std::to_string(L) +
                       " trunk layers, " + std::to_string(groups_.numel(0) * 4) + " bytes of parameters): " + e.what());
   }
-  const int64_t want = job_.offload.shared_device_layers;
+  const int64_t want = job_.offload.shared_device_layer_count();  // auto asked for what fits
   if (store_->cache_lines() < want)  // the fewest any rank could allocate: every rank throws
     throw ConfigError(job_.source + ": offload.shared_device_layers: " + std::to_string(want) + " layers need " +
                       std::to_string(o.cache_bytes) + " bytes of device memory (" +
@@ -104,10 +104,28 @@ void StreamedTrunk::build(comm::Engine& engine, offload::Device* device) {
                               << " layers kept on the device (" << store_->stats().cache_line_bytes << " bytes)";
 }
 
-size_t StreamedTrunk::device_cache_bytes() const {
+size_t StreamedTrunk::device_cache_bytes() const { return static_cast<size_t>(device_layers()) * line_bytes(); }
+
+size_t StreamedTrunk::line_bytes() const {
   size_t largest = 0;
   for (const Layer& l : layer_params_) largest = std::max(largest, l.w_numel + l.b_numel);
-  return static_cast<size_t>(job_.offload.shared_device_layers) * 3 * largest * sizeof(float);
+  return 3 * largest * sizeof(float);  // values, m, v
+}
+
+// offload.shared_device_layers: the count, or auto: as many layers as the device's free memory
+// holds now (offload::auto_cache_bytes: less the margin device_cache_mb auto keeps), at most all
+// but one; none on the CPU. Resolved once, before the θ[t] store reserves what is left.
+int64_t StreamedTrunk::device_layers() const {
+  if (device_layers_ >= 0) return device_layers_;
+  device_layers_ = job_.offload.shared_device_layer_count();
+  if (!job_.offload.shared_device_layers_auto() || !plane_.gpu()) return device_layers_;
+  const size_t avail =
+      offload::auto_cache_bytes(*offload::make_cuda_device(plane_.device.index(), plane_.compute_stream));
+  device_layers_ = std::min<int64_t>(layers() - 1, static_cast<int64_t>(avail / line_bytes()));
+  THETAD_LOG(info, "offload") << "offload.shared_device_layers auto: " << device_layers_ << " of " << layers()
+                              << " trunk layers fit in the device's free memory less the margin (" << (avail >> 20)
+                              << " MiB, " << line_bytes() << " bytes per layer)";
+  return device_layers_;
 }
 
 size_t StreamedTrunk::offset_in_layer(int p) const {

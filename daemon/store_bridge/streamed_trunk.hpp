@@ -48,6 +48,8 @@ class StreamedTrunk final : public LayerWeights {
   // Device memory the layers kept on the device will take (offload.shared_device_layers lines of
   // the largest layer's values and moments), known before build.
   size_t device_cache_bytes() const;
+  // How many of the lowest layers stay on the device (offload.shared_device_layers, auto resolved).
+  int64_t device_layers() const;
   // Builds the store (collective over the host's ranks) on `device` (the θ[t] store's, so that
   // both share the H2D and D2H streams) or, when null, a device of its own; each layer's owner
   // writes its values into the arena from the model's tensors, which then become placeholders.
@@ -100,6 +102,7 @@ class StreamedTrunk final : public LayerWeights {
   int unit(int layer) const { return store_->units_of(layer + 1).at(0); }
   bool on_device(int layer) const { return store_->cached(layer + 1); }
   size_t offset_in_layer(int p) const;
+  size_t line_bytes() const;  // one device layer's values and Adam moments (the largest layer's)
   void hold(int layer, bool order);
   void commit(int layer);
   void push_bucket(int b, const float* data, bool trained);
@@ -116,6 +119,7 @@ class StreamedTrunk final : public LayerWeights {
   std::vector<Layer> layer_params_;
   std::vector<int> layer_of_;        // per parameter: its trunk layer (-1: not Θ)
   int64_t prefetch_ = 1;
+  mutable int64_t device_layers_ = -1;  // device_layers(), once resolved
   int64_t step_ = 0;
   bool trained_ = true;
   bool reached_ = false;

@@ -131,6 +131,12 @@ compare "streamed trunk (2 device layers, activations, θ[t] offloaded) vs all-r
   "$WORK/trunk_resident/ckpt" "$WORK/trunk_stream/ckpt"
 same_hash "streamed trunk: prefetch 1 == prefetch 2 bitwise" trunk_stream trunk_stream_k2
 expect_in trunk_stream "2 layers kept on the device"
+# auto: the small trunk fits, so all layers but one stay on the device.
+run trunk_stream_auto "${tr[@]}" --set offload.shared=stream --set offload.shared_device_layers=auto
+compare "streamed trunk (device layers auto) vs all-resident on the GPU" \
+  "$WORK/trunk_resident/ckpt" "$WORK/trunk_stream_auto/ckpt"
+expect_in trunk_stream_auto "offload.shared_device_layers auto: 4 of 5 trunk layers fit"
+expect_in trunk_stream_auto "4 layers kept on the device"
 
 bf=(--set steps=200 --set data.batch_per_rank=64)
 run loss_fp32 "${bf[@]}" --set metrics.path="$WORK/loss_fp32.jsonl"

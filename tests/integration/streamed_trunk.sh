@@ -45,6 +45,10 @@ on_off np2_devlayers_alternate 2 --set offload.shared_device_layers=2 --set data
 on_off np2_devlayers_offload 2 --set offload.shared_device_layers=4 --set offload.enabled=true --set offload.device_slots=2
 on_off np2_devlayers_prune_off 2 --set offload.shared_device_layers=2 --set comm.prune=false
 expect_in np2_devlayers_stream "3 layers kept on the device \(38016 bytes\)"
+# auto: what the device's free memory holds; the host device has none of its own, so none here
+# (tests/integration/gpu_train.sh checks a GPU's count).
+on_off np2_devlayers_auto 2 --set offload.shared_device_layers=auto
+expect_in np2_devlayers_auto_stream "0 layers kept on the device \(0 bytes\)"
 
 # Θ's device memory is the window's slots: (prefetch + 2) slots of the largest layer (1056 floats,
 # 4224 bytes), less than Θ itself; its copies show in the metrics.
@@ -112,6 +116,8 @@ expect_code 2 bad_devlayers "$thetad" validate "$job" "${trunk[@]}" --set offloa
 expect_in bad_devlayers "offload.shared_device_layers: keeps 6 trunk layers on the device, but the trunk has 6 layers"
 expect_code 2 bad_devlayers_neg "$thetad" validate "$job" --set offload.shared=stream --set offload.shared_device_layers=-1
 expect_in bad_devlayers_neg "offload.shared_device_layers: must be >= 0, got -1"
+expect_code 2 bad_devlayers_word "$thetad" validate "$job" --set offload.shared=stream --set offload.shared_device_layers=most
+expect_in bad_devlayers_word "offload.shared_device_layers: expected auto or a whole number of layers, got \"most\""
 expect_code 2 bad_clip "$thetad" validate "$job" --set offload.shared=stream --set optimizer.clip_norm=1
 expect_in bad_clip "optimizer.clip_norm is 1"
 expect_code 2 bad_word "$thetad" validate "$job" --set offload.shared=streamed
