@@ -346,6 +346,34 @@ case_simulate_nodes() {
   pass "--simulate-nodes 2 with 4 GPUs: nodes see GPUs 4,5 and 6,7; node-0.log and node-1.log"
 }
 
+# A storm of SIGTERMs to the launcher while it stops the ranks (Slurm's requeue signals the job's
+# processes, and the batch script forwards another): every `wait` of the launcher is interrupted,
+# and bash 5.2 breaks a trap that lands while it parses a $(...), so the launcher must run none
+# then. Exit 4, every rank checkpointed, no parse error. (The ranks' wrappers get one signal
+# each, as from srun: under a storm of their own, bash's `wait` at times loses the child's status.)
+case_sigterm_storm() {
+  local job r i; job=$(make_job storm)
+  set -m
+  THETAD_FAKE_STEPS=600 THETAD_FAKE_SLEEP=0.1 THETAD_FAKE_STOP_SLEEP=2 \
+    start_launcher "$T/storm" --nproc-per-node 2 --log-dir "$T/logs" "$job"
+  set +m
+  wait_for 30 test -e "$THETAD_FAKE_STATE/pid-1"
+  sleep 0.5
+  for ((i = 0; i < 1500; i++)); do
+    kill -TERM "$LPID" 2>/dev/null || break
+    sleep 0.002
+  done
+  wait_exit "$LPID" 30
+  ((RC == 4)) || { cat "$T/storm.err" >&2; fail "SIGTERM storm: want launcher exit 4, got $RC"; }
+  assert_no_grep 'unexpected EOF|syntax error' "$T/storm.err" "a trap broke the launcher's parser"
+  for r in 0 1; do
+    assert_grep 'checkpoint complete' "$T/logs/rank-$r.log" "rank $r: checkpoint not completed"
+    [[ $(cut -d' ' -f1 "$T/logs/rank-$r.exit") == 4 ]] || fail "rank $r did not exit 4"
+  done
+  no_leftovers
+  pass "a storm of SIGTERMs to the launcher while stopping: checkpoints complete, exit 4"
+}
+
 case ${1:-} in
   bad_job) case_bad_job ;;
   rank_fails) case_rank_fails ;;
@@ -355,12 +383,13 @@ case ${1:-} in
   sigint_bg) sig_case INT bg ;;
   early_stop) case_early_stop ;;
   stop_twice) case_stop_twice ;;
+  sigterm_storm) case_sigterm_storm ;;
   bad_args) case_bad_args ;;
   kill9) case_kill9 ;;
   kill9_wrapper) case_kill9_wrapper ;;
   flags) case_flags ;;
   simulate_nodes) case_simulate_nodes ;;
   all) case_flags; case_bad_job; case_bad_args; case_rank_fails; case_logs; sig_case TERM; sig_case INT
-       sig_case INT bg; case_early_stop; case_stop_twice; case_kill9; case_kill9_wrapper ;;
-  *) echo "usage: $0 bad_job|bad_args|rank_fails|logs|sigterm|sigint|sigint_bg|early_stop|stop_twice|kill9|kill9_wrapper|flags|all" >&2; exit 2 ;;
+       sig_case INT bg; case_early_stop; case_stop_twice; case_sigterm_storm; case_kill9; case_kill9_wrapper ;;
+  *) echo "usage: $0 bad_job|bad_args|rank_fails|logs|sigterm|sigint|sigint_bg|early_stop|stop_twice|sigterm_storm|kill9|kill9_wrapper|flags|all" >&2; exit 2 ;;
 esac
