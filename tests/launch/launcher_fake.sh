@@ -182,15 +182,22 @@ case_early_stop() {
   pass "a stop signal early on: exit 4 each time"
 }
 
-# A second and third stop signal while the ranks checkpoint change nothing.
-case_stop_twice() {
-  local job r; job=$(make_job twice)
+# start_checkpointing_ranks NAME STOP_SLEEP: the launcher (own process group, $LPID) with 2 fake
+# ranks whose checkpoint takes STOP_SLEEP seconds, both running.
+start_checkpointing_ranks() {
+  local job; job=$(make_job "$1")
   set -m
-  THETAD_FAKE_STEPS=600 THETAD_FAKE_SLEEP=0.1 THETAD_FAKE_STOP_SLEEP=3 \
-    start_launcher "$T/twice" --nproc-per-node 2 --log-dir "$T/logs" "$job"
+  THETAD_FAKE_STEPS=600 THETAD_FAKE_SLEEP=0.1 THETAD_FAKE_STOP_SLEEP=$2 \
+    start_launcher "$T/$1" --nproc-per-node 2 --log-dir "$T/logs" "$job"
   set +m
   wait_for 30 test -e "$THETAD_FAKE_STATE/pid-1"
   sleep 0.5
+}
+
+# A second and third stop signal while the ranks checkpoint change nothing.
+case_stop_twice() {
+  local r
+  start_checkpointing_ranks twice 3
   kill -TERM "$LPID"
   wait_for 10 grep -q 'got SIGTERM' "$T/logs/rank-0.log"
   wait_for 10 grep -q 'got SIGTERM' "$T/logs/rank-1.log"
@@ -352,13 +359,8 @@ case_simulate_nodes() {
 # then. Exit 4, every rank checkpointed, no parse error. (The ranks' wrappers get one signal
 # each, as from srun: under a storm of their own, bash's `wait` at times loses the child's status.)
 case_sigterm_storm() {
-  local job r i; job=$(make_job storm)
-  set -m
-  THETAD_FAKE_STEPS=600 THETAD_FAKE_SLEEP=0.1 THETAD_FAKE_STOP_SLEEP=2 \
-    start_launcher "$T/storm" --nproc-per-node 2 --log-dir "$T/logs" "$job"
-  set +m
-  wait_for 30 test -e "$THETAD_FAKE_STATE/pid-1"
-  sleep 0.5
+  local r i
+  start_checkpointing_ranks storm 2
   for ((i = 0; i < 1500; i++)); do
     kill -TERM "$LPID" 2>/dev/null || break
     sleep 0.002
