@@ -24,6 +24,7 @@ enum class OptimizerKind { AdamW, Adam, Sgd };                // adamw | adam | 
 enum class LrSchedule { Constant, Cosine };                   // constant | cosine
 enum class NonFinite { Stop, SkipStep, Warn };                // stop | skip_step | warn
 enum class SharedMode { Resident, Stream };                   // resident | stream (offload.shared)
+enum class H2dDtype { Fp32, Bf16 };                           // fp32 | bf16 (offload.h2d_dtype)
 
 const std::string& to_string(Precision v);
 const std::string& to_string(GradDtype v);
@@ -37,6 +38,7 @@ const std::string& to_string(OptimizerKind v);
 const std::string& to_string(LrSchedule v);
 const std::string& to_string(NonFinite v);
 const std::string& to_string(SharedMode v);
+const std::string& to_string(H2dDtype v);
 
 // False (and `out` unchanged) when `word` is not one of the type's YAML words.
 bool from_string(const std::string& word, Precision& out);
@@ -51,6 +53,7 @@ bool from_string(const std::string& word, OptimizerKind& out);
 bool from_string(const std::string& word, LrSchedule& out);
 bool from_string(const std::string& word, NonFinite& out);
 bool from_string(const std::string& word, SharedMode& out);
+bool from_string(const std::string& word, H2dDtype& out);
 
 // One entry of data.alternate: the groups trained in that step.
 struct AlternateEntry {
@@ -157,6 +160,10 @@ struct OffloadConfig {
   // cached): "auto" (GPUs: the device memory free after set-up, less a margin; none on the CPU)
   // or a size in MiB (0 = none).
   std::string device_cache_mb = "auto";
+  // The dtype the stores' parameters cross to the device in (θ[t] on the host path, streamed Θ):
+  // bf16 (precision bf16 only) halves the H2D bytes, the host keeps the fp32 master; it costs the
+  // CPU AdamW 2 more bytes written per parameter, so fp32 is the default (docs/configuration.md).
+  H2dDtype h2d_dtype = H2dDtype::Fp32;
 
   // shard_mb in bytes: the one conversion the store's shards and the model's chunks share.
   size_t shard_bytes() const { return mib_to_bytes(shard_mb); }
@@ -243,6 +250,7 @@ struct Job {
   MetricsConfig metrics;
   LogConfig log;
   TimelineConfig timeline;
+
 };
 
 }  // namespace thetad::config

@@ -86,6 +86,14 @@ void Checker::offload() {
     fail("offload.enabled", "the host store steps Adam/AdamW only; set optimizer.kind to adam or "
                             "adamw, or offload.enabled to false", "optimizer.kind");
   one_of("offload.shared");
+  one_of("offload.h2d_dtype");
+  // bf16 copies feed bf16 compute; an fp32 or tf32 job would compute on rounded weights.
+  if (is("offload.h2d_dtype", o.h2d_dtype, H2dDtype::Bf16) && !unknown("precision") &&
+      j_.precision != Precision::Bf16)
+    fail("offload.h2d_dtype", "bf16 copies are for precision: bf16 (the device would compute in " +
+                                  to_string(j_.precision) + " on weights rounded to bf16); precision is " +
+                                  to_string(j_.precision) + ": set offload.h2d_dtype to fp32",
+         "precision");
   validate_shared(j_, d_);
 }
 

@@ -35,8 +35,16 @@ struct AdamHyper {
 
 // One optimizer step over n elements, in place on p, m, v. g is read only. Large n is split
 // over a persistent pool of worker threads (one per hardware thread). Thread-safe: concurrent
-// callers share the pool one at a time.
-void adam_step(float* p, const float* g, float* m, float* v, size_t n, const AdamHyper& h);
+// callers share the pool one at a time. p_bf16 (optional): also writes the updated parameters
+// rounded to bfloat16 (nearest even, as comm::float_to_bf16), block by block while they are
+// still in cache: the copy a bf16 job sends to the device (offload.h2d_dtype), for 2 more bytes
+// written per parameter instead of a second pass over p.
+void adam_step(float* p, const float* g, float* m, float* v, size_t n, const AdamHyper& h,
+               uint16_t* p_bf16 = nullptr);
+
+// dst[i] = bf16(src[i]) (round to nearest even, NaN stays NaN) on the thread pool: the bf16
+// copy of parameters written other than by adam_step (initial values, resume, a device flush).
+void round_to_bf16(const float* src, uint16_t* dst, size_t n);
 
 // Sum of g[i]^2 over n elements, in double, on the thread pool (deterministic: fixed chunks,
 // added in order).

@@ -5,6 +5,7 @@
 #include <memory>
 #include <string>
 
+#include "comm/nccl/scale.hpp"
 #include "common/cuda_check.hpp"
 #include "common/errors.hpp"
 #include "common/cuda_handles.hpp"
@@ -64,6 +65,14 @@ class CudaDevice final : public Device {
   }
   Fence d2h(void* dst, const void* src, size_t bytes, const Fence& after) override {
     return copy(d2h_.get(), dst, src, bytes, cudaMemcpyDeviceToHost, after);
+  }
+
+  Fence widen_bf16(float* dst, const uint16_t* src, size_t n, const Fence& after) override {
+    CUDA_CHECK(cudaSetDevice(device_));
+    if (!after.empty()) CUDA_CHECK(cudaStreamWaitEvent(h2d_.get(), event_of(after), 0));
+    comm::from_bf16_async(src, dst, n, h2d_.get());
+    CUDA_CHECK(cudaGetLastError());
+    return record(h2d_.get());
   }
 
   Fence record_compute() override { return record(compute_); }

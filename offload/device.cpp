@@ -6,6 +6,7 @@
 #include <cstring>
 #include <new>
 
+#include "comm/bf16.hpp"
 #include "common/errors.hpp"
 
 namespace thetad::offload {
@@ -28,6 +29,11 @@ Fence HostDevice::h2d(void* dst, const void* src, size_t bytes, const Fence&) {
 
 Fence HostDevice::d2h(void* dst, const void* src, size_t bytes, const Fence&) {
   std::memcpy(dst, src, bytes);
+  return {};
+}
+
+Fence HostDevice::widen_bf16(float* dst, const uint16_t* src, size_t n, const Fence&) {
+  comm::from_bf16(src, dst, n);
   return {};
 }
 

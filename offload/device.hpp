@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -43,6 +44,10 @@ class Device {
   // Async copy on the H2D (resp. D2H) stream once `after` has completed; returns its completion.
   virtual Fence h2d(void* dst, const void* src, size_t bytes, const Fence& after) = 0;
   virtual Fence d2h(void* dst, const void* src, size_t bytes, const Fence& after) = 0;
+  // dst[i] = float(src[i]) for n bfloat16 values in device memory (what an h2d copy brought into
+  // a staging buffer), on the H2D stream once `after` has completed; returns its completion.
+  // Parameters cross PCIe at half the bytes and are widened on the device (offload.h2d_dtype).
+  virtual Fence widen_bf16(float* dst, const uint16_t* src, size_t n, const Fence& after) = 0;
 
   // A fence at the current end of the compute stream.
   virtual Fence record_compute() = 0;
@@ -73,6 +78,7 @@ class HostDevice final : public Device {
   void unpin_host(void*) noexcept override {}
   Fence h2d(void* dst, const void* src, size_t bytes, const Fence& after) override;
   Fence d2h(void* dst, const void* src, size_t bytes, const Fence& after) override;
+  Fence widen_bf16(float* dst, const uint16_t* src, size_t n, const Fence& after) override;
   Fence record_compute() override { return {}; }
   void compute_wait(const Fence&) override {}
   void host_wait(const Fence&) override {}

@@ -61,15 +61,24 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 }  // namespace
 
-size_t HostArena::required_bytes(const std::vector<ArenaEntry>& entries) {
+namespace {
+// One group's buffers: params | m | v | grad, each 64-byte aligned, then (bf16_params) the
+// parameters in bfloat16.
+size_t group_bytes(size_t numel, size_t stride, bool bf16_params) {
+  return 4 * stride + (bf16_params ? round_up(numel * sizeof(uint16_t), HostArena::kAlign) : 0);
+}
+}  // namespace
+
+size_t HostArena::required_bytes(const std::vector<ArenaEntry>& entries, bool bf16_params) {
   size_t total = round_up(entries.size() * kAlign, kPage);
-  for (const auto& e : entries) total += round_up(4 * round_up(e.numel * sizeof(float), kAlign), kPage);
+  for (const auto& e : entries)
+    total += round_up(group_bytes(e.numel, round_up(e.numel * sizeof(float), kAlign), bf16_params), kPage);
   return total;
 }
 
 HostArena::HostArena(MPI_Comm comm, std::vector<ArenaEntry> entries, size_t host_limit_bytes,
-                     Device* pinner, std::chrono::milliseconds timeout)
-    : entries_(std::move(entries)), pinner_(pinner) {
+                     Device* pinner, std::chrono::milliseconds timeout, bool bf16_params)
+    : entries_(std::move(entries)), bf16_params_(bf16_params), pinner_(pinner) {
   // Layout: one cache line per sequence number (no false sharing between owners), then each
   // group's params | m | v | grad, every buffer 64-byte aligned and every group page-aligned:
   // pinned chunks are cut at group boundaries, because a CUDA copy may not span two
@@ -82,7 +91,7 @@ HostArena::HostArena(MPI_Comm comm, std::vector<ArenaEntry> entries, size_t host
                  " cannot live in the host arena (group 0, the shared Θ, is never offloaded)");
     offset_.push_back(off);
     stride_.push_back(round_up(e.numel * sizeof(float), kAlign));
-    off = round_up(off + 4 * stride_.back(), kPage);
+    off = round_up(off + group_bytes(e.numel, stride_.back(), bf16_params_), kPage);
     params += e.numel;
   }
   total_ = round_up(off, kPage);

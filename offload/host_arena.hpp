@@ -1,6 +1,7 @@
 // One host-resident arena per node, shared by all ranks of that node: an MPI shared-memory
 // window on the node communicator (comm/node_split.hpp: a host, or a simulated node) holding, per offloaded group, fp32 parameters, Adam m and v,
-// and a landing area for the reduced gradient, plus one sequence number per group.
+// and a landing area for the reduced gradient, plus one sequence number per group; with
+// bf16_params, also the parameters rounded to bfloat16 (what a bf16 job copies to the device).
 //
 // The node's local rank 0 allocates the whole segment, the others 0 bytes, and every rank maps
 // it (MPI_Win_shared_query), so a host holds one copy of θ however many ranks it runs. Given a
@@ -53,13 +54,14 @@ class HostArena {
   // MemAvailable, or cannot be allocated or pinned. pinner may be null (no pinning). Every
   // agreement and barrier of the host's ranks is bounded by `timeout` (TimeoutError naming it).
   HostArena(MPI_Comm comm, std::vector<ArenaEntry> entries, size_t host_limit_bytes,
-            Device* pinner, std::chrono::milliseconds timeout = comm::kDefaultTimeout);
+            Device* pinner, std::chrono::milliseconds timeout = comm::kDefaultTimeout,
+            bool bf16_params = false);
   ~HostArena();
   HostArena(const HostArena&) = delete;
   HostArena& operator=(const HostArena&) = delete;
 
   // Bytes the arena needs for these entries (what the constructor will ask for).
-  static size_t required_bytes(const std::vector<ArenaEntry>& entries);
+  static size_t required_bytes(const std::vector<ArenaEntry>& entries, bool bf16_params = false);
 
   size_t entries() const { return entries_.size(); }
   const ArenaEntry& entry(size_t i) const { return entries_[i]; }
@@ -68,6 +70,10 @@ class HostArena {
   float* exp_avg(size_t i) const { return ptr(i, 1); }
   float* exp_avg_sq(size_t i) const { return ptr(i, 2); }
   float* grad(size_t i) const { return ptr(i, 3); }
+  // The bfloat16 copy of params(i), kept by its writers (null without bf16_params).
+  uint16_t* params_bf16(size_t i) const {
+    return bf16_params_ ? reinterpret_cast<uint16_t*>(ptr(i, 4)) : nullptr;
+  }
   std::atomic<uint64_t>& seq(size_t i) const;
 
   // Owner side: makes the group's writes visible and bumps its sequence number.
@@ -108,7 +114,8 @@ class HostArena {
 
   std::vector<ArenaEntry> entries_;
   std::vector<size_t> offset_;  // per entry: start of its 4 buffers
-  std::vector<size_t> stride_;  // per entry: bytes of one buffer (rounded to kAlign)
+  std::vector<size_t> stride_;  // per entry: bytes of one fp32 buffer (rounded to kAlign)
+  bool bf16_params_ = false;     // a fifth buffer per entry, after the four: params in bf16
   size_t header_ = 0;
   size_t total_ = 0;
   size_t local_alloc_ = 0;

@@ -49,7 +49,7 @@ ParamStore::ParamStore(const StoreOptions& opts, std::vector<GroupShape> groups,
   std::vector<ArenaEntry> entries;
   for (size_t gi = 0; gi < plan_.index.size(); ++gi) entries.push_back({plan_.index.group_of(gi), plan_.group_numel[gi]});
   arena_ = std::make_unique<HostArena>(comm, entries, opts_.host_limit_bytes, &device_,
-                                       timeout_of(opts_.timeout_s));
+                                       timeout_of(opts_.timeout_s), opts_.bf16_copies);
   alloc_slots(comm);
   alloc_lines(comm);
   const size_t units = plan_.units.size();
@@ -68,6 +68,7 @@ ParamStore::ParamStore(const StoreOptions& opts, std::vector<GroupShape> groups,
   THETAD_LOG(info, "offload") << "parameter store: " << plan_.index.size() << " groups in "
                               << units << " units, " << slot_mem_.size() << " device slots of "
                               << mib(plan_.slot_bytes) << " MiB on " << device_.name()
+                              << (opts_.bf16_copies ? " (copied in as bf16)" : "")
                               << ", host arena " << mib(arena_->bytes()) << " MiB, CPU Adam on "
                               << cpu_threads_ << " threads (" << adam_kernel_name() << ")";
   if (!line_mem_.empty()) {
@@ -82,10 +83,15 @@ ParamStore::ParamStore(const StoreOptions& opts, std::vector<GroupShape> groups,
 void ParamStore::alloc_slots(MPI_Comm comm) {
   std::exception_ptr error;
   try {
-    for (int64_t s = 0; s < cache_.slots(); ++s) slot_mem_.push_back(device_.alloc(plan_.slot_bytes));
+    for (int64_t s = 0; s < cache_.slots(); ++s) {
+      slot_mem_.push_back(device_.alloc(plan_.slot_bytes));
+      if (opts_.bf16_copies) slot_stage_.push_back(device_.alloc(plan_.slot_bytes / 2 + sizeof(uint16_t)));
+    }
   } catch (...) {
     for (void* p : slot_mem_) device_.free(p);
+    for (void* p : slot_stage_) device_.free(p);
     slot_mem_.clear();
+    slot_stage_.clear();
     error = std::current_exception();
   }
   comm::ControlPlane plane(std::make_shared<comm::MpiCommunicator>(comm), timeout_of(opts_.timeout_s));
@@ -123,6 +129,7 @@ ParamStore::~ParamStore() {
     }
   }
   for (void* p : slot_mem_) device_.free(p);
+  for (void* p : slot_stage_) device_.free(p);
   for (void* p : line_mem_) device_.free(p);
   // arena_ (collective MPI_Win_free) goes with the members.
 }
@@ -182,10 +189,18 @@ Fence ParamStore::copy_split(bool to_device, char* dst, const char* src, size_t 
 void ParamStore::copy_in(int u, int slot) {
   const UnitInfo& info = plan_.units[static_cast<size_t>(u)];
   const size_t gi = index_of(info.group);
-  const char* src = reinterpret_cast<const char*>(arena_->params(gi) + info.offset);
-  char* dst = static_cast<char*>(slot_mem_[static_cast<size_t>(slot)]);
-  const size_t bytes = info.numel * sizeof(float);
-  copied_[static_cast<size_t>(u)] = copy_split(true, dst, src, bytes, slot_free_[static_cast<size_t>(slot)]);
+  const size_t s = static_cast<size_t>(slot);
+  size_t bytes = info.numel * sizeof(float);
+  if (opts_.bf16_copies) {  // the bf16 copy into the slot's staging buffer, widened after it
+    bytes = info.numel * sizeof(uint16_t);
+    const char* src = reinterpret_cast<const char*>(arena_->params_bf16(gi) + info.offset);
+    auto* stage = static_cast<uint16_t*>(slot_stage_[s]);
+    const Fence landed = copy_split(true, reinterpret_cast<char*>(stage), src, bytes, slot_free_[s]);
+    copied_[static_cast<size_t>(u)] = device_.widen_bf16(static_cast<float*>(slot_mem_[s]), stage, info.numel, landed);
+  } else {
+    const char* src = reinterpret_cast<const char*>(arena_->params(gi) + info.offset);
+    copied_[static_cast<size_t>(u)] = copy_split(true, static_cast<char*>(slot_mem_[s]), src, bytes, slot_free_[s]);
+  }
   version_[static_cast<size_t>(u)] = expected_[gi];
   std::lock_guard<std::mutex> lk(stats_mu_);
   stats_.h2d_bytes += bytes;
@@ -379,6 +394,8 @@ void ParamStore::init_all(const std::function<void(int group, float* dst)>& fill
     std::memset(arena_->exp_avg_sq(gi), 0, bytes);
     std::memset(arena_->grad(gi), 0, bytes);
   });
+  for (size_t gi : mine)  // on the pool itself, not from inside its tasks
+    if (uint16_t* copy = arena_->params_bf16(gi)) round_to_bf16(arena_->params(gi), copy, arena_->entry(gi).numel);
   arena_->node_barrier("init_all: the owners' initial values");  // visible to the host's ranks after it
   for (size_t u = 0; u < version_.size(); ++u) version_[u] = kNoCopy;
 }
@@ -409,6 +426,7 @@ void ParamStore::write_common(int group, const float* params, const float* exp_a
   if (arena_->is_owner(gi)) {
     const size_t bytes = arena_->entry(gi).numel * sizeof(float);
     parallel_copy(arena_->params(gi), params, bytes);
+    if (uint16_t* copy = arena_->params_bf16(gi)) round_to_bf16(arena_->params(gi), copy, arena_->entry(gi).numel);
     parallel_copy(arena_->exp_avg(gi), exp_avg, bytes);  // null: zeros
     parallel_copy(arena_->exp_avg_sq(gi), exp_avg_sq, bytes);
     parallel_copy(arena_->grad(gi), nullptr, bytes);

@@ -72,6 +72,12 @@ struct StoreOptions {
   // > 0: device memory for the write-back cache of whole groups with their Adam state (lines
   // of 3 x the largest unsharded group; the ranks use the fewest lines any of them can have).
   size_t cache_bytes = 0;
+  // Parameters cross to the device as bfloat16 (acquire and prefetch: half the H2D bytes) and
+  // are widened there into the fp32 slot, so the device holds the master's bf16 rounding: what a
+  // bf16 job's autocast matmuls read anyway. The arena keeps the fp32 master and a bf16 copy that
+  // the owner's CPU AdamW writes in the same pass. The device cache's lines load fp32 (params,
+  // m, v): they are the master while the group is cached.
+  bool bf16_copies = false;
 };
 
 struct StoreStats {
@@ -221,6 +227,7 @@ class ParamStore {
   std::unique_ptr<UpdateQueue> updates_;  // the owner's CPU steps (before arena_ goes)
   SlotCache cache_;
   std::vector<void*> slot_mem_;
+  std::vector<void*> slot_stage_;   // per slot (bf16_copies): the bf16 values before widening
   std::vector<Fence> slot_free_;    // per slot: compute done with its previous contents
   std::vector<uint64_t> version_;   // per unit: update count its device copy holds
   std::vector<Fence> copied_;       // per unit: its last H2D copy

@@ -51,6 +51,7 @@ void UpdateQueue::run(Job& job) {
   const uint64_t before = arena_.seq(gi).load(std::memory_order_acquire);
   if (job.publish_only) {  // the device's updates, one publish each (readers wait for the last)
     THETAD_CHECK(before <= job.target, InternalError, "offload: group published back in time");
+    if (uint16_t* copy = arena_.params_bf16(gi)) round_to_bf16(arena_.params(gi), copy, arena_.entry(gi).numel);
     for (uint64_t s = before; s < job.target; ++s) arena_.publish(gi);
     return;
   }
@@ -62,7 +63,7 @@ void UpdateQueue::run(Job& job) {
     h.grad_scale = clip_factor(norm, h.clip_norm);
   }
   adam_step(arena_.params(gi), arena_.grad(gi), arena_.exp_avg(gi), arena_.exp_avg_sq(gi),
-            arena_.entry(gi).numel, h);
+            arena_.entry(gi).numel, h, arena_.params_bf16(gi));
   const double ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   arena_.publish(gi);

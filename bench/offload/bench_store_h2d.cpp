@@ -18,11 +18,13 @@
 // active group (the owner's CPU AdamW, asynchronous), release_step. The floor is the wall time
 // of N steps after the warm-up, the drain of the queued CPU steps included (slowest rank), and
 // the host memory traffic it implies (36 B per active parameter: 28 of AdamW, 4 D2H, 4 H2D).
-// An offloaded training step cannot be faster than this floor on the same host.
+// An offloaded training step cannot be faster than this floor on the same host. --bf16-copies
+// measures it as a bf16 job runs it (offload.h2d_dtype bf16): the AdamW also writes the bf16
+// copy (2 B) and the H2D copy moves 2 B, so host traffic stays 36 B while PCIe's H2D halves.
 //
 //   mpirun -np 2 build/bench/offload/bench_store_h2d [--groups 8] [--group-mb 128]
 //       [--warmup 4] [--iters 20] [--min-ratio 0.9] [--floor-steps 0] [--floor-groups 16]
-//       [--json out.json]
+//       [--bf16-copies] [--json out.json]
 #include <mpi.h>
 
 #include <algorithm>
@@ -55,6 +57,7 @@ struct Args {
   double min_ratio = 0.9;
   int floor_steps = 0;
   int floor_groups = 16;
+  bool bf16_copies = false;
   std::string json;
 };
 
@@ -73,6 +76,7 @@ Args parse(int argc, char** argv) {
     else if (k == "--min-ratio") a.min_ratio = std::stod(next());
     else if (k == "--floor-steps") a.floor_steps = std::stoi(next());
     else if (k == "--floor-groups") a.floor_groups = std::stoi(next());
+    else if (k == "--bf16-copies") a.bf16_copies = true;
     else if (k == "--json") a.json = next();
     else throw thetad::ConfigError("bench_store_h2d: unknown option " + k);
   }
@@ -106,6 +110,7 @@ Floor measure_floor(const Args& a, const thetad::comm::WorldInfo& world, thetad:
   thetad::offload::StoreOptions so;
   so.device_slots = 4;
   so.prefetch = 1;
+  so.bf16_copies = a.bf16_copies;
   const int rank = world.rank;
   thetad::offload::ParamStore store(so, shapes, device, [group_of, rank](int64_t s) {
     return std::vector<int>{group_of(s, rank)};
@@ -162,9 +167,9 @@ Floor measure_floor(const Args& a, const thetad::comm::WorldInfo& world, thetad:
 }
 
 void print_floor(const Args& a, const thetad::comm::WorldInfo& world, const std::string& where, const Floor& f) {
-  std::printf("RESULT host floor of an offloaded step (%d ranks, %s, %.1f MiB groups, no compute): %.2f ms per "
-              "step, CPU AdamW %.2f ms per step on rank 0, %.1f GB/s of host memory traffic at 36 B/param\n",
-              world.size, where.c_str(), a.group_mb, f.step_ms, f.adam_ms, f.host_gbs);
+  std::printf("RESULT host floor of an offloaded step (%d ranks, %s, %.1f MiB groups, %s copies, no compute): %.2f "
+              "ms per step, CPU AdamW %.2f ms per step on rank 0, %.1f GB/s of host memory traffic at 36 B/param\n",
+              world.size, where.c_str(), a.group_mb, a.bf16_copies ? "bf16" : "fp32", f.step_ms, f.adam_ms, f.host_gbs);
 }
 
 }  // namespace

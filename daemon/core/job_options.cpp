@@ -39,6 +39,7 @@ offload::StoreOptions store_options(const config::Job& job) {
   o.cpu_threads = job.offload.cpu_threads;
   o.shard_bytes = job.offload.shard_bytes();
   o.timeout_s = job.comm.timeout_s;
+  o.bf16_copies = job.offload.h2d_dtype == config::H2dDtype::Bf16;
   return o;
 }
 

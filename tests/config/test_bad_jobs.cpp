@@ -180,6 +180,10 @@ const std::vector<BadJob>& bad_jobs() {
       {"log_level_bad", kHead + "log:\n  level: verbose\n", {"bad.yaml:5:3: log.level: must be one of trace, debug"}},
       {"precision_bad", kHead + "precision: fp16\n", {"bad.yaml:4:1: precision: must be one of fp32, tf32, bf16; got 'fp16'"}},
       {"grad_dtype_bad", kHead + "comm: {grad_dtype: fp16}\n", {"bad.yaml:4:", "comm.grad_dtype: must be one of fp32, bf16; got 'fp16'"}},
+      {"h2d_dtype_bad", kHead + "offload: {enabled: true, h2d_dtype: fp16}\n",
+       {"bad.yaml:4:", "offload.h2d_dtype: must be one of fp32, bf16; got 'fp16'"}},
+      {"h2d_bf16_with_fp32", kHead + "offload:\n  enabled: true\n  h2d_dtype: bf16\n",
+       {"bad.yaml:6:3: offload.h2d_dtype: bf16 copies are for precision: bf16", "precision is fp32"}},
       // The transformer and its LoRA adapters (issue 20).
       {"transformer_heads", "steps: 1\nmodel: {kind: transformer, d_model: 10, heads: 4}\ndata: {}\n",
        {"bad.yaml:2:", "model.heads: must divide model.d_model (10) into equal heads, got 4"}},

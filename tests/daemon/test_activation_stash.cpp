@@ -96,6 +96,9 @@ class LaggingDevice final : public offload::Device {
   offload::Fence d2h(void* dst, const void* src, size_t bytes, const offload::Fence& after) override {
     return host_.d2h(dst, src, bytes, after);
   }
+  offload::Fence widen_bf16(float* dst, const uint16_t* src, size_t n, const offload::Fence& after) override {
+    return host_.widen_bf16(dst, src, n, after);
+  }
   offload::Fence record_compute() override { return {}; }
   void compute_wait(const offload::Fence&) override {}
   void host_wait(const offload::Fence& f) override {

@@ -6,7 +6,8 @@
 #    one commutative addition; within 1e-2 relative on 3 ranks, where MPI may add the shares in
 #    another order than the reference (a bf16 ulp, 2^-8 relative, per addition, carried through
 #    20 Adam steps; measured on this job: 0 on 3 ranks, 4.1e-3 on 4 ranks);
-#  - prune on == off and offload on == off, bitwise, in bf16 as in fp32;
+#  - prune on == off and offload on == off, bitwise, in bf16 as in fp32; θ[t] copied to the
+#    device as bf16 (offload.h2d_dtype: bf16) equal fp32 copies bitwise at half the H2D bytes;
 #  - the bf16 wire carries exactly half the bytes of fp32, step by step;
 #  - bf16 really computes in bf16 (its loss differs from fp32's, and stays close to it).
 source "$(dirname "$0")/lib.sh"
@@ -53,6 +54,27 @@ for off in false true; do
 done
 same_hash "bf16 mlp: offload on == off bitwise" mlp_offload_false mlp_offload_true
 same_hash "bf16 extreme classifier (row shards): offload on == off bitwise" xc_offload_false xc_offload_true
+# offload.h2d_dtype: bf16 sends θ[t] as bf16 (the runs above sent fp32). The same bits as fp32
+# copies (the heads' weights only reach autocast's matmuls, which round them anyway), for exactly
+# half the host->device bytes at every step; the adapters too.
+run_np mlp_h2d_bf16 2 "$small" "${bf[@]}" --set model.tasks=6 --set offload.enabled=true --set offload.h2d_dtype=bf16
+same_hash "bf16 mlp: bf16 copies == fp32 copies bitwise" mlp_offload_true mlp_h2d_bf16
+/usr/bin/python3 - "$WORK/mlp_offload_true.jsonl" "$WORK/mlp_h2d_bf16.jsonl" <<'PY' \
+  && pass "offload.h2d_dtype bf16: half the host->device bytes of fp32 at every step" || fail "h2d bytes"
+import json, sys
+fp32, bf16 = ([json.loads(l) for l in open(p)] for p in sys.argv[1:])
+assert len(fp32) == len(bf16) == 20
+assert sum(r["h2d_bytes"] for r in fp32) > 0
+for a, b in zip(fp32, bf16):
+    assert b["h2d_bytes"] * 2 == a["h2d_bytes"], (a["step"], a["h2d_bytes"], b["h2d_bytes"])
+PY
+for h2d in bf16 fp32; do
+  run_np "adapter_h2d_$h2d" 2 "$small" "${bf[@]}" --set model.kind=multitask_adapter --set model.adapter_rank=4 \
+    --set offload.enabled=true --set "offload.h2d_dtype=$h2d"
+done
+run_np adapter_resident 2 "$small" "${bf[@]}" --set model.kind=multitask_adapter --set model.adapter_rank=4
+same_hash "bf16 adapters: bf16 copies == fp32 copies bitwise" adapter_h2d_bf16 adapter_h2d_fp32
+same_hash "bf16 adapters: bf16 copies == resident bitwise" adapter_h2d_bf16 adapter_resident
 
 # Every model trains in bf16: mean loss of the last 5 steps below RATIO x the first 5.
 falls() {  # name ratio

@@ -35,6 +35,11 @@ on_off np2_discover 2 --set comm.active=discover
 # bf16 autocast with two tasks per rank: each layer's bias gradients of its two uses are summed in
 # bf16 as autocast's cached cast of the resident bias sums them.
 on_off np2_bf16 2 --set precision=bf16 --set data.tasks_per_rank=2
+# The layers (and θ[t]) sent to the device as bf16 (offload.h2d_dtype): the same bits, since the
+# trunk layer's matmul and bias add read them through autocast's bf16 casts anyway.
+expect_code 0 np2_bf16_copies run 2 --set offload.shared=stream --set precision=bf16 --set data.tasks_per_rank=2 \
+  --set offload.h2d_dtype=bf16 --set offload.enabled=true --set offload.device_slots=2
+same_hash "np2_bf16: bf16 copies of streamed Θ and θ[t] == resident Θ bitwise" np2_bf16_resident np2_bf16_copies
 expect_in np2_stream "Θ streamed: 6 trunk layers, 3 device slots"
 # The lowest layers on the device (the store's cache lines, the device AdamW), the rest streamed.
 on_off np1_devlayers 1 --set offload.shared_device_layers=2

@@ -12,6 +12,7 @@
 
 #include <xmmintrin.h>
 
+#include "comm/bf16.hpp"
 #include "offload/cpu_adam.hpp"
 #include "offload/thread_pool.hpp"
 
@@ -73,6 +74,48 @@ TEST(CpuAdamKernels, AllKernelsBitwiseEqual) {
     }
   }
   std::printf("adam kernel on this CPU: %s\n", thetad::offload::adam_kernel_name().c_str());
+}
+
+// offload.h2d_dtype bf16: the step also writes p rounded to bf16, exactly as the reference
+// conversion rounds it, and p, m, v keep the bits of a step without the copy, on every kernel.
+TEST(CpuAdamKernels, Bf16CopyIsTheRoundedParameters) {
+  for (size_t n : {1ul, 17ul, 2048ul, 2049ul, 300001ul}) {
+    for (int k : {1, 2, 3}) {
+      thetad::offload::detail::force_adam_kernel(k);
+      State a = random_state(n, 11), b = a;
+      std::vector<uint16_t> copy(n, 0xdead);
+      adam_step(a.p.data(), a.g.data(), a.m.data(), a.v.data(), n, hyper(true, 0.01, 2));
+      adam_step(b.p.data(), b.g.data(), b.m.data(), b.v.data(), n, hyper(true, 0.01, 2), copy.data());
+      EXPECT_TRUE(same_bits(a.p, b.p) && same_bits(a.m, b.m) && same_bits(a.v, b.v)) << "n=" << n << " kernel " << k;
+      size_t wrong = 0;
+      for (size_t i = 0; i < n; ++i) wrong += copy[i] != thetad::comm::float_to_bf16(b.p[i]);
+      EXPECT_EQ(wrong, 0u) << "n=" << n << " kernel " << k;
+    }
+  }
+  thetad::offload::detail::force_adam_kernel(0);
+}
+
+TEST(CpuAdamKernels, RoundToBf16TiesNaNsAndSubnormals) {
+  // Ties to even (both ways), just above a tie, NaNs (quiet and signalling), infinities, zeros,
+  // subnormals, the largest float (rounds to infinity), and random values; 40 of them so that
+  // the vector kernel sees full vectors and a tail.
+  std::vector<uint32_t> bits = {0x3f808000u, 0x3f818000u, 0x3f808001u, 0x7fc00000u, 0x7f800001u, 0xffa00000u,
+                                0x7f800000u, 0xff800000u, 0x00000000u, 0x80000000u, 0x00000001u, 0x807fffffu,
+                                0x7f7fffffu, 0x3f7fffffu};
+  std::mt19937 rng(5);
+  while (bits.size() < 40) bits.push_back(static_cast<uint32_t>(rng()));
+  std::vector<float> x(bits.size());
+  std::memcpy(x.data(), bits.data(), bits.size() * 4);
+  for (int k : {1, 3}) {
+    thetad::offload::detail::force_adam_kernel(k);
+    std::vector<uint16_t> out(x.size());
+    thetad::offload::round_to_bf16(x.data(), out.data(), x.size());
+    for (size_t i = 0; i < x.size(); ++i)
+      EXPECT_EQ(out[i], thetad::comm::float_to_bf16(x[i])) << std::hex << "bits 0x" << bits[i] << " kernel " << k;
+  }
+  thetad::offload::detail::force_adam_kernel(0);
+  EXPECT_EQ(thetad::comm::float_to_bf16(x[0]), 0x3f80u);  // 1 + 2^-8: a tie, to the even 1.0
+  EXPECT_EQ(thetad::comm::float_to_bf16(x[1]), 0x3f82u);  // a tie, to the even upper neighbour
 }
 
 TEST(CpuAdamKernels, ThreadedEqualsPiecewise) {

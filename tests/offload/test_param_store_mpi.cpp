@@ -19,6 +19,7 @@
 #include <cuda_runtime.h>
 #endif
 
+#include "comm/bf16.hpp"
 #include "common/errors.hpp"
 #include "offload/cpu_adam.hpp"
 #include "offload/device.hpp"
@@ -90,17 +91,26 @@ class CountingDevice final : public off::Device {
   void free(void* p) noexcept override { inner_.free(p); }
   void pin_host(void* p, size_t b) override { inner_.pin_host(p, b); }
   void unpin_host(void* p) noexcept override { inner_.unpin_host(p); }
-  off::Fence h2d(void* d, const void* s, size_t b, const off::Fence& a) override { return inner_.h2d(d, s, b, a); }
+  off::Fence h2d(void* d, const void* s, size_t b, const off::Fence& a) override {
+    h2d_bytes_ += b;
+    return inner_.h2d(d, s, b, a);
+  }
   off::Fence d2h(void* d, const void* s, size_t b, const off::Fence& a) override { return inner_.d2h(d, s, b, a); }
+  off::Fence widen_bf16(float* d, const uint16_t* s, size_t n, const off::Fence& a) override {
+    widened_ += n;
+    return inner_.widen_bf16(d, s, n, a);
+  }
   off::Fence record_compute() override { return inner_.record_compute(); }
   void compute_wait(const off::Fence& f) override { inner_.compute_wait(f); }
   void host_wait(const off::Fence& f) override { inner_.host_wait(f); }
   bool done(const off::Fence& f) override { return inner_.done(f); }
   size_t peak() const { return peak_; }
+  size_t h2d_bytes() const { return h2d_bytes_; }
+  size_t widened() const { return widened_; }
 
  private:
   off::Device& inner_;
-  size_t live_ = 0, peak_ = 0;
+  size_t live_ = 0, peak_ = 0, h2d_bytes_ = 0, widened_ = 0;
 };
 
 // Moves test data in and out of "device" memory: memcpy on the host, cudaMemcpy on a GPU.
@@ -173,7 +183,11 @@ RunResult train(const off::StoreOptions& opts, off::Device& device, const Mover&
   });
   EXPECT_EQ(node_sum(fills.load()), groups.size());
 
-  std::vector<float> host(2000), mine(2000), all, reduced;
+  // What the device holds of a master value: itself, or (bf16_copies) its bf16 rounding.
+  const auto on_device = [&](float x) {
+    return opts.bf16_copies ? thetad::comm::bf16_to_float(thetad::comm::float_to_bf16(x)) : x;
+  };
+  std::vector<float> host(2000), mine(2000), all, reduced, want;
   for (int64_t s = 0; s < kSteps; ++s) {
     const auto used = schedule(rank, s, world);
     std::vector<std::vector<float>> grads(kTasks + 1);
@@ -183,8 +197,9 @@ RunResult train(const off::StoreOptions& opts, off::Device& device, const Mover&
         const off::UnitInfo& info = store.unit(u);
         const float* dev = store.acquire(u, s);
         mover.to_host(host.data(), dev, info.numel * sizeof(float));
-        if (std::memcmp(host.data(), rp[g].data() + info.offset, info.numel * sizeof(float)) != 0)
-          ++res.mismatched_acquires;
+        want.resize(info.numel);
+        for (size_t i = 0; i < info.numel; ++i) want[i] = on_device(rp[g][info.offset + i]);
+        if (std::memcmp(host.data(), want.data(), info.numel * sizeof(float)) != 0) ++res.mismatched_acquires;
         for (size_t i = 0; i < info.numel; ++i)
           grads[g][info.offset + i] = local_grad(host[i], info.offset + i, rank, s);
         if (store.units_of(g).size() > 1) store.release(u);  // shard loop: next shard may reuse
@@ -214,7 +229,7 @@ RunResult train(const off::StoreOptions& opts, off::Device& device, const Mover&
       for (int r : contributors)
         for (size_t i = 0; i < n; ++i) {
           reduced[i] += all[static_cast<size_t>(r) * n + i];
-          ref[i] += local_grad(rp[g][i], i, r, s);
+          ref[i] += local_grad(on_device(rp[g][i]), i, r, s);
         }
       const float c = static_cast<float>(contributors.size());
       for (size_t i = 0; i < n; ++i) {
@@ -267,6 +282,7 @@ struct Variant {
   bool async;
   bool shard;
   bool budget;
+  bool bf16 = false;  // StoreOptions::bf16_copies
 };
 
 class StoreVsDirect : public ::testing::TestWithParam<Variant> {};
@@ -281,11 +297,14 @@ TEST_P(StoreVsDirect, BitwiseEqualOver20Steps) {
   o.prefetch = 1;
   if (var.shard) o.shard_bytes = kShardRows * 33 * sizeof(float);
   if (var.budget) o.device_budget_bytes = 3 * 40 * 33 * sizeof(float) / (var.shard ? 4 : 1) + 100;
+  o.bf16_copies = var.bf16;
   std::vector<float> grad_buf(2000);
   const RunResult r = train(o, dev, Mover{}, grad_buf.data());
   check_run(r);
   EXPECT_EQ(r.slots, 3u);
-  EXPECT_EQ(dev.peak(), r.slots * r.slot_bytes) << "device memory for θ beyond the slots";
+  // bf16 copies land in a staging buffer of half a slot (and one element) per slot.
+  const size_t stage = var.bf16 ? r.slot_bytes / 2 + sizeof(uint16_t) : 0;
+  EXPECT_EQ(dev.peak(), r.slots * (r.slot_bytes + stage)) << "device memory for θ beyond the slots";
   if (var.budget) {
     EXPECT_LE(dev.peak(), o.device_budget_bytes);
   }
@@ -294,6 +313,10 @@ TEST_P(StoreVsDirect, BitwiseEqualOver20Steps) {
   EXPECT_GT(node_sum(r.stats.swap_hits), 0u);
   EXPECT_GT(node_sum(r.stats.swap_misses), 0u);
   EXPECT_GT(r.stats.h2d_bytes, 0u);
+  EXPECT_EQ(r.stats.h2d_bytes, dev.h2d_bytes()) << "h2d_bytes is not what crossed";
+  // bf16 copies: every byte that crossed was a bf16 value widened on the device (2 bytes per
+  // element instead of 4); fp32 copies widen nothing.
+  EXPECT_EQ(dev.widened() * sizeof(uint16_t), var.bf16 ? dev.h2d_bytes() : 0u);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -301,7 +324,9 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(Variant{"async", true, false, false}, Variant{"sync", false, false, false},
                       Variant{"async_sharded", true, true, false},
                       Variant{"sync_sharded_budget", false, true, true},
-                      Variant{"async_budget", true, false, true}),
+                      Variant{"async_budget", true, false, true},
+                      Variant{"async_bf16", true, false, false, true},
+                      Variant{"sync_sharded_bf16", false, true, false, true}),
     [](const ::testing::TestParamInfo<Variant>& i) { return std::string(i.param.name); });
 
 TEST(HostArenaMpi, OneSharedWindowPerHost) {
@@ -392,10 +417,13 @@ TEST(CudaStore, MatchesDirectUpdateOnGpu) {
   auto cuda = off::make_cuda_device(gpu, nullptr);
   void* grad_buf = nullptr;
   ASSERT_EQ(cudaMalloc(&grad_buf, 2000 * sizeof(float)), cudaSuccess);
-  for (bool shard : {false, true}) {
+  // bf16 copies: the device's widening kernel gives the bits the host's rounding promises.
+  for (int variant = 0; variant < 4; ++variant) {
+    const bool shard = variant & 1, bf16 = variant & 2;
     off::StoreOptions o;
     o.device_slots = 3;
     o.async_step = true;
+    o.bf16_copies = bf16;
     if (shard) o.shard_bytes = kShardRows * 33 * sizeof(float);
     const RunResult r = train(o, *cuda, Mover{true}, grad_buf);
     check_run(r);
@@ -417,6 +445,9 @@ class HostBackedDevice : public off::Device {
   void free(void* ptr) noexcept override { host_.free(ptr); }
   void pin_host(void*, size_t) override {}
   void unpin_host(void*) noexcept override {}
+  off::Fence widen_bf16(float* dst, const uint16_t* src, size_t n, const off::Fence& after) override {
+    return host_.widen_bf16(dst, src, n, after);
+  }
   off::Fence record_compute() override { return {}; }
 
  protected:
