@@ -31,7 +31,7 @@ STEADY_STEPS=${BF16_STEPS:-300} STEADY_WINDOW=${BF16_WINDOW:-50} OUT=$OUT \
   bash "$ROOT/bench/gpu/steady.sh" "$BUILD" "$ROOT/bench/jobs/reference-offload.yaml" \
   "resident_bf16|--set precision=bf16 --set offload.enabled=false" \
   "nocache_fp32_copies|--set precision=bf16 --set offload.device_cache_mb=0 --set offload.h2d_dtype=fp32" \
-  "nocache_bf16_copies|--set precision=bf16 --set offload.device_cache_mb=0" \
+  "nocache_bf16_copies|--set precision=bf16 --set offload.device_cache_mb=0 --set offload.h2d_dtype=bf16" \
   "cache_bf16|--set precision=bf16"
 # H2D bytes per step of the two no-cache runs (exactly half with bf16 copies).
 python3 - "$OUT/steady" <<'PY'
