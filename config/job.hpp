@@ -250,7 +250,6 @@ struct Job {
   MetricsConfig metrics;
   LogConfig log;
   TimelineConfig timeline;
-
 };
 
 }  // namespace thetad::config

@@ -10,10 +10,10 @@
 #include <immintrin.h>
 
 #include <algorithm>
-#include <cstdint>
 #include <atomic>
-#include <vector>
 #include <cmath>
+#include <cstdint>
+#include <vector>
 
 #include "comm/bf16.hpp"
 #include "offload/thread_pool.hpp"

@@ -22,6 +22,7 @@
 #include "comm/mpi/mpi_communicator.hpp"
 #include "common/errors.hpp"
 #include "common/log.hpp"
+#include "offload/cpu_adam.hpp"
 #include "offload/device.hpp"
 #include "offload/thread_pool.hpp"
 #include "offload/util.hpp"
@@ -59,14 +60,12 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-}  // namespace
-
-namespace {
 // One group's buffers: params | m | v | grad, each 64-byte aligned, then (bf16_params) the
 // parameters in bfloat16.
 size_t group_bytes(size_t numel, size_t stride, bool bf16_params) {
   return 4 * stride + (bf16_params ? round_up(numel * sizeof(uint16_t), HostArena::kAlign) : 0);
 }
+
 }  // namespace
 
 size_t HostArena::required_bytes(const std::vector<ArenaEntry>& entries, bool bf16_params) {
@@ -133,7 +132,7 @@ HostArena::HostArena(MPI_Comm comm, std::vector<ArenaEntry> entries, size_t host
                                          node_, &mine, &win_);
   if (rc != MPI_SUCCESS) {
     release_node();
-    throw ConfigError(detail::concat("offload: cannot allocate the ", mib(total_),
+    throw ConfigError(::thetad::detail::concat("offload: cannot allocate the ", mib(total_),
                                      " MiB host arena as an MPI shared window; offload fewer "
                                      "groups or lower offload.host_limit_mb"));
   }
@@ -259,6 +258,10 @@ void HostArena::release_node() noexcept {
   node_ = MPI_COMM_NULL;
 }
 
+void HostArena::refresh_bf16(size_t i) const {
+  if (bf16_params_) round_to_bf16(params(i), params_bf16(i), entries_[i].numel);
+}
+
 float* HostArena::ptr(size_t i, int which) const {
   return reinterpret_cast<float*>(base_ + offset_[i] + static_cast<size_t>(which) * stride_[i]);
 }
@@ -278,7 +281,7 @@ void HostArena::wait_seq(size_t i, uint64_t expected, double timeout_s,
   // Updates take milliseconds: the wait backs off to leave the cores to the owner's threads.
   wait_until([&] { return seq_reached(i, expected); }, timeout_s,
              [&] {
-               return detail::concat("group ", entries_[i].group, " to reach update ", expected,
+               return ::thetad::detail::concat("group ", entries_[i].group, " to reach update ", expected,
                                      " (at ", seq(i).load(), "); its owner, local rank ", owner(i),
                                      ", did not finish its optimizer step");
              },

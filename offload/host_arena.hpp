@@ -74,6 +74,9 @@ class HostArena {
   uint16_t* params_bf16(size_t i) const {
     return bf16_params_ ? reinterpret_cast<uint16_t*>(ptr(i, 4)) : nullptr;
   }
+  // Owner side: rewrites params_bf16(i) from params(i) after a write other than the CPU AdamW's
+  // (initial values, resume, a device flush); nothing without bf16_params.
+  void refresh_bf16(size_t i) const;
   std::atomic<uint64_t>& seq(size_t i) const;
 
   // Owner side: makes the group's writes visible and bumps its sequence number.

@@ -394,8 +394,7 @@ void ParamStore::init_all(const std::function<void(int group, float* dst)>& fill
     std::memset(arena_->exp_avg_sq(gi), 0, bytes);
     std::memset(arena_->grad(gi), 0, bytes);
   });
-  for (size_t gi : mine)  // on the pool itself, not from inside its tasks
-    if (uint16_t* copy = arena_->params_bf16(gi)) round_to_bf16(arena_->params(gi), copy, arena_->entry(gi).numel);
+  for (size_t gi : mine) arena_->refresh_bf16(gi);  // on the pool itself, not from inside its tasks
   arena_->node_barrier("init_all: the owners' initial values");  // visible to the host's ranks after it
   for (size_t u = 0; u < version_.size(); ++u) version_[u] = kNoCopy;
 }
@@ -426,7 +425,7 @@ void ParamStore::write_common(int group, const float* params, const float* exp_a
   if (arena_->is_owner(gi)) {
     const size_t bytes = arena_->entry(gi).numel * sizeof(float);
     parallel_copy(arena_->params(gi), params, bytes);
-    if (uint16_t* copy = arena_->params_bf16(gi)) round_to_bf16(arena_->params(gi), copy, arena_->entry(gi).numel);
+    arena_->refresh_bf16(gi);
     parallel_copy(arena_->exp_avg(gi), exp_avg, bytes);  // null: zeros
     parallel_copy(arena_->exp_avg_sq(gi), exp_avg_sq, bytes);
     parallel_copy(arena_->grad(gi), nullptr, bytes);

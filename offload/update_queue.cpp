@@ -51,7 +51,7 @@ void UpdateQueue::run(Job& job) {
   const uint64_t before = arena_.seq(gi).load(std::memory_order_acquire);
   if (job.publish_only) {  // the device's updates, one publish each (readers wait for the last)
     THETAD_CHECK(before <= job.target, InternalError, "offload: group published back in time");
-    if (uint16_t* copy = arena_.params_bf16(gi)) round_to_bf16(arena_.params(gi), copy, arena_.entry(gi).numel);
+    arena_.refresh_bf16(gi);  // the device's values just landed in params
     for (uint64_t s = before; s < job.target; ++s) arena_.publish(gi);
     return;
   }
