@@ -80,6 +80,23 @@ DeviceCachePolicy::Decision DeviceCachePolicy::decide(int64_t step, const Need& 
   return d;
 }
 
+std::vector<std::pair<size_t, int>> DeviceCachePolicy::claim_free(int64_t step, const Need& need,
+                                                                 const std::vector<size_t>& busy) {
+  std::vector<std::pair<size_t, int>> claimed;
+  std::vector<size_t> next = need(step);  // a copy: need() may reuse its storage
+  std::sort(next.begin(), next.end());
+  size_t l = 0;
+  for (size_t e : next) {
+    if (cached(e) || !cacheable_[e] || std::find(busy.begin(), busy.end(), e) != busy.end()) continue;
+    while (l < line_entry_.size() && line_entry_[l] >= 0) ++l;
+    if (l == line_entry_.size()) break;  // no free line left
+    line_entry_[l] = static_cast<int64_t>(e);
+    line_of_[e] = static_cast<int>(l);
+    claimed.emplace_back(e, static_cast<int>(l));
+  }
+  return claimed;
+}
+
 void DeviceCachePolicy::drop(size_t entry) {
   const int line = line_of_.at(entry);
   if (line < 0) return;

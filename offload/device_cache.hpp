@@ -52,6 +52,11 @@ class DeviceCachePolicy {
 
   // Places the entries needed at `step`; call once per step, steps increasing.
   Decision decide(int64_t step, const Need& need);
+  // Ahead of decide(step): the entries needed at `step` that are cacheable, not cached and not in
+  // `busy` (used by the step before, whose updates they would miss) take free lines, lowest entry
+  // and line first; nothing is evicted. Returns (entry, line) pairs to load now; decide(step) then
+  // finds them cached. Every rank claims alike (a function of the schedule and the lines).
+  std::vector<std::pair<size_t, int>> claim_free(int64_t step, const Need& need, const std::vector<size_t>& busy);
   // Forgets a cached entry (its line becomes free): resume overwrote its values on the host.
   void drop(size_t entry);
 

@@ -122,6 +122,12 @@ ParamStore::~ParamStore() {
     } catch (...) {
     }
   }
+  for (const Fence& f : line_loaded_) {
+    try {
+      device_.host_wait(f);
+    } catch (...) {
+    }
+  }
   for (const Fence& f : line_free_) {
     try {
       device_.host_wait(f);
@@ -255,6 +261,13 @@ void ParamStore::release(int u) {
 void ParamStore::prefetch_for(int64_t step) {
   updates_->rethrow_error();
   begin_step(step);
+  if (lines_.lines() > 0 && opts_.prefetch > 0) {  // next step's groups into free cache lines
+    const std::vector<size_t> busy = used_at(step);  // a copy: used_at may rehash its cache
+    const auto need = [this](int64_t s) -> const std::vector<size_t>& { return used_at(s); };
+    for (const auto& [gi, line] : lines_.claim_free(step + 1, need, busy)) {
+      load_line(gi, line, /*order_compute=*/false);
+    }
+  }
   const auto future = [this](int64_t k) { return next_use(static_cast<int>(k)); };
   for (int64_t s = step + 1; s <= step + opts_.prefetch; ++s) {
     const std::vector<int> groups = needed_at(s);  // copy: needed_at may rehash the cache
@@ -366,6 +379,7 @@ void ParamStore::read_group(int group, float* params, float* exp_avg, float* exp
   const size_t gi = index_of(group);
   const size_t bytes = arena_->entry(gi).numel * sizeof(float);
   if (lines_.cached(gi)) {  // after the compute queued so far (its last device update)
+    wait_early_load(lines_.line(gi));
     const Fence after = device_.record_compute();
     float* dst[3] = {params, exp_avg, exp_avg_sq};
     for (int k = 0; k < 3; ++k)
@@ -414,6 +428,7 @@ void ParamStore::write_common(int group, const float* params, const float* exp_a
   // alike (the arena's sequence number is behind its device updates: the owner catches it up).
   const bool was_cached = lines_.cached(gi);
   if (was_cached) {
+    wait_early_load(lines_.line(gi));
     line_free_[static_cast<size_t>(lines_.line(gi))] = device_.record_compute();
     lines_.drop(gi);
   } else {

@@ -135,7 +135,9 @@ class ParamStore {
   float* cached_exp_avg_sq(int group) { return line_part(group, 2); }
   // Start of step `step`, before its acquires: the cache's evictions (the owner copies params, m
   // and v to the arena after the compute queued so far) and loads (after the group's pending
-  // host update; the compute stream waits for them). Every rank, in step order.
+  // host update; the compute stream waits for them). Every rank, in step order. prefetch_for(s)
+  // already loads the groups of step s+1 that free lines can take (not used at s): their copies
+  // overlap step s, and place(s+1) makes the compute stream wait for them.
   void place(int64_t step);
 
   // Startup, collective over the host's ranks: each group's owner calls fill(group, dst) to
@@ -214,7 +216,8 @@ class ParamStore {
   float* line_part(int group, int part);
   void alloc_lines(MPI_Comm comm);
   void wait_final(size_t gi);
-  void load_line(size_t gi, int line);
+  void load_line(size_t gi, int line, bool order_compute = true);
+  void wait_early_load(int line);
   void flush_line(size_t gi, int line);
   const std::vector<size_t>& used_at(int64_t step);
 
@@ -244,6 +247,7 @@ class ParamStore {
   size_t line_numel_ = 0;                       // floats per part (params, m, v) of a line
   std::vector<void*> line_mem_;                 // per line: 3 x line_numel_ floats
   std::vector<Fence> line_free_;                // per line: its last copy out
+  std::vector<Fence> line_loaded_;              // per line: a load for the next step, not yet waited on by compute
   std::map<int64_t, std::vector<size_t>> used_cache_;  // step -> entries any rank uses
   std::vector<float> scratch_;                  // group_params of a cached group
   int64_t now_ = -1;

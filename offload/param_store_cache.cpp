@@ -40,6 +40,7 @@ void ParamStore::alloc_lines(MPI_Comm comm) {
     line_mem_.pop_back();
   }
   line_free_.resize(line_mem_.size());
+  line_loaded_.resize(line_mem_.size());
   lines_ = DeviceCachePolicy(lines, std::move(cacheable));
   stats_.cache_line_bytes = line_mem_.size() * 3 * line_numel_ * sizeof(float);
 }
@@ -66,14 +67,19 @@ void ParamStore::place(int64_t step) {
   updates_->rethrow_error();
   begin_step(step);
   if (lines_.lines() == 0) return;
+  for (Fence& f : line_loaded_) {  // loaded during the step before (prefetch_for)
+    device_.compute_wait(f);
+    f = Fence{};
+  }
   const DeviceCachePolicy::Decision d =
       lines_.decide(step, [this](int64_t s) -> const std::vector<size_t>& { return used_at(s); });
   for (const auto& [gi, line] : d.evict) flush_line(gi, line);
   for (const auto& [gi, line] : d.load) load_line(gi, line);
 }
 
-// The group (params, m, v) into its line, once its last host update has landed.
-void ParamStore::load_line(size_t gi, int line) {
+// The group (params, m, v) into its line, once its last host update has landed. order_compute
+// false (a load for the next step): the compute stream waits for it at the next place().
+void ParamStore::load_line(size_t gi, int line, bool order_compute) {
   wait_final(gi);
   const size_t bytes = arena_->entry(gi).numel * sizeof(float);
   char* dst = static_cast<char*>(line_mem_[static_cast<size_t>(line)]);
@@ -82,10 +88,18 @@ void ParamStore::load_line(size_t gi, int line) {
   for (size_t k = 0; k < 3; ++k)
     last = copy_split(true, dst + k * line_numel_ * sizeof(float), reinterpret_cast<const char*>(parts[k]), bytes,
                       line_free_[static_cast<size_t>(line)]);
-  device_.compute_wait(last);
+  if (order_compute) device_.compute_wait(last);
+  else line_loaded_[static_cast<size_t>(line)] = last;
   std::lock_guard<std::mutex> lk(stats_mu_);
   stats_.h2d_bytes += 3 * bytes;
   stats_.cache_loads += 1;
+}
+
+// A reader of the line outside the compute stream (a checkpoint, resume) waits for its load.
+void ParamStore::wait_early_load(int line) {
+  Fence& f = line_loaded_.at(static_cast<size_t>(line));
+  device_.host_wait(f);
+  f = Fence{};
 }
 
 // The group back to the host with its state: the owner copies params, m and v into the arena

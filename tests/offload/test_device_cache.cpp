@@ -111,3 +111,26 @@ TEST(DeviceCachePolicy, DropFreesTheLine) {
   EXPECT_TRUE(d.evict.empty());
   EXPECT_EQ(d.load, (Pairs{{1, 0}}));
 }
+
+// prefetch_for(s) claims free lines for step s+1: entries needed then, cacheable, not cached and
+// not busy at s (they would miss its updates), lowest first; no eviction; decide(s+1) finds them
+// cached and loads nothing for them.
+TEST(DeviceCachePolicy, ClaimFreeTakesOnlyFreeLinesForNotBusyEntries) {
+  DeviceCachePolicy p(3, {1, 1, 1, 0, 1, 1});
+  Schedule s({{0}, {1, 2, 3, 4, 5}, {5}});
+  EXPECT_EQ(p.decide(0, s.need()).load, (Pairs{{0, 0}}));
+  // Step 1's entries: 1 is busy at step 0 (say), 3 is not cacheable; 2 and 4 take lines 1 and 2;
+  // 5 finds no free line and is left to decide.
+  EXPECT_EQ(p.claim_free(1, s.need(), {1}), (Pairs{{2, 1}, {4, 2}}));
+  EXPECT_TRUE(p.cached(2) && p.cached(4) && p.cached(0));
+  // decide: 1 is never used again, no better than 0 (never either): bypass; 3 is not cacheable;
+  // 5 (used again at step 2) evicts 0. The claimed 2 and 4 are not loaded again.
+  const auto d = p.decide(1, s.need());
+  EXPECT_EQ(d.evict, (Pairs{{0, 0}}));
+  EXPECT_EQ(d.load, (Pairs{{5, 0}}));
+  EXPECT_EQ(d.bypass, (Entries{1, 3}));
+  // Nothing free: nothing claimed, nothing evicted by a claim.
+  const auto before = p.cached_entries();
+  EXPECT_TRUE(p.claim_free(2, s.need(), {}).empty());
+  EXPECT_EQ(p.cached_entries(), before);
+}
