@@ -2,6 +2,7 @@
 // human-readable description and the hash that ranks compare at startup.
 #include "comm/bucket_plan.hpp"
 
+#include <cstring>
 #include <algorithm>
 #include <sstream>
 
@@ -20,6 +21,19 @@ uint64_t fnv1a64(const void* data, size_t len, uint64_t seed) {
 }
 
 uint64_t fnv1a64(const std::string& s, uint64_t seed) { return fnv1a64(s.data(), s.size(), seed); }
+
+uint64_t fnv1a64_words(const void* data, size_t len, uint64_t seed) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  uint64_t h = seed;
+  size_t i = 0;
+  for (; i + 8 <= len; i += 8) {
+    uint64_t w;
+    std::memcpy(&w, p + i, 8);
+    h ^= w;
+    h *= 1099511628211ull;
+  }
+  return fnv1a64(p + i, len - i, h);
+}
 
 namespace {
 

@@ -54,5 +54,8 @@ BucketPlan make_bucket_plan(const std::vector<ParamInfo>& params, int num_groups
 // FNV-1a 64 over bytes; used for plan and job hashes.
 uint64_t fnv1a64(const void* data, size_t len, uint64_t seed = 14695981039346656037ull);
 uint64_t fnv1a64(const std::string& s, uint64_t seed = 14695981039346656037ull);
+// FNV-1a with 64-bit words as its symbols (little-endian loads; the last len % 8 bytes one by
+// one): eight times fewer multiplications than fnv1a64, for hashing gigabytes of parameters.
+uint64_t fnv1a64_words(const void* data, size_t len, uint64_t seed = 14695981039346656037ull);
 
 }  // namespace thetad::comm

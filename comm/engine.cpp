@@ -360,9 +360,13 @@ void Engine::finish_backward() {
       stats_.buckets_pruned += 1;
       stats_.bytes_pruned += static_cast<int64_t>(b.numel * dtype_size(opts_.wire));
     }
-  for (size_t p = 0; p < s.seen.size(); ++p)
-    if (!s.seen[p] && plan_.param_bucket[p] >= 0 && s.local_active[plan_.buckets[plan_.param_bucket[p]].group])
-      stats_.declared_without_grad += 1;
+  // Over the locally active groups' buckets only: 10,000 adapters are 1.28 M parameters.
+  for (size_t g = 0; g < plan_.group_buckets.size(); ++g) {
+    if (!s.local_active[g]) continue;
+    for (int b : plan_.group_buckets[g])
+      for (int p : plan_.buckets[static_cast<size_t>(b)].params)
+        if (!s.seen[static_cast<size_t>(p)]) stats_.declared_without_grad += 1;
+  }
   stats_.count_exchange_ms = s.counts.latency_ms();
   stats_.contributors = s.counts.counts();
   s.finished = true;

@@ -25,6 +25,7 @@ enum class LrSchedule { Constant, Cosine };                   // constant | cosi
 enum class NonFinite { Stop, SkipStep, Warn };                // stop | skip_step | warn
 enum class SharedMode { Resident, Stream };                   // resident | stream (offload.shared)
 enum class H2dDtype { Fp32, Bf16 };                           // fp32 | bf16 (offload.h2d_dtype)
+enum class HostGroups { All, Scheduled };                     // all | scheduled (offload.host_groups)
 
 const std::string& to_string(Precision v);
 const std::string& to_string(GradDtype v);
@@ -39,6 +40,7 @@ const std::string& to_string(LrSchedule v);
 const std::string& to_string(NonFinite v);
 const std::string& to_string(SharedMode v);
 const std::string& to_string(H2dDtype v);
+const std::string& to_string(HostGroups v);
 
 // False (and `out` unchanged) when `word` is not one of the type's YAML words.
 bool from_string(const std::string& word, Precision& out);
@@ -54,6 +56,7 @@ bool from_string(const std::string& word, LrSchedule& out);
 bool from_string(const std::string& word, NonFinite& out);
 bool from_string(const std::string& word, SharedMode& out);
 bool from_string(const std::string& word, H2dDtype& out);
+bool from_string(const std::string& word, HostGroups& out);
 
 // One entry of data.alternate: the groups trained in that step.
 struct AlternateEntry {
@@ -164,6 +167,10 @@ struct OffloadConfig {
   // bf16 (precision bf16 only) halves the H2D bytes, the host keeps the fp32 master; it costs the
   // CPU AdamW 2 more bytes written per parameter, so fp32 is the default (docs/configuration.md).
   H2dDtype h2d_dtype = H2dDtype::Fp32;
+  // The task groups the host arena holds: all of them, or those the job's schedule uses in steps
+  // [0, steps) on any rank (the others are never updated, so their values stay the ones the seed
+  // draws: checkpoints record them as initial and whoever reads them draws them again).
+  HostGroups host_groups = HostGroups::All;
 
   // shard_mb in bytes: the one conversion the store's shards and the model's chunks share.
   size_t shard_bytes() const { return mib_to_bytes(shard_mb); }

@@ -120,7 +120,8 @@ HostArena::HostArena(MPI_Comm comm, std::vector<ArenaEntry> entries, size_t host
     else
       os << "the host has only " << mib(avail) << " MiB available (MemAvailable)";
     os << ". Offload fewer or smaller task groups (offload.enabled: false keeps them on the device)"
-          ", raise offload.host_limit_mb, or run fewer tasks per job";
+          ", raise offload.host_limit_mb, hold only the groups the job's schedule uses "
+          "(offload.host_groups: scheduled), or run fewer tasks per job";
     throw ConfigError(os.str());
   }
 

@@ -46,8 +46,11 @@ ParamStore::ParamStore(const StoreOptions& opts, std::vector<GroupShape> groups,
   cache_ = SlotCache(plan_.slots);
 
   // Collective from here on; every rank reached it with the same decisions.
-  std::vector<ArenaEntry> entries;
-  for (size_t gi = 0; gi < plan_.index.size(); ++gi) entries.push_back({plan_.index.group_of(gi), plan_.group_numel[gi]});
+  held_.assign(plan_.index.size(), 0);
+  for (const GroupShape& g : groups) held_[index_of(g.group)] = g.held ? 1 : 0;
+  std::vector<ArenaEntry> entries;  // a group the job never uses takes no arena memory
+  for (size_t gi = 0; gi < plan_.index.size(); ++gi)
+    entries.push_back({plan_.index.group_of(gi), held_[gi] ? plan_.group_numel[gi] : 0});
   arena_ = std::make_unique<HostArena>(comm, entries, opts_.host_limit_bytes, &device_,
                                        timeout_of(opts_.timeout_s), opts_.bf16_copies);
   alloc_slots(comm);
@@ -69,7 +72,8 @@ ParamStore::ParamStore(const StoreOptions& opts, std::vector<GroupShape> groups,
                               << units << " units, " << slot_mem_.size() << " device slots of "
                               << mib(plan_.slot_bytes) << " MiB on " << device_.name()
                               << (opts_.bf16_copies ? " (copied in as bf16)" : "")
-                              << ", host arena " << mib(arena_->bytes()) << " MiB, CPU Adam on "
+                              << ", host arena " << mib(arena_->bytes()) << " MiB"
+                              << held_groups_note() << ", CPU Adam on "
                               << cpu_threads_ << " threads (" << adam_kernel_name() << ")";
   if (!line_mem_.empty()) {
     THETAD_LOG(info, "offload") << "device cache: " << line_mem_.size() << " lines of " << mib(3 * line_numel_ * sizeof(float))
@@ -194,7 +198,7 @@ Fence ParamStore::copy_split(bool to_device, char* dst, const char* src, size_t 
 
 void ParamStore::copy_in(int u, int slot) {
   const UnitInfo& info = plan_.units[static_cast<size_t>(u)];
-  const size_t gi = index_of(info.group);
+  const size_t gi = held_index(info.group);
   const size_t s = static_cast<size_t>(slot);
   size_t bytes = info.numel * sizeof(float);
   if (opts_.bf16_copies) {  // the bf16 copy into the slot's staging buffer, widened after it
@@ -346,7 +350,7 @@ void ParamStore::discard_pushes(int group) {
 
 void ParamStore::step_group(int group, const AdamHyper& hyper) {
   updates_->rethrow_error();
-  const size_t gi = index_of(group);
+  const size_t gi = held_index(group);
   expected_[gi] += 1;  // every device copy of the group is now stale (version_ < expected_)
   if (lines_.cached(gi)) {  // the caller updated its line on the device
     grad_fences_[gi].clear();
@@ -364,10 +368,16 @@ void ParamStore::wait_idle() { updates_->wait_idle(); }
 
 const float* ParamStore::group_params(int group) {
   updates_->rethrow_error();
-  const size_t gi = index_of(group);
+  const size_t gi = held_index(group);
   if (lines_.cached(gi)) {  // a private copy of the line's values (the arena's are older)
-    scratch_.resize(arena_->entry(gi).numel);
-    read_group(group, scratch_.data(), nullptr, nullptr);
+    // Kept for the next call while the group is not updated: the hash reads a group parameter by
+    // parameter (a LoRA adapter has 128), and each read copied the whole line again.
+    if (scratch_entry_ != gi || scratch_version_ != expected_[gi]) {
+      scratch_.resize(arena_->entry(gi).numel);
+      read_group(group, scratch_.data(), nullptr, nullptr);
+      scratch_entry_ = gi;
+      scratch_version_ = expected_[gi];
+    }
     return scratch_.data();
   }
   updates_->wait_update(gi, expected_[gi]);
@@ -376,7 +386,7 @@ const float* ParamStore::group_params(int group) {
 
 void ParamStore::read_group(int group, float* params, float* exp_avg, float* exp_avg_sq) {
   updates_->rethrow_error();
-  const size_t gi = index_of(group);
+  const size_t gi = held_index(group);
   const size_t bytes = arena_->entry(gi).numel * sizeof(float);
   if (lines_.cached(gi)) {  // after the compute queued so far (its last device update)
     wait_early_load(lines_.line(gi));
@@ -397,7 +407,7 @@ void ParamStore::init_all(const std::function<void(int group, float* dst)>& fill
   std::vector<size_t> mine;
   for (size_t gi = 0; gi < plan_.index.size(); ++gi) {
     THETAD_CHECK(expected_[gi] == 0, InternalError, "init_all after group ", plan_.index.group_of(gi), " was updated");
-    if (arena_->is_owner(gi)) mine.push_back(gi);
+    if (held_[gi] && arena_->is_owner(gi)) mine.push_back(gi);
   }
   arena_->node_barrier("init_all: start");
   ThreadPool::instance().parallel_for(mine.size(), [&](size_t i) {
@@ -423,7 +433,8 @@ void ParamStore::write_group(int group, const float* params, const float* exp_av
 void ParamStore::write_common(int group, const float* params, const float* exp_avg,
                               const float* exp_avg_sq) {
   updates_->rethrow_error();
-  const size_t gi = index_of(group);
+  const size_t gi = held_index(group);
+  scratch_entry_ = SIZE_MAX;  // its values change without an update
   // A cached group's line is replaced by the arena's new values: it leaves the cache, every rank
   // alike (the arena's sequence number is behind its device updates: the owner catches it up).
   const bool was_cached = lines_.cached(gi);
@@ -448,6 +459,21 @@ void ParamStore::write_common(int group, const float* params, const float* exp_a
   }
   arena_->node_barrier("write_group: the owner's values");  // visible to the host's ranks after it
   for (int u : plan_.group_units[gi]) version_[static_cast<size_t>(u)] = kNoCopy;
+}
+
+size_t ParamStore::held_index(int group) const {
+  const size_t gi = index_of(group);
+  THETAD_CHECK(held_[gi], InternalError, "offload: group ", group,
+               " has no memory in the host arena (offload.host_groups: scheduled, and the schedule never uses it); "
+               "its values are the initial ones, drawn by the caller");
+  return gi;
+}
+
+std::string ParamStore::held_groups_note() const {
+  const size_t held = static_cast<size_t>(std::count(held_.begin(), held_.end(), uint8_t{1}));
+  if (held == held_.size()) return "";
+  return ::thetad::detail::concat(" holding ", held, " of ", held_.size(),
+                                  " groups (the others are never used by this job: offload.host_groups: scheduled)");
 }
 
 StoreStats ParamStore::stats() const {

@@ -39,6 +39,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "comm/communicator.hpp"
@@ -130,6 +131,9 @@ class ParamStore {
   // Device bytes of one line: 3 x the largest group that is not row-sharded (0: no such group).
   size_t cache_line_bytes() const { return 3 * line_numel_ * sizeof(float); }
   bool cached(int group) const { return lines_.cached(index_of(group)); }
+  // Whether the host arena holds the group (GroupShape::held): a group it does not hold is never
+  // used, read or written through the store; its values are the initial ones.
+  bool held(int group) const { return held_[index_of(group)] != 0; }
   float* cached_params(int group) { return line_part(group, 0); }
   float* cached_exp_avg(int group) { return line_part(group, 1); }
   float* cached_exp_avg_sq(int group) { return line_part(group, 2); }
@@ -140,7 +144,7 @@ class ParamStore {
   // overlap step s, and place(s+1) makes the compute stream wait for them.
   void place(int64_t step);
 
-  // Startup, collective over the host's ranks: each group's owner calls fill(group, dst) to
+  // Startup, collective over the host's ranks: each held group's owner calls fill(group, dst) to
   // write the group's initial values straight into the arena (groups in parallel on the CPU
   // Adam threads; fill must be thread-safe) and zeroes Adam's m and v. The other ranks never
   // hold the values: no rank needs a copy of θ.
@@ -205,6 +209,9 @@ class ParamStore {
   static constexpr uint64_t kNoCopy = UINT64_MAX;
 
   size_t index_of(int group) const { return plan_.index.entry_of(group); }
+  // index_of, and an InternalError for a group the arena does not hold.
+  size_t held_index(int group) const;
+  std::string held_groups_note() const;  // for the log: how many groups the arena holds
   const std::vector<int>& needed_at(int64_t step);
   int64_t next_use(int unit);
   void begin_step(int64_t step);
@@ -225,6 +232,7 @@ class ParamStore {
   Device& device_;
   Schedule schedule_;
   StorePlan plan_;
+  std::vector<uint8_t> held_;  // per entry: the arena holds its memory (GroupShape::held)
   size_t cpu_threads_ = 1;
   std::unique_ptr<HostArena> arena_;
   std::unique_ptr<UpdateQueue> updates_;  // the owner's CPU steps (before arena_ goes)
@@ -250,6 +258,8 @@ class ParamStore {
   std::vector<Fence> line_loaded_;              // per line: a load for the next step, not yet waited on by compute
   std::map<int64_t, std::vector<size_t>> used_cache_;  // step -> entries any rank uses
   std::vector<float> scratch_;                  // group_params of a cached group
+  size_t scratch_entry_ = SIZE_MAX;             // whose values scratch_ holds
+  uint64_t scratch_version_ = 0;                // at which update count
   int64_t now_ = -1;
 
   mutable std::mutex stats_mu_;

@@ -10,8 +10,9 @@
 
 namespace thetad::offload {
 
-// As many lines as the budget holds, at most one per unsharded group, allocated until the device
-// refuses; then every rank keeps the fewest any rank got, so that all place groups alike.
+// As many lines as the budget holds, at most one per unsharded group the arena holds (a line for
+// a group the job never uses would stay empty), allocated until the device refuses; then every
+// rank keeps the fewest any rank got, so that all place groups alike.
 void ParamStore::alloc_lines(MPI_Comm comm) {
   std::vector<uint8_t> cacheable(plan_.index.size(), 0);
   int64_t want = 0;
@@ -19,7 +20,8 @@ void ParamStore::alloc_lines(MPI_Comm comm) {
     // Whole flat groups only: a [rows x row_elems] group is streamed by the model in row chunks
     // through the slots (a unit each), even where it has one shard.
     for (size_t gi = 0; gi < cacheable.size(); ++gi)
-      if (plan_.group_units[gi].size() == 1 && plan_.units[static_cast<size_t>(plan_.group_units[gi][0])].row_elems == 1) {
+      if (held_[gi] && plan_.group_units[gi].size() == 1 &&
+          plan_.units[static_cast<size_t>(plan_.group_units[gi][0])].row_elems == 1) {
         cacheable[gi] = 1;
         line_numel_ = std::max(line_numel_, plan_.group_numel[gi]);
         ++want;
@@ -80,6 +82,7 @@ void ParamStore::place(int64_t step) {
 // The group (params, m, v) into its line, once its last host update has landed. order_compute
 // false (a load for the next step): the compute stream waits for it at the next place().
 void ParamStore::load_line(size_t gi, int line, bool order_compute) {
+  (void)held_index(plan_.index.group_of(gi));
   wait_final(gi);
   const size_t bytes = arena_->entry(gi).numel * sizeof(float);
   char* dst = static_cast<char*>(line_mem_[static_cast<size_t>(line)]);

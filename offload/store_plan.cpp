@@ -25,16 +25,18 @@ GroupIndex::GroupIndex(const std::vector<GroupShape>& groups) {
 size_t GroupIndex::add(int group) {
   THETAD_CHECK(group >= 1, InternalError, "group ", group,
                " cannot be offloaded (group 0, the shared Θ, stays on the device)");
-  THETAD_CHECK(entry_.emplace(group, groups_.size()).second, InternalError, "group ", group,
-               " given twice");
+  const auto g = static_cast<size_t>(group);
+  if (entry_.size() <= g) entry_.resize(g + 1, kNone);
+  THETAD_CHECK(entry_[g] == kNone, InternalError, "group ", group, " given twice");
+  entry_[g] = groups_.size();
   groups_.push_back(group);
   return groups_.size() - 1;
 }
 
 size_t GroupIndex::entry_of(int group) const {
-  auto it = entry_.find(group);
-  THETAD_CHECK(it != entry_.end(), InternalError, "group ", group, " is not offloaded");
-  return it->second;
+  const size_t e = contains(group) ? entry_[static_cast<size_t>(group)] : kNone;
+  THETAD_CHECK(e != kNone, InternalError, "group ", group, " is not offloaded");
+  return e;
 }
 
 StorePlan plan_store(const std::vector<GroupShape>& groups, const StorePlanOptions& opts) {

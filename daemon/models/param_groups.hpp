@@ -45,6 +45,9 @@ struct GroupState {
   std::vector<std::string> names;
   std::vector<torch::Tensor> params, exp_avg, exp_avg_sq;  // CPU tensors when loaded
   int64_t steps = 0;
+  // Never updated, values not copied: the group is at its initial values, which the model draws
+  // (a group the host arena does not hold; in a checkpoint, zero values with step count 0).
+  bool initial = false;
 };
 
 }  // namespace thetad::daemon

@@ -17,6 +17,7 @@ GradHooks::GradHooks(ParamGroups& groups, comm::Engine& engine, const DataPlane&
   requires_grad_.assign(static_cast<size_t>(groups_.num_groups()), 1);
   for (size_t i = 0; i < groups_.size(); ++i) {
     auto& p = groups_[static_cast<int>(i)].tensor;
+    if (overwrite_[static_cast<size_t>(groups_[static_cast<int>(i)].group)]) overwrite_params_.push_back(static_cast<int>(i));
     if (!resident[static_cast<size_t>(groups_[static_cast<int>(i)].group)]) continue;
     // Gradients live in the engine's flat bucket buffers: .grad is a view of them.
     views_[i] = torch::from_blob(engine_.grad(static_cast<int>(i)), p.sizes(),
@@ -75,15 +76,11 @@ void GradHooks::take_grad(int i) {
 }
 
 void GradHooks::start_window() {
-  for (size_t i = 0; i < groups_.size(); ++i)
-    if (overwrite_[static_cast<size_t>(groups_[static_cast<int>(i)].group)])
-      groups_[static_cast<int>(i)].tensor.mutable_grad().reset();
+  for (int i : overwrite_params_) groups_[i].tensor.mutable_grad().reset();
 }
 
 void GradHooks::end_window() {
-  for (size_t i = 0; i < groups_.size(); ++i)
-    if (overwrite_[static_cast<size_t>(groups_[static_cast<int>(i)].group)])
-      groups_[static_cast<int>(i)].tensor.mutable_grad() = views_[i];
+  for (int i : overwrite_params_) groups_[i].tensor.mutable_grad() = views_[static_cast<size_t>(i)];
 }
 
 void GradHooks::set_trained(const std::vector<uint8_t>& trained) {

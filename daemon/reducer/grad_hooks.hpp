@@ -57,6 +57,10 @@ class GradHooks {
   const DataPlane& plane_;
   const std::vector<uint8_t> overwrite_;  // per group
   std::vector<torch::Tensor> views_;      // per parameter (resident groups)
+  // The parameters of overwrite groups, which every window visits: a list of its own, since
+  // 10,000 offloaded adapters are 1.28 M parameters that a loop over all of them would pass twice
+  // per step.
+  std::vector<int> overwrite_params_;
   std::vector<uint8_t> requires_grad_;    // per group, current flag
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // keep the hooks alive
   std::unordered_map<const torch::autograd::Node*, int> acc_index_;

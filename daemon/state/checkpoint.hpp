@@ -5,6 +5,10 @@
 // shards shared round-robin among the ranks, each file synced to disk, and renamed (then the
 // rename synced) once all have finished, so a directory named step-* is always complete, also after a
 // crash of the machine. Keep-N pruning runs after that and never removes the new checkpoint.
+// A group whose values a shard does not hold (zero of them, step count 0, where the model's group
+// has values) is at its initial values, which the model draws from the job: a task group that the
+// host arena does not hold (offload.host_groups: scheduled) is written so, 10,000 untouched
+// adapters cost no bytes. Resume leaves such a group as the fresh model has it.
 #pragma once
 
 #include <torch/torch.h>

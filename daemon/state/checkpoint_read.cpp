@@ -172,6 +172,12 @@ GroupState CheckpointReader::load_group_file(int group) const {
 GroupState in_model_layout(const GroupState& loaded, const ParamGroups& groups, int g, const std::string& where) {
   if (loaded.names.empty()) {
     const int64_t n = groups.numel(g);
+    if (loaded.params.size() == 1 && loaded.params[0].numel() == 0 && n > 0 && loaded.steps == 0) {
+      GroupState st;  // format 3's initial group: no values, never updated
+      st.group = g;
+      st.initial = true;
+      return st;
+    }
     if (loaded.params.size() != 1 || loaded.params[0].numel() != n)
       throw ConfigError(where + ": group " + std::to_string(g) + " holds " +
                         std::to_string(loaded.params.empty() ? 0 : loaded.params[0].numel()) +

@@ -157,6 +157,11 @@ void snapshot_shard(const CheckpointWriter& w, const ManifestShard& shard, size_
   };
   for (int64_t g = shard.first; g < shard.first + shard.count; ++g) {
     const GroupState st = group_state(static_cast<int>(g));
+    if (st.initial) {  // zero values and step count 0: at its initial values (checkpoint.hpp)
+      out.offsets.push_back(static_cast<int64_t>(out.param.size()));
+      out.steps.push_back(0);
+      continue;
+    }
     for (size_t i = 0; i < st.names.size(); ++i) {
       const size_t at = out.param.size();
       const at::Tensor staged = append(0, st.params[i]);

@@ -14,29 +14,66 @@
 #include "common/stopwatch.hpp"
 #include "config/loader.hpp"
 #include "daemon/core/job_options.hpp"
+#include "offload/thread_pool.hpp"
 
 namespace thetad::daemon {
 namespace {
 
 using Clock = SteadyClock;
 
-// FNV-1a of a parameter's bytes: chained directly for up to 16 MiB, else over the hashes of
-// its 16 MiB pieces, hashed in parallel (rank 0 fingerprints 34 GB of parameters at T = 256:
-// bytewise on one thread that took over a minute).
-uint64_t bytes_hash(const void* data, size_t bytes, uint64_t seed) {
+// FNV-1a (of 64-bit words) of a parameter's bytes: directly for up to 16 MiB, else over the
+// hashes of its 16 MiB pieces, hashed in parallel (rank 0 fingerprints 34 GB of parameters at
+// T = 256: bytewise on one thread that took over a minute); `parallel` false where the caller
+// already runs one such hash per thread.
+uint64_t bytes_hash(const void* data, size_t bytes, uint64_t seed, bool parallel = true) {
   constexpr size_t kPiece = size_t{16} << 20;
   const size_t pieces = (bytes + kPiece - 1) / kPiece;
-  if (pieces <= 1) return comm::fnv1a64(data, bytes, seed);
+  if (pieces <= 1) return comm::fnv1a64_words(data, bytes, seed);
   std::vector<uint64_t> hs(pieces);
   const char* base = static_cast<const char*>(data);
-  at::parallel_for(0, static_cast<int64_t>(pieces), 1, [&](int64_t b, int64_t e) {
+  at::parallel_for(0, static_cast<int64_t>(pieces), parallel ? 1 : static_cast<int64_t>(pieces), [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
       const size_t off = static_cast<size_t>(i) * kPiece;
-      hs[static_cast<size_t>(i)] = comm::fnv1a64(base + off, std::min(kPiece, bytes - off));
+      hs[static_cast<size_t>(i)] = comm::fnv1a64_words(base + off, std::min(kPiece, bytes - off));
     }
   });
   return comm::fnv1a64(hs.data(), hs.size() * sizeof(uint64_t), seed);
 }
+
+// The hashes of the parameters of task groups the host arena does not hold (offload.host_groups:
+// scheduled): their initial values drawn again, each parameter by one thread into a buffer of its
+// own and hashed there, the whole run of such parameters from `p` on in parallel on the store's
+// CPU threads, idle once training is done (each parameter has a generator of its own, so the
+// values do not depend on who draws them). 10,000 LoRA adapters are 168 GB of values.
+class InitialHashes {
+ public:
+  InitialHashes(StoreBridge* store, const ParamGroups& groups) : store_(store), groups_(groups) {}
+
+  bool drawn(int p) const { return store_ && groups_[p].group > 0 && !store_->held(groups_[p].group); }
+
+  // Fills per[p .. end) for the run of drawn parameters starting at p; returns end.
+  int hash_run(int p, std::vector<uint64_t>& per) const {
+    int end = p;
+    while (end < static_cast<int>(groups_.size()) && drawn(end)) ++end;
+    offload::ThreadPool& pool = offload::ThreadPool::instance();
+    const size_t n = static_cast<size_t>(end - p), chunks = std::min(n, 4 * pool.threads());
+    pool.parallel_for(chunks, [&](size_t c) {
+      std::vector<float> buf;
+      for (size_t k = c * n / chunks; k < (c + 1) * n / chunks; ++k) {
+        const int q = p + static_cast<int>(k);
+        buf.resize(static_cast<size_t>(groups_[q].tensor.numel()));
+        store_->initial_values(q, buf.data());
+        per[static_cast<size_t>(q)] = bytes_hash(buf.data(), buf.size() * sizeof(float), comm::fnv1a64("", 0),
+                                                 /*parallel=*/false);
+      }
+    });
+    return end;
+  }
+
+ private:
+  StoreBridge* store_;
+  const ParamGroups& groups_;
+};
 
 }  // namespace
 
@@ -76,10 +113,11 @@ int64_t RunState::resume(bool resume, std::vector<int64_t>& group_steps) {
                       std::to_string(step) + " to train on, or start anew with --no-resume)");
   for (int g = 0; g < groups_.num_groups(); ++g) {
     const GroupState st = in_model_layout(reader.load_group(g), groups_, g, ckpt.path);
+    group_steps[static_cast<size_t>(g)] = st.steps;
+    if (st.initial) continue;  // never updated: the fresh model and store hold its initial values
     if (g == 0 && trunk_) trunk_->restore(st);
     else if (store_ && store_->offloaded(g)) store_->restore(g, st);
     else resident_.restore(g, st);
-    group_steps[static_cast<size_t>(g)] = st.steps;
   }
   THETAD_LOG(info, "ckpt") << "resumed from " << ckpt.path << " at step " << ckpt.step;
   return ckpt.step;
@@ -90,6 +128,7 @@ std::string RunState::first_nonfinite_param(int first, int stride) {
   for (int g = first; g < groups_.num_groups(); g += stride) {
     const bool streamed = g == 0 && trunk_;
     const bool host = streamed || (store_ && store_->offloaded(g));
+    if (host && !streamed && !store_->held(g)) continue;  // initial values: finite
     const float* values = host && !streamed ? store_->group_values(g) : nullptr;
     for (int p : groups_.members[static_cast<size_t>(g)]) {
       const NamedParam& np = groups_[p];
@@ -119,7 +158,10 @@ CheckpointWriter RunState::writer(int64_t completed) {
   w.job_name = job_.name;
   w.job_hash = model_hash(job_);
   w.keep = job_.checkpoint.keep;
-  for (int g = 0; g < groups_.num_groups(); ++g) w.group_bytes.push_back(groups_.numel(g) * 3 * int64_t{sizeof(float)});
+  for (int g = 0; g < groups_.num_groups(); ++g) {
+    const bool initial = store_ && store_->offloaded(g) && !store_->held(g);  // no values written
+    w.group_bytes.push_back(initial ? 0 : groups_.numel(g) * 3 * int64_t{sizeof(float)});
+  }
   w.barrier = [this, completed] { plane_.barrier({"checkpoint barrier", completed, -1}); };
   w.all_ok = [this, completed](bool ok) {
     return plane_.all_ok(ok, {"allreduce of the checkpoint status", completed, -1});
@@ -212,23 +254,30 @@ void RunState::advance_checkpoint(int64_t step, bool wait) {
   inflight_.reset();
 }
 
+// FNV-1a over the parameters' own hashes (bytes_hash of each one's values, in registration order),
+// so that parameters can be hashed apart, in parallel where their values are drawn again.
 uint64_t RunState::params_hash() {
-  uint64_t h = comm::fnv1a64("", 0);
-  for (size_t i = 0; i < groups_.size(); ++i) {
+  const uint64_t basis = comm::fnv1a64("", 0);
+  std::vector<uint64_t> per(groups_.size());
+  const InitialHashes initial(store_, groups_);
+  for (size_t i = 0; i < groups_.size();) {
+    if (initial.drawn(static_cast<int>(i))) {
+      i = static_cast<size_t>(initial.hash_run(static_cast<int>(i), per));
+      continue;
+    }
     const NamedParam& p = groups_[static_cast<int>(i)];
     const auto bytes = static_cast<size_t>(p.tensor.numel()) * sizeof(float);
     if (store_ && store_->offloaded(p.group)) {  // hashed where it lives: no copy of θ (T = 384: 52 GB)
-      h = bytes_hash(store_->group_values(p.group) + groups_.offset[i], bytes, h);
-      continue;
+      per[i] = bytes_hash(store_->group_values(p.group) + groups_.offset[i], bytes, basis);
+    } else if (p.group == 0 && trunk_) {
+      per[i] = bytes_hash(trunk_->values(static_cast<int>(i)), bytes, basis);
+    } else {
+      torch::Tensor c = p.tensor.detach().cpu().contiguous();
+      per[i] = bytes_hash(c.data_ptr(), bytes, basis);
     }
-    if (p.group == 0 && trunk_) {
-      h = bytes_hash(trunk_->values(static_cast<int>(i)), bytes, h);
-      continue;
-    }
-    torch::Tensor c = p.tensor.detach().cpu().contiguous();
-    h = bytes_hash(c.data_ptr(), bytes, h);
+    ++i;
   }
-  return h;
+  return comm::fnv1a64(per.data(), per.size() * sizeof(uint64_t), basis);
 }
 
 }  // namespace thetad::daemon

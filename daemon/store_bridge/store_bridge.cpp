@@ -6,6 +6,7 @@
 #include <c10/cuda/CUDAStream.h>
 #endif
 
+#include <algorithm>
 #include <string>
 
 #include "common/errors.hpp"
@@ -96,6 +97,16 @@ void StoreBridge::build(comm::Engine& engine, const Schedule& schedule, int rank
     }
     shapes.push_back({g, static_cast<size_t>(groups_.numel(g)), 1});
   }
+  if (job_.offload.host_groups == config::HostGroups::Scheduled) {
+    // Only a group whose parameters can be drawn again (built lazily, with init functions) may
+    // stay out of the arena; the others keep their only copy of the initial values there.
+    const std::vector<uint8_t> used = scheduled_groups();
+    for (offload::GroupShape& s : shapes) {
+      bool drawable = true;
+      for (int p : groups_.members[static_cast<size_t>(s.group)]) drawable &= groups_[p].init != nullptr;
+      s.held = used[static_cast<size_t>(s.group)] != 0 || !drawable;
+    }
+  }
   if (plane_.gpu())
     device_ = offload::make_cuda_device(plane_.device.index(), plane_.compute_stream);
   else
@@ -171,7 +182,7 @@ void StoreBridge::build(comm::Engine& engine, const Schedule& schedule, int rank
   torch::NoGradGuard no_grad;
   for (int g = 1; g < groups_.num_groups(); ++g)
     for (int p : groups_.members[static_cast<size_t>(g)]) {
-      groups_[p].init = nullptr;
+      if (store_->held(g)) groups_[p].init = nullptr;  // a group not held draws its values when read
       auto& t = groups_[p].tensor;
       t.set_data(torch::zeros({1}, torch::TensorOptions().dtype(torch::kFloat32).device(plane_.device))
                      .expand(t.sizes()));
@@ -179,6 +190,35 @@ void StoreBridge::build(comm::Engine& engine, const Schedule& schedule, int rank
   THETAD_LOG(info, "offload") << "host store: " << shapes.size() << " task groups, " << store_->slots()
                               << " device slots of " << store_->slot_bytes() << " bytes, host arena "
                               << store_->arena().bytes() << " bytes";
+}
+
+// offload.host_groups: scheduled: the groups any rank uses in steps [0, steps] and the store's
+// lookahead past the last one (prefetch, the cache's next-step loads), the union over the
+// window's micro-steps: every group the store will ever copy, update or read through the arena.
+std::vector<uint8_t> StoreBridge::scheduled_groups() const {
+  std::vector<uint8_t> used(static_cast<size_t>(groups_.num_groups()), 0);
+  const int64_t horizon = job_.steps + std::max<int64_t>(1, job_.offload.prefetch);
+  const int64_t k = job_.accumulate_steps;
+  int64_t count = 0;
+  const int64_t tasks = groups_.num_groups() - 1;
+  for (int64_t s = 0; s <= horizon * k + k - 1 && count < tasks; ++s)
+    for (int r = 0; r < schedule_->world_size(); ++r)
+      for (int t : schedule_->tasks_at(s, r)) {
+        uint8_t& u = used[static_cast<size_t>(t) + 1];
+        count += u == 0;
+        u = 1;
+      }
+  return used;
+}
+
+bool StoreBridge::held(int g) const { return store_->held(g); }
+
+void StoreBridge::initial_values(int p, float* dst) const {
+  const NamedParam& np = groups_[p];
+  THETAD_CHECK(np.init != nullptr, InternalError, "parameter '", np.name, "' has no initial values to draw");
+  torch::NoGradGuard no_grad;
+  torch::Tensor view = torch::from_blob(dst, np.tensor.sizes(), torch::kFloat32);
+  np.init(view);
 }
 
 // offload.device_cache_mb: a size (no more than the device has), or auto: on a GPU what it has
@@ -436,6 +476,12 @@ GroupState group_state_of_flat(const ParamGroups& groups, int g, const std::vect
 }
 
 GroupState StoreBridge::state(int g) {
+  if (!store_->held(g)) {
+    GroupState st;
+    st.group = g;
+    st.initial = true;
+    return st;
+  }
   const int64_t n = groups_.numel(g);
   std::vector<torch::Tensor> flat;
   for (int i = 0; i < 3; ++i) flat.push_back(torch::empty({n}, torch::kFloat32));
@@ -444,6 +490,16 @@ GroupState StoreBridge::state(int g) {
 }
 
 void StoreBridge::restore(int g, const GroupState& st) {
+  if (st.initial) return;  // the store holds the initial values already (or draws them)
+  if (!store_->held(g)) {
+    // Never updated (its values are the initial ones): nothing to hold. Updated: the schedule
+    // that left it out is not the one that trained it.
+    if (st.steps == 0) return;
+    throw ConfigError(job_.source + ": offload.host_groups: scheduled: the checkpoint holds group " +
+                      std::to_string(g) + " after " + std::to_string(st.steps) +
+                      " updates, but this job's schedule never uses it, so the host arena has no room "
+                      "for it (the world size or the schedule changed since?); set offload.host_groups: all");
+  }
   std::vector<torch::Tensor> fp, fm, fv;
   for (size_t i = 0; i < st.params.size(); ++i) {
     fp.push_back(st.params[i].reshape({-1}));

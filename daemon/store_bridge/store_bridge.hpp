@@ -96,13 +96,18 @@ class StoreBridge {
   size_t device_slot_bytes() const;  // its slots and its cache lines (memory outside the allocator)
   // The store's device (streams, copies): Θ's streamed store shares it (after build).
   offload::Device* device() { return device_.get(); }
-  // Checkpoints and the final hash read the store, not a device copy.
+  // Checkpoints and the final hash read the store, not a device copy. A group the arena does
+  // not hold (offload.host_groups: scheduled) is at its initial values: state says so (no
+  // tensors), restore accepts it only as such, and initial_values draws a parameter's values.
   GroupState state(int g);
   void restore(int g, const GroupState& st);  // tensors in the group's parameter order
-  const float* group_values(int g);
+  const float* group_values(int g);           // a held group's values, flat
+  bool held(int g) const;
+  void initial_values(int p, float* dst) const;  // parameter p of a group not held
 
  private:
   size_t cache_budget() const;
+  std::vector<uint8_t> scheduled_groups() const;
   size_t reserved_device_bytes_ = 0;
   void step_cached(int g, AdamSettings s, double clip_norm);
   void add_line_operands(int g, int p, float* grad, AdamOperands& ops);

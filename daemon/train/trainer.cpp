@@ -554,7 +554,10 @@ int Trainer::run() {
   flush();
   state_->finish_checkpoint(job_.steps);  // none is left in flight: the last one was synchronous
   if (world_.rank == 0) {
-    THETAD_LOG(info, "train") << "final params hash: " << hex64(state_->params_hash());
+    const auto t_hash = Clock::now();
+    const std::string hash = hex64(state_->params_hash());
+    THETAD_LOG(info, "train") << "final params hash: " << hash << " (computed in " << std::fixed << std::setprecision(1)
+                              << ms_since(t_hash) / 1000 << " s)";
   }
   if (timeline_) timeline_->close();
   return exit_code;

@@ -503,6 +503,37 @@ TEST(StoreWithinStep, PrefetchDoesNotOrderComputeUntilAsked) {
   MPI_Barrier(MPI_COMM_WORLD);
 }
 
+// offload.host_groups: scheduled: a group the job never uses (held = false) takes no arena memory
+// and is never filled; the held ones work as before, and touching the other is an InternalError.
+TEST(StoreHeldGroups, AGroupNotHeldHasNoArenaMemory) {
+  RecordingDevice dev;
+  off::StoreOptions o;
+  o.device_slots = 1;
+  o.prefetch = 0;
+  const std::vector<off::GroupShape> all = {{1, 1000, 1}, {2, 3000, 1}};
+  std::vector<off::GroupShape> some = all;
+  some[1].held = false;
+  const size_t full = off::HostArena::required_bytes({{1, 1000}, {2, 3000}});
+  off::ParamStore store(o, some, dev, [](int64_t) { return std::vector<int>{1}; });
+  EXPECT_TRUE(store.held(1));
+  EXPECT_FALSE(store.held(2));
+  EXPECT_EQ(store.arena().bytes(), off::HostArena::required_bytes({{1, 1000}, {2, 0}}));
+  EXPECT_LT(store.arena().bytes() + 3000 * 16, full + 4096);
+  std::vector<int> filled;
+  store.init_all([&](int g, float* dst) {
+    filled.push_back(g);
+    for (int i = 0; i < 1000; ++i) dst[i] = float(i);
+  });
+  EXPECT_EQ(filled, std::vector<int>(store.arena().is_owner(0) ? 1 : 0, 1));
+  const float* a = store.acquire(store.units_of(1).at(0), 0);
+  EXPECT_EQ(a[7], 7.f);
+  store.release_step(0);
+  EXPECT_THROW(store.acquire(store.units_of(2).at(0), 1), thetad::InternalError);
+  std::vector<float> out(3000);
+  EXPECT_THROW(store.read_group(2, out.data(), nullptr, nullptr), thetad::InternalError);
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
 // offload.shared: stream: the owner's queued CPU updates whose gradients have landed run lowest
 // group first (the next forward needs layer 0 first; backward delivers it last). A device whose
 // copies land only when the test opens a gate: the worker takes the oldest update (none has

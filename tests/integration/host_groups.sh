@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# offload.host_groups: scheduled: the host arena holds only the task groups the job's schedule
+# uses (40 LoRA adapters, a few steps of round robin: a fraction of them), the others stay at
+# their initial values and are drawn where they are read. Bitwise the parameters of offload off
+# and of host_groups: all, on 1 and 2 ranks and with the device cache; checkpoints record the
+# untouched groups without values and resume bitwise (also into offload off, and into a longer
+# run that holds more groups); a checkpoint whose updated groups this job's schedule does not
+# hold is exit 2 naming the key.
+source "$(dirname "$0")/lib.sh"
+thetad=$1
+job=$HERE/jobs/transformer.yaml
+T=(--set model.tasks=40)
+OFF=(--set offload.enabled=false)
+ALL=(--set offload.enabled=true --set offload.device_slots=2)
+SCH=("${ALL[@]}" --set offload.host_groups=scheduled)
+for np in 1 2; do
+  run_np off_np$np $np "$job" --set steps=6 "${T[@]}" "${OFF[@]}"
+  run_np all_np$np $np "$job" --set steps=6 "${T[@]}" "${ALL[@]}"
+  run_np sch_np$np $np "$job" --set steps=6 "${T[@]}" "${SCH[@]}"
+  same_hash "np$np: host_groups all == offload off" off_np$np all_np$np
+  same_hash "np$np: host_groups scheduled == offload off" off_np$np sch_np$np
+done
+# Round robin, one task per rank and step, prefetch 1: steps 0 .. 7 use tasks 0 .. 7 on one rank.
+expect_in sch_np1 "holding 8 of 40 groups"
+expect_in sch_np2 "holding 16 of 40 groups"
+arena_mib() { grep -o 'host arena [0-9.]* MiB' "$WORK/$1.log" | head -1 | awk '{print $3}'; }
+if awk -v a="$(arena_mib all_np2)" -v s="$(arena_mib sch_np2)" 'BEGIN { exit !(s > 0 && s * 2 < a) }'; then
+  pass "the arena holds less: $(arena_mib sch_np2) MiB against $(arena_mib all_np2) MiB"
+else fail "arena: scheduled $(arena_mib sch_np2) MiB vs all $(arena_mib all_np2) MiB"; fi
+
+# With the device cache (groups updated on the device, flushed at the end): the same bits.
+run_np cache 2 "$job" --set steps=6 "${T[@]}" "${SCH[@]}" --set offload.device_cache_mb=1
+same_hash "scheduled with the device cache == offload off" off_np2 cache
+
+# Checkpoints: untouched groups cost no bytes, and resume gives the uninterrupted run's bits.
+du_k() { du -sk "$1" | awk '{print $1}'; }
+run_np all3 2 "$job" --set steps=3 "${T[@]}" "${ALL[@]}"
+run_np sch3 2 "$job" --set steps=3 "${T[@]}" "${SCH[@]}"
+if [ "$(du_k "$WORK/sch3.ckpt/step-00000003")" -lt "$(du_k "$WORK/all3.ckpt/step-00000003")" ]; then
+  pass "the checkpoint of scheduled is smaller ($(du_k "$WORK/sch3.ckpt/step-00000003") KiB against $(du_k "$WORK/all3.ckpt/step-00000003") KiB)"
+else fail "checkpoint sizes: scheduled $(du_k "$WORK/sch3.ckpt/step-00000003") KiB, all $(du_k "$WORK/all3.ckpt/step-00000003") KiB"; fi
+resume() {  # resume NAME FROM ARGS...: the checkpoint of run FROM continued to step 6 on 2 ranks
+  local name=$1 from=$2; shift 2
+  cp -r "$WORK/$from.ckpt" "$WORK/$name.ckpt"
+  expect_code 0 "$name" mpirun "${MPIRUN_FLAGS[@]}" -np 2 "$thetad" run "$job" --set steps=6 "${T[@]}" \
+    --set checkpoint.dir="$WORK/$name.ckpt" --set log.level=info "$@"
+  expect_in "$name" "resumed from .*step-00000003 at step 3"
+}
+resume sch_sch sch3 "${SCH[@]}"
+same_hash "scheduled, resumed (more groups held from then on) == uninterrupted offload off" off_np2 sch_sch
+resume sch_off sch3 "${OFF[@]}"
+same_hash "scheduled checkpoint resumed with offload off == uninterrupted offload off" off_np2 sch_off
+resume sch_all sch3 "${ALL[@]}"
+same_hash "scheduled checkpoint resumed with host_groups all == uninterrupted offload off" off_np2 sch_all
+resume all_sch all3 "${SCH[@]}"
+same_hash "host_groups all checkpoint resumed with scheduled == uninterrupted offload off" off_np2 all_sch
+
+# A checkpoint that holds updates of groups this job never uses (2 ranks trained tasks 0 .. 5 in
+# 3 steps; one rank in steps 0 .. 3 uses tasks 0 .. 4): exit 2 naming the key.
+cp -r "$WORK/all3.ckpt" "$WORK/narrow.ckpt"
+expect_code 2 narrow mpirun "${MPIRUN_FLAGS[@]}" -np 1 "$thetad" run "$job" --set steps=3 "${T[@]}" "${SCH[@]}" \
+  --set checkpoint.dir="$WORK/narrow.ckpt"
+expect_in narrow "offload.host_groups: scheduled: the checkpoint holds group [0-9]+ after [0-9]+ updates"
+expect_code 2 bad_word "$thetad" validate "$job" --set offload.enabled=true --set offload.host_groups=some
+expect_in bad_word "offload.host_groups: must be one of all, scheduled; got 'some'"
+finish
