@@ -37,10 +37,10 @@ Fence HostDevice::widen_bf16(float* dst, const uint16_t* src, size_t n, const Fe
   return {};
 }
 
-size_t auto_cache_bytes(Device& device) {
+size_t auto_cache_bytes(Device& device, bool after_a_step) {
   size_t free_bytes = 0, total = 0;
   if (!device.memory(&free_bytes, &total)) return 0;
-  const size_t margin = std::max<size_t>(size_t{2} << 30, total / 5);
+  const size_t margin = std::max<size_t>(size_t{2} << 30, total / (after_a_step ? 10 : 5));
   return free_bytes > margin ? free_bytes - margin : 0;
 }
 

@@ -88,8 +88,10 @@ class HostDevice final : public Device {
 // What an "auto" device cache may take (offload.device_cache_mb, offload.shared_device_layers):
 // the device's free memory now less a margin for what is allocated later (activations, gradient
 // pools) and the allocator's fragmentation, the larger of 2 GiB and a fifth of the device; 0
-// where the device has no memory of its own (the host).
-size_t auto_cache_bytes(Device& device);
+// where the device has no memory of its own (the host). `after_a_step`: the allocator already
+// holds a whole step's activations and pools, so the margin covers only their variation from
+// step to step and fragmentation: the larger of 2 GiB and a tenth of the device.
+size_t auto_cache_bytes(Device& device, bool after_a_step = false);
 
 // True when this build has CUDA and a GPU is visible.
 bool cuda_available();

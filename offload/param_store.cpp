@@ -38,7 +38,7 @@ void parallel_copy(void* dst, const void* src, size_t bytes) {
 ParamStore::ParamStore(const StoreOptions& opts, std::vector<GroupShape> groups, Device& device,
                        Schedule groups_needed_at, MPI_Comm comm, Schedule groups_used_at)
     : opts_(opts), device_(device), schedule_(std::move(groups_needed_at)), cache_(1),
-      used_schedule_(std::move(groups_used_at)) {
+      used_schedule_(std::move(groups_used_at)), comm_(comm) {
   THETAD_CHECK(schedule_ != nullptr, InternalError, "ParamStore needs a schedule");
   THETAD_CHECK(opts_.prefetch >= 0, ConfigError, "offload.prefetch must be >= 0 (got ",
                opts_.prefetch, ")");
@@ -75,11 +75,23 @@ ParamStore::ParamStore(const StoreOptions& opts, std::vector<GroupShape> groups,
                               << ", host arena " << mib(arena_->bytes()) << " MiB"
                               << held_groups_note() << ", CPU Adam on "
                               << cpu_threads_ << " threads (" << adam_kernel_name() << ")";
-  if (!line_mem_.empty()) {
-    THETAD_LOG(info, "offload") << "device cache: " << line_mem_.size() << " lines of " << mib(3 * line_numel_ * sizeof(float))
-                                << " MiB (a group with its Adam state; " << mib(stats_.cache_line_bytes)
-                                << " MiB): cached groups are updated on the device, the others by their owner's CPU AdamW";
-  }
+  log_cache("");
+}
+
+void ParamStore::size_cache(size_t bytes) {
+  THETAD_CHECK(line_mem_.empty() && opts_.cache_bytes == 0, InternalError,
+               "offload: size_cache on a store whose device cache is already sized");
+  opts_.cache_bytes = bytes;
+  alloc_lines(comm_);
+  log_cache(" (sized after the first step)");
+}
+
+void ParamStore::log_cache(const char* when) const {
+  if (line_mem_.empty()) return;
+  THETAD_LOG(info, "offload") << "device cache" << when << ": " << line_mem_.size() << " lines of "
+                              << mib(3 * line_numel_ * sizeof(float)) << " MiB (a group with its Adam state; "
+                              << mib(stats_.cache_line_bytes)
+                              << " MiB): cached groups are updated on the device, the others by their owner's CPU AdamW";
 }
 
 // Every rank learns whether all got their device slots: a rank failing alone would otherwise

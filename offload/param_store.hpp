@@ -143,6 +143,10 @@ class ParamStore {
   // already loads the groups of step s+1 that free lines can take (not used at s): their copies
   // overlap step s, and place(s+1) makes the compute stream wait for them.
   void place(int64_t step);
+  // Collective, between steps, on a store built with no cache (cache_bytes 0): gives it one of
+  // `bytes` (offload.device_cache_mb: auto sizes it after the first step, once the allocator
+  // holds that step's activations). Groups enter it from the next place() on.
+  void size_cache(size_t bytes);
 
   // Startup, collective over the host's ranks: each held group's owner calls fill(group, dst) to
   // write the group's initial values straight into the arena (groups in parallel on the CPU
@@ -222,6 +226,7 @@ class ParamStore {
   Fence copy_split(bool to_device, char* dst, const char* src, size_t bytes, const Fence& after);
   float* line_part(int group, int part);
   void alloc_lines(MPI_Comm comm);
+  void log_cache(const char* when) const;
   void wait_final(size_t gi);
   void load_line(size_t gi, int line, bool order_compute = true);
   void wait_early_load(int line);
@@ -251,6 +256,7 @@ class ParamStore {
   std::map<int64_t, std::vector<int>> schedule_cache_;
   // The device cache (cache_bytes > 0 and a schedule of every rank's groups).
   Schedule used_schedule_;
+  MPI_Comm comm_;  // the job's ranks (the cache's line count is agreed over them)
   DeviceCachePolicy lines_{0, {}};
   size_t line_numel_ = 0;                       // floats per part (params, m, v) of a line
   std::vector<void*> line_mem_;                 // per line: 3 x line_numel_ floats

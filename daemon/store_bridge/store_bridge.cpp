@@ -127,6 +127,8 @@ void StoreBridge::build(comm::Engine& engine, const Schedule& schedule, int rank
   };
   offload::StoreOptions options = store_options(job_);
   options.cache_bytes = cache_budget();
+  size_t free_bytes = 0, total = 0;
+  auto_cache_pending_ = job_.offload.device_cache_auto() && device_->memory(&free_bytes, &total);
   store_ = std::make_unique<offload::ParamStore>(
       options, shapes, *device_, [this, groups_used](int64_t step) { return groups_used(step, rank_, rank_); },
       MPI_COMM_WORLD,
@@ -221,10 +223,11 @@ void StoreBridge::initial_values(int p, float* dst) const {
   np.init(view);
 }
 
-// offload.device_cache_mb: a size (no more than the device has), or auto: on a GPU what it has
-// free now (the model, Θ's buffers and optimizer state are allocated; activations and θ[t]'s
-// gradient pool are not yet) less offload::auto_cache_bytes's margin and what is reserved for
-// Θ's device layers. None on the CPU, where the host store is the memory.
+// offload.device_cache_mb: a size (no more than the device has), or auto: none at set-up. On a
+// GPU, auto sizes the cache after the first step (prepare_step), when the allocator holds that
+// step's activations and θ[t]'s gradient pool: a guess at set-up (free memory less a fifth of the
+// device) gave 10,000 LoRA adapters 60 GB of lines and left the first forward out of memory.
+// None on the CPU, where the host store is the memory.
 size_t StoreBridge::cache_budget() const {
   size_t free_bytes = 0, total = 0;
   const bool has = device_->memory(&free_bytes, &total);
@@ -236,11 +239,15 @@ size_t StoreBridge::cache_budget() const {
                         device_->name() + "); lower it or set auto");
     return want;
   }
-  const size_t avail = offload::auto_cache_bytes(*device_);
-  return avail > reserved_device_bytes_ ? avail - reserved_device_bytes_ : 0;
+  return 0;
 }
 
 void StoreBridge::prepare_step(int64_t step) {
+  if (auto_cache_pending_ && prepared_steps_ > 0) {  // the first step's work is queued: size the cache
+    auto_cache_pending_ = false;
+    store_->size_cache(offload::auto_cache_bytes(*device_, /*after_a_step=*/true));
+  }
+  ++prepared_steps_;
   const std::vector<uint8_t> used = window_used(*schedule_, step, job_.accumulate_steps, rank_);
   // The previous step's gradient copies read pooled buffers that this step re-binds (and
   // zeroes on the compute stream); they started during that step's backward.

@@ -62,9 +62,6 @@ class StoreBridge {
   comm::GradMemory grad_memory(int g) const;
   // Scratch memory of streamed buckets that got no gradient here.
   void engine_options(comm::EngineOptions& o);
-  // Device memory that others will allocate after build (the streamed trunk's device layers):
-  // device_cache_mb auto leaves it free.
-  void reserve_device(size_t bytes) { reserved_device_bytes_ = bytes; }
   // Builds the store (the host arena, the device slots, every group's initial values written
   // by its owner) and drops the model's own copies of θ[t].
   void build(comm::Engine& engine, const Schedule& schedule, int rank);
@@ -108,7 +105,8 @@ class StoreBridge {
  private:
   size_t cache_budget() const;
   std::vector<uint8_t> scheduled_groups() const;
-  size_t reserved_device_bytes_ = 0;
+  bool auto_cache_pending_ = false;  // device_cache_mb auto on a GPU: sized after the first step
+  int64_t prepared_steps_ = 0;
   void step_cached(int g, AdamSettings s, double clip_norm);
   void add_line_operands(int g, int p, float* grad, AdamOperands& ops);
   void bind_group(int group, int64_t step);

@@ -111,7 +111,6 @@ void Trainer::build() {
   group_steps_.assign(static_cast<size_t>(groups_->num_groups()), 0);
   if (store_) {  // before the hooks: it moves θ[t]'s data to device placeholders
     // Θ's device layers are allocated after θ[t]'s store: its cache leaves room for them.
-    if (trunk_) store_->reserve_device(trunk_->device_cache_bytes());
     const auto t_store = Clock::now();
     store_->build(*engine_, *schedule_, world_.rank);
     THETAD_LOG(info, "offload") << "host store ready in " << std::fixed << std::setprecision(2)

@@ -2,7 +2,7 @@
 # offload.host_groups: scheduled: the host arena holds only the task groups the job's schedule
 # uses (40 LoRA adapters, a few steps of round robin: a fraction of them), the others stay at
 # their initial values and are drawn where they are read. Bitwise the parameters of offload off
-# and of host_groups: all, on 1 and 2 ranks and with the device cache; checkpoints record the
+# and of host_groups: all, on 1 and 2 ranks, for every built-in model and with the device cache; checkpoints record the
 # untouched groups without values and resume bitwise (also into offload off, and into a longer
 # run that holds more groups); a checkpoint whose updated groups this job's schedule does not
 # hold is exit 2 naming the key.
@@ -27,6 +27,19 @@ arena_mib() { grep -o 'host arena [0-9.]* MiB' "$WORK/$1.log" | head -1 | awk '{
 if awk -v a="$(arena_mib all_np2)" -v s="$(arena_mib sch_np2)" 'BEGIN { exit !(s > 0 && s * 2 < a) }'; then
   pass "the arena holds less: $(arena_mib sch_np2) MiB against $(arena_mib all_np2) MiB"
 else fail "arena: scheduled $(arena_mib sch_np2) MiB vs all $(arena_mib all_np2) MiB"; fi
+
+# The other built-in models (heads, adapters over the MLP, output slices streamed in row shards).
+small=$HERE/jobs/small.yaml
+for model in "mlp|" "adapter|--set model.kind=multitask_adapter" \
+    "xc|--set model.kind=extreme_classifier --set model.classes=400 --set offload.shard_mb=0.1 --set optimizer.lr=0.03"; do
+  name=${model%%|*}
+  # shellcheck disable=SC2086  # the model's words are split on purpose
+  run_np "${name}_off" 2 "$small" --set steps=5 "${T[@]}" ${model#*|} "${OFF[@]}"
+  # shellcheck disable=SC2086
+  run_np "${name}_sch" 2 "$small" --set steps=5 "${T[@]}" ${model#*|} "${SCH[@]}"
+  same_hash "$name: host_groups scheduled == offload off" "${name}_off" "${name}_sch"
+done
+expect_in xc_sch "holding 14 of 40 groups"
 
 # With the device cache (groups updated on the device, flushed at the end): the same bits.
 run_np cache 2 "$job" --set steps=6 "${T[@]}" "${SCH[@]}" --set offload.device_cache_mb=1

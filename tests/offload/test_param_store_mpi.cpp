@@ -534,6 +534,30 @@ TEST(StoreHeldGroups, AGroupNotHeldHasNoArenaMemory) {
   MPI_Barrier(MPI_COMM_WORLD);
 }
 
+// offload.device_cache_mb: auto sizes the cache after the first step: a store built without one
+// gets its lines from size_cache, and groups enter them from the next place() on; only once.
+TEST(StoreDeviceCache, SizedAfterTheFirstStep) {
+  off::HostDevice dev;
+  off::StoreOptions o;
+  o.device_slots = 2;
+  o.prefetch = 0;
+  const auto every = [](int64_t) { return std::vector<int>{1, 2}; };
+  off::ParamStore store(o, {{1, 10, 1}, {2, 20, 1}}, dev, every, MPI_COMM_WORLD, every);
+  EXPECT_EQ(store.cache_lines(), 0);
+  store.init_all([](int g, float* dst) {
+    for (int i = 0; i < (g == 1 ? 10 : 20); ++i) dst[i] = float(g * 100 + i);
+  });
+  store.size_cache(2 * 3 * 20 * sizeof(float));  // two lines of the larger group (params, m, v)
+  EXPECT_EQ(store.cache_lines(), 2);
+  store.place(0);
+  ASSERT_TRUE(store.cached(1));
+  ASSERT_TRUE(store.cached(2));
+  EXPECT_EQ(store.cached_params(1)[3], 103.f);
+  EXPECT_EQ(store.cached_params(2)[19], 219.f);
+  EXPECT_THROW(store.size_cache(store.cache_line_bytes()), thetad::InternalError);
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
 // offload.shared: stream: the owner's queued CPU updates whose gradients have landed run lowest
 // group first (the next forward needs layer 0 first; backward delivers it last). A device whose
 // copies land only when the test opens a gate: the worker takes the oldest update (none has
