@@ -8,7 +8,8 @@
 #   source .gpukit/setup.sh; bash bench/gpu/lora.sh      # OUT=... (default /tmp/out/lora)
 #
 # Environment: LORA_T=64 LORA_STEPS=60 LORA_WARMUP=10 LORA_CAP_S=150 (per run), LORA_SET="..."
-# (extra --set for thetad, e.g. "model.layers=4" for a smaller base; the peer gets the same sizes).
+# (extra --set for thetad, e.g. "model.layers=4" for a smaller base; the peer gets the same sizes),
+# LORA_TRAIN_BASE=1 (the base trained too: model.train_shared true, the peer without --frozen-base).
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$ROOT" || exit 1
@@ -27,6 +28,8 @@ MPI=(mpirun --oversubscribe --bind-to none --mca btl self,vader,tcp --mca btl_tc
      --mca oob_tcp_if_include lo --mca pml ob1 --mca osc ^ucx -x NCCL_NVLS_ENABLE -x PATH -np "$NP")
 [ -n "${LD_LIBRARY_PATH:-}" ] && MPI+=(-x LD_LIBRARY_PATH)
 SETS=(--set steps="$STEPS" --set model.tasks="$T")
+FROZEN=(--frozen-base)
+if [ "${LORA_TRAIN_BASE:-0}" = 1 ]; then SETS+=(--set model.train_shared=true); FROZEN=(); fi
 for kv in ${LORA_SET:-}; do SETS+=(--set "$kv"); done
 # The sizes the peer gets: the job's, after LORA_SET.
 size() { local v; v=$(printf '%s\n' ${LORA_SET:-} | sed -n "s/^model\.$1=//p" | tail -1); echo "${v:-$2}"; }
@@ -43,7 +46,7 @@ run_thetad thetad_offload true
 mkdir -p "$OUT/ddp"
 timeout "$CAP" "${MPI[@]}" -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=29561 python3 bench/peer/ddp_lora_transformer.py \
     --device cuda --backend nccl --layers "$L" --d-model "$D" --heads "$H" --d-ff "$F" --vocab "$V" --seq-len "$S" \
-    --tasks "$T" --rank 16 --alpha 32 --targets q,k,v,o --frozen-base --tasks-per-rank 2 --batch 8 \
+    --tasks "$T" --rank 16 --alpha 32 --targets q,k,v,o "${FROZEN[@]}" --tasks-per-rank 2 --batch 8 \
     --steps "$STEPS" --warmup "$WARMUP" --precision bf16 --lr 1e-4 --out "$OUT/ddp/result.json" > "$OUT/ddp/log.txt" 2>&1
 echo "ddp exit $?"
 python3 - "$OUT" "$WARMUP" <<'PY'
