@@ -64,6 +64,9 @@ class Trainer {
   void record_engine_stats(StepRecord& rec);
   int64_t device_extra_bytes() const;
   bool offloaded(int g) const { return store_ && store_->offloaded(g); }
+  // A frozen base (model.train_shared: false) never gets a gradient: its parameters get no bucket
+  // and no .grad view. (A streamed trunk keeps its buckets: its layers' code addresses them.)
+  bool base_without_buckets() const { return !job_.model.train_shared && !trunk_; }
 
   const config::Job& job_;
   const RunOptions opts_;
@@ -110,7 +113,8 @@ void Trainer::build() {
   build_engine();
   group_steps_.assign(static_cast<size_t>(groups_->num_groups()), 0);
   if (store_) {  // before the hooks: it moves θ[t]'s data to device placeholders
-    // Θ's device layers are allocated after θ[t]'s store: its cache leaves room for them.
+    // Θ's device layers are allocated after θ[t]'s store (whose `auto` cache is sized after the
+    // first step, from what is free then).
     const auto t_store = Clock::now();
     store_->build(*engine_, *schedule_, world_.rank);
     THETAD_LOG(info, "offload") << "host store ready in " << std::fixed << std::setprecision(2)
@@ -122,7 +126,9 @@ void Trainer::build() {
   }
   std::vector<uint8_t> resident(static_cast<size_t>(groups_->num_groups()), 1);
   for (int g = 0; g < groups_->num_groups(); ++g) resident[static_cast<size_t>(g)] = !offloaded(g);
-  hooks_ = std::make_unique<GradHooks>(*groups_, *engine_, data_, overwrite_, resident);
+  std::vector<uint8_t> with_views = resident;  // a frozen base has no gradient buffer to view
+  if (base_without_buckets()) with_views[0] = 0;
+  hooks_ = std::make_unique<GradHooks>(*groups_, *engine_, data_, overwrite_, with_views);
   // A frozen base (model.train_shared: false) is never stepped: no Adam moments for it.
   std::vector<uint8_t> stepped = resident;
   if (!job_.model.train_shared || trunk_) stepped[0] = 0;  // streamed Θ: its moments live in its store
@@ -163,10 +169,15 @@ void Trainer::build_model() {
 }
 
 void Trainer::build_engine() {
+  // A frozen base's parameters are planned with no elements: no bucket, so no gradient memory,
+  // no launch and no bytes, even with prune off. (As pooled buckets they had sized the pool's
+  // buffers: every θ[t] gradient buffer was Θ's size, 3.75 GB for the 1 B LoRA base.)
+  const bool frozen_base = base_without_buckets();
   std::vector<comm::ParamInfo> infos;
   for (size_t i = 0; i < groups_->size(); ++i) {
     const auto& p = (*groups_)[static_cast<int>(i)];
-    infos.push_back({p.name, static_cast<size_t>(p.tensor.numel()), p.group});
+    const bool none = frozen_base && p.group == 0;
+    infos.push_back({p.name, none ? size_t{0} : static_cast<size_t>(p.tensor.numel()), p.group});
   }
   if (store_) store_->plan_shards(infos);
   auto plan = comm::make_bucket_plan(infos, groups_->num_groups(), bucket_plan_options(job_));
@@ -191,9 +202,7 @@ void Trainer::build_engine() {
   for (int g = 0; g < groups_->num_groups(); ++g) {
     comm::GradMemory mode = model_->row_chunked(g) ? comm::GradMemory::owned : comm::GradMemory::overwrite;
     if (offloaded(g)) mode = store_->grad_memory(g);
-    // A frozen base never gets a gradient: pooled buffers are bound only to groups in use, so it
-    // holds no gradient memory (a 1 B-parameter base would otherwise keep 4 GB of zeros).
-    if (g == 0 && !job_.model.train_shared) mode = comm::GradMemory::pooled;
+    if (g == 0 && frozen_base) mode = comm::GradMemory::pooled;  // it has no bucket: no memory either way
     eopts.grad_memory.push_back(mode);
     overwrite_[static_cast<size_t>(g)] = mode == comm::GradMemory::overwrite;
   }
