@@ -190,6 +190,19 @@ std::vector<int> Schedule::tasks_at(int64_t step, int rank) const {
   return tasks;
 }
 
+std::vector<uint8_t> Schedule::task_groups_used_before(int64_t end) const {
+  std::vector<uint8_t> used(static_cast<size_t>(num_groups()), 0);
+  int64_t count = 0;
+  for (int64_t s = 0; s < end && count < num_tasks_; ++s)
+    for (int r = 0; r < world_; ++r)
+      for (int t : tasks_at(s, r)) {
+        uint8_t& u = used[static_cast<size_t>(t) + 1];
+        count += u == 0;
+        u = 1;
+      }
+  return used;
+}
+
 int64_t Schedule::next_use(int task, int64_t after_step, int rank, int64_t horizon) const {
   check_args(std::max<int64_t>(after_step, 0), rank);
   if (task < 0 || task >= num_tasks_ || horizon < 1) return INT64_MAX;

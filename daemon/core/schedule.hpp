@@ -40,6 +40,10 @@ class Schedule {
   // Just plan(step, rank).tasks, without the row split and group vectors.
   std::vector<int> tasks_at(int64_t step, int rank) const;
 
+  // Per group (size T+1): whether any rank uses the task group in micro-steps [0, end) (Θ, group
+  // 0, is not counted). Stops early once every task is used. For offload.host_groups: scheduled.
+  std::vector<uint8_t> task_groups_used_before(int64_t end) const;
+
   // First step s with after_step < s <= after_step + horizon at which `rank` uses `task`
   // (its θ is in the forward), or INT64_MAX if none in that window. For prefetch and for
   // farthest-next-use eviction. Cost: O(1) for per_rank/all/alternate, O(min(horizon, T))

@@ -100,7 +100,12 @@ void StoreBridge::build(comm::Engine& engine, const Schedule& schedule, int rank
   if (job_.offload.host_groups == config::HostGroups::Scheduled) {
     // Only a group whose parameters can be drawn again (built lazily, with init functions) may
     // stay out of the arena; the others keep their only copy of the initial values there.
-    const std::vector<uint8_t> used = scheduled_groups();
+    // Every group the store will ever copy, update or read through the arena: any rank's, in
+    // steps [0, steps] and the store's lookahead past the last one (prefetch, the cache's
+    // next-step loads), over each window's micro-steps.
+    const int64_t k = job_.accumulate_steps;
+    const std::vector<uint8_t> used =
+        schedule_->task_groups_used_before((job_.steps + std::max<int64_t>(1, job_.offload.prefetch) + 1) * k);
     for (offload::GroupShape& s : shapes) {
       bool drawable = true;
       for (int p : groups_.members[static_cast<size_t>(s.group)]) drawable &= groups_[p].init != nullptr;
@@ -192,25 +197,6 @@ void StoreBridge::build(comm::Engine& engine, const Schedule& schedule, int rank
   THETAD_LOG(info, "offload") << "host store: " << shapes.size() << " task groups, " << store_->slots()
                               << " device slots of " << store_->slot_bytes() << " bytes, host arena "
                               << store_->arena().bytes() << " bytes";
-}
-
-// offload.host_groups: scheduled: the groups any rank uses in steps [0, steps] and the store's
-// lookahead past the last one (prefetch, the cache's next-step loads), the union over the
-// window's micro-steps: every group the store will ever copy, update or read through the arena.
-std::vector<uint8_t> StoreBridge::scheduled_groups() const {
-  std::vector<uint8_t> used(static_cast<size_t>(groups_.num_groups()), 0);
-  const int64_t horizon = job_.steps + std::max<int64_t>(1, job_.offload.prefetch);
-  const int64_t k = job_.accumulate_steps;
-  int64_t count = 0;
-  const int64_t tasks = groups_.num_groups() - 1;
-  for (int64_t s = 0; s <= horizon * k + k - 1 && count < tasks; ++s)
-    for (int r = 0; r < schedule_->world_size(); ++r)
-      for (int t : schedule_->tasks_at(s, r)) {
-        uint8_t& u = used[static_cast<size_t>(t) + 1];
-        count += u == 0;
-        u = 1;
-      }
-  return used;
 }
 
 bool StoreBridge::held(int g) const { return store_->held(g); }

@@ -104,7 +104,6 @@ class StoreBridge {
 
  private:
   size_t cache_budget() const;
-  std::vector<uint8_t> scheduled_groups() const;
   bool auto_cache_pending_ = false;  // device_cache_mb auto on a GPU: sized after the first step
   int64_t prepared_steps_ = 0;
   void step_cached(int g, AdamSettings s, double clip_norm);

@@ -202,7 +202,8 @@ void Trainer::build_engine() {
   for (int g = 0; g < groups_->num_groups(); ++g) {
     comm::GradMemory mode = model_->row_chunked(g) ? comm::GradMemory::owned : comm::GradMemory::overwrite;
     if (offloaded(g)) mode = store_->grad_memory(g);
-    if (g == 0 && frozen_base) mode = comm::GradMemory::pooled;  // it has no bucket: no memory either way
+    // It has no bucket; not overwrite, so that the hooks never reset or restore its .grad.
+    if (g == 0 && frozen_base) mode = comm::GradMemory::pooled;
     eopts.grad_memory.push_back(mode);
     overwrite_[static_cast<size_t>(g)] = mode == comm::GradMemory::overwrite;
   }

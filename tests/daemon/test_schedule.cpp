@@ -84,6 +84,16 @@ TEST(Schedule, RoundRobinW2) {
   }
 }
 
+// offload.host_groups: scheduled: the task groups any rank uses before a micro-step.
+TEST(Schedule, TaskGroupsUsedBefore) {
+  auto s = Schedule::create(make_job("round_robin"), 2);
+  using Flags = std::vector<uint8_t>;
+  EXPECT_EQ(s->task_groups_used_before(0), (Flags{0, 0, 0, 0, 0, 0}));
+  EXPECT_EQ(s->task_groups_used_before(1), (Flags{0, 1, 1, 0, 0, 0}));  // tasks 0, 1
+  EXPECT_EQ(s->task_groups_used_before(2), (Flags{0, 1, 1, 1, 1, 0}));  // and 2, 3
+  EXPECT_EQ(s->task_groups_used_before(100), (Flags{0, 1, 1, 1, 1, 1}));
+}
+
 TEST(Schedule, RoundRobinW3) {
   auto s = Schedule::create(make_job("round_robin"), 3);
   // (s*3 + r) mod 5
