@@ -26,6 +26,7 @@ enum class NonFinite { Stop, SkipStep, Warn };                // stop | skip_ste
 enum class SharedMode { Resident, Stream };                   // resident | stream (offload.shared)
 enum class H2dDtype { Fp32, Bf16 };                           // fp32 | bf16 (offload.h2d_dtype)
 enum class HostGroups { All, Scheduled };                     // all | scheduled (offload.host_groups)
+enum class UncachedUpdate { Auto, Host, Device };             // auto | host | device (offload.uncached_update)
 
 const std::string& to_string(Precision v);
 const std::string& to_string(GradDtype v);
@@ -41,6 +42,7 @@ const std::string& to_string(NonFinite v);
 const std::string& to_string(SharedMode v);
 const std::string& to_string(H2dDtype v);
 const std::string& to_string(HostGroups v);
+const std::string& to_string(UncachedUpdate v);
 
 // False (and `out` unchanged) when `word` is not one of the type's YAML words.
 bool from_string(const std::string& word, Precision& out);
@@ -57,6 +59,7 @@ bool from_string(const std::string& word, NonFinite& out);
 bool from_string(const std::string& word, SharedMode& out);
 bool from_string(const std::string& word, H2dDtype& out);
 bool from_string(const std::string& word, HostGroups& out);
+bool from_string(const std::string& word, UncachedUpdate& out);
 
 // One entry of data.alternate: the groups trained in that step.
 struct AlternateEntry {
@@ -171,6 +174,12 @@ struct OffloadConfig {
   // [0, steps) on any rank (the others are never updated, so their values stay the ones the seed
   // draws: checkpoints record them as initial and whoever reads them draws them again).
   HostGroups host_groups = HostGroups::All;
+  // Where a task group that the device cache does not keep is updated at a step that uses it:
+  // host (its owner's CPU AdamW), device (its Adam state streamed onto the device for the step,
+  // the device AdamW, streamed back), or auto (per step, from the schedule and the PCIe and CPU
+  // AdamW bandwidths measured at the first such step). Only with a device cache too small for
+  // every group: then some of its lines are kept for the streamed groups.
+  UncachedUpdate uncached_update = UncachedUpdate::Auto;
 
   // shard_mb in bytes: the one conversion the store's shards and the model's chunks share.
   size_t shard_bytes() const { return mib_to_bytes(shard_mb); }

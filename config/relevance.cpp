@@ -57,6 +57,7 @@ void warn_irrelevant(const Job& job, Diagnostics& diag) {
       {"offload.device_budget_mb", job.offload.enabled, "offload.enabled is false"},
       {"offload.device_cache_mb", job.offload.enabled, "offload.enabled is false"},
       {"offload.host_groups", job.offload.enabled, "offload.enabled is false"},
+      {"offload.uncached_update", job.offload.enabled, "offload.enabled is false"},
       {"offload.prefetch", job.offload.enabled, "offload.enabled is false"},
       // Θ's host store (offload.shared: stream) has the same host limit and CPU Adam threads.
       {"offload.host_limit_mb", job.offload.enabled || stream, "offload.enabled is false and offload.shared is resident"},

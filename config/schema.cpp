@@ -41,6 +41,7 @@ THETAD_ENUM_WORDS(NonFinite, "stop", "skip_step", "warn")
 THETAD_ENUM_WORDS(SharedMode, "resident", "stream")
 THETAD_ENUM_WORDS(H2dDtype, "fp32", "bf16")
 THETAD_ENUM_WORDS(HostGroups, "all", "scheduled")
+THETAD_ENUM_WORDS(UncachedUpdate, "auto", "host", "device")
 
 #undef THETAD_ENUM_WORDS
 
@@ -74,6 +75,7 @@ THETAD_ENUM_API(Precision)
 THETAD_ENUM_API(GradDtype)
 THETAD_ENUM_API(H2dDtype)
 THETAD_ENUM_API(HostGroups)
+THETAD_ENUM_API(UncachedUpdate)
 THETAD_ENUM_API(Backend)
 THETAD_ENUM_API(Average)
 THETAD_ENUM_API(Active)
@@ -188,6 +190,7 @@ const std::vector<Field> kFields = {
     THETAD_FIELD("offload", "shared_device_layers", String, offload.shared_device_layers, true),
     THETAD_ENUM_FIELD("offload", "h2d_dtype", offload.h2d_dtype),
     THETAD_ENUM_FIELD("offload", "host_groups", offload.host_groups),
+    THETAD_ENUM_FIELD("offload", "uncached_update", offload.uncached_update),
 
     THETAD_ENUM_FIELD("optimizer", "kind", optimizer.kind),
     THETAD_FIELD("optimizer", "lr", Double, optimizer.lr, true),
@@ -240,6 +243,7 @@ const std::map<std::string, std::vector<std::string>> kEnums = {
     {"offload.shared", words<SharedMode>()},
     {"offload.h2d_dtype", words<H2dDtype>()},
     {"offload.host_groups", words<HostGroups>()},
+    {"offload.uncached_update", words<UncachedUpdate>()},
     {"log.level", {"trace", "debug", "info", "warn", "error", "critical", "off"}},
 };
 

@@ -88,6 +88,7 @@ void Checker::offload() {
   one_of("offload.shared");
   one_of("offload.h2d_dtype");
   one_of("offload.host_groups");
+  one_of("offload.uncached_update");
   // bf16 copies feed bf16 compute; an fp32 or tf32 job would compute on rounded weights.
   if (is("offload.h2d_dtype", o.h2d_dtype, H2dDtype::Bf16) && !unknown("precision") &&
       j_.precision != Precision::Bf16)

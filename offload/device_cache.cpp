@@ -7,11 +7,52 @@
 #include "common/errors.hpp"
 
 namespace thetad::offload {
+namespace {
 
-DeviceCachePolicy::DeviceCachePolicy(int64_t lines, std::vector<uint8_t> cacheable)
-    : cacheable_(std::move(cacheable)), line_of_(cacheable_.size(), -1) {
-  THETAD_CHECK(lines >= 0, InternalError, "device cache: ", lines, " lines");
+// Bytes a set of bypassing groups moves per step, by resource: what Auto balances.
+struct Traffic {
+  double h2d = 0, d2h = 0, cpu = 0;
+  double before_forward = 0;  // H2D bytes the step's forward waits for (a transit line's values)
+
+  // Seconds the step's slowest resource needs, plus the copies its forward waits for.
+  double seconds(const UpdateBandwidths& bw) const {
+    return std::max({h2d / bw.h2d, d2h / bw.d2h, cpu / bw.cpu_adam}) + before_forward / bw.h2d;
+  }
+};
+
+// A group of n parameters updated on the host: its values in (prefetched ahead of the step), its
+// gradient out, and the owner's CPU AdamW over p, g, m, v. With bf16 copies the values cross as
+// bf16 and the AdamW writes that copy too.
+void add_host(Traffic& t, double n, bool bf16_copies, double sign = 1) {
+  t.h2d += sign * n * (bf16_copies ? 2 : 4);
+  t.d2h += sign * n * 4;
+  t.cpu += sign * n * (bf16_copies ? 30 : 28);
+}
+
+// The same group streamed through a transit line: p, m, v in (forward waits for p) and out.
+void add_device(Traffic& t, double n) {
+  t.h2d += n * 12;
+  t.d2h += n * 12;
+  t.before_forward += n * 4;
+}
+
+}  // namespace
+
+DeviceCachePolicy::DeviceCachePolicy(int64_t lines, std::vector<uint8_t> cacheable, int64_t transit,
+                                     std::vector<size_t> numel)
+    : cacheable_(std::move(cacheable)), numel_(std::move(numel)), transit_(transit), line_of_(cacheable_.size(), -1) {
+  THETAD_CHECK(lines >= 0 && transit >= 0 && transit <= lines, InternalError, "device cache: ", lines, " lines, ",
+               transit, " of them transit lines");
   line_entry_.assign(static_cast<size_t>(lines), -1);
+}
+
+void DeviceCachePolicy::set_uncached_update(UncachedUpdate mode, std::function<UpdateBandwidths()> measure,
+                                            bool bf16_copies) {
+  THETAD_CHECK(mode != UncachedUpdate::Auto || (measure && numel_.size() == cacheable_.size()), InternalError,
+               "device cache: auto placement needs the groups' sizes and a way to measure bandwidths");
+  mode_ = mode;
+  measure_ = std::move(measure);
+  bf16_copies_ = bf16_copies;
 }
 
 std::vector<size_t> DeviceCachePolicy::cached_entries() const {
@@ -45,6 +86,24 @@ DeviceCachePolicy::Decision DeviceCachePolicy::decide(int64_t step, const Need& 
   std::vector<uint8_t> used_now(line_of_.size(), 0);
   for (size_t e : now) used_now.at(e) = 1;
 
+  // A streamed group leaves its transit line at the first step that does not use it.
+  // Free transit lines, those free before this step first: a line flushed now takes its next
+  // load only after the flush (one line's bytes each way, in turn).
+  std::vector<int> free_transit_lines, flushed_now;
+  for (size_t l = static_cast<size_t>(cache_lines()); l < line_entry_.size(); ++l) {
+    if (line_entry_[l] < 0) {
+      free_transit_lines.push_back(static_cast<int>(l));
+    } else if (!used_now[static_cast<size_t>(line_entry_[l])]) {
+      d.evict.emplace_back(static_cast<size_t>(line_entry_[l]), static_cast<int>(l));
+      line_of_[static_cast<size_t>(line_entry_[l])] = -1;
+      line_entry_[l] = -1;
+      flushed_now.push_back(static_cast<int>(l));
+    }
+  }
+  free_transit_lines.insert(free_transit_lines.end(), flushed_now.begin(), flushed_now.end());
+  const int free_transit = static_cast<int>(free_transit_lines.size());
+
+  const auto cache_end = static_cast<size_t>(cache_lines());
   for (size_t e : now) {
     if (cached(e)) continue;
     if (!cacheable_[e]) {
@@ -52,11 +111,11 @@ DeviceCachePolicy::Decision DeviceCachePolicy::decide(int64_t step, const Need& 
       continue;
     }
     int line = -1;
-    for (size_t l = 0; l < line_entry_.size() && line < 0; ++l)
+    for (size_t l = 0; l < cache_end && line < 0; ++l)
       if (line_entry_[l] < 0) line = static_cast<int>(l);
     if (line < 0) {  // the farthest-used cached entry not needed now, ties to the lowest line
       int64_t far = -1;
-      for (size_t l = 0; l < line_entry_.size(); ++l) {
+      for (size_t l = 0; l < cache_end; ++l) {
         const auto v = static_cast<size_t>(line_entry_[l]);
         if (used_now[v]) continue;
         const int64_t nv = next_use(v);
@@ -77,7 +136,56 @@ DeviceCachePolicy::Decision DeviceCachePolicy::decide(int64_t step, const Need& 
     line_of_[e] = line;
     d.load.emplace_back(e, line);
   }
+
+  if (free_transit == 0 || mode_ == UncachedUpdate::Host || d.bypass.empty()) return d;
+  size_t k = 0;
+  for (size_t e : choose_streamed(d.bypass, free_transit, next_use)) {
+    const int l = free_transit_lines[k++];
+    line_entry_[static_cast<size_t>(l)] = static_cast<int64_t>(e);
+    line_of_[e] = l;
+    d.stream.emplace_back(e, l);
+  }
   return d;
+}
+
+// Candidates are the cacheable bypassing groups, soonest next use first (their host update is
+// the one the next steps would wait for). Device: each takes a free transit line. Auto: from all
+// of them on the host, one moves to the device when that shortens the step's slowest resource.
+std::vector<size_t> DeviceCachePolicy::choose_streamed(std::vector<size_t>& bypass, int free_transit,
+                                                       const std::function<int64_t(size_t)>& next_use) {
+  std::vector<size_t> candidates;
+  for (size_t e : bypass)
+    if (cacheable_[e]) candidates.push_back(e);
+  std::stable_sort(candidates.begin(), candidates.end(),
+                   [&](size_t a, size_t b) { return next_use(a) < next_use(b); });
+  if (static_cast<int>(candidates.size()) > free_transit && mode_ == UncachedUpdate::Device)
+    candidates.resize(static_cast<size_t>(free_transit));
+  std::vector<size_t> streamed;
+  if (mode_ == UncachedUpdate::Device) {
+    streamed = candidates;
+  } else if (!candidates.empty()) {
+    if (!measured_) {
+      bandwidths_ = measure_();
+      measured_ = true;
+    }
+    Traffic all_host;
+    for (size_t e : candidates) add_host(all_host, static_cast<double>(numel_[e]), bf16_copies_);
+    for (size_t e : candidates) {
+      if (static_cast<int>(streamed.size()) == free_transit) break;
+      Traffic moved = all_host;
+      add_host(moved, static_cast<double>(numel_[e]), bf16_copies_, -1);
+      add_device(moved, static_cast<double>(numel_[e]));
+      if (moved.seconds(bandwidths_) < all_host.seconds(bandwidths_)) {
+        all_host = moved;
+        streamed.push_back(e);
+      }
+    }
+  }
+  std::vector<size_t> rest;
+  for (size_t e : bypass)
+    if (std::find(streamed.begin(), streamed.end(), e) == streamed.end()) rest.push_back(e);
+  bypass = std::move(rest);
+  return streamed;
 }
 
 std::vector<std::pair<size_t, int>> DeviceCachePolicy::claim_free(int64_t step, const Need& need,
@@ -85,11 +193,12 @@ std::vector<std::pair<size_t, int>> DeviceCachePolicy::claim_free(int64_t step, 
   std::vector<std::pair<size_t, int>> claimed;
   std::vector<size_t> next = need(step);  // a copy: need() may reuse its storage
   std::sort(next.begin(), next.end());
+  const auto cache_end = static_cast<size_t>(cache_lines());
   size_t l = 0;
   for (size_t e : next) {
     if (cached(e) || !cacheable_[e] || std::find(busy.begin(), busy.end(), e) != busy.end()) continue;
-    while (l < line_entry_.size() && line_entry_[l] >= 0) ++l;
-    if (l == line_entry_.size()) break;  // no free line left
+    while (l < cache_end && line_entry_[l] >= 0) ++l;
+    if (l == cache_end) break;  // no free line left
     line_entry_[l] = static_cast<int64_t>(e);
     line_of_[e] = static_cast<int>(l);
     claimed.emplace_back(e, static_cast<int>(l));

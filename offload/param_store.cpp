@@ -92,6 +92,15 @@ void ParamStore::log_cache(const char* when) const {
                               << mib(3 * line_numel_ * sizeof(float)) << " MiB (a group with its Adam state; "
                               << mib(stats_.cache_line_bytes)
                               << " MiB): cached groups are updated on the device, the others by their owner's CPU AdamW";
+  if (lines_.transit_lines() > 0)
+    THETAD_LOG(info, "offload") << "device cache: " << lines_.transit_lines() << " of its lines are transit lines "
+                                << "(offload.uncached_update: "
+                                << (opts_.uncached_update == UncachedUpdate::Device ? "device" : "auto")
+                                << "): a group the cache does not keep "
+                                << (opts_.uncached_update == UncachedUpdate::Device
+                                        ? "is streamed through one"
+                                        : "is streamed through one where the measured bandwidths favour it")
+                                << ", with its Adam state, and updated on the device";
 }
 
 // Every rank learns whether all got their device slots: a rank failing alone would otherwise
@@ -127,7 +136,8 @@ ParamStore::~ParamStore() {
                               << arena_->local_rank() << " of " << arena_->local_size() << ")";
   if (!line_mem_.empty()) {
     THETAD_LOG(info, "offload") << "device cache: " << stats_.cache_loads << " loads, " << stats_.cache_flushes
-                                << " flushes by this rank, " << stats_.device_steps << " group steps on the device";
+                                << " flushes by this rank, " << stats_.device_steps << " group steps on the device ("
+                                << stats_.streamed_steps << " of them streamed through transit lines)";
   }
   updates_.reset();  // stops the owner's optimizer thread
   // Copies into the slots, and out of the device into the arena, may still be in flight.
@@ -281,7 +291,7 @@ void ParamStore::prefetch_for(int64_t step) {
     const std::vector<size_t> busy = used_at(step);  // a copy: used_at may rehash its cache
     const auto need = [this](int64_t s) -> const std::vector<size_t>& { return used_at(s); };
     for (const auto& [gi, line] : lines_.claim_free(step + 1, need, busy)) {
-      load_line(gi, line, /*order_compute=*/false);
+      load_line(gi, line, LineWait::next_step);
     }
   }
   const auto future = [this](int64_t k) { return next_use(static_cast<int>(k)); };
@@ -368,6 +378,7 @@ void ParamStore::step_group(int group, const AdamHyper& hyper) {
     grad_fences_[gi].clear();
     std::lock_guard<std::mutex> lk(stats_mu_);
     stats_.device_steps += 1;
+    stats_.streamed_steps += lines_.in_transit(gi) ? 1 : 0;
     return;
   }
   if (!arena_->is_owner(gi)) return;

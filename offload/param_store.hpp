@@ -79,6 +79,11 @@ struct StoreOptions {
   // the owner's CPU AdamW writes in the same pass. The device cache's lines load fp32 (params,
   // m, v): they are the master while the group is cached.
   bool bf16_copies = false;
+  // Where a group the device cache does not keep is updated (offload.uncached_update): with
+  // Device or Auto, and lines for fewer groups than the arena holds, up to half the lines (no
+  // more than any step uses) become transit lines, through which such a group's values and Adam
+  // state are streamed for a step and updated by the caller's device AdamW, as a cached group's.
+  UncachedUpdate uncached_update = UncachedUpdate::Host;
 };
 
 struct StoreStats {
@@ -96,6 +101,7 @@ struct StoreStats {
   uint64_t cache_loads = 0;      // groups brought into the device cache (params, m, v)
   uint64_t cache_flushes = 0;    // groups evicted from it (this rank copied them to the host)
   uint64_t device_steps = 0;     // group updates run on the device (cached groups)
+  uint64_t streamed_steps = 0;   // of those, groups streamed through a transit line
   uint64_t cache_line_bytes = 0; // device memory of the cache lines
 };
 
@@ -130,7 +136,10 @@ class ParamStore {
   int64_t cache_lines() const { return lines_.lines(); }
   // Device bytes of one line: 3 x the largest group that is not row-sharded (0: no such group).
   size_t cache_line_bytes() const { return 3 * line_numel_ * sizeof(float); }
+  // In a line: cached, or streamed through a transit line for this step (updated alike).
   bool cached(int group) const { return lines_.cached(index_of(group)); }
+  bool in_transit(int group) const { return lines_.in_transit(index_of(group)); }
+  int64_t transit_lines() const { return lines_.transit_lines(); }
   // Whether the host arena holds the group (GroupShape::held): a group it does not hold is never
   // used, read or written through the store; its values are the initial ones.
   bool held(int group) const { return held_[index_of(group)] != 0; }
@@ -143,6 +152,10 @@ class ParamStore {
   // already loads the groups of step s+1 that free lines can take (not used at s): their copies
   // overlap step s, and place(s+1) makes the compute stream wait for them.
   void place(int64_t step);
+  // Before the step's first device update of a line's group (e.g. before backward): the compute
+  // stream waits for the Adam state of the groups place() streamed into transit lines (their
+  // values it already waited for; m and v crossed meanwhile, overlapping forward).
+  void order_state();
   // Collective, between steps, on a store built with no cache (cache_bytes 0): gives it one of
   // `bytes` (offload.device_cache_mb: auto sizes it after the first step, once the allocator
   // holds that step's activations). Groups enter it from the next place() on.
@@ -228,7 +241,12 @@ class ParamStore {
   void alloc_lines(MPI_Comm comm);
   void log_cache(const char* when) const;
   void wait_final(size_t gi);
-  void load_line(size_t gi, int line, bool order_compute = true);
+  // What the compute stream waits for of a line's load: all of it now, its values now and its
+  // Adam state at order_state(), or nothing before the next place() (a load for the next step).
+  enum class LineWait { now, values_now, next_step };
+  void load_line(size_t gi, int line, LineWait wait = LineWait::now);
+  void load_state(size_t gi, int line);
+  UpdateBandwidths measure_bandwidths();
   void wait_early_load(int line);
   void flush_line(size_t gi, int line);
   const std::vector<size_t>& used_at(int64_t step);
@@ -262,6 +280,7 @@ class ParamStore {
   std::vector<void*> line_mem_;                 // per line: 3 x line_numel_ floats
   std::vector<Fence> line_free_;                // per line: its last copy out
   std::vector<Fence> line_loaded_;              // per line: a load for the next step, not yet waited on by compute
+  std::vector<Fence> state_loaded_;             // per line: Adam state streamed in, not yet waited on by compute
   std::map<int64_t, std::vector<size_t>> used_cache_;  // step -> entries any rank uses
   std::vector<float> scratch_;                  // group_params of a cached group
   size_t scratch_entry_ = SIZE_MAX;             // whose values scratch_ holds

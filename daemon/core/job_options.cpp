@@ -40,6 +40,11 @@ offload::StoreOptions store_options(const config::Job& job) {
   o.shard_bytes = job.offload.shard_bytes();
   o.timeout_s = job.comm.timeout_s;
   o.bf16_copies = job.offload.h2d_dtype == config::H2dDtype::Bf16;
+  switch (job.offload.uncached_update) {
+    case config::UncachedUpdate::Auto: o.uncached_update = offload::UncachedUpdate::Auto; break;
+    case config::UncachedUpdate::Host: o.uncached_update = offload::UncachedUpdate::Host; break;
+    case config::UncachedUpdate::Device: o.uncached_update = offload::UncachedUpdate::Device; break;
+  }
   return o;
 }
 

@@ -81,6 +81,7 @@ std::string to_json(const StepRecord& r) {
   field(out, "cache_loads", r.cache_loads);
   field(out, "cache_flushes", r.cache_flushes);
   field(out, "device_steps", r.device_steps);
+  field(out, "streamed_steps", r.streamed_steps);
   field(out, "act_offload_bytes", r.act_offload_bytes);
   field(out, "act_device_peak_bytes", r.act_device_peak_bytes);
   field(out, "act_layer_bytes", r.act_layer_bytes);

@@ -50,6 +50,7 @@ struct StepRecord {
   int64_t cache_loads = 0;          // offload.device_cache_mb: groups loaded into the device cache
   int64_t cache_flushes = 0;        // groups this rank copied back to the host when evicted
   int64_t device_steps = 0;         // offloaded groups stepped on the device (cached) this step
+  int64_t streamed_steps = 0;       // of those, groups streamed through a transit line (offload.uncached_update)
   int64_t act_offload_bytes = 0;    // offload.activations: saved tensors copied to the host and back
   int64_t act_device_peak_bytes = 0;  // the most bytes of saved tensors the stash held on the device
   int64_t act_layer_bytes = 0;      // the largest one layer's saved tensors (the window's unit)

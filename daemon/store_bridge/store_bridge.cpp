@@ -278,6 +278,7 @@ void StoreBridge::bind_grads(int group) {
 }
 
 void StoreBridge::before_backward(bool last, const StepPlan& plan) {
+  store_->order_state();  // groups streamed through transit lines: their m and v, for the update
   chunks_->set_last(last);
   if (last) hand_over_idle_shards(plan);
 }
@@ -387,7 +388,9 @@ void StoreBridge::step_group(int g, const AdamSettings& s, double clip_norm) {
   store_->step_group(g, h);  // counts the update; the owner's CPU AdamW where not cached
   if (timeline_)
     timeline_->record(cached ? Lane::compute : Lane::cpu_adam,
-                      "adam θ[" + std::to_string(g - 1) + "]" + (cached ? " (device cache)" : ""), t_us,
+                      "adam θ[" + std::to_string(g - 1) + "]" +
+                          (cached ? (store_->in_transit(g) ? " (streamed)" : " (device cache)") : ""),
+                      t_us,
                       Timeline::now_us() - t_us);
 }
 
@@ -441,6 +444,7 @@ StoreStepStats step_stats_since(const offload::StoreStats& ss, offload::StoreSta
   s.cache_loads = static_cast<int64_t>(ss.cache_loads - last.cache_loads);
   s.cache_flushes = static_cast<int64_t>(ss.cache_flushes - last.cache_flushes);
   s.device_steps = static_cast<int64_t>(ss.device_steps - last.device_steps);
+  s.streamed_steps = static_cast<int64_t>(ss.streamed_steps - last.streamed_steps);
   s.cpu_adam_ms = ss.cpu_adam_ms - last.cpu_adam_ms;
   s.acquire_wait_ms = ss.acquire_wait_ms - last.acquire_wait_ms;
   last = ss;

@@ -33,7 +33,7 @@ class StoreChunks;
 // The store's traffic since the previous call (per-step metrics).
 struct StoreStepStats {
   int64_t h2d_bytes = 0, d2h_bytes = 0, swap_hits = 0, swap_misses = 0, host_pinned_bytes = 0;
-  int64_t cache_loads = 0, cache_flushes = 0, device_steps = 0;
+  int64_t cache_loads = 0, cache_flushes = 0, device_steps = 0, streamed_steps = 0;
   double cpu_adam_ms = 0, acquire_wait_ms = 0;
 };
 

@@ -61,8 +61,10 @@ void StreamedTrunk::build(comm::Engine& engine, offload::Device* device) {
   // the owner's CPU, the lowest layer goes first.
   o.lowest_group_first = true;
   // Every layer is used every step: the cache's placement fills its lines with the lowest
-  // layers at step 0 and never evicts them.
+  // layers at step 0 and never evicts them. The others are streamed and updated by the CPU
+  // AdamW (the store's transit lines are θ[t]'s: offload.uncached_update).
   o.cache_bytes = device_cache_bytes();
+  o.uncached_update = offload::UncachedUpdate::Host;
   const int L = layers();
   const auto all_layers = [L](int64_t) {
     std::vector<int> all;

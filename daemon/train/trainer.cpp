@@ -468,6 +468,7 @@ void Trainer::record_engine_stats(StepRecord& rec) {
     rec.cache_loads = ss.cache_loads;
     rec.cache_flushes = ss.cache_flushes;
     rec.device_steps = ss.device_steps;
+    rec.streamed_steps = ss.streamed_steps;
   }
   if (act_stash_) {
     const ActivationStats as = act_stash_->step_stats();

@@ -182,6 +182,8 @@ const std::vector<BadJob>& bad_jobs() {
       {"grad_dtype_bad", kHead + "comm: {grad_dtype: fp16}\n", {"bad.yaml:4:", "comm.grad_dtype: must be one of fp32, bf16; got 'fp16'"}},
       {"h2d_dtype_bad", kHead + "offload: {enabled: true, h2d_dtype: fp16}\n",
        {"bad.yaml:4:", "offload.h2d_dtype: must be one of fp32, bf16; got 'fp16'"}},
+      {"uncached_update_bad", kHead + "offload: {enabled: true, uncached_update: gpu}\n",
+       {"bad.yaml:4:", "offload.uncached_update: must be one of auto, host, device; got 'gpu'"}},
       {"h2d_bf16_with_fp32", kHead + "offload:\n  enabled: true\n  h2d_dtype: bf16\n",
        {"bad.yaml:6:3: offload.h2d_dtype: bf16 copies are for precision: bf16", "precision is fp32"}},
       // The transformer and its LoRA adapters (issue 20).

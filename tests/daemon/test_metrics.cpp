@@ -78,7 +78,7 @@ const char* kKeys[] = {"step", "rank", "loss", "task_loss", "lr", "samples", "st
                        "grad_stream_peak_bytes",
                        "h2d_bytes", "d2h_bytes", "swap_hits", "swap_misses",
                        "device_mem_peak_bytes", "host_pinned_bytes", "cpu_adam_ms",
-                       "acquire_wait_ms", "cache_loads", "cache_flushes", "device_steps", "act_offload_bytes", "act_device_peak_bytes", "act_layer_bytes",
+                       "acquire_wait_ms", "cache_loads", "cache_flushes", "device_steps", "streamed_steps", "act_offload_bytes", "act_device_peak_bytes", "act_layer_bytes",
                        "act_pool_allocations", "theta_h2d_bytes", "theta_d2h_bytes", "theta_device_slot_bytes",
                        "theta_device_steps", "theta_cpu_adam_ms", "nonfinite", "skipped"};
 

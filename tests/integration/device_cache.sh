@@ -29,6 +29,35 @@ expect_in two_np2 "device cache: 2 lines of"
 if grep -qE "device cache: [0-9]+ loads, [1-9][0-9]* flushes" "$WORK/two_np2.log"; then
   pass "two_np2: evicted groups flushed to the host"; else fail "two_np2: no flush"; fi
 
+# offload.uncached_update: 4 lines for 6 groups, of which up to 2 are transit lines (as many as
+# a step uses groups): a group the cache does not keep is streamed through one with its Adam
+# state and updated on the device (device), or where the measured bandwidths favour it (auto),
+# or updated by its owner's CPU AdamW (host). Each gives offload off's bits.
+FOUR=("${ON[@]}" --set offload.device_cache_mb=0.0016)
+for np in 1 2; do
+  for mode in host device auto; do
+    run_np u${mode}_np$np $np "$job" --set steps=30 "${W[@]}" "${FOUR[@]}" --set offload.uncached_update=$mode
+    same_hash "np$np: uncached_update $mode == offload off" off_np$np u${mode}_np$np
+  done
+done
+expect_in udevice_np2 "device cache: 2 of its lines are transit lines \\(offload.uncached_update: device\\)"
+expect_in udevice_np1 "device cache: 1 of its lines are transit lines"
+expect_in udevice_np2 "group steps on the device \\([1-9][0-9]* of them streamed through transit lines\\)"
+expect_in uhost_np2 "group steps on the device \\(0 of them streamed"
+expect_in uauto_np2 "offload.uncached_update: auto\\), measured at step [0-9]+ on groups of 33 parameters: PCIe"
+if python3 - "$WORK/udevice_np2.jsonl" <<'PY'; then pass "udevice_np2: streamed_steps in the metrics"; else fail "udevice_np2: streamed_steps"; fi
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+assert sum(r["streamed_steps"] for r in rows) > 0 and all(r["streamed_steps"] <= r["device_steps"] for r in rows)
+PY
+# A checkpoint at step 20 with groups in transit lines, resumed to 30 with and without them.
+run_np ufirst20 2 "$job" --set steps=20 "${W[@]}" "${FOUR[@]}" --set offload.uncached_update=device
+for mode in device host; do
+  expect_code 0 uresume30_$mode mpirun "${MPIRUN_FLAGS[@]}" -np 2 "$thetad" run "$job" --set steps=30 "${W[@]}" \
+    "${FOUR[@]}" --set offload.uncached_update=$mode --set checkpoint.dir="$WORK/ufirst20.ckpt"
+  same_hash "checkpoint with streamed groups, resumed with $mode: == uninterrupted offload off" off_np2 uresume30_$mode
+done
+
 # The extreme classifier's slices are streamed in row chunks through the slots even where a slice
 # is one shard: they stay out of the cache (and equal offload off).
 XC=(--set model.kind=extreme_classifier --set model.classes=400 --set optimizer.lr=0.03 --set offload.shard_mb=0.1)
