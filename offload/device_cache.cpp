@@ -167,6 +167,10 @@ std::vector<size_t> DeviceCachePolicy::choose_streamed(std::vector<size_t>& bypa
     if (!measured_) {
       bandwidths_ = measure_();
       measured_ = true;
+      if (!streaming_can_pay()) {  // the transit lines join the cache from the next step on
+        transit_ = 0;
+        return {};
+      }
     }
     Traffic all_host;
     for (size_t e : candidates) add_host(all_host, static_cast<double>(numel_[e]), bf16_copies_);
@@ -186,6 +190,21 @@ std::vector<size_t> DeviceCachePolicy::choose_streamed(std::vector<size_t>& bypa
     if (std::find(streamed.begin(), streamed.end(), e) == streamed.end()) rest.push_back(e);
   bypass = std::move(rest);
   return streamed;
+}
+
+// Whether streaming shortens any step at these bandwidths: one of `transit` + 1 bypassing groups
+// of the largest cacheable size moved to the device (the case most in its favour: the most
+// groups competing for the CPU). If not, transit lines would only be cache lines lost.
+bool DeviceCachePolicy::streaming_can_pay() const {
+  double n = 0;
+  for (size_t e = 0; e < cacheable_.size(); ++e)
+    if (cacheable_[e]) n = std::max(n, static_cast<double>(numel_[e]));
+  Traffic all_host, moved;
+  for (int64_t k = 0; k <= transit_; ++k) add_host(all_host, n, bf16_copies_);
+  moved = all_host;
+  add_host(moved, n, bf16_copies_, -1);
+  add_device(moved, n);
+  return moved.seconds(bandwidths_) < all_host.seconds(bandwidths_);
 }
 
 std::vector<std::pair<size_t, int>> DeviceCachePolicy::claim_free(int64_t step, const Need& need,

@@ -66,7 +66,9 @@ class DeviceCachePolicy {
   DeviceCachePolicy(int64_t lines, std::vector<uint8_t> cacheable, int64_t transit = 0, std::vector<size_t> numel = {});
 
   // How bypassing groups are updated (default Host). `measure` is called once, at the first
-  // choice Auto makes (every rank at the same decide: it may be collective); bf16_copies: the
+  // choice Auto makes (every rank at the same decide: it may be collective); where streaming
+  // cannot shorten a step at the bandwidths it gives, the transit lines become cache lines from
+  // the next decide on (transit_lines() 0). bf16_copies: the
   // host path sends parameters as bf16 (2 bytes) and its CPU AdamW writes them too (2 more).
   void set_uncached_update(UncachedUpdate mode, std::function<UpdateBandwidths()> measure = nullptr,
                            bool bf16_copies = false);
@@ -94,6 +96,7 @@ class DeviceCachePolicy {
 
  private:
   int cache_lines() const { return static_cast<int>(line_entry_.size() - static_cast<size_t>(transit_)); }
+  bool streaming_can_pay() const;
   // The bypassing entries that go to transit lines this step (removed from `bypass`).
   std::vector<size_t> choose_streamed(std::vector<size_t>& bypass, int free_transit,
                                       const std::function<int64_t(size_t)>& next_use);

@@ -92,7 +92,7 @@ void ParamStore::log_cache(const char* when) const {
                               << mib(3 * line_numel_ * sizeof(float)) << " MiB (a group with its Adam state; "
                               << mib(stats_.cache_line_bytes)
                               << " MiB): cached groups are updated on the device, the others by their owner's CPU AdamW";
-  if (lines_.transit_lines() > 0)
+  if (lines_.transit_lines() > 0) {
     THETAD_LOG(info, "offload") << "device cache: " << lines_.transit_lines() << " of its lines are transit lines "
                                 << "(offload.uncached_update: "
                                 << (opts_.uncached_update == UncachedUpdate::Device ? "device" : "auto")
@@ -101,6 +101,7 @@ void ParamStore::log_cache(const char* when) const {
                                         ? "is streamed through one"
                                         : "is streamed through one where the measured bandwidths favour it")
                                 << ", with its Adam state, and updated on the device";
+  }
 }
 
 // Every rank learns whether all got their device slots: a rank failing alone would otherwise

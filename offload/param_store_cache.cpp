@@ -113,8 +113,13 @@ void ParamStore::place(int64_t step) {
     f = Fence{};
   }
   order_state();  // (the step before called it, unless it updated nothing on the device)
+  const int64_t transit = lines_.transit_lines();
   const DeviceCachePolicy::Decision d =
       lines_.decide(step, [this](int64_t s) -> const std::vector<size_t>& { return used_at(s); });
+  if (lines_.transit_lines() != transit) {
+    THETAD_LOG(info, "offload") << "device cache: at these bandwidths streaming a group never shortens a step; its "
+                                << transit << " transit lines are cache lines from step " << step + 1 << " on";
+  }
   for (const auto& [gi, line] : d.evict) flush_line(gi, line);
   for (const auto& [gi, line] : d.load) load_line(gi, line);
   // Streamed groups: every group's values first (forward waits for them), then their Adam state

@@ -201,7 +201,7 @@ TEST(DeviceCachePolicy, ClaimFreeLeavesTransitLinesAlone) {
 
 // Auto streams a group where that shortens the step's slowest resource, by the measured
 // bandwidths (measured once, at the first choice): a slow CPU AdamW sends the group to the
-// device, slow PCIe keeps it on the host. 100 parameters: on the host 400 B each way over PCIe
+// device; slow PCIe keeps it on the host, and the transit line joins the cache. 100 parameters: on the host 400 B each way over PCIe
 // and 2800 B of CPU AdamW; streamed 1200 B each way, 400 B of them before forward.
 TEST(DeviceCachePolicy, AutoWeighsPcieAgainstTheCpuAdamW) {
   for (const bool slow_cpu : {true, false}) {
@@ -217,9 +217,10 @@ TEST(DeviceCachePolicy, AutoWeighsPcieAgainstTheCpuAdamW) {
     if (slow_cpu) {
       EXPECT_EQ(d.stream, (Pairs{{2, 2}}));
       EXPECT_TRUE(d.bypass.empty());
-    } else {
+    } else {  // streaming never pays: the transit line becomes a cache line
       EXPECT_TRUE(d.stream.empty());
       EXPECT_EQ(d.bypass, (Entries{2}));
+      EXPECT_EQ(p.transit_lines(), 0);
     }
     p.decide(2, s.need());
     p.decide(3, s.need());
@@ -254,4 +255,20 @@ TEST(DeviceCachePolicy, ATransitLineFreeBeforeTheStepGoesFirst) {
   const auto d = p.decide(2, s.need());
   EXPECT_EQ(d.evict, (Pairs{{1, 1}}));
   EXPECT_EQ(d.stream, (Pairs{{2, 2}}));
+}
+
+// Where streaming never pays, the transit lines join the cache: the group that bypassed before
+// now takes the former transit line as a cache line and stays.
+TEST(DeviceCachePolicy, AutoGivesTransitLinesToTheCacheWhereStreamingNeverPays) {
+  DeviceCachePolicy p(3, {1, 1, 1}, /*transit=*/1, {100, 100, 100});
+  p.set_uncached_update(UncachedUpdate::Auto, [] { return UpdateBandwidths{1e8, 1e8, 1e10}; });
+  Schedule s({{0, 1}, {2}, {0}, {1}, {2}});
+  p.decide(0, s.need());
+  EXPECT_EQ(p.decide(1, s.need()).bypass, (Entries{2}));
+  EXPECT_EQ(p.transit_lines(), 0);
+  p.decide(2, s.need());
+  p.decide(3, s.need());
+  const auto d = p.decide(4, s.need());
+  EXPECT_EQ(d.load, (Pairs{{2, 2}}));
+  EXPECT_FALSE(p.in_transit(2));
 }
