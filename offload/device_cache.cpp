@@ -36,6 +36,17 @@ void add_device(Traffic& t, double n) {
   t.before_forward += n * 4;
 }
 
+// Moves one of the groups in `t` (n parameters, on the host) to a transit line if that shortens
+// the step; says whether it did.
+bool move_if_shorter(Traffic& t, double n, const UpdateBandwidths& bw, bool bf16_copies) {
+  Traffic moved = t;
+  add_host(moved, n, bf16_copies, -1);
+  add_device(moved, n);
+  if (moved.seconds(bw) >= t.seconds(bw)) return false;
+  t = moved;
+  return true;
+}
+
 }  // namespace
 
 DeviceCachePolicy::DeviceCachePolicy(int64_t lines, std::vector<uint8_t> cacheable, int64_t transit,
@@ -176,13 +187,7 @@ std::vector<size_t> DeviceCachePolicy::choose_streamed(std::vector<size_t>& bypa
     for (size_t e : candidates) add_host(all_host, static_cast<double>(numel_[e]), bf16_copies_);
     for (size_t e : candidates) {
       if (static_cast<int>(streamed.size()) == free_transit) break;
-      Traffic moved = all_host;
-      add_host(moved, static_cast<double>(numel_[e]), bf16_copies_, -1);
-      add_device(moved, static_cast<double>(numel_[e]));
-      if (moved.seconds(bandwidths_) < all_host.seconds(bandwidths_)) {
-        all_host = moved;
-        streamed.push_back(e);
-      }
+      if (move_if_shorter(all_host, static_cast<double>(numel_[e]), bandwidths_, bf16_copies_)) streamed.push_back(e);
     }
   }
   std::vector<size_t> rest;
@@ -199,12 +204,9 @@ bool DeviceCachePolicy::streaming_can_pay() const {
   double n = 0;
   for (size_t e = 0; e < cacheable_.size(); ++e)
     if (cacheable_[e]) n = std::max(n, static_cast<double>(numel_[e]));
-  Traffic all_host, moved;
+  Traffic all_host;
   for (int64_t k = 0; k <= transit_; ++k) add_host(all_host, n, bf16_copies_);
-  moved = all_host;
-  add_host(moved, n, bf16_copies_, -1);
-  add_device(moved, n);
-  return moved.seconds(bandwidths_) < all_host.seconds(bandwidths_);
+  return move_if_shorter(all_host, n, bandwidths_, bf16_copies_);
 }
 
 std::vector<std::pair<size_t, int>> DeviceCachePolicy::claim_free(int64_t step, const Need& need,
