@@ -1,7 +1,7 @@
 # Test helpers: GoogleTest binaries, and the same binaries run as real MPI processes.
 #
 #   thetad_add_gtest(NAME SOURCES f.cpp... [LIBS l...] [LABELS l...])
-#   thetad_add_mpi_test(NAME TARGET exe NP n [ARGS a...] [LABELS l...] [TIMEOUT s])
+#   thetad_add_mpi_test(NAME TARGET exe NP n [ARGS a...] [MPIRUN_ARGS m...] [LABELS l...] [TIMEOUT s])
 #
 # Multi-rank tests run under `mpirun --oversubscribe` on loopback so that they work on a
 # two-core CI machine and inside containers as root.
@@ -28,12 +28,12 @@ function(thetad_add_gtest name)
 endfunction()
 
 function(thetad_add_mpi_test name)
-  cmake_parse_arguments(T "" "TARGET;NP;TIMEOUT" "ARGS;LABELS" ${ARGN})
+  cmake_parse_arguments(T "" "TARGET;NP;TIMEOUT" "ARGS;MPIRUN_ARGS;LABELS" ${ARGN})
   if(NOT T_TIMEOUT)
     set(T_TIMEOUT 300)
   endif()
   add_test(NAME ${name}
-           COMMAND ${MPIEXEC_EXECUTABLE} ${THETAD_MPIRUN_FLAGS} -np ${T_NP}
+           COMMAND ${MPIEXEC_EXECUTABLE} ${THETAD_MPIRUN_FLAGS} ${T_MPIRUN_ARGS} -np ${T_NP}
                    $<TARGET_FILE:${T_TARGET}> ${T_ARGS})
   set_tests_properties(${name} PROPERTIES TIMEOUT ${T_TIMEOUT} ENVIRONMENT "${THETAD_TEST_ENV}"
                        PROCESSORS ${T_NP} LABELS "mpi;${T_LABELS}")

@@ -1,6 +1,8 @@
 // The split of the job's ranks into nodes, real or simulated (see node_split.hpp).
 #include "comm/node_split.hpp"
 
+#include <unistd.h>
+
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -66,6 +68,42 @@ NodePlace node_place() {
     if (r < lowest) p.node += 1;
   }
   return p;
+}
+
+int ranks_sharing_device(const std::string& device_key) {
+  MPI_Comm host = MPI_COMM_NULL;
+  MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &host));
+  int size = 1;
+  MPI_CHECK_NOTHROW(MPI_Comm_size(host, &size));
+  // Keys of one fixed length (bus ids are "0000:1b:00.0"; longer keys are cut, shorter padded).
+  constexpr size_t kKey = 32;
+  std::string mine = device_key.substr(0, kKey);
+  mine.resize(kKey, '\0');
+  std::vector<char> all(kKey * static_cast<size_t>(size));
+  const int rc = MPI_Allgather(mine.data(), static_cast<int>(kKey), MPI_CHAR, all.data(), static_cast<int>(kKey),
+                               MPI_CHAR, host);
+  MPI_CHECK_NOTHROW(MPI_Comm_free(&host));
+  MPI_CHECK(rc);
+  int same = 0;
+  for (int r = 0; r < size; ++r) same += std::string(&all[kKey * static_cast<size_t>(r)], kKey) == mine ? 1 : 0;
+  return same;
+}
+
+std::string simulated_nccl_host_id() {
+  int world_rank = 0, world_size = 1;
+  MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &world_rank));
+  MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world_size));
+  const int sim = simulated_nodes(world_size);
+  if (sim == 0) return {};
+  std::string host;
+  if (const char* given = std::getenv("NCCL_HOSTID"); given != nullptr && *given != '\0') {
+    host = given;
+  } else {
+    char name[256] = {};
+    host = gethostname(name, sizeof name - 1) == 0 ? name : "localhost";
+  }
+  // The same block as split_node's color: the node's world ranks.
+  return detail::concat(host, "/simulated-node-", world_rank / (world_size / sim));
 }
 
 }  // namespace thetad::comm

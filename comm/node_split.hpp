@@ -10,6 +10,8 @@
 
 #include <mpi.h>
 
+#include <string>
+
 namespace thetad::comm {
 
 inline constexpr const char* kSimulateNodesEnv = "THETAD_SIMULATE_NODES";
@@ -30,5 +32,19 @@ struct NodePlace {
 };
 // Where the caller's node stands among the job's nodes. Collective over MPI_COMM_WORLD.
 NodePlace node_place();
+
+// The name NCCL should give the caller's host (NCCL_HOSTID): empty unless nodes are simulated;
+// then the host's own id (NCCL_HOSTID as set, else the host name) with "/simulated-node-K"
+// appended, K the caller's node. NCCL groups ranks into hosts by this id: with it, simulated
+// nodes talk over NCCL's network transport as real nodes do, and two of them may share a GPU
+// (a one-GPU machine runs 2 nodes x 1 GPU); without it NCCL sees one host and refuses two ranks
+// on one GPU. Local, no communication.
+std::string simulated_nccl_host_id();
+
+// How many ranks of the caller's host (the real one: MPI_COMM_TYPE_SHARED, simulated nodes or
+// not) named the same `device_key` (a GPU's PCI bus id), the caller included. More than one when
+// simulated nodes outnumber the GPUs, or ranks the GPUs: each such rank may then size what it
+// takes from the device's free memory as its share. Collective over MPI_COMM_WORLD.
+int ranks_sharing_device(const std::string& device_key);
 
 }  // namespace thetad::comm

@@ -2,6 +2,7 @@
 // as fences against the daemon's compute stream. Built only with THETAD_WITH_CUDA.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <memory>
 #include <string>
 
@@ -18,8 +19,9 @@ cudaEvent_t event_of(const Fence& f) { return static_cast<cudaEvent_t>(f.event.g
 
 class CudaDevice final : public Device {
  public:
-  CudaDevice(int device, void* compute)
-      : device_(device), compute_(static_cast<cudaStream_t>(compute)), h2d_(device), d2h_(device) {}
+  CudaDevice(int device, void* compute, int sharers)
+      : device_(device), sharers_(std::max(1, sharers)), compute_(static_cast<cudaStream_t>(compute)), h2d_(device),
+        d2h_(device) {}
 
   std::string name() const override { return "cuda:" + std::to_string(device_); }
   bool is_host() const override { return false; }
@@ -87,7 +89,9 @@ class CudaDevice final : public Device {
   void* d2h_stream() override { return d2h_.get(); }
   bool memory(size_t* free_bytes, size_t* total_bytes) override {
     if (cudaSetDevice(device_) != cudaSuccess) return false;
-    return cudaMemGetInfo(free_bytes, total_bytes) == cudaSuccess;
+    if (cudaMemGetInfo(free_bytes, total_bytes) != cudaSuccess) return false;
+    *free_bytes /= static_cast<size_t>(sharers_);  // the others size theirs from the same free memory
+    return true;
   }
   bool done(const Fence& f) override {
     if (f.empty()) return true;
@@ -113,6 +117,7 @@ class CudaDevice final : public Device {
   }
 
   int device_;
+  int sharers_;  // ranks of the host on this device
   cudaStream_t compute_;
   CudaStream h2d_;
   CudaStream d2h_;
@@ -129,9 +134,9 @@ bool cuda_available() {
   return n > 0;
 }
 
-std::unique_ptr<Device> make_cuda_device(int device, void* compute_stream) {
+std::unique_ptr<Device> make_cuda_device(int device, void* compute_stream, int sharers) {
   THETAD_CHECK(cuda_available(), ConfigError, "offload: no CUDA device is visible");
-  return std::make_unique<CudaDevice>(device, compute_stream);
+  return std::make_unique<CudaDevice>(device, compute_stream, sharers);
 }
 
 }  // namespace thetad::offload

@@ -47,7 +47,7 @@ size_t auto_cache_bytes(Device& device, bool after_a_step) {
 #ifndef THETAD_WITH_CUDA
 bool cuda_available() { return false; }
 
-std::unique_ptr<Device> make_cuda_device(int, void*) {
+std::unique_ptr<Device> make_cuda_device(int, void*, int) {
   throw ConfigError("this thetad was built without CUDA; offload needs a GPU build for device "
                     "memory (or run on the host device)");
 }

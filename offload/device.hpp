@@ -61,6 +61,7 @@ class Device {
   // synchronous. Callers whose device buffers a D2H copy reads record their use on it.
   virtual void* d2h_stream() { return nullptr; }
   // The device's free and total memory in bytes; false where it has none of its own (the host).
+  // `free` is this rank's share where ranks share the device (make_cuda_device's `sharers`).
   virtual bool memory(size_t* free_bytes, size_t* total_bytes) {
     (void)free_bytes, (void)total_bytes;
     return false;
@@ -97,7 +98,9 @@ size_t auto_cache_bytes(Device& device, bool after_a_step = false);
 bool cuda_available();
 
 // A CudaDevice on GPU `device`, ordered against `compute_stream` (a cudaStream_t; nullptr = the
-// legacy default stream). Throws ConfigError when the build has no CUDA or no GPU is present.
-std::unique_ptr<Device> make_cuda_device(int device, void* compute_stream);
+// legacy default stream), shared with `sharers` - 1 other ranks of the host (its free memory
+// divided among them: comm::ranks_sharing_device). Throws ConfigError when the build has no CUDA
+// or no GPU is present.
+std::unique_ptr<Device> make_cuda_device(int device, void* compute_stream, int sharers = 1);
 
 }  // namespace thetad::offload

@@ -9,7 +9,8 @@
 #
 # Builds thetad in ${CKPT_BUILD_DIR:-/tmp/build} (CKPT_SKIP_BUILD=1: use it as it is). Logs and
 # metrics go into ${OUT:-/tmp/out}/checkpoint.tar; the table is the last thing printed.
-# CKPT_BUDGET_S=240 bounds the whole script; CKPT_PRECISIONS="fp32 bf16".
+# CKPT_BUDGET_S=240 bounds the whole script; CKPT_PRECISIONS="fp32 bf16"; CKPT_MODES="false true"
+# (checkpoint.async values: STALL_MODES of bench/checkpoint_stall.sh).
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$ROOT" || exit 1
@@ -35,7 +36,7 @@ TABLE=$LOGS/table.txt
 for prec in ${CKPT_PRECISIONS:-fp32 bf16}; do
   t=$(left)
   [ "$t" -gt 30 ] || { echo "$prec: skipped (budget)" | tee -a "$TABLE"; continue; }
-  timeout "$(( t - 5 ))" env STALL_LOGS="$LOGS/$prec" bash bench/checkpoint_stall.sh "$THETAD" bench/jobs/reference.yaml \
+  timeout "$(( t - 5 ))" env STALL_LOGS="$LOGS/$prec" STALL_MODES="${CKPT_MODES:-false true}" bash bench/checkpoint_stall.sh "$THETAD" bench/jobs/reference.yaml \
     "$NP" "$STEPS" "$EVERY" --set precision="$prec" > "$LOGS/$prec.txt" 2>&1
   rc=$?
   [ "$rc" -eq 0 ] || { echo "$prec: exit $rc"; tail -20 "$LOGS/$prec.txt"; }

@@ -4,13 +4,16 @@
 #include <mpi.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "comm/backends.hpp"
 #include "comm/bf16.hpp"
 #include "comm/bootstrap.hpp"
 #include "comm/mpi_check.hpp"
 #include "comm/nccl/scale.hpp"
+#include "comm/node_split.hpp"
 #include "common/log.hpp"
 
 namespace thetad::comm {
@@ -252,6 +255,14 @@ namespace thetad::comm {
 
 std::shared_ptr<Communicator> make_nccl_communicator(int device) {
   WorldInfo w = world_info();
+  // Simulated nodes are hosts to NCCL too (node_split.hpp). NCCL reads the id once per process,
+  // at its first initialization: set before ncclGetUniqueId, and only once (a second
+  // communicator must not append the suffix again).
+  static const std::string host_id = simulated_nccl_host_id();
+  if (!host_id.empty()) {
+    setenv("NCCL_HOSTID", host_id.c_str(), /*overwrite=*/1);
+    THETAD_LOG(info, "comm") << "NCCL host id '" << host_id << "': NCCL sees each simulated node as a host";
+  }
   ncclUniqueId id{};
   if (w.rank == 0) {
     ncclResult_t r = ncclGetUniqueId(&id);

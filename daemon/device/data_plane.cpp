@@ -7,11 +7,13 @@
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
 #endif
 
 #include <optional>
 #include <string>
 
+#include "comm/node_split.hpp"
 #include "common/errors.hpp"
 #include "common/log.hpp"
 #include "daemon/core/job_options.hpp"
@@ -62,6 +64,14 @@ DataPlane open_data_plane(const config::Job& job, const comm::WorldInfo& world, 
                         std::to_string(props->major) + "." + std::to_string(props->minor) + " (use fp32 or tf32)");
     at::globalContext().setAllowTF32CuBLAS(job.precision == config::Precision::Tf32);
     at::globalContext().setAllowTF32CuDNN(job.precision == config::Precision::Tf32);
+    // Simulated nodes (or ranks) outnumbering the GPUs share one: what a rank sizes from its free
+    // memory (device_cache_mb and shared_device_layers auto) is then its share.
+    char bus_id[32] = {};
+    if (cudaDeviceGetPCIBusId(bus_id, sizeof bus_id, dev) != cudaSuccess) (void)cudaGetLastError();
+    dp.device_sharers = comm::ranks_sharing_device(bus_id);
+    if (dp.device_sharers > 1)
+      THETAD_LOG(info, "comm") << "GPU " << bus_id << " is shared by " << dp.device_sharers
+                               << " ranks of this host: sizes taken from its free memory (auto) are this rank's share";
     dp.comm = comm::make_nccl_communicator(dev);
     dp.comm->set_compute_stream(dp.compute_stream);
   }

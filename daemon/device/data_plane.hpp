@@ -19,6 +19,7 @@ struct DataPlane {
   torch::Device device{torch::kCPU};
   std::shared_ptr<comm::Communicator> comm;  // gradients
   void* compute_stream = nullptr;            // cudaStream_t of the compute work (GPUs)
+  int device_sharers = 1;                    // ranks of this host on this GPU (comm::ranks_sharing_device)
 
   bool gpu() const { return device.is_cuda(); }
   // Runs `fn` with the compute stream current (GPUs; elsewhere just runs it): work that the

@@ -5,6 +5,7 @@
 #include <torch/serialize.h>
 
 #if THETAD_TORCH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <cuda_runtime_api.h>
 #endif
@@ -51,8 +52,9 @@ int64_t env_int(const char* name, int64_t otherwise) {
 }
 
 // What a snapshot may stage on `device`: its free memory less a margin (max(1 GiB, 5 %)), so that
-// the clones never take what the next steps allocate (the caching allocator's reserve stays
-// theirs). Unbounded on the host (the test aid).
+// the clones never take what the next steps allocate, plus what the caching allocator holds
+// unused (the last snapshot's clones, or the warm-up's: RunState::warm_up_checkpoints).
+// Unbounded on the host (the test aid).
 int64_t stageable_bytes(const c10::Device& device) {
 #if THETAD_TORCH_CUDA
   if (device.is_cuda()) {
@@ -60,7 +62,9 @@ int64_t stageable_bytes(const c10::Device& device) {
     size_t free = 0, total = 0;
     if (cudaMemGetInfo(&free, &total) != cudaSuccess) return 0;
     const int64_t margin = std::max<int64_t>(int64_t{1} << 30, static_cast<int64_t>(total / 20));
-    return std::max<int64_t>(0, static_cast<int64_t>(free) - margin);
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
+    const int64_t cached = stats.reserved_bytes[0].current - stats.allocated_bytes[0].current;  // [0]: all pools
+    return std::max<int64_t>(0, static_cast<int64_t>(free) - margin) + std::max<int64_t>(0, cached);
   }
 #endif
   return device.is_cpu() ? std::numeric_limits<int64_t>::max() : 0;

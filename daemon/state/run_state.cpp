@@ -207,6 +207,34 @@ void RunState::checkpoint(int64_t completed, const std::vector<int64_t>& group_s
   inflight_->abandon_wait = comm_timeout(job_);
 }
 
+void RunState::warm_up_checkpoints(int64_t completed) {
+  if (job_.checkpoint.dir.empty() || !job_.checkpoint.async || spare_ || inflight_) return;
+  // Only where an asynchronous checkpoint follows, and not at this step (its own snapshot would
+  // pay the same); the run's last checkpoint is synchronous.
+  const int64_t every = job_.checkpoint.every_steps;
+  if (every <= 0 || completed % every == 0 || (completed / every + 1) * every >= job_.steps) return;
+  const auto t0 = Clock::now();
+  const CheckpointWriter w = writer(completed);
+  auto share = std::make_unique<CheckpointShare>();
+  WriteStatus st;  // a failure here (a non-finite parameter) is the next real checkpoint's to report
+  snapshot_share(w, [&](int g) {
+    const bool on_device = !(g == 0 && trunk_) && !(store_ && store_->offloaded(g));
+    if (on_device) return state(g);
+    GroupState skip;
+    skip.group = g;
+    skip.initial = true;
+    return skip;
+  }, *share, st);
+  for (ShardValues& v : share->shards) v.staged.clear();  // the clones go back to the allocator, kept
+  if (world_.rank == 0) {
+    THETAD_LOG(info, "ckpt") << "checkpoint warm-up after step " << completed << ": " << std::fixed
+                             << std::setprecision(1) << ms_since(t0) << " ms, " << std::setprecision(3)
+                             << share->staged_bytes / 1e6 << " MB staged once on the tensors' device (kept for the "
+                             << "checkpoints), " << share->host_bytes / 1e6 << " MB copied on the host";
+  }
+  spare_ = std::move(share);
+}
+
 void RunState::poll_checkpoint(int64_t step) {
   if (inflight_) advance_checkpoint(step, false);
 }

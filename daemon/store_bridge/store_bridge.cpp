@@ -113,7 +113,7 @@ void StoreBridge::build(comm::Engine& engine, const Schedule& schedule, int rank
     }
   }
   if (plane_.gpu())
-    device_ = offload::make_cuda_device(plane_.device.index(), plane_.compute_stream);
+    device_ = offload::make_cuda_device(plane_.device.index(), plane_.compute_stream, plane_.device_sharers);
   else
     device_ = std::make_unique<offload::HostDevice>();
   // The groups of one rank (its slots and prefetch), or of every rank (the device cache's

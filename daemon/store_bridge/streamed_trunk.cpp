@@ -46,7 +46,8 @@ void StreamedTrunk::build(comm::Engine& engine, offload::Device* device) {
   for (size_t l = 0; l < layer_params_.size(); ++l)
     shapes.push_back({static_cast<int>(l) + 1, layer_params_[l].w_numel + layer_params_[l].b_numel, 1});
   if (!device) {
-    if (plane_.gpu()) own_device_ = offload::make_cuda_device(plane_.device.index(), plane_.compute_stream);
+    if (plane_.gpu())
+      own_device_ = offload::make_cuda_device(plane_.device.index(), plane_.compute_stream, plane_.device_sharers);
     else own_device_ = std::make_unique<offload::HostDevice>();
     device = own_device_.get();
   }
@@ -122,7 +123,8 @@ int64_t StreamedTrunk::device_layers() const {
   device_layers_ = job_.offload.shared_device_layer_count();
   if (!job_.offload.shared_device_layers_auto() || !plane_.gpu()) return device_layers_;
   const size_t avail =
-      offload::auto_cache_bytes(*offload::make_cuda_device(plane_.device.index(), plane_.compute_stream));
+      offload::auto_cache_bytes(
+          *offload::make_cuda_device(plane_.device.index(), plane_.compute_stream, plane_.device_sharers));
   device_layers_ = std::min<int64_t>(layers() - 1, static_cast<int64_t>(avail / line_bytes()));
   THETAD_LOG(info, "offload") << "offload.shared_device_layers auto: " << device_layers_ << " of " << layers()
                               << " trunk layers fit in the device's free memory less the margin (" << (avail >> 20)

@@ -535,6 +535,7 @@ int Trainer::run() {
     flush();
     pending = std::move(cur);
     const int64_t completed = step + 1;
+    if (step == start_step) state_->warm_up_checkpoints(completed);
     state_->poll_checkpoint(step);  // publishes a background checkpoint once every rank wrote it
     bool stop_now = false;
     {

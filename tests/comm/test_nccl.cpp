@@ -1,5 +1,7 @@
 // The engine over NCCL (label gpu, 2 ranks on 2 GPUs): the same reference check as the MPI
-// engine tests, device buffers, plus the basic collectives. Skips without a GPU per rank.
+// engine tests, device buffers, plus the basic collectives. Skips without a GPU per rank of a
+// node. Run as 2 simulated nodes too (test_comm_nccl_2nodes): NCCL's network transport, and a
+// GPU per node is enough (the nodes may share one).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 #include <mpi.h>
@@ -16,8 +18,8 @@ using namespace std::chrono_literals;
 
 namespace {
 
-// One GPU per rank of a host (NCCL refuses two ranks on one device). Every rank must agree on
-// skipping, or the others would wait in a collective forever.
+// One GPU per rank of a node (NCCL refuses two ranks of one host on one device). Every rank must
+// agree on skipping, or the others would wait in a collective forever.
 bool gpus_available() {
   int n = 0;
   const bool ok = cudaGetDeviceCount(&n) == cudaSuccess && n >= world_info().local_size;

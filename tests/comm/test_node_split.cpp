@@ -74,6 +74,39 @@ TEST(NodeSplit, SimulatedNodesAreContiguousBlocks) {
   }
 }
 
+// NCCL's host id: none without simulation; one per simulated node (the same for its ranks,
+// another for every other node), built on the user's NCCL_HOSTID where one is set.
+TEST(NodeSplit, EachSimulatedNodeIsItsOwnNcclHost) {
+  const World w;
+  {
+    SimulateNodes env(nullptr);
+    EXPECT_EQ(thetad::comm::simulated_nccl_host_id(), "");
+  }
+  if (w.size % 2 != 0) GTEST_SKIP() << "needs an even number of ranks";
+  SimulateNodes env("2");
+  std::string id = thetad::comm::simulated_nccl_host_id();
+  const std::string suffix = "/simulated-node-" + std::to_string(w.rank / (w.size / 2));
+  ASSERT_GT(id.size(), suffix.size());
+  EXPECT_EQ(id.substr(id.size() - suffix.size()), suffix) << id;
+  setenv("NCCL_HOSTID", "rack7-host3", 1);
+  EXPECT_EQ(thetad::comm::simulated_nccl_host_id(), "rack7-host3" + suffix);
+  unsetenv("NCCL_HOSTID");
+}
+
+// Ranks of the host naming the same device are counted together, simulated nodes or not.
+TEST(NodeSplit, RanksSharingADeviceAreCounted) {
+  const World w;
+  for (const char* sim : {static_cast<const char*>(nullptr), "2"}) {
+    if (sim && w.size % 2 != 0) continue;
+    SimulateNodes env(sim);
+    // Ranks 0 and 2 name "0000:1b:00.0", the others a device of their own.
+    const std::string key = w.rank % 2 == 0 && w.rank <= 2 ? "0000:1b:00.0" : "0000:" + std::to_string(w.rank) + ":00.0";
+    const int want = w.rank % 2 == 0 && w.rank <= 2 ? (w.size > 2 ? 2 : 1) : 1;
+    EXPECT_EQ(thetad::comm::ranks_sharing_device(key), want) << "rank " << w.rank << (sim ? ", 2 simulated nodes" : "");
+    EXPECT_EQ(thetad::comm::ranks_sharing_device("same GPU"), w.size);  // one host: all of them
+  }
+}
+
 TEST(NodeSplit, AnyCommunicatorSplitsByWorldBlocks) {
   const World w;
   if (w.size % 2 != 0) GTEST_SKIP() << "needs an even number of ranks";

@@ -39,40 +39,10 @@ run offload --set offload.enabled=true --set offload.device_slots=2
 # parameters within float tolerance (the two Adams round differently).
 py=$(command -v python3 || echo /usr/bin/python3)
 # compare WHAT A B [TOL]: the newest checkpoints in A and B hold the same parameters within TOL
-# (default 1e-4), relative to each tensor's largest magnitude.
+# (default 1e-4), relative to each tensor's largest magnitude (compare_checkpoints.py).
 compare() {
-  local what=$1 out
-  if out=$(TOL=${4:-1e-4} "$py" - "$2" "$3" 2>&1 <<'PY'
-import glob, inspect, os, sys, torch
-# PyTorch >= 2.6 loads with weights_only=True by default; the comparison needs the values only.
-KW = {"weights_only": False} if "weights_only" in inspect.signature(torch.load).parameters else {}
-def latest(d):  # the newest complete checkpoint
-    return sorted(os.path.dirname(m) for m in glob.glob(os.path.join(d, "step-*", "manifest.json")))[-1]
-try:
-    a, b = latest(sys.argv[1]), latest(sys.argv[2])
-    worst, n = 0.0, 0
-    # Format 3: shard-*.pt with one flat `param` tensor per shard (format 2: group-*.pt, param/NAME).
-    for f in sorted(glob.glob(os.path.join(a, "shard-*.pt")) + glob.glob(os.path.join(a, "group-*.pt"))):
-        x = torch.load(f, map_location="cpu", **KW)
-        y = torch.load(os.path.join(b, os.path.basename(f)), map_location="cpu", **KW)
-        for k, v in x.items():
-            if k != "param" and not k.startswith("param/"):
-                continue
-            d = (v - y[k]).abs().max().item() / max(v.abs().max().item(), 1e-12)
-            worst, n = max(worst, d), n + 1
-    assert n > 0, "no parameters compared"
-except Exception as e:  # one line for the test log
-    print("error: %r" % (e,))
-    sys.exit(1)
-try:
-    torch.load(f, map_location="cpu")
-    default = "default torch.load ok"
-except Exception as e:
-    default = "default torch.load fails: %s" % str(e).splitlines()[0][:200]
-print("max relative difference %.2e over %d tensors; %s" % (worst, n, default))
-sys.exit(0 if worst <= float(os.environ["TOL"]) else 1)
-PY
-  ); then pass "$what: $out"; else fail "$what: $out"; fi
+  local out
+  if out=$("$py" "$HERE/compare_checkpoints.py" "$2" "$3" "${4:-1e-4}" 2>&1); then pass "$1: $out"; else fail "$1: $out"; fi
 }
 compare "offload vs all-resident on the GPU" "$WORK/overlap_on/ckpt" "$WORK/offload/ckpt"
 

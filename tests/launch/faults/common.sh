@@ -17,7 +17,8 @@ COMM_TIMEOUT=20
 # How the launcher spreads the job (a test may set more before its runs, e.g. --simulate-nodes).
 LAUNCH_ARGS=(--nproc-per-node 2)
 
-# fault_job FILE NAME [CKPT_DIR]: the job every fault test trains (tiny, CPU, MPI backend).
+# fault_job FILE NAME [CKPT_DIR]: the job every fault test trains (tiny; CPU and the MPI backend
+# unless FAULT_BACKEND says nccl).
 fault_job() {
   cat >"$1" <<YAML
 job: $2-$MARKER
@@ -25,7 +26,7 @@ seed: 7
 steps: 100000
 model: {kind: multitask_mlp, input_dim: 16, hidden: 32, trunk_layers: 2, head_layers: 1, tasks: 4}
 data: {kind: synthetic, batch_per_rank: 8, schedule: round_robin}
-comm: {backend: mpi, timeout_s: $COMM_TIMEOUT}
+comm: {backend: ${FAULT_BACKEND:-mpi}, timeout_s: $COMM_TIMEOUT}
 optimizer: {kind: adamw, lr: 1.0e-3}
 checkpoint: {dir: ${3:-$T/ckpt}, every_steps: 20, keep: 3}
 log: {level: info, progress_every_s: 1}
