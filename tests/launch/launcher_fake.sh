@@ -376,6 +376,30 @@ case_sigterm_storm() {
   pass "a storm of SIGTERMs to the launcher while stopping: checkpoints complete, exit 4"
 }
 
+# srun ending before its tasks (Slurm's requeue signals it too; the tasks are slurmstepd's):
+# THETAD_MPIRUN is a fake that starts the ranks in sessions of their own and exits 143 on the
+# launcher's stop while they still checkpoint (3 s). The launcher must wait for them: when it
+# exits 4, every rank has exited 4 with its checkpoint complete.
+case_stop_outlives_srun() {
+  local job r
+  job=$(make_job early)
+  THETAD_MPIRUN=$LAUNCH_TEST_DIR/fake_srun_like_mpirun.sh THETAD_FAKE_STEPS=600 THETAD_FAKE_SLEEP=0.1 \
+    THETAD_FAKE_STOP_SLEEP=3 start_launcher "$T/early" --nproc-per-node 2 --log-dir "$T/logs" "$job"
+  wait_for 30 test -e "$THETAD_FAKE_STATE/pid-1"
+  sleep 0.5
+  kill -TERM "$LPID"
+  wait_exit "$LPID" 30
+  ((RC == 4)) || { cat "$T/early.err" >&2; fail "ranks outliving mpirun/srun: want launcher exit 4, got $RC"; }
+  for r in 0 1; do
+    [[ -e $T/logs/rank-$r.exit && $(cut -d' ' -f1 "$T/logs/rank-$r.exit") == 4 ]] ||
+      { cat "$T/early.err" >&2; fail "launcher exited 4 before rank $r recorded its exit 4"; }
+    assert_grep 'checkpoint complete' "$T/logs/rank-$r.log" "rank $r: checkpoint not complete when the launcher exited"
+  done
+  assert_grep 'waiting for their stop checkpoints' "$T/early.err" "the launcher did not say it waited"
+  no_leftovers
+  pass "srun ending before its ranks: the launcher waited ${ELAPSED}s for their checkpoints, exit 4"
+}
+
 case ${1:-} in
   bad_job) case_bad_job ;;
   rank_fails) case_rank_fails ;;
@@ -386,6 +410,7 @@ case ${1:-} in
   early_stop) case_early_stop ;;
   stop_twice) case_stop_twice ;;
   sigterm_storm) case_sigterm_storm ;;
+  stop_outlives_srun) case_stop_outlives_srun ;;
   bad_args) case_bad_args ;;
   kill9) case_kill9 ;;
   kill9_wrapper) case_kill9_wrapper ;;
