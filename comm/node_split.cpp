@@ -27,6 +27,11 @@ int simulated_nodes(int world_size) {
   return n;
 }
 
+namespace {
+// The simulated node of a world rank: blocks of contiguous ranks (node_split.hpp).
+int simulated_node_of(int world_rank, int world_size, int nodes) { return world_rank / (world_size / nodes); }
+}  // namespace
+
 MPI_Comm split_node(MPI_Comm comm) {
   int world_rank = 0, world_size = 1;
   MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &world_rank));
@@ -37,7 +42,7 @@ MPI_Comm split_node(MPI_Comm comm) {
   MPI_Comm block = MPI_COMM_NULL;
   // Color by world block first, then by shared memory within it: a simulated node never spans
   // two real hosts (the host arena is a shared-memory window).
-  const int color = sim > 0 ? world_rank / (world_size / sim) : 0;
+  const int color = sim > 0 ? simulated_node_of(world_rank, world_size, sim) : 0;
   MPI_CHECK(MPI_Comm_split(comm, color, rank, &block));
   MPI_Comm node = MPI_COMM_NULL;
   const int rc = MPI_Comm_split_type(block, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node);
@@ -102,8 +107,7 @@ std::string simulated_nccl_host_id() {
     char name[256] = {};
     host = gethostname(name, sizeof name - 1) == 0 ? name : "localhost";
   }
-  // The same block as split_node's color: the node's world ranks.
-  return detail::concat(host, "/simulated-node-", world_rank / (world_size / sim));
+  return detail::concat(host, "/simulated-node-", simulated_node_of(world_rank, world_size, sim));
 }
 
 }  // namespace thetad::comm

@@ -36,11 +36,6 @@ run() {
   expect_code 0 "$name" mpirun "${MPIRUN_FLAGS[@]}" "${env[@]}" -np 2 "$thetad" run "$job" \
     "${common[@]}" --set checkpoint.dir="$WORK/$name" "$@"
 }
-# owner_steps NAME RANK: the offload store's "N group steps run as owner" of RANK.
-owner_steps() {
-  grep -E "\[rank $2\]" "$WORK/$1.log" | sed -n -E 's/.*parameter store: ([0-9]+) group steps run as owner.*/\1/p' |
-    awk '{s += $1} END {print s + 0}'
-}
 
 # 1. The split, NCCL's view of it, one arena per node.
 extra_env=(-x NCCL_DEBUG=INFO)  # NCCL names the transport of each channel
@@ -66,7 +61,7 @@ if [ "$arenas" -eq 2 ]; then pass "2 host arenas, one per node"; else fail "$are
 # 2. Offload on == off; the host path on each node's owner.
 same_hash "2 nodes x 1 GPU: offload (device cache) == offload off bitwise" n2_off n2_cache
 run n2_host 2 --set offload.enabled=true --set offload.device_cache_mb=0
-s0=$(owner_steps n2_host 0); s1=$(owner_steps n2_host 1)
+s0=$(owner_steps "$WORK/n2_host.log" 0); s1=$(owner_steps "$WORK/n2_host.log" 1)
 if [ "$s0" -gt 0 ] && [ "$s0" -eq "$s1" ]; then pass "each node's owner ran $s0 group steps"
 else fail "owner group steps: node 0 $s0, node 1 $s1"; fi
 py=$(command -v python3 || echo /usr/bin/python3)

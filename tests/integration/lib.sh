@@ -47,4 +47,13 @@ wait_for() {
   for _ in $(seq 1 600); do compgen -G "$1" >/dev/null && return 0; sleep 0.1; done
   return 1
 }
+# owner_steps LOG [RANKS...]: the offload store's "N group steps run as owner", added up over
+# the given ranks' lines of a merged log (all ranks when none are given).
+owner_steps() {
+  local log=$1; shift
+  local pat='.'
+  (($# == 0)) || pat="\\[rank ($(IFS='|'; echo "$*"))\\]"
+  grep -E "$pat" "$log" | sed -n -E 's/.*parameter store: ([0-9]+) group steps run as owner.*/\1/p' |
+    awk '{s += $1} END {print s + 0}'
+}
 finish() { echo "$PASSES passed, $FAILS failed"; [ "$FAILS" -eq 0 ]; }

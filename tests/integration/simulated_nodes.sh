@@ -20,15 +20,6 @@ run() {
   expect_code 0 "$name" mpirun "${MPIRUN_FLAGS[@]}" "${env[@]}" -np "$np" "$thetad" run "$job" \
     "${off_args[@]}" --set offload.enabled="$offload" --set checkpoint.dir="$WORK/$name" "$@"
 }
-# owner_steps LOG [RANKS...]: the offload store's "N group steps run as owner", added up over
-# the given ranks' lines of a merged log (all ranks when none are given).
-owner_steps() {
-  local log=$1; shift
-  local pat='.'
-  (($# == 0)) || pat="\\[rank ($(IFS='|'; echo "$*"))\\]"
-  grep -E "$pat" "$log" | sed -n -E 's/.*parameter store: ([0-9]+) group steps run as owner.*/\1/p' |
-    awk '{s += $1} END {print s + 0}'
-}
 same_hash() {  # NAME_A NAME_B WHAT
   local a b
   a=$(final_hash "$WORK/$1.log"); b=$(final_hash "$WORK/$2.log")
