@@ -400,6 +400,41 @@ case_stop_outlives_srun() {
   pass "srun ending before its ranks: the launcher waited ${ELAPSED}s for their checkpoints, exit 4"
 }
 
+# Slurm's requeue and srun's forwarding of the launcher's stop signal every process of a task
+# (proctrack/linuxproc and cgroup signal the whole step): the rank's wrapper, its helpers and
+# thetad get SIGTERM and SIGUSR1, often more than once. Here the wrapper runs as slurmstepd
+# starts a task (a session of its own) and its whole session gets a storm of both while the
+# rank checkpoints and exits, 10 times: the wrapper must exit with the rank's 4 every time
+# (a helper it ran then, killed by the storm, made it exit 138 under set -e: seen in CI).
+case_rank_signal_storm() {
+  local job i w rc code end bad=0
+  job=$(make_job rstorm)
+  for ((i = 0; i < 10; i++)); do
+    rm -f "$THETAD_FAKE_STATE/pid-0"
+    THETAD_FAKE_STEPS=600 THETAD_FAKE_SLEEP=0.1 THETAD_FAKE_STOP_SLEEP=0.3 OMPI_COMM_WORLD_RANK=0 \
+      OMPI_COMM_WORLD_SIZE=1 setsid "$LAUNCHER" --worker "$T/logs" -- "$FAKE" run "$job" 2>>"$T/rstorm.err" &
+    w=$!
+    wait_for 30 test -e "$THETAD_FAKE_STATE/pid-0"
+    sleep 0.3
+    end=$((SECONDS + 5))
+    while alive "$w" && ((SECONDS < end)); do
+      pkill -TERM -s "$w" 2>/dev/null || true
+      pkill -USR1 -s "$w" 2>/dev/null || true
+      sleep 0.00$((RANDOM % 10))
+    done
+    rc=0
+    wait "$w" || rc=$?
+    code=$(cut -d' ' -f1 "$T/logs/rank-0.exit" 2>/dev/null || echo none)
+    if ((rc != 4)) || [[ $code != 4 ]]; then
+      bad=$((bad + 1))
+      echo "storm $i: wrapper exit $rc, exit record $code" >&2
+    fi
+  done
+  ((bad == 0)) || { tail -n 20 "$T/rstorm.err" >&2; fail "$bad of 10 rank wrappers under a signal storm did not exit 4"; }
+  no_leftovers
+  pass "10 rank wrappers stormed with SIGTERM and SIGUSR1 (whole session) while stopping: each exited 4"
+}
+
 case ${1:-} in
   bad_job) case_bad_job ;;
   rank_fails) case_rank_fails ;;
@@ -410,6 +445,7 @@ case ${1:-} in
   early_stop) case_early_stop ;;
   stop_twice) case_stop_twice ;;
   sigterm_storm) case_sigterm_storm ;;
+  rank_signal_storm) case_rank_signal_storm ;;
   stop_outlives_srun) case_stop_outlives_srun ;;
   bad_args) case_bad_args ;;
   kill9) case_kill9 ;;
@@ -417,6 +453,6 @@ case ${1:-} in
   flags) case_flags ;;
   simulate_nodes) case_simulate_nodes ;;
   all) case_flags; case_bad_job; case_bad_args; case_rank_fails; case_logs; sig_case TERM; sig_case INT
-       sig_case INT bg; case_early_stop; case_stop_twice; case_sigterm_storm; case_kill9; case_kill9_wrapper ;;
-  *) echo "usage: $0 bad_job|bad_args|rank_fails|logs|sigterm|sigint|sigint_bg|early_stop|stop_twice|sigterm_storm|kill9|kill9_wrapper|flags|all" >&2; exit 2 ;;
+       sig_case INT bg; case_early_stop; case_stop_twice; case_sigterm_storm; case_rank_signal_storm; case_kill9; case_kill9_wrapper ;;
+  *) echo "usage: $0 bad_job|bad_args|rank_fails|logs|sigterm|sigint|sigint_bg|early_stop|stop_twice|sigterm_storm|rank_signal_storm|kill9|kill9_wrapper|flags|all" >&2; exit 2 ;;
 esac
