@@ -29,14 +29,17 @@ run_launcher() {
 start_launcher() {
   local out=$1; shift
   "$LAUNCHER" --thetad "$FAKE" "$@" >"$out.out" 2>"$out.err" &
-  LPID=$!
+  LPID=$! LERR=$out.err
 }
 
 # wait_exit PID LIMIT: waits for a background launcher; sets RC and ELAPSED.
 wait_exit() {
   local pid=$1 limit=$2 start=$SECONDS
   while kill -0 "$pid" 2>/dev/null; do
-    ((SECONDS - start < limit)) || fail "launcher still running after ${limit}s"
+    if ((SECONDS - start >= limit)); then
+      { echo "---- the launcher's stderr, without step lines:"; grep -v '\] info: step ' "${LERR:-/dev/null}" | tail -n 30; } >&2
+      fail "launcher still running after ${limit}s"
+    fi
     sleep 0.1
   done
   RC=0
