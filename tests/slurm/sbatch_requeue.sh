@@ -27,6 +27,10 @@ skip() { echo "SKIP: $*"; exit 77; }
 fail() {
   echo "FAIL: $*"
   for f in "$T"/out-*.txt; do [[ -e $f ]] && { echo "--- $f"; tail -n 40 "$f"; }; done
+  # The ranks' own logs (the launcher's --log-dir under the job's chdir): their last words.
+  for f in "$T"/runs/*/logs/rank-*.log "$T"/runs/*/logs/rank-*.exit; do
+    [[ -e $f ]] && { echo "--- $f"; grep -v '\] info: step ' "$f" | tail -n 8; }
+  done
   echo "$PASSES passed, 1 failed"
   exit 1
 }
