@@ -360,7 +360,7 @@ case_simulate_nodes() {
 # processes, and the batch script forwards another): every `wait` of the launcher is interrupted,
 # and bash 5.2 breaks a trap that lands while it parses a $(...), so the launcher must run none
 # then. Exit 4, every rank checkpointed, no parse error. (The ranks' wrappers get one signal
-# each, as from srun: under a storm of their own, bash's `wait` at times loses the child's status.)
+# each here; rank_signal_storm storms them.)
 case_sigterm_storm() {
   local r i
   start_checkpointing_ranks storm 2
@@ -407,8 +407,9 @@ case_stop_outlives_srun() {
 # (proctrack/linuxproc and cgroup signal the whole step): the rank's wrapper, its helpers and
 # thetad get SIGTERM and SIGUSR1, often more than once. Here the wrapper runs as slurmstepd
 # starts a task (a session of its own) and its whole session gets a storm of both while the
-# rank checkpoints and exits, 10 times: the wrapper must exit with the rank's 4 every time
-# (a helper it ran then, killed by the storm, made it exit 138 under set -e: seen in CI).
+# rank checkpoints and exits, 10 times: the wrapper must exit with the rank's 4 every time. Seen
+# in CI: a helper it ran then, killed by the storm, made it exit 138 under set -e; and a signal
+# that interrupted its `wait` just as the rank ended made bash lose the rank's status (exit 255).
 case_rank_signal_storm() {
   local job i w rc code end bad=0
   job=$(make_job rstorm)
