@@ -106,6 +106,15 @@ case_logs() {
   pass "per-rank logs and merged tagged stream"
 }
 
+# ranks_stopped LOGDIR PATTERN: ranks 0 and 1 each logged PATTERN and recorded exit 4.
+ranks_stopped() {
+  local r
+  for r in 0 1; do
+    assert_grep "$2" "$1/rank-$r.log" "rank $r: no /$2/ in its log"
+    [[ $(cut -d' ' -f1 "$1/rank-$r.exit") == 4 ]] || fail "rank $r did not exit 4"
+  done
+}
+
 sig_case() {  # sig_case TERM|INT [bg]
   local sig=$1 job; job=$(make_job "sig$sig")
   # Job control gives the background launcher its own process group and leaves SIGINT
@@ -121,11 +130,7 @@ sig_case() {  # sig_case TERM|INT [bg]
   kill "-$sig" "$LPID"
   wait_exit "$LPID" 30
   ((RC == 4)) || { cat "$T/sig.err" >&2; fail "SIG$sig: want launcher exit 4, got $RC"; }
-  local r
-  for r in 0 1; do
-    assert_grep 'got SIGTERM' "$T/logs/rank-$r.log" "rank $r did not receive SIGTERM"
-    [[ $(cut -d' ' -f1 "$T/logs/rank-$r.exit") == 4 ]] || fail "rank $r did not exit 4"
-  done
+  ranks_stopped "$T/logs" 'got SIGTERM'
   assert_grep 'exited with code 4 \(interrupted' "$T/sig.err"
   no_leftovers
   pass "SIG$sig to the launcher: every worker got SIGTERM and exited 4; launcher exit 4 in ${ELAPSED}s"
@@ -185,6 +190,36 @@ case_early_stop() {
   pass "a stop signal early on: exit 4 each time"
 }
 
+# A storm of stop signals from the launcher's first trapped moment on, through validation and the
+# ranks' start: every run exits 4, and never with a broken trap (exit 2, "unexpected EOF": bash
+# 5.2 running a trap while it parses a substitution; 1 of 8 early_stop runs under load before).
+case_startup_storm() {
+  local job i rc bad=0
+  job=$(make_job sstorm)
+  for ((i = 0; i < 6; i++)); do
+    rm -f "$THETAD_FAKE_STATE"/*
+    set -m
+    THETAD_FAKE_STEPS=600 THETAD_FAKE_SLEEP=0.1 THETAD_FAKE_START_DELAY=0.5 \
+      start_launcher "$T/sstorm$i" --nproc-per-node 2 --log-dir "$T/slogs$i" "$job"
+    set +m
+    wait_for 10 launcher_catches "$LPID" TERM
+    while kill -TERM "$LPID" 2>/dev/null; do
+      [[ -e $THETAD_FAKE_STATE/pid-1 ]] && break
+      sleep 0.00$((RANDOM % 5))
+    done
+    for _ in 1 2 3 4 5 6 7 8 9 10; do kill -TERM "$LPID" 2>/dev/null || break; sleep 0.01; done
+    wait_exit "$LPID" 30
+    rc=$RC
+    if ((rc != 4)) || grep -q -E 'unexpected EOF|syntax error|line [0-9]+:' "$T/sstorm$i.err"; then
+      bad=$((bad + 1))
+      { echo "storm $i: exit $rc"; tail -n 5 "$T/sstorm$i.err"; } >&2
+    fi
+  done
+  ((bad == 0)) || fail "$bad of 6 launchers stormed with SIGTERM from their start did not exit 4 cleanly"
+  no_leftovers
+  pass "6 launchers stormed with SIGTERM from their first trapped moment to the ranks' start: each exited 4"
+}
+
 # start_checkpointing_ranks NAME STOP_SLEEP: the launcher (own process group, $LPID) with 2 fake
 # ranks whose checkpoint takes STOP_SLEEP seconds, both running.
 start_checkpointing_ranks() {
@@ -199,7 +234,6 @@ start_checkpointing_ranks() {
 
 # A second and third stop signal while the ranks checkpoint change nothing.
 case_stop_twice() {
-  local r
   start_checkpointing_ranks twice 3
   kill -TERM "$LPID"
   wait_for 10 grep -q 'got SIGTERM' "$T/logs/rank-0.log"
@@ -209,10 +243,7 @@ case_stop_twice() {
   kill -INT "$LPID"
   wait_exit "$LPID" 30
   ((RC == 4)) || { cat "$T/twice.err" >&2; fail "stop signals while stopping: want exit 4, got $RC"; }
-  for r in 0 1; do
-    assert_grep 'checkpoint complete' "$T/logs/rank-$r.log" "rank $r: checkpoint not completed"
-    [[ $(cut -d' ' -f1 "$T/logs/rank-$r.exit") == 4 ]] || fail "rank $r did not exit 4"
-  done
+  ranks_stopped "$T/logs" 'checkpoint complete'
   assert_grep 'already stopping' "$T/twice.err"
   no_leftovers
   pass "repeated stop signals while stopping: checkpoints complete, exit 4"
@@ -335,6 +366,9 @@ case_flags() {
   ((rc == 2)) || fail "missing job file: want exit 2, got $rc"
   rc=0; "$LAUNCHER" --bogus 2>/dev/null || rc=$?
   ((rc == 2)) || fail "unknown option: want exit 2, got $rc"
+  # No $(...) and no process substitution in the launcher's code (see the note at its top).
+  ! grep -n -E '^[^#]*([$<>]\([^(])' "$LAUNCHER" >"$T/substitutions" ||
+    fail "the launcher uses \$(...), <(...) or >(...) (see the note at its top): $(cat "$T/substitutions")"
   pass "mpirun/srun command lines"
 }
 
@@ -362,7 +396,7 @@ case_simulate_nodes() {
 # then. Exit 4, every rank checkpointed, no parse error. (The ranks' wrappers get one signal
 # each here; rank_signal_storm storms them.)
 case_sigterm_storm() {
-  local r i
+  local i
   start_checkpointing_ranks storm 2
   for ((i = 0; i < 1500; i++)); do
     kill -TERM "$LPID" 2>/dev/null || break
@@ -371,10 +405,7 @@ case_sigterm_storm() {
   wait_exit "$LPID" 30
   ((RC == 4)) || { cat "$T/storm.err" >&2; fail "SIGTERM storm: want launcher exit 4, got $RC"; }
   assert_no_grep 'unexpected EOF|syntax error' "$T/storm.err" "a trap broke the launcher's parser"
-  for r in 0 1; do
-    assert_grep 'checkpoint complete' "$T/logs/rank-$r.log" "rank $r: checkpoint not completed"
-    [[ $(cut -d' ' -f1 "$T/logs/rank-$r.exit") == 4 ]] || fail "rank $r did not exit 4"
-  done
+  ranks_stopped "$T/logs" 'checkpoint complete'
   no_leftovers
   pass "a storm of SIGTERMs to the launcher while stopping: checkpoints complete, exit 4"
 }
@@ -401,6 +432,39 @@ case_stop_outlives_srun() {
   assert_grep 'waiting for their stop checkpoints' "$T/early.err" "the launcher did not say it waited"
   no_leftovers
   pass "srun ending before its ranks: the launcher waited ${ELAPSED}s for their checkpoints, exit 4"
+}
+
+# An mpirun that catches SIGUSR1 and forwards nothing: the stop must still reach this host's
+# ranks (the launcher also signals their wrappers itself). On the GPU image's mpirun the stop
+# never reached the ranks and the launcher ran on (seventeenth session); this is that symptom.
+case_stop_unforwarded() {
+  local job
+  job=$(make_job unfwd)
+  cat >"$T/mpirun-swallows-usr1" <<SHIM
+#!/usr/bin/env bash
+trap 'echo "mpirun shim: SIGUSR1 swallowed" >&2' USR1
+${THETAD_MPIRUN:-mpirun} "\$@" &
+pid=\$!
+while :; do
+  wait "\$pid"; rc=\$?
+  kill -0 "\$pid" 2>/dev/null || exit "\$rc"
+done
+SHIM
+  chmod +x "$T/mpirun-swallows-usr1"
+  set -m
+  THETAD_MPIRUN=$T/mpirun-swallows-usr1 THETAD_FAKE_STEPS=600 THETAD_FAKE_SLEEP=0.1 \
+    start_launcher "$T/unfwd" --nproc-per-node 2 --log-dir "$T/logs" "$job"
+  set +m
+  wait_for 30 test -e "$THETAD_FAKE_STATE/pid-0"
+  wait_for 30 test -e "$THETAD_FAKE_STATE/pid-1"
+  sleep 0.5
+  kill -TERM "$LPID"
+  wait_exit "$LPID" 30
+  ((RC == 4)) || { cat "$T/unfwd.err" >&2; fail "mpirun forwarding nothing: want launcher exit 4, got $RC"; }
+  assert_grep 'SIGUSR1 swallowed' "$T/unfwd.err" "the shim did not get the launcher's SIGUSR1"
+  ranks_stopped "$T/logs" 'got SIGTERM'
+  no_leftovers
+  pass "an mpirun that forwards no SIGUSR1: this host's ranks stopped all the same, exit 4 in ${ELAPSED}s"
 }
 
 # Slurm's requeue and srun's forwarding of the launcher's stop signal every process of a task
@@ -447,10 +511,12 @@ case ${1:-} in
   sigint) sig_case INT ;;
   sigint_bg) sig_case INT bg ;;
   early_stop) case_early_stop ;;
+  startup_storm) case_startup_storm ;;
   stop_twice) case_stop_twice ;;
   sigterm_storm) case_sigterm_storm ;;
   rank_signal_storm) case_rank_signal_storm ;;
   stop_outlives_srun) case_stop_outlives_srun ;;
+  stop_unforwarded) case_stop_unforwarded ;;
   bad_args) case_bad_args ;;
   kill9) case_kill9 ;;
   kill9_wrapper) case_kill9_wrapper ;;
@@ -458,5 +524,5 @@ case ${1:-} in
   simulate_nodes) case_simulate_nodes ;;
   all) case_flags; case_bad_job; case_bad_args; case_rank_fails; case_logs; sig_case TERM; sig_case INT
        sig_case INT bg; case_early_stop; case_stop_twice; case_sigterm_storm; case_rank_signal_storm; case_kill9; case_kill9_wrapper ;;
-  *) echo "usage: $0 bad_job|bad_args|rank_fails|logs|sigterm|sigint|sigint_bg|early_stop|stop_twice|sigterm_storm|rank_signal_storm|kill9|kill9_wrapper|flags|all" >&2; exit 2 ;;
+  *) echo "usage: $0 bad_job|bad_args|rank_fails|logs|sigterm|sigint|sigint_bg|early_stop|startup_storm|stop_twice|sigterm_storm|rank_signal_storm|stop_outlives_srun|stop_unforwarded|kill9|kill9_wrapper|flags|all" >&2; exit 2 ;;
 esac
