@@ -35,35 +35,41 @@ rank=${OMPI_COMM_WORLD_RANK:-${PMIX_RANK:-${SLURM_PROCID:-0}}}
 state=${THETAD_FAKE_STATE:?}
 echo $$ >"$state/pid-$rank"
 touch "$state/ran"
-ts() { date '+%Y-%m-%d %H:%M:%S.%3N'; }
+# say LEVEL TAG TEXT: one log line as thetad writes it. No $(...) while the TERM trap is set (bash
+# 5.2 runs a trap that arrives while it expands one with a broken parser: see thetad-launch).
+say() {
+  local now=$EPOCHREALTIME frac
+  frac=${now#*.}
+  printf '[%(%Y-%m-%d %H:%M:%S)T.%s] [rank %s] [%s] %s: %s\n' "${now%.*}" "${frac:0:3}" "$rank" "$2" "$1" "$3" >&2
+}
 sleeper=""
 on_term() {
   trap '' TERM  # thetad's handler only sets a flag: a second SIGTERM changes nothing
-  echo "[$(ts)] [rank $rank] [daemon] warning: got SIGTERM, checkpointing" >&2
+  say warning daemon "got SIGTERM, checkpointing"
   if [[ -n $sleeper ]]; then kill "$sleeper" 2>/dev/null || true; fi
   if [[ ${THETAD_FAKE_STOP_SLEEP:-0} != 0 ]]; then
     sleep "$THETAD_FAKE_STOP_SLEEP"
-    echo "[$(ts)] [rank $rank] [daemon] info: checkpoint complete" >&2
+    say info daemon "checkpoint complete"
   fi
   exit 4
 }
 if [[ ${THETAD_FAKE_START_DELAY:-0} != 0 ]]; then sleep "$THETAD_FAKE_START_DELAY"; fi
 trap on_term TERM
 
-echo "[$(ts)] [rank $rank] [daemon] info: fake worker starts job $job" >&2
-echo "[$(ts)] [rank $rank] [daemon] info: CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES-unset}" >&2
+say info daemon "fake worker starts job $job"
+say info daemon "CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES-unset}"
 echo "untagged line from fake rank $rank" >&2
 steps=${THETAD_FAKE_STEPS:-3}
 for ((s = 1; s <= steps; s++)); do
   if [[ $rank == "${THETAD_FAKE_EXIT_RANK:-none}" ]] && ((s > ${THETAD_FAKE_EXIT_AFTER:-0})); then
-    echo "[$(ts)] [rank $rank] [comm] error: fake failure at step $s" >&2
+    say error comm "fake failure at step $s"
     exit "${THETAD_FAKE_EXIT_CODE:-1}"
   fi
-  echo "[$(ts)] [rank $rank] [daemon] info: step $s" >&2
+  say info daemon "step $s"
   sleep "${THETAD_FAKE_SLEEP:-0.1}" &
   sleeper=$!
   wait "$sleeper" || true
   sleeper=""
 done
-echo "[$(ts)] [rank $rank] [daemon] info: done" >&2
+say info daemon "done"
 exit 0
