@@ -10,7 +10,7 @@ build=${BUILD_DIR:-$root/build}
 packages=(build-essential cmake git pkg-config
   libtorch-dev libopenmpi-dev openmpi-bin libspdlog-dev libyaml-cpp-dev libgtest-dev
   python3 python3-torch python3-numpy python3-yaml python3-matplotlib
-  clang libclang-rt-14-dev shellcheck)
+  clang libclang-rt-14-dev shellcheck ccache)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
