@@ -114,6 +114,33 @@ def walks(a, step, rank, task, rows, device):
     return w[:, :-1], w[:, 1:]
 
 
+def build_model(a, device):
+    """The model on `device` (seeded by --seed) and the parameters AdamW trains (the adapters
+    only with --frozen-base, whose base then requires no gradient)."""
+    torch.manual_seed(a.seed)
+    # Built where it runs (torch >= 2.0: a device is a context): at large T a user would not
+    # build every adapter in host memory first (T = 10,000 at rank 16 is 168 GB of them).
+    with device if hasattr(device, "__enter__") else contextlib.nullcontext():
+        model = LoraTransformer(a).to(device)
+    for n, p in model.named_parameters():
+        if not n.startswith("lora."):
+            p.requires_grad_(not a.frozen_base)
+    return model, [p for p in model.parameters() if p.requires_grad]
+
+
+def step_loss(module, a, s, rank, world, device):
+    """Step s of `rank`: its --tasks-per-rank tasks (round_robin), their batches, the mean of
+    their next-token cross-entropies under --precision's autocast. Returns (loss, tasks)."""
+    rows = max(1, a.batch // a.tasks_per_rank)
+    tasks = [((s * world + rank) * a.tasks_per_rank + i) % a.tasks for i in range(a.tasks_per_rank)]
+    data = [(t,) + walks(a, s, rank, t, rows, device) for t in tasks]
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=a.precision == "bf16"):
+        outs = module([(t, x) for t, x, _ in data])
+        loss = sum(F.cross_entropy(o.float().reshape(-1, a.vocab), y.reshape(-1))
+                   for o, (_, _, y) in zip(outs, data)) / len(tasks)
+    return loss, tasks
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     for name, default in (("layers", 2), ("d-model", 64), ("heads", 4), ("d-ff", 256), ("vocab", 256),
@@ -150,29 +177,15 @@ def main(argv=None):
             torch.backends.cuda.matmul.allow_tf32 = a.precision == "tf32"
         device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
         dist.init_process_group(a.backend, rank=rank, world_size=world)
-        torch.manual_seed(a.seed)
-        # Built where it runs (torch >= 2.0: a device is a context): at large T a user would not
-        # build every adapter in host memory first (T = 10,000 at rank 16 is 168 GB of them).
-        with device if hasattr(device, "__enter__") else contextlib.nullcontext():
-            model = LoraTransformer(a).to(device)
-        base = [p for n, p in model.named_parameters() if not n.startswith("lora.")]
-        for p in base:
-            p.requires_grad_(not a.frozen_base)
-        trained = [p for p in model.parameters() if p.requires_grad]
+        model, trained = build_model(a, device)
         result["bytes_allreduced_per_step"] = 4 * sum(p.numel() for p in trained)
         ddp = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if cuda else None,
                                                   find_unused_parameters=True, bucket_cap_mb=a.bucket_cap_mb)
         opt = torch.optim.AdamW(trained, lr=a.lr)
-        rows = max(1, a.batch // a.tasks_per_rank)
         for s in range(a.steps):
             t0 = time.perf_counter()
             opt.zero_grad(set_to_none=True)
-            tasks = [((s * world + rank) * a.tasks_per_rank + i) % a.tasks for i in range(a.tasks_per_rank)]
-            data = [(t,) + walks(a, s, rank, t, rows, device) for t in tasks]
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=a.precision == "bf16"):
-                outs = ddp([(t, x) for t, x, _ in data])
-                loss = sum(F.cross_entropy(o.float().reshape(-1, a.vocab), y.reshape(-1))
-                           for o, (_, _, y) in zip(outs, data)) / len(tasks)
+            loss, _ = step_loss(ddp, a, s, rank, world, device)
             loss.backward()
             opt.step()
             lv = loss.item()

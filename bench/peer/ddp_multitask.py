@@ -181,6 +181,14 @@ def task_of(step, rank, world, tasks):
     return (step * world + rank) % tasks
 
 
+def task_loss(module, x, y, task, a, device):
+    """One task's weighted MSE (rows / batch_per_rank = 1 here) under --precision's autocast."""
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=a.precision == "bf16"):
+        out = module(x, task)
+        # The loss in float32, as thetad computes it (autocast keeps mse_loss in fp32 too).
+        return F.mse_loss(out.float(), y) * (float(x.shape[0]) / float(a.batch))
+
+
 def percentile(values, q):
     if not values:
         return None
@@ -376,10 +384,7 @@ def main(argv=None):
             opt.zero_grad(set_to_none=True)
             x, y = data.batch(s, rank, task, rows)
             td = time.perf_counter()
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=a.precision == "bf16"):
-                out = ddp(x, task)
-                # The loss in float32, as thetad computes it (autocast keeps mse_loss in fp32 too).
-                loss = F.mse_loss(out.float(), y) * (float(rows) / float(a.batch))
+            loss = task_loss(ddp, x, y, task, a, device)
             loss.backward()
             if a.average == "contributors":
                 # DDP divided every sum by W; a task head's mean over its contributors is W/c of it.
