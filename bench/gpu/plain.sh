@@ -1,0 +1,154 @@
+#!/usr/bin/env bash
+# Issue 34's one-GPU comparison: thetad all-resident (`mpirun -np 1 thetad run JOB`, the job YAML
+# generated per shape) next to the plain PyTorch loop (bench/peer/plain_loop.py: eager, fused
+# AdamW, zero_grad(set_to_none=True)) on the same model, data and steps, for several shapes; then
+# one table (bench/gpu/plain_table.py): step ms (median of 20-step window means after warm-up),
+# peak device GiB (thetad's device_mem_peak_bytes, the peer's max_memory_allocated), ratios.
+#
+#   source .gpukit/setup.sh; bash bench/gpu/plain.sh /tmp/build      # thetad built in /tmp/build
+#
+# Results: ${OUT:-/tmp/out}/plain/<shape>/{job.yaml,thetad/,peer/}, summary.md, summary.json.
+# Environment:
+#   PLAIN_SHAPES="NAME NAME:key=value,key=value ..."  shapes to run (default: all built-in, in the
+#       order below); NAME:k=v,... overrides keys of a built-in shape, or defines a new one from
+#       the multitask reference (keys: see the SHAPES table below)
+#   PLAIN_STEPS=N       steps of every shape (default: each shape's own)
+#   PLAIN_BUDGET_S=330  runs that would start after this many seconds are skipped and listed
+#   PLAIN_CAP_S=150     timeout of one run    PLAIN_PYTHON=python3    PLAIN_TIMING=cuda-events|host
+#   PLAIN_DEVICE=cpu    run without a GPU (plumbing only: tiny shapes, no memory figures)
+set -uo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+cd "$ROOT" || exit 1
+BUILD=${1:-${BENCH_BUILD_DIR:-}}
+[ -n "$BUILD" ] || { echo "usage: bash bench/gpu/plain.sh BUILD_DIR (thetad in BUILD_DIR/daemon/thetad)" >&2; exit 2; }
+THETAD=$(cd "$BUILD" 2>/dev/null && pwd)/daemon/thetad
+[ -x "$THETAD" ] || { echo "bench/gpu/plain.sh: $BUILD/daemon/thetad not built" >&2; exit 2; }
+OUT=${OUT:-/tmp/out}/plain
+mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)
+PY=${PLAIN_PYTHON:-python3}
+DEVICE=${PLAIN_DEVICE:-cuda}
+if [ "$DEVICE" = cuda ] && ! nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
+  echo "bench/gpu/plain.sh: no GPU visible (PLAIN_DEVICE=cpu runs the plumbing on the CPU)" >&2; exit 2
+fi
+BUDGET=${PLAIN_BUDGET_S:-330} CAP=${PLAIN_CAP_S:-150} TIMING=${PLAIN_TIMING:-cuda-events}
+[ "$DEVICE" = cpu ] && TIMING=host
+START=$(date +%s)
+export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0} TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl_vader_single_copy_mechanism=none PMIX_MCA_gds=hash
+MPI=(mpirun -np 1 --oversubscribe --bind-to none --mca btl self,vader,tcp --mca btl_tcp_if_include lo
+     --mca oob_tcp_if_include lo --mca pml ob1 --mca osc ^ucx -x NCCL_NVLS_ENABLE -x PATH)
+[ -n "${LD_LIBRARY_PATH:-}" ] && MPI+=(-x LD_LIBRARY_PATH)
+
+# Built-in shapes. mlp: input = hidden = output width, trunk/head layers, tasks (one per step,
+# round_robin), batch rows, init of the peer (exact: thetad's values, so the losses agree; fast:
+# the same distribution drawn on the GPU, for the large ones). lora: the transformer of
+# bench/jobs/lora-transformer.yaml (8 layers here), 2 adapters per step, frozen base. Steps: every
+# task is used at least 3 times; the first `warmup` steps are left out of the windows.
+declare -A SHAPES=(
+  [mlp_w1024_t24_fp32]="kind=mlp hidden=1024 trunk=8 head=2 tasks=24 batch=256 precision=fp32 init=exact steps=130"
+  [mlp_w4096_t24_fp32]="kind=mlp hidden=4096 trunk=8 head=2 tasks=24 batch=256 precision=fp32 init=exact steps=130"
+  [mlp_w4096_t24_bf16]="kind=mlp hidden=4096 trunk=8 head=2 tasks=24 batch=256 precision=bf16 init=exact steps=130"
+  [mlp_w8192_t12_bf16]="kind=mlp hidden=8192 trunk=4 head=2 tasks=12 batch=256 precision=bf16 init=fast steps=110"
+  [mlp_d1024_t1024_fp32]="kind=mlp hidden=1024 trunk=4 head=2 tasks=1024 batch=256 precision=fp32 init=fast steps=3090"
+  [lora_t48_bf16]="kind=lora layers=8 d_model=2048 heads=16 d_ff=8192 vocab=32000 seq_len=512 tasks=48 rank=16 batch=8 tpr=2 frozen=1 precision=bf16 steps=110"
+  [lora_t48_fp32]="kind=lora layers=8 d_model=2048 heads=16 d_ff=8192 vocab=32000 seq_len=512 tasks=48 rank=16 batch=8 tpr=2 frozen=1 precision=fp32 steps=110"
+)
+ORDER="mlp_w1024_t24_fp32 mlp_w4096_t24_fp32 mlp_w4096_t24_bf16 mlp_w8192_t12_bf16 lora_t48_bf16 lora_t48_fp32 mlp_d1024_t1024_fp32"
+DEFAULTS="kind=mlp hidden=4096 trunk=8 head=2 tasks=16 batch=256 precision=fp32 init=exact steps=130 warmup=10 window=20
+          layers=8 d_model=2048 heads=16 d_ff=8192 vocab=32000 seq_len=512 rank=16 tpr=2 frozen=1"
+CPU_DIMS="hidden=32 trunk=2 tasks=3 steps=50 warmup=5 window=5 layers=1 d_model=32 heads=2 d_ff=64 vocab=64 seq_len=16 rank=4 batch=8 init=exact"
+
+log() { printf '[plain %4ds] %s\n' "$(( $(date +%s) - START ))" "$*"; }
+# spec KEY: the value of KEY in the current shape's SPEC.
+spec() { printf '%s\n' $SPEC | sed -n "s/^$1=//p" | tail -1; }
+# resolve K=V...: one line of every key once, in first-seen order, the last value winning.
+resolve() { printf '%s\n' "$@" | awk -F= '!($1 in v){o[++n]=$1} {v[$1]=substr($0, length($1) + 2)}
+                                       END{for (i = 1; i <= n; i++) printf "%s=%s%s", o[i], v[o[i]], i < n ? " " : ""}'; }
+KNOWN=" $(printf '%s\n' $DEFAULTS | sed 's/=.*//' | tr '\n' ' ') "
+
+job_yaml() {  # the thetad job of the current shape on stdout
+  local prec; prec=$(spec precision)
+  echo "# bench/gpu/plain.sh shape $NAME: $SPEC"
+  echo "job: plain-$NAME"
+  echo "seed: 1234"
+  echo "steps: $(spec steps)"
+  echo "precision: $prec"
+  if [ "$(spec kind)" = mlp ]; then
+    local h; h=$(spec hidden)
+    echo "model: {kind: multitask_mlp, input_dim: $h, hidden: $h, output_dim: $h, trunk_layers: $(spec trunk), head_layers: $(spec head), tasks: $(spec tasks)}"
+    echo "data: {kind: synthetic, batch_per_rank: $(spec batch), schedule: round_robin, tasks_per_rank: 1, noise: 0.01}"
+    echo "optimizer: {kind: adamw, lr: 1.0e-3, betas: [0.9, 0.999], eps: 1.0e-8, weight_decay: 0.01}"
+  else
+    echo "model: {kind: transformer, layers: $(spec layers), d_model: $(spec d_model), heads: $(spec heads), d_ff: $(spec d_ff), vocab: $(spec vocab), seq_len: $(spec seq_len),"
+    echo "        tasks: $(spec tasks), train_shared: $([ "$(spec frozen)" = 1 ] && echo false || echo true)}"
+    echo "lora: {rank: $(spec rank), alpha: 32, targets: [q, k, v, o]}"
+    echo "data: {kind: synthetic, batch_per_rank: $(spec batch), schedule: round_robin, tasks_per_rank: $(spec tpr), noise: 0.01}"
+    echo "optimizer: {kind: adamw, lr: 1.0e-4, weight_decay: 0.0}"
+  fi
+  echo "comm: {backend: auto, bucket_cap_mb: 25, prune: true, average: contributors, active: declared, timeout_s: 300}"
+  echo "offload: {enabled: false}"
+  echo "metrics: {path: \"$DIR/thetad/metrics.jsonl\"}"
+  echo "log: {level: info, progress_every_s: 10}"
+}
+
+peer_args() {  # the peer's command-line options of the current shape
+  local common=(--device "$DEVICE" --steps "$(spec steps)" --warmup "$(spec warmup)" --window "$(spec window)"
+                --timing "$TIMING" --precision "$(spec precision)" --tasks "$(spec tasks)" --batch "$(spec batch)")
+  if [ "$(spec kind)" = mlp ]; then
+    local h; h=$(spec hidden)
+    echo --model multitask "${common[@]}" --input-dim "$h" --hidden "$h" --output-dim "$h" \
+         --trunk-layers "$(spec trunk)" --head-layers "$(spec head)" --init "$(spec init)" --seed 1234
+  else
+    echo --model lora "${common[@]}" --layers "$(spec layers)" --d-model "$(spec d_model)" --heads "$(spec heads)" \
+         --d-ff "$(spec d_ff)" --vocab "$(spec vocab)" --seq-len "$(spec seq_len)" --rank "$(spec rank)" --alpha 32 \
+         --targets q,k,v,o --tasks-per-rank "$(spec tpr)" --lr 1e-4 --seed 1234 "$([ "$(spec frozen)" = 1 ] && echo --frozen-base)"
+  fi
+}
+
+run_one() {  # LABEL LOGDIR command...: under timeout, in its own process group; "LABEL rc N (S s)"
+  local label=$1 dir=$2 t0 rc; shift 2
+  mkdir -p "$dir"
+  if [ $(( $(date +%s) - START )) -ge "$BUDGET" ]; then
+    log "SKIP $NAME $label: budget of ${BUDGET}s spent"; echo skipped > "$dir/status"; return
+  fi
+  printf '%q ' "$@" > "$dir/cmd.txt"; echo >> "$dir/cmd.txt"
+  t0=$(date +%s)
+  setsid timeout -k 10 "$CAP" "$@" > "$dir/log.txt" 2>&1 < /dev/null &
+  local pid=$!
+  wait "$pid"; rc=$?
+  kill -KILL -- "-$pid" 2>/dev/null  # leftovers of the run's process group, if any
+  echo "rc $rc" > "$dir/status"
+  log "$NAME $label: rc $rc ($(( $(date +%s) - t0 )) s); $(tail -n 1 "$dir/log.txt" | cut -c1-140)"
+}
+
+{
+  echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)  commit: $(git rev-parse --short HEAD 2>/dev/null)$(git diff --quiet HEAD 2>/dev/null || echo ' (+local changes)')"
+  echo "command: bash bench/gpu/plain.sh $BUILD  PLAIN_SHAPES='${PLAIN_SHAPES:-}' PLAIN_STEPS='${PLAIN_STEPS:-}' timing: $TIMING"
+  [ "$DEVICE" = cuda ] && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  "$PY" -c 'import torch; print("torch", torch.__version__)' 2>&1
+} > "$OUT/env.txt"
+cat "$OUT/env.txt"
+NAMES=() SPECS=()
+for entry in ${PLAIN_SHAPES:-$ORDER}; do  # every shape checked before anything runs
+  name=${entry%%:*}
+  over=""; [ "$entry" != "$name" ] && over=$(echo "${entry#*:}" | tr ',' ' ')
+  if [ -z "${SHAPES[$name]:-}" ] && [ -z "$over" ]; then
+    echo "bench/gpu/plain.sh: PLAIN_SHAPES: '$name' is not a built-in shape (${!SHAPES[*]}) and sets no key" >&2; exit 2
+  fi
+  for kv in $over; do
+    case "$KNOWN" in *" ${kv%%=*} "*) ;; *) echo "bench/gpu/plain.sh: PLAIN_SHAPES: unknown key '${kv%%=*}' in '$entry' (known:$KNOWN)" >&2; exit 2 ;; esac
+  done
+  # shellcheck disable=SC2086
+  NAMES+=("$name") SPECS+=("$(resolve $DEFAULTS ${SHAPES[$name]:-} $over $([ "$DEVICE" = cpu ] && echo $CPU_DIMS) ${PLAIN_STEPS:+steps=$PLAIN_STEPS})")
+done
+for i in "${!NAMES[@]}"; do
+  NAME=${NAMES[$i]} SPEC=${SPECS[$i]} DIR=$OUT/${NAMES[$i]}
+  rm -rf "$DIR" && mkdir -p "$DIR"
+  echo "$SPEC" > "$DIR/spec.txt"
+  job_yaml > "$DIR/job.yaml"
+  run_one thetad "$DIR/thetad" "${MPI[@]}" "$THETAD" run "$DIR/job.yaml" --no-resume
+  # shellcheck disable=SC2046
+  run_one peer "$DIR/peer" "$PY" bench/peer/plain_loop.py $(peer_args) --out "$DIR/peer/result.json"
+done
+log "done; table:"
+"$PY" bench/gpu/plain_table.py "$OUT" "${NAMES[@]}"
