@@ -35,6 +35,7 @@ BUDGET=${PLAIN_BUDGET_S:-330} CAP=${PLAIN_CAP_S:-150} TIMING=${PLAIN_TIMING:-cud
 START=$(date +%s)
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0} TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl_vader_single_copy_mechanism=none PMIX_MCA_gds=hash
+# shellcheck disable=SC2054  # commas inside --mca values
 MPI=(mpirun -np 1 --oversubscribe --bind-to none --mca btl self,vader,tcp --mca btl_tcp_if_include lo
      --mca oob_tcp_if_include lo --mca pml ob1 --mca osc ^ucx -x NCCL_NVLS_ENABLE -x PATH)
 [ -n "${LD_LIBRARY_PATH:-}" ] && MPI+=(-x LD_LIBRARY_PATH)
@@ -59,11 +60,13 @@ DEFAULTS="kind=mlp hidden=4096 trunk=8 head=2 tasks=16 batch=256 precision=fp32 
 CPU_DIMS="hidden=32 trunk=2 tasks=3 steps=50 warmup=5 window=5 layers=1 d_model=32 heads=2 d_ff=64 vocab=64 seq_len=16 rank=4 batch=8 init=exact"
 
 log() { printf '[plain %4ds] %s\n' "$(( $(date +%s) - START ))" "$*"; }
-# spec KEY: the value of KEY in the current shape's SPEC.
+# spec KEY: the value of KEY in the current shape's SPEC (word-split on purpose: k=v words).
+# shellcheck disable=SC2086
 spec() { printf '%s\n' $SPEC | sed -n "s/^$1=//p" | tail -1; }
 # resolve K=V...: one line of every key once, in first-seen order, the last value winning.
 resolve() { printf '%s\n' "$@" | awk -F= '!($1 in v){o[++n]=$1} {v[$1]=substr($0, length($1) + 2)}
                                        END{for (i = 1; i <= n; i++) printf "%s=%s%s", o[i], v[o[i]], i < n ? " " : ""}'; }
+# shellcheck disable=SC2086
 KNOWN=" $(printf '%s\n' $DEFAULTS | sed 's/=.*//' | tr '\n' ' ') "
 
 job_yaml() {  # the thetad job of the current shape on stdout
@@ -138,7 +141,7 @@ for entry in ${PLAIN_SHAPES:-$ORDER}; do  # every shape checked before anything 
   for kv in $over; do
     case "$KNOWN" in *" ${kv%%=*} "*) ;; *) echo "bench/gpu/plain.sh: PLAIN_SHAPES: unknown key '${kv%%=*}' in '$entry' (known:$KNOWN)" >&2; exit 2 ;; esac
   done
-  # shellcheck disable=SC2086
+  # shellcheck disable=SC2046,SC2086
   NAMES+=("$name") SPECS+=("$(resolve $DEFAULTS ${SHAPES[$name]:-} $over $([ "$DEVICE" = cpu ] && echo $CPU_DIMS) ${PLAIN_STEPS:+steps=$PLAIN_STEPS})")
 done
 for i in "${!NAMES[@]}"; do

@@ -10,8 +10,8 @@ TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 fail=0
 "$PY" "$DIR/plain_loop.py" --check || fail=1
-MT="--device cpu --input-dim 16 --hidden 32 --output-dim 8 --trunk-layers 2 --tasks 3 --batch 8 --steps 6 --warmup 1"
-LO="--device cpu --layers 1 --d-model 16 --heads 2 --d-ff 32 --vocab 32 --seq-len 8 --tasks 3 --tasks-per-rank 2 --batch 4 --steps 4 --warmup 1"
+MT=(--device cpu --input-dim 16 --hidden 32 --output-dim 8 --trunk-layers 2 --tasks 3 --batch 8 --steps 6 --warmup 1)
+LO=(--device cpu --layers 1 --d-model 16 --heads 2 --d-ff 32 --vocab 32 --seq-len 8 --tasks 3 --tasks-per-rank 2 --batch 4 --steps 4 --warmup 1)
 pair() {  # NAME DDP_SCRIPT PLAIN_MODEL ARGS...
   local name=$1 ddp=$2 model=$3; shift 3
   env -u RANK -u WORLD_SIZE "$PY" "$DIR/$ddp" --backend gloo --master-port $((29700 + RANDOM % 200)) "$@" \
@@ -27,9 +27,9 @@ print("%s: plain loop vs DDP peer on 1 rank, %d losses %s (first %.7f / %.7f)" %
 sys.exit(0 if same else 1)
 PY
 }
-pair multitask_fp32 ddp_multitask.py multitask $MT
-pair multitask_bf16 ddp_multitask.py multitask $MT --precision bf16
-pair lora_frozen_bf16 ddp_lora_transformer.py lora $LO --frozen-base --precision bf16
-pair lora_fp32 ddp_lora_transformer.py lora $LO
+pair multitask_fp32 ddp_multitask.py multitask "${MT[@]}"
+pair multitask_bf16 ddp_multitask.py multitask "${MT[@]}" --precision bf16
+pair lora_frozen_bf16 ddp_lora_transformer.py lora "${LO[@]}" --frozen-base --precision bf16
+pair lora_fp32 ddp_lora_transformer.py lora "${LO[@]}"
 [ "$fail" = 0 ] && echo "check_plain: ok" || echo "check_plain: FAILED"
 exit "$fail"
