@@ -55,6 +55,9 @@ enum class GradMemory {
   // follows the buckets in flight, not the group's size: the row shards of a huge output layer.
   // grad(p) is an error.
   streamed,
+  // The group never has a gradient (a frozen base): its parameters are planned with no
+  // elements, so it has no bucket, no memory and no launch. grad(p) is an error.
+  none,
 };
 
 struct EngineOptions {

@@ -65,6 +65,7 @@ float* GradBuffers::bucket_ptr(int b) {
   switch (mode(g)) {
     case GradMemory::streamed: return ext_[b] ? ext_[b] : scratch(b);
     case GradMemory::pooled: return group_base(g) + bucket_offset_[b];
+    case GradMemory::none: throw InternalError(detail::concat("bucket ", b, " of group ", g, ", which has no gradient"));
     case GradMemory::owned:
     case GradMemory::overwrite: break;
   }

@@ -18,6 +18,21 @@ struct TaskLoss {
   double loss = 0.0;
 };
 
+// A host store's traffic and work in one step (θ[t]'s store; Θ's own with offload.shared: stream).
+struct StoreTraffic {
+  int64_t h2d_bytes = 0;
+  int64_t d2h_bytes = 0;
+  int64_t swap_hits = 0;
+  int64_t swap_misses = 0;
+  int64_t host_pinned_bytes = 0;
+  double cpu_adam_ms = 0.0;         // this rank's CPU Adam for the groups it owns
+  double acquire_wait_ms = 0.0;     // host time acquire() waited for a group's CPU update
+  int64_t cache_loads = 0;          // offload.device_cache_mb: groups loaded into the device cache
+  int64_t cache_flushes = 0;        // groups this rank copied back to the host when evicted
+  int64_t device_steps = 0;         // groups stepped on the device (cache or transit lines) this step
+  int64_t streamed_steps = 0;       // of those, groups streamed through a transit line (offload.uncached_update)
+};
+
 // Every field docs/architecture.md lists. Times in milliseconds, sizes in bytes; counters are per step
 // (not cumulative) so that records can be summed or averaged by whoever reads them.
 struct StepRecord {
@@ -39,28 +54,15 @@ struct StepRecord {
   int64_t buckets_pruned = 0;
   int64_t buckets_broadcast = 0;  // of the launched: sent from their one contributor
   int64_t grad_stream_peak_bytes = 0;  // shard gradients (streamed groups) the engine held at once
-  int64_t h2d_bytes = 0;
-  int64_t d2h_bytes = 0;
-  int64_t swap_hits = 0;
-  int64_t swap_misses = 0;
   int64_t device_mem_peak_bytes = 0;
-  int64_t host_pinned_bytes = 0;
-  double cpu_adam_ms = 0.0;         // this rank's CPU Adam for the groups it owns (offload)
-  double acquire_wait_ms = 0.0;     // host time acquire() waited for a group's CPU update
-  int64_t cache_loads = 0;          // offload.device_cache_mb: groups loaded into the device cache
-  int64_t cache_flushes = 0;        // groups this rank copied back to the host when evicted
-  int64_t device_steps = 0;         // offloaded groups stepped on the device (cached) this step
-  int64_t streamed_steps = 0;       // of those, groups streamed through a transit line (offload.uncached_update)
+  StoreTraffic store;               // θ[t]'s host store (offload)
   int64_t act_offload_bytes = 0;    // offload.activations: saved tensors copied to the host and back
   int64_t act_device_peak_bytes = 0;  // the most bytes of saved tensors the stash held on the device
   int64_t act_layer_bytes = 0;      // the largest one layer's saved tensors (the window's unit)
   int64_t act_pool_allocations = 0;  // pinned host buffers allocated so far (constant once warm)
   // offload.shared: stream: Θ's own store (its layers' copies, slots and CPU AdamW).
-  int64_t theta_h2d_bytes = 0;
-  int64_t theta_d2h_bytes = 0;
+  StoreTraffic theta;                   // its traffic (h2d, d2h, device_steps, cpu_adam_ms)
   int64_t theta_device_slot_bytes = 0;  // device memory of Θ's layer slots (the prefetch window) and device layers
-  int64_t theta_device_steps = 0;       // Θ's layers updated on the device (offload.shared_device_layers)
-  double theta_cpu_adam_ms = 0.0;
   int64_t nonfinite = 0;            // 1: the step's loss was NaN or Inf on some rank (train.on_nonfinite)
   int64_t skipped = 0;              // 1: the step updated nothing (train.on_nonfinite: skip_step)
 };

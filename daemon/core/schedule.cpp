@@ -190,6 +190,13 @@ std::vector<int> Schedule::tasks_at(int64_t step, int rank) const {
   return tasks;
 }
 
+std::vector<uint8_t> Schedule::window_task_groups(int64_t step, int64_t micro_steps, int rank) const {
+  std::vector<uint8_t> used(static_cast<size_t>(num_groups()), 0);
+  for (int64_t m = 0; m < micro_steps; ++m)
+    for (int t : tasks_at(step * micro_steps + m, rank)) used[static_cast<size_t>(t) + 1] = 1;
+  return used;
+}
+
 std::vector<uint8_t> Schedule::task_groups_used_before(int64_t end) const {
   std::vector<uint8_t> used(static_cast<size_t>(num_groups()), 0);
   int64_t count = 0;

@@ -40,6 +40,10 @@ class Schedule {
   // Just plan(step, rank).tasks, without the row split and group vectors.
   std::vector<int> tasks_at(int64_t step, int rank) const;
 
+  // Per group (size T+1): the task groups `rank` uses in optimizer step `step` of `micro_steps`
+  // micro-steps (the union of plan(step * micro_steps + m, rank).used; Θ, group 0, not set).
+  std::vector<uint8_t> window_task_groups(int64_t step, int64_t micro_steps, int rank) const;
+
   // Per group (size T+1): whether any rank uses the task group in micro-steps [0, end) (Θ, group
   // 0, is not counted). Stops early once every task is used. For offload.host_groups: scheduled.
   std::vector<uint8_t> task_groups_used_before(int64_t end) const;

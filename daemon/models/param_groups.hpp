@@ -16,12 +16,15 @@ struct ParamGroups {
   std::vector<NamedParam>* params = nullptr;
   std::vector<std::vector<int>> members;  // group -> indices into *params
   std::vector<size_t> offset;             // param -> first element in its group's flat layout
+  std::vector<int> position;              // param -> its index in members[its group]
 
   ParamGroups(std::vector<NamedParam>& all, int num_groups) : params(&all), members(num_groups) {
     offset.assign(all.size(), 0);
+    position.assign(all.size(), 0);
     std::vector<size_t> filled(static_cast<size_t>(num_groups), 0);
     for (size_t i = 0; i < all.size(); ++i) {
       const auto g = static_cast<size_t>(all[i].group);
+      position[i] = static_cast<int>(members.at(g).size());
       members.at(g).push_back(static_cast<int>(i));
       offset[i] = filled[g];
       filled[g] += static_cast<size_t>(all[i].tensor.numel());

@@ -11,14 +11,15 @@
 namespace thetad::daemon {
 
 GradHooks::GradHooks(ParamGroups& groups, comm::Engine& engine, const DataPlane& plane,
-                     std::vector<uint8_t> overwrite, const std::vector<uint8_t>& resident)
-    : groups_(groups), engine_(engine), plane_(plane), overwrite_(std::move(overwrite)) {
+                     const std::vector<comm::GradMemory>& modes)
+    : groups_(groups), engine_(engine), plane_(plane), modes_(modes) {
   views_.resize(groups_.size());
   requires_grad_.assign(static_cast<size_t>(groups_.num_groups()), 1);
   for (size_t i = 0; i < groups_.size(); ++i) {
     auto& p = groups_[static_cast<int>(i)].tensor;
-    if (overwrite_[static_cast<size_t>(groups_[static_cast<int>(i)].group)]) overwrite_params_.push_back(static_cast<int>(i));
-    if (!resident[static_cast<size_t>(groups_[static_cast<int>(i)].group)]) continue;
+    const comm::GradMemory mode = modes.at(static_cast<size_t>(groups_[static_cast<int>(i)].group));
+    if (mode == comm::GradMemory::overwrite) overwrite_params_.push_back(static_cast<int>(i));
+    if (mode != comm::GradMemory::owned && mode != comm::GradMemory::overwrite) continue;
     // Gradients live in the engine's flat bucket buffers: .grad is a view of them.
     views_[i] = torch::from_blob(engine_.grad(static_cast<int>(i)), p.sizes(),
                                  torch::TensorOptions().dtype(torch::kFloat32).device(plane_.device));
@@ -67,7 +68,7 @@ void GradHooks::rethrow_error() {
 // and .grad becomes the bucket view, which later micro-steps accumulate into.
 void GradHooks::take_grad(int i) {
   auto& p = groups_[i].tensor;
-  if (!overwrite_[static_cast<size_t>(groups_[i].group)]) return;
+  if (modes_[static_cast<size_t>(groups_[i].group)] != comm::GradMemory::overwrite) return;
   const torch::Tensor& g = p.grad();
   const torch::Tensor& view = views_[static_cast<size_t>(i)];
   if (!g.defined() || g.data_ptr() == view.data_ptr()) return;

@@ -24,11 +24,12 @@ namespace thetad::daemon {
 
 class GradHooks {
  public:
-  // `overwrite`: per group, whether the engine takes its gradients by copy (EngineOptions
-  // overwrite mode); `resident`: per group, whether its gradients live in the engine's fixed
-  // buckets (.grad bound once here) rather than pooled or streamed memory bound per window.
-  GradHooks(ParamGroups& groups, comm::Engine& engine, const DataPlane& plane, std::vector<uint8_t> overwrite,
-            const std::vector<uint8_t>& resident);
+  // `modes`: per group, how the engine holds its gradients (EngineOptions::grad_memory): owned
+  // and overwrite groups' .grad is bound once here to their fixed buckets (overwrite: the first
+  // gradient of a window is copied in); pooled and streamed memory is bound per window by its
+  // home; a group with none has no gradient.
+  GradHooks(ParamGroups& groups, comm::Engine& engine, const DataPlane& plane,
+            const std::vector<comm::GradMemory>& modes);
   GradHooks(const GradHooks&) = delete;
   GradHooks& operator=(const GradHooks&) = delete;
 
@@ -55,8 +56,8 @@ class GradHooks {
   ParamGroups& groups_;
   comm::Engine& engine_;
   const DataPlane& plane_;
-  const std::vector<uint8_t> overwrite_;  // per group
-  std::vector<torch::Tensor> views_;      // per parameter (resident groups)
+  const std::vector<comm::GradMemory> modes_;  // per group
+  std::vector<torch::Tensor> views_;      // per parameter (owned and overwrite groups)
   // The parameters of overwrite groups, which every window visits: a list of its own, since
   // 10,000 offloaded adapters are 1.28 M parameters that a loop over all of them would pass twice
   // per step.

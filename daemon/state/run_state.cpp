@@ -47,9 +47,12 @@ uint64_t bytes_hash(const void* data, size_t bytes, uint64_t seed, bool parallel
 // values do not depend on who draws them). 10,000 LoRA adapters are 168 GB of values.
 class InitialHashes {
  public:
-  InitialHashes(StoreBridge* store, const ParamGroups& groups) : store_(store), groups_(groups) {}
+  InitialHashes(const Homes& homes, const ParamGroups& groups) : homes_(homes), groups_(groups) {}
 
-  bool drawn(int p) const { return store_ && groups_[p].group > 0 && !store_->held(groups_[p].group); }
+  bool drawn(int p) const {
+    const int g = groups_[p].group;
+    return homes_.of(g).initial(g);
+  }
 
   // Fills per[p .. end) for the run of drawn parameters starting at p; returns end.
   int hash_run(int p, std::vector<uint64_t>& per) const {
@@ -62,7 +65,7 @@ class InitialHashes {
       for (size_t k = c * n / chunks; k < (c + 1) * n / chunks; ++k) {
         const int q = p + static_cast<int>(k);
         buf.resize(static_cast<size_t>(groups_[q].tensor.numel()));
-        store_->initial_values(q, buf.data());
+        homes_.of(groups_[q].group).initial_values(q, buf.data());
         per[static_cast<size_t>(q)] = bytes_hash(buf.data(), buf.size() * sizeof(float), comm::fnv1a64("", 0),
                                                  /*parallel=*/false);
       }
@@ -71,22 +74,23 @@ class InitialHashes {
   }
 
  private:
-  StoreBridge* store_;
+  const Homes& homes_;
   const ParamGroups& groups_;
 };
 
 }  // namespace
 
 RunState::RunState(const config::Job& job, const comm::WorldInfo& world, comm::ControlPlane& plane,
-                   ParamGroups& groups, ResidentOptimizer& resident, StoreBridge* store, StreamedTrunk* trunk)
-    : job_(job), world_(world), plane_(plane), groups_(groups), resident_(resident), store_(store), trunk_(trunk) {}
+                   ParamGroups& groups, Homes& homes)
+    : job_(job), world_(world), plane_(plane), groups_(groups), homes_(homes) {}
 
 GroupState RunState::state(int g) {
-  if (g == 0 && trunk_) return trunk_->state();
-  return store_ && store_->offloaded(g) ? store_->state(g) : resident_.state(g);
+  GroupState st = homes_.of(g).state(g);
+  st.steps = homes_.group_steps()[static_cast<size_t>(g)];
+  return st;
 }
 
-int64_t RunState::resume(bool resume, std::vector<int64_t>& group_steps) {
+int64_t RunState::resume(bool resume) {
   if (job_.checkpoint.dir.empty()) return 0;
   const std::string dir = config::expand_path(job_.checkpoint.dir, job_, 0);
   const int64_t step = plane_.run_on_root(0, {"choosing the checkpoint to resume from"}, [&]() -> int64_t {
@@ -113,11 +117,9 @@ int64_t RunState::resume(bool resume, std::vector<int64_t>& group_steps) {
                       std::to_string(step) + " to train on, or start anew with --no-resume)");
   for (int g = 0; g < groups_.num_groups(); ++g) {
     const GroupState st = in_model_layout(reader.load_group(g), groups_, g, ckpt.path);
-    group_steps[static_cast<size_t>(g)] = st.steps;
+    homes_.group_steps()[static_cast<size_t>(g)] = st.steps;
     if (st.initial) continue;  // never updated: the fresh model and store hold its initial values
-    if (g == 0 && trunk_) trunk_->restore(st);
-    else if (store_ && store_->offloaded(g)) store_->restore(g, st);
-    else resident_.restore(g, st);
+    homes_.of(g).restore(g, st);
   }
   THETAD_LOG(info, "ckpt") << "resumed from " << ckpt.path << " at step " << ckpt.step;
   return ckpt.step;
@@ -126,15 +128,12 @@ int64_t RunState::resume(bool resume, std::vector<int64_t>& group_steps) {
 std::string RunState::first_nonfinite_param(int first, int stride) {
   torch::NoGradGuard no_grad;
   for (int g = first; g < groups_.num_groups(); g += stride) {
-    const bool streamed = g == 0 && trunk_;
-    const bool host = streamed || (store_ && store_->offloaded(g));
-    if (host && !streamed && !store_->held(g)) continue;  // initial values: finite
-    const float* values = host && !streamed ? store_->group_values(g) : nullptr;
+    GroupHome& home = homes_.of(g);
+    if (home.initial(g)) continue;  // initial values: finite
     for (int p : groups_.members[static_cast<size_t>(g)]) {
       const NamedParam& np = groups_[p];
       bool finite = true;
-      if (host) {
-        const float* v = streamed ? trunk_->values(p) : values + groups_.offset[static_cast<size_t>(p)];
+      if (const float* v = home.host_values(p)) {
         for (int64_t i = 0, n = np.tensor.numel(); i < n && finite; ++i) finite = std::isfinite(v[i]);
       } else {
         finite = torch::isfinite(np.tensor.detach()).all().item<bool>();
@@ -159,7 +158,7 @@ CheckpointWriter RunState::writer(int64_t completed) {
   w.job_hash = model_hash(job_);
   w.keep = job_.checkpoint.keep;
   for (int g = 0; g < groups_.num_groups(); ++g) {
-    const bool initial = store_ && store_->offloaded(g) && !store_->held(g);  // no values written
+    const bool initial = homes_.of(g).initial(g);  // no values written
     w.group_bytes.push_back(initial ? 0 : groups_.numel(g) * 3 * int64_t{sizeof(float)});
   }
   w.barrier = [this, completed] { plane_.barrier({"checkpoint barrier", completed, -1}); };
@@ -169,16 +168,12 @@ CheckpointWriter RunState::writer(int64_t completed) {
   return w;
 }
 
-void RunState::checkpoint(int64_t completed, const std::vector<int64_t>& group_steps, bool last) {
+void RunState::checkpoint(int64_t completed, bool last) {
   if (job_.checkpoint.dir.empty()) return;
   finish_checkpoint(completed);  // at most one in flight
   const auto t0 = Clock::now();
   const CheckpointWriter w = writer(completed);
-  const auto group_state = [&](int g) {
-    GroupState st = state(g);
-    st.steps = group_steps[static_cast<size_t>(g)];
-    return st;
-  };
+  const auto group_state = [&](int g) { return state(g); };
   if (!job_.checkpoint.async || last) {
     const std::string path = write_checkpoint(w, group_state);
     if (world_.rank == 0) {
@@ -218,8 +213,7 @@ void RunState::warm_up_checkpoints(int64_t completed) {
   auto share = std::make_unique<CheckpointShare>();
   WriteStatus st;  // a failure here (a non-finite parameter) is the next real checkpoint's to report
   snapshot_share(w, [&](int g) {
-    const bool on_device = !(g == 0 && trunk_) && !(store_ && store_->offloaded(g));
-    if (on_device) return state(g);
+    if (homes_.of(g).on_device(g)) return state(g);
     GroupState skip;
     skip.group = g;
     skip.initial = true;
@@ -287,7 +281,7 @@ void RunState::advance_checkpoint(int64_t step, bool wait) {
 uint64_t RunState::params_hash() {
   const uint64_t basis = comm::fnv1a64("", 0);
   std::vector<uint64_t> per(groups_.size());
-  const InitialHashes initial(store_, groups_);
+  const InitialHashes initial(homes_, groups_);
   for (size_t i = 0; i < groups_.size();) {
     if (initial.drawn(static_cast<int>(i))) {
       i = static_cast<size_t>(initial.hash_run(static_cast<int>(i), per));
@@ -295,10 +289,8 @@ uint64_t RunState::params_hash() {
     }
     const NamedParam& p = groups_[static_cast<int>(i)];
     const auto bytes = static_cast<size_t>(p.tensor.numel()) * sizeof(float);
-    if (store_ && store_->offloaded(p.group)) {  // hashed where it lives: no copy of θ (T = 384: 52 GB)
-      per[i] = bytes_hash(store_->group_values(p.group) + groups_.offset[i], bytes, basis);
-    } else if (p.group == 0 && trunk_) {
-      per[i] = bytes_hash(trunk_->values(static_cast<int>(i)), bytes, basis);
+    if (const float* v = homes_.of(p.group).host_values(static_cast<int>(i))) {
+      per[i] = bytes_hash(v, bytes, basis);  // hashed where it lives: no copy of θ (T = 384: 52 GB)
     } else {
       torch::Tensor c = p.tensor.detach().cpu().contiguous();
       per[i] = bytes_hash(c.data_ptr(), bytes, basis);

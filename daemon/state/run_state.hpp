@@ -1,7 +1,7 @@
 // The run's state on disk and across ranks: where a checkpoint is agreed and written (every
 // rank writes its share, all agree that all succeeded before rank 0 publishes), where a run
 // resumes (rank 0 picks the step, every rank loads it), and the final parameter hash. It reads
-// each group wherever it lives: the device (resident groups) or the host store (offloaded).
+// and restores each group through its home (Homes), never asking where that is.
 #pragma once
 
 #include <cstdint>
@@ -11,25 +11,22 @@
 #include "comm/bootstrap.hpp"
 #include "comm/control_plane.hpp"
 #include "config/job.hpp"
+#include "daemon/homes/homes.hpp"
 #include "daemon/models/param_groups.hpp"
-#include "daemon/optim/resident_optimizer.hpp"
 #include "daemon/state/async_checkpoint.hpp"
 #include "daemon/state/checkpoint.hpp"
-#include "daemon/store_bridge/store_bridge.hpp"
-#include "daemon/store_bridge/streamed_trunk.hpp"
 
 namespace thetad::daemon {
 
 class RunState {
  public:
-  // `store` is null without offload.
   RunState(const config::Job& job, const comm::WorldInfo& world, comm::ControlPlane& plane, ParamGroups& groups,
-           ResidentOptimizer& resident, StoreBridge* store, StreamedTrunk* trunk = nullptr);
+           Homes& homes);
 
   // A fresh start (`resume` false) sets earlier checkpoints aside; a resume loads the newest
   // checkpoint rank 0 sees, so that every rank starts at the same step whatever its view of a
-  // shared directory. Fills the groups' step counts; returns the first step to run.
-  int64_t resume(bool resume, std::vector<int64_t>& group_steps);
+  // shared directory. Sets the groups' step counts; returns the first step to run.
+  int64_t resume(bool resume);
   ~RunState();
   // Writes the checkpoint after `completed` steps (nothing without checkpoint.dir). Refuses
   // (Error, exit 1, on every rank) parameters that are not finite (write_checkpoint): the newest
@@ -37,7 +34,7 @@ class RunState {
   // the end of the run or a stop), it returns once the rank's share is copied and every rank
   // agreed on the copy; a background thread writes the files and poll_checkpoint publishes.
   // A checkpoint still in flight is published first (at most one in flight).
-  void checkpoint(int64_t completed, const std::vector<int64_t>& group_steps, bool last);
+  void checkpoint(int64_t completed, bool last);
   // At a step boundary, on every rank: when a checkpoint is in flight, one control-plane
   // allreduce asks whether every rank's writer is done; if so, the ranks agree on the outcome and
   // rank 0 publishes (Error on every rank if a write failed: exit 1, as a failed synchronous
@@ -70,9 +67,7 @@ class RunState {
   const comm::WorldInfo world_;
   comm::ControlPlane& plane_;
   ParamGroups& groups_;
-  ResidentOptimizer& resident_;
-  StoreBridge* store_;
-  StreamedTrunk* trunk_;  // offload.shared: stream: Θ lives in its store
+  Homes& homes_;
 };
 
 }  // namespace thetad::daemon

@@ -1,7 +1,8 @@
 // The step loop of one rank: schedule -> count exchange -> forward -> backward through the
-// reducer (GradHooks into the engine) -> per-group optimizer (ResidentOptimizer on the device,
-// StoreBridge for the host store) -> per-step records, stop agreement and checkpoints (RunState).
-// The trainer wires the pieces together and runs the loop; the pieces never call it.
+// reducer (GradHooks into the engine, each launched bucket to its group's home) -> each group's
+// optimizer step in its home -> per-step records, stop agreement and checkpoints (RunState).
+// The trainer wires the pieces together and runs the loop; the pieces never call it, and it
+// never asks where a group lives (Homes does).
 #include "daemon/train/trainer.hpp"
 
 #include <torch/torch.h>
@@ -30,11 +31,9 @@
 #include "daemon/models/model.hpp"
 #include "daemon/models/param_groups.hpp"
 #include "daemon/optim/optimizer.hpp"
-#include "daemon/optim/resident_optimizer.hpp"
 #include "daemon/reducer/grad_hooks.hpp"
 #include "daemon/state/run_state.hpp"
-#include "daemon/store_bridge/store_bridge.hpp"
-#include "daemon/store_bridge/streamed_trunk.hpp"
+#include "daemon/homes/homes.hpp"
 #include "daemon/train/step_record.hpp"
 #include "offload/host_arena.hpp"
 
@@ -52,7 +51,6 @@ class Trainer {
   void build();
   void build_model();
   void build_engine();
-  void on_bucket_launch(int b, int contributors, comm::Work& work, float* data);
   void train_step(int64_t step, PendingStep& p);
   torch::Tensor forward(int64_t micro, const StepPlan& plan, PendingStep& p);
   void backward(torch::Tensor& total, bool last, const StepPlan& plan, PendingStep& p);
@@ -60,13 +58,8 @@ class Trainer {
   bool nonfinite(int64_t step, double loss, StepRecord& rec);
   void optimizer_step(int64_t step, PendingStep& p, bool skip);
   AdamSettings adam_settings(int64_t step) const;
-  std::optional<AdamSettings> early_trunk_settings() const;
   void record_engine_stats(StepRecord& rec);
   int64_t device_extra_bytes() const;
-  bool offloaded(int g) const { return store_ && store_->offloaded(g); }
-  // A frozen base (model.train_shared: false) never gets a gradient: its parameters get no bucket
-  // and no .grad view. (A streamed trunk keeps its buckets: its layers' code addresses them.)
-  bool base_without_buckets() const { return !job_.model.train_shared && !trunk_; }
 
   const config::Job& job_;
   const RunOptions opts_;
@@ -80,17 +73,14 @@ class Trainer {
   std::unique_ptr<Schedule> schedule_;
   std::unique_ptr<ParamGroups> groups_;
   std::unique_ptr<comm::Engine> engine_;
-  std::unique_ptr<StoreBridge> store_;        // offload.enabled: θ[t] in the host store
+  // Where each group lives (device, host store, streamed). Destroyed before the engine: the
+  // stores' copies may still read the engine's gradient memory until their streams are done.
+  std::unique_ptr<Homes> homes_;
   std::unique_ptr<PooledActivationStash> act_stash_;  // offload.activations: the trunk's saved tensors
-  std::unique_ptr<StreamedTrunk> trunk_;      // offload.shared: stream: Θ in a host store of its own
   std::unique_ptr<GradHooks> hooks_;
-  std::unique_ptr<ResidentOptimizer> resident_;
   std::unique_ptr<RunState> state_;
   std::unique_ptr<StepRecorder> recorder_;
-  std::vector<int64_t> group_steps_;          // per group: optimizer steps taken (lazy)
-  std::vector<uint8_t> overwrite_;            // per group: gradients taken by copy (EngineOptions)
   bool declared_ = true;                      // comm.active: declared (else discovered)
-  AdamSettings step_settings_;                // the current step's (step count: per group)
   std::vector<std::pair<int, torch::Tensor>> task_losses_;  // read once per step (one sync)
   torch::Tensor loss_total_;
   int64_t step_queued_ = -1;                 // the last step whose update is queued
@@ -111,41 +101,18 @@ void Trainer::build() {
   schedule_ = Schedule::create(job_, world_.size);
   build_model();
   build_engine();
-  group_steps_.assign(static_cast<size_t>(groups_->num_groups()), 0);
-  if (store_) {  // before the hooks: it moves θ[t]'s data to device placeholders
-    // Θ's device layers are allocated after θ[t]'s store (whose `auto` cache is sized after the
-    // first step, from what is free then).
-    const auto t_store = Clock::now();
-    store_->build(*engine_, *schedule_, world_.rank);
-    THETAD_LOG(info, "offload") << "host store ready in " << std::fixed << std::setprecision(2)
-                                << ms_since(t_store) / 1000 << " s";
-  }
-  if (trunk_) {  // also before the hooks: Θ's tensors become placeholders
-    trunk_->build(*engine_, store_ ? store_->device() : nullptr);
-    model_->set_layer_weights(trunk_.get());
-  }
-  std::vector<uint8_t> resident(static_cast<size_t>(groups_->num_groups()), 1);
-  for (int g = 0; g < groups_->num_groups(); ++g) resident[static_cast<size_t>(g)] = !offloaded(g);
-  std::vector<uint8_t> with_views = resident;  // a frozen base has no gradient buffer to view
-  if (base_without_buckets()) with_views[0] = 0;
-  hooks_ = std::make_unique<GradHooks>(*groups_, *engine_, data_, overwrite_, with_views);
-  // A frozen base (model.train_shared: false) is never stepped: no Adam moments for it.
-  std::vector<uint8_t> stepped = resident;
-  if (!job_.model.train_shared || trunk_) stepped[0] = 0;  // streamed Θ: its moments live in its store
-  resident_ = std::make_unique<ResidentOptimizer>(*groups_, *hooks_, engine_->plan(), data_, stepped,
-                                                  job_.optimizer);
-  state_ = std::make_unique<RunState>(job_, world_, *plane_, *groups_, *resident_, store_.get(), trunk_.get());
+  // Before the hooks: the host stores move their groups' data to device placeholders.
+  homes_->build(*engine_, *schedule_, world_.rank);
+  hooks_ = std::make_unique<GradHooks>(*groups_, *engine_, data_, homes_->grad_memory());
+  state_ = std::make_unique<RunState>(job_, world_, *plane_, *groups_, *homes_);
   recorder_ = std::make_unique<StepRecorder>(job_, data_, world_.rank);
 }
 
-// With offload, θ[t] never lives on the device whole: the model is built on the host and only
-// Θ moves to the device; the store owns θ[t] from then on. With offload.shared: stream, Θ stays
-// on the host too (its store takes it) and θ[t] moves to the device unless offloaded.
+// With a host store, the model is built on the host and Homes moves the resident groups to the
+// device; the stores own the others from then on (θ[t] never lives on the device whole).
 void Trainer::build_model() {
-  const bool offload = job_.offload.enabled;
-  const bool stream = job_.offload.shared == config::SharedMode::Stream;
   const auto t_model = Clock::now();
-  model_ = make_model(job_, offload || stream ? torch::Device(torch::kCPU) : data_.device, /*lazy_tasks=*/offload);
+  model_ = make_model(job_, Homes::model_device(job_, data_), Homes::lazy_tasks(job_));
   THETAD_LOG(info, "train") << "model " << config::to_string(job_.model.kind) << " built in " << std::fixed << std::setprecision(2)
                             << ms_since(t_model) / 1000 << " s";
   batches_ = make_data(job_, *model_, data_.device);
@@ -157,29 +124,11 @@ void Trainer::build_model() {
     act_stash_->set_timeline(timeline_.get());
     model_->set_activation_stash(act_stash_.get());
   }
-  if (offload) store_ = std::make_unique<StoreBridge>(job_, *model_, *groups_, data_, timeline_.get());
-  if (stream) trunk_ = std::make_unique<StreamedTrunk>(job_, *groups_, data_, timeline_.get());
-  if (data_.device.is_cpu() || !(offload || stream)) return;
-  torch::NoGradGuard no_grad;
-  for (size_t i = 0; i < groups_->size(); ++i) {  // the groups neither store takes
-    auto& np = (*groups_)[static_cast<int>(i)];
-    if (np.group == 0 ? stream : offload) continue;
-    np.tensor.set_data(np.tensor.detach().to(data_.device));
-  }
+  homes_ = std::make_unique<Homes>(job_, *model_, *groups_, data_, timeline_.get());
 }
 
 void Trainer::build_engine() {
-  // A frozen base's parameters are planned with no elements: no bucket, so no gradient memory,
-  // no launch and no bytes, even with prune off. (As pooled buckets they had sized the pool's
-  // buffers: every θ[t] gradient buffer was Θ's size, 3.75 GB for the 1 B LoRA base.)
-  const bool frozen_base = base_without_buckets();
-  std::vector<comm::ParamInfo> infos;
-  for (size_t i = 0; i < groups_->size(); ++i) {
-    const auto& p = (*groups_)[static_cast<int>(i)];
-    const bool none = frozen_base && p.group == 0;
-    infos.push_back({p.name, none ? size_t{0} : static_cast<size_t>(p.tensor.numel()), p.group});
-  }
-  if (store_) store_->plan_shards(infos);
+  const std::vector<comm::ParamInfo> infos = homes_->plan_params();
   auto plan = comm::make_bucket_plan(infos, groups_->num_groups(), bucket_plan_options(job_));
   plane_->check_consistent("bucket plan", plan.describe());
   THETAD_LOG(info, "engine") << "bucket plan: " << plan.buckets.size() << " buckets over " << groups_->num_groups()
@@ -190,47 +139,8 @@ void Trainer::build_engine() {
     eopts.wait_stream = data_.compute_stream;
     eopts.count_comm = ctrl_;  // host flags, host result: MPI, independent of the GPU's queue
   }
-  if (ResidentOptimizer::overlaps(data_, job_.optimizer) || store_ || trunk_ || timeline_)
-    eopts.on_launch = [this](int b, int contributors, comm::Work& w, float* data) {
-      on_bucket_launch(b, contributors, w, data);
-    };
-  if (store_) store_->engine_options(eopts);
-  // Resident groups take their gradient by copy on its first arrival in a window (the hook),
-  // then by accumulation, instead of a memset per step and an add; row-chunked ones own their
-  // buckets (their backward adds rows into the buffer); offloaded ones as the store says.
-  overwrite_.assign(static_cast<size_t>(groups_->num_groups()), 0);
-  for (int g = 0; g < groups_->num_groups(); ++g) {
-    comm::GradMemory mode = model_->row_chunked(g) ? comm::GradMemory::owned : comm::GradMemory::overwrite;
-    if (offloaded(g)) mode = store_->grad_memory(g);
-    // It has no bucket; not overwrite, so that the hooks never reset or restore its .grad.
-    if (g == 0 && frozen_base) mode = comm::GradMemory::pooled;
-    eopts.grad_memory.push_back(mode);
-    overwrite_[static_cast<size_t>(g)] = mode == comm::GradMemory::overwrite;
-  }
+  homes_->engine_options(eopts);  // each group's gradient memory; each bucket to its home
   engine_ = std::make_unique<comm::Engine>(data_.comm, std::move(plan), eopts);
-}
-
-// The engine launched bucket b (engine lock held, possibly on autograd's device thread).
-void Trainer::on_bucket_launch(int b, int contributors, comm::Work& work, float* data) {
-  if (timeline_) timeline_->record(Lane::comm, "launch bucket " + std::to_string(b), Timeline::now_us(), 0);
-  const int g = engine_->plan().buckets[static_cast<size_t>(b)].group;
-  if (g == 0 && trunk_) {
-    trunk_->on_bucket_launch(b, contributors, work, data);
-    return;
-  }
-  if (offloaded(g)) store_->on_bucket_launch(b, contributors, work, data);
-  // skip_step decides after backward whether the step updates anything: no bucket steps first.
-  // Unused groups are not stepped (lazy); unknown counts: the whole group after backward.
-  if (!resident_ || !resident_->overlap() || job_.train.on_nonfinite == config::NonFinite::SkipStep || contributors <= 0) return;
-  AdamSettings s = step_settings_;
-  s.step = group_steps_[static_cast<size_t>(g)] + 1;
-  if (!offloaded(g)) {
-    resident_->step_bucket(b, contributors, work, s);
-    return;
-  }
-  // A θ[t] in the device cache is stepped like a resident group, on its cache line.
-  AdamOperands ops;
-  if (store_->take_cached_bucket(b, data, ops)) resident_->step_after(work, ops, s);
 }
 
 // One optimizer step: accumulate_steps micro-steps (micro-step m of step s uses the schedule
@@ -238,12 +148,9 @@ void Trainer::on_bucket_launch(int b, int contributors, comm::Work& work, float*
 void Trainer::train_step(int64_t step, PendingStep& p) {
   const int64_t k = job_.accumulate_steps;
   recorder_->mark(p, Phase::start);
-  step_settings_ = adam_settings(step);
-  resident_->start_step();
   engine_->start_window(step);
   hooks_->start_window();
-  if (store_) store_->prepare_step(step);
-  if (trunk_) trunk_->start_window(step, early_trunk_settings());
+  homes_->start_window(step, adam_settings(step));
   p.rec.task_loss.clear();
   task_losses_.clear();
   p.rec.forward_ms = p.rec.backward_ms = 0;
@@ -253,7 +160,7 @@ void Trainer::train_step(int64_t step, PendingStep& p) {
     const bool last = m + 1 == k;
     const StepPlan plan = schedule_->plan(micro, world_.rank);
     hooks_->set_trained(plan.trained);
-    if (trunk_) trunk_->start_micro(plan.trained[0] != 0 && job_.model.train_shared);
+    homes_->start_micro(plan);
     if (declared_) {  // the count exchange starts before forward and overlaps it
       engine_->declare_active(plan.trained);
       if (last) engine_->begin_sync();
@@ -261,7 +168,7 @@ void Trainer::train_step(int64_t step, PendingStep& p) {
     torch::Tensor total = forward(micro, plan, p);
     if (!declared_) {  // discovered from the graph, still before backward
       std::vector<uint8_t> found = hooks_->discover_groups(total);
-      if (trunk_ && trunk_->reached()) found[0] = 1;  // streamed Θ has no leaves in the graph
+      homes_->add_reached(found);  // streamed Θ has no leaves in the graph
       engine_->declare_active(found);
       if (last) engine_->begin_sync();
     }
@@ -302,11 +209,11 @@ torch::Tensor Trainer::forward(int64_t micro, const StepPlan& plan, PendingStep&
 void Trainer::backward(torch::Tensor& total, bool last, const StepPlan& plan, PendingStep& p) {
   const int64_t bwd_us = Timeline::now_us();
   const auto t1 = Clock::now();
-  if (store_) store_->before_backward(last, plan);
+  homes_->before_backward(last, plan);
   total.backward();
   if (act_stash_) act_stash_->end_backward();
   hooks_->rethrow_error();
-  if (store_ && last) store_->after_last_backward();
+  homes_->after_backward(last);
   // No host synchronization: on GPUs finish_backward makes the compute stream wait for the
   // last buckets (EngineOptions::wait_stream) and the marks around it time that stall.
   recorder_->mark(p, Phase::backward);
@@ -315,7 +222,7 @@ void Trainer::backward(torch::Tensor& total, bool last, const StepPlan& plan, Pe
   p.rec.backward_ms += ms_since(t1);
   if (last) {
     finish_reduce(p);
-    if (trunk_) trunk_->after_reduce();
+    homes_->after_reduce();
     hooks_->end_window();
   }
   const double bwd_ms = ms_since(t1);
@@ -388,50 +295,16 @@ bool Trainer::nonfinite(int64_t step, double loss, StepRecord& rec) {
   return skip;
 }
 
-// Lazy semantics: a group no rank used this step is not stepped at all. Offloaded groups are
-// stepped by their owner on the host; resident ones here, except the buckets stepped as they
-// landed (optimizer.overlap).
+// Lazy semantics: a group no rank used this step is not stepped at all; each used group is
+// stepped in its home (some buckets were already, as they landed: optimizer.overlap).
 void Trainer::optimizer_step(int64_t step, PendingStep& p, bool skip) {
   const auto t0 = Clock::now();
-  const auto& contributors = engine_->contributors();
   AdamSettings s = adam_settings(step);
   p.rec.lr = s.lr;
-  torch::NoGradGuard no_grad;
-  resident_->join_bucket_steps();
-  for (int g = 0; g < groups_->num_groups(); ++g) {
-    const auto gi = static_cast<size_t>(g);
-    if (contributors[gi] == 0 || skip) {  // skip: no group of this step is updated, on any rank
-      if (offloaded(g)) store_->skip_group(g);
-      if (g == 0 && trunk_) trunk_->skip();
-      continue;
-    }
-    s.step = ++group_steps_[gi];
-    if (g == 0 && trunk_) {  // every layer, on every rank; each layer's owner steps it on the CPU
-      trunk_->step(s);
-      continue;
-    }
-    if (offloaded(g)) {
-      store_->step_group(g, s, job_.optimizer.clip_norm);
-      continue;
-    }
-    const int64_t t_us = Timeline::now_us();
-    if (resident_->step_group(g, s) && timeline_)
-      timeline_->record(Lane::compute, g == 0 ? "adam Θ" : "adam θ[" + std::to_string(g - 1) + "]", t_us,
-                        Timeline::now_us() - t_us);
-  }
-  if (store_) store_->release_step(step);
-  if (trunk_) trunk_->release_step(step);
+  homes_->step(engine_->contributors(), s, skip);
+  homes_->release_step(step);
   p.rec.optimizer_ms = ms_since(t0);
   recorder_->mark(p, Phase::optimizer);
-}
-
-// Θ's settings for this step if nothing after backward can change them (a skipped step, a clip
-// by the gradient's norm): the streamed trunk then steps each layer as its gradient lands.
-std::optional<AdamSettings> Trainer::early_trunk_settings() const {
-  if (job_.train.on_nonfinite == config::NonFinite::SkipStep || job_.optimizer.clip_norm > 0) return std::nullopt;
-  AdamSettings s = step_settings_;
-  s.step = group_steps_[0] + 1;
-  return s;
 }
 
 AdamSettings Trainer::adam_settings(int64_t step) const {
@@ -456,20 +329,7 @@ void Trainer::record_engine_stats(StepRecord& rec) {
   rec.buckets_broadcast = st.buckets_broadcast;
   rec.grad_stream_peak_bytes = st.streamed_bytes_peak;
   rec.samples = job_.data.batch_per_rank;
-  if (store_) {
-    const StoreStepStats ss = store_->step_stats();
-    rec.h2d_bytes = ss.h2d_bytes;
-    rec.d2h_bytes = ss.d2h_bytes;
-    rec.swap_hits = ss.swap_hits;
-    rec.swap_misses = ss.swap_misses;
-    rec.host_pinned_bytes = ss.host_pinned_bytes;
-    rec.cpu_adam_ms = ss.cpu_adam_ms;
-    rec.acquire_wait_ms = ss.acquire_wait_ms;
-    rec.cache_loads = ss.cache_loads;
-    rec.cache_flushes = ss.cache_flushes;
-    rec.device_steps = ss.device_steps;
-    rec.streamed_steps = ss.streamed_steps;
-  }
+  homes_->add_stats(rec);
   if (act_stash_) {
     const ActivationStats as = act_stash_->step_stats();
     rec.act_offload_bytes = as.d2h_bytes + as.h2d_bytes;
@@ -477,26 +337,17 @@ void Trainer::record_engine_stats(StepRecord& rec) {
     rec.act_layer_bytes = as.layer_peak_bytes;
     rec.act_pool_allocations = as.pool_allocations;
   }
-  if (trunk_) {
-    const StoreStepStats ts = trunk_->step_stats();
-    rec.theta_h2d_bytes = ts.h2d_bytes;
-    rec.theta_d2h_bytes = ts.d2h_bytes;
-    rec.theta_device_slot_bytes = static_cast<int64_t>(trunk_->device_slot_bytes());
-    rec.theta_cpu_adam_ms = ts.cpu_adam_ms;
-    rec.theta_device_steps = ts.device_steps;
-  }
   recorder_->progress().queued(job_.data.batch_per_rank * world_.size, st.bytes_pruned);
 }
 
-// Device memory outside the caching allocator: the engine's buckets and the store's slots.
+// Device memory outside the caching allocator: the engine's buckets and the homes' slots and lines.
 int64_t Trainer::device_extra_bytes() const {
-  return static_cast<int64_t>(engine_->buffer_bytes() + (store_ ? store_->device_slot_bytes() : 0) +
-                              (trunk_ ? trunk_->device_slot_bytes() : 0));
+  return static_cast<int64_t>(engine_->buffer_bytes() + homes_->device_bytes());
 }
 
 int Trainer::run() {
   build();
-  const int64_t start_step = state_->resume(opts_.resume, group_steps_);
+  const int64_t start_step = state_->resume(opts_.resume);
   recorder_->start(start_step);
   if (start_step == job_.steps) {
     THETAD_LOG(info, "train") << "job " << job_.name << " is already complete: resumed at step " << start_step
@@ -553,7 +404,7 @@ int Trainer::run() {
       if (lagged_check) nonfinite(step, loss_total_.item<double>(), pending->rec);
       // The run's last checkpoint (the end, a stop) is written before the loop ends: exit 0 or 4
       // means it is published. Others may be written in the background (checkpoint.async).
-      state_->checkpoint(completed, group_steps_, stop_now || completed == job_.steps);  // waits for the step's device work itself
+      state_->checkpoint(completed, stop_now || completed == job_.steps);  // waits for the step's device work itself
     }
     // step_ms: this iteration's wall time, its checkpoint included (written one step late).
     pending->rec.step_ms = ms_since(t_step);

@@ -29,7 +29,7 @@ TEST(GradHooks, ACollectiveThatFailsDuringBackwardIsACommunicationFailure) {
   comm::Engine engine(grads, comm::make_bucket_plan({{"trunk.w", 4, 0}, {"trunk.b", 3, 0}}, 1, {}), o);
   DataPlane plane;
   plane.comm = grads;
-  GradHooks hooks(groups, engine, plane, /*overwrite=*/{1}, /*resident=*/{1});
+  GradHooks hooks(groups, engine, plane, {comm::GradMemory::overwrite});
 
   grads->abort("a peer failed during backward");
   engine.start_window(0);

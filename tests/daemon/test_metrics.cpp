@@ -63,12 +63,12 @@ StepRecord sample() {
   r.buckets_launched = 4;
   r.buckets_pruned = 12;
   r.buckets_broadcast = 2;
-  r.h2d_bytes = 100;
-  r.d2h_bytes = 200;
-  r.swap_hits = 5;
-  r.swap_misses = 1;
+  r.store.h2d_bytes = 100;
+  r.store.d2h_bytes = 200;
+  r.store.swap_hits = 5;
+  r.store.swap_misses = 1;
   r.device_mem_peak_bytes = int64_t{9} << 30;
-  r.host_pinned_bytes = int64_t{2} << 30;
+  r.store.host_pinned_bytes = int64_t{2} << 30;
   return r;
 }
 

@@ -1,5 +1,5 @@
-// The model <-> host store bridge (see store_bridge.hpp).
-#include "daemon/store_bridge/store_bridge.hpp"
+// θ[t] in the host store (see store_home.hpp).
+#include "daemon/homes/store_home.hpp"
 
 #if THETAD_TORCH_CUDA
 #include <ATen/cuda/CUDAEvent.h>
@@ -12,46 +12,30 @@
 #include "common/errors.hpp"
 #include "common/log.hpp"
 #include "daemon/core/job_options.hpp"
-#include "daemon/store_bridge/store_chunks.hpp"
+#include "daemon/homes/line_views.hpp"
+#include "daemon/homes/store_chunks.hpp"
 #include "offload/thread_pool.hpp"
 
 namespace thetad::daemon {
-namespace {
-
-// The groups this rank uses in optimizer step `step`: the union over its micro-steps.
-std::vector<uint8_t> window_used(const Schedule& schedule, int64_t step, int64_t micro_steps, int rank) {
-  std::vector<uint8_t> used;
-  for (int64_t m = 0; m < micro_steps; ++m) {
-    const StepPlan plan = schedule.plan(step * micro_steps + m, rank);
-    used.resize(plan.used.size(), 0);
-    for (size_t g = 1; g < plan.used.size(); ++g) used[g] |= plan.used[g];
-  }
-  return used;
-}
-
-}  // namespace
-
-struct StoreBridge::InFlight {
+struct StoreHome::InFlight {
 #if THETAD_TORCH_CUDA
   std::deque<std::pair<size_t, std::shared_ptr<at::cuda::CUDAEvent>>> copies;  // bytes, copied-out event
 #endif
 };
 
-StoreBridge::StoreBridge(const config::Job& job, TaskModel& model, ParamGroups& groups, const DataPlane& plane,
-                         Timeline* timeline)
-    : job_(job), model_(model), groups_(groups), plane_(plane), timeline_(timeline),
-      inflight_(std::make_unique<InFlight>()) {
-  streamed_.assign(static_cast<size_t>(groups_.num_groups()), 0);
+StoreHome::StoreHome(const config::Job& job, TaskModel& model, ParamGroups& groups, const DataPlane& plane,
+                     DeviceAdam& adam, Timeline* timeline)
+    : job_(job), model_(model), groups_(groups), plane_(plane), adam_(adam), timeline_(timeline),
+      line_views_(std::make_unique<LineViews>(groups, plane.device)), inflight_(std::make_unique<InFlight>()) {
   shard_params_.assign(static_cast<size_t>(groups_.num_groups()), {});
   grad_offset_ = groups_.offset;
 }
 
-StoreBridge::~StoreBridge() = default;
+StoreHome::~StoreHome() = default;
 
-void StoreBridge::plan_shards(std::vector<comm::ParamInfo>& infos) {
+void StoreHome::plan_params(std::vector<comm::ParamInfo>& infos) {
   for (int g = 1; g < groups_.num_groups(); ++g) {
     if (!model_.row_chunked(g)) continue;
-    streamed_[static_cast<size_t>(g)] = 1;
     const int w = groups_.members[static_cast<size_t>(g)].at(0);
     const auto& t = groups_[w].tensor;
     const auto row_elems = static_cast<size_t>(t.size(1));
@@ -66,17 +50,17 @@ void StoreBridge::plan_shards(std::vector<comm::ParamInfo>& infos) {
   }
 }
 
-comm::GradMemory StoreBridge::grad_memory(int g) const {
-  return streamed_[static_cast<size_t>(g)] ? comm::GradMemory::streamed : comm::GradMemory::pooled;
+comm::GradMemory StoreHome::grad_memory(int g) const {
+  return model_.row_chunked(g) ? comm::GradMemory::streamed : comm::GradMemory::pooled;
 }
 
-void StoreBridge::engine_options(comm::EngineOptions& o) {
+void StoreHome::engine_options(comm::EngineOptions& o) {
   o.scratch = [this](size_t bytes) {
     std::shared_ptr<void> mem;
     // On the stream the allreduce waits for.
     plane_.on_compute_stream([&] {
       throttle_grads(bytes);
-      mem = grad_memory(torch::zeros({static_cast<int64_t>(bytes / sizeof(float))},
+      mem = keep_for_d2h(torch::zeros({static_cast<int64_t>(bytes / sizeof(float))},
                                      torch::TensorOptions().dtype(torch::kFloat32).device(plane_.device)));
     });
     return mem;
@@ -84,7 +68,7 @@ void StoreBridge::engine_options(comm::EngineOptions& o) {
 }
 
 // (validate refuses offload with sgd: the store steps Adam/AdamW)
-void StoreBridge::build(comm::Engine& engine, const Schedule& schedule, int rank) {
+void StoreHome::build(comm::Engine& engine, const Schedule& schedule, int rank) {
   engine_ = &engine;
   schedule_ = &schedule;
   rank_ = rank;
@@ -121,7 +105,7 @@ void StoreBridge::build(comm::Engine& engine, const Schedule& schedule, int rank
   const auto groups_used = [this](int64_t step, int first_rank, int last_rank) {
     std::vector<uint8_t> any;
     for (int r = first_rank; r <= last_rank; ++r) {
-      const std::vector<uint8_t> used = window_used(*schedule_, step, job_.accumulate_steps, r);
+      const std::vector<uint8_t> used = schedule_->window_task_groups(step, job_.accumulate_steps, r);
       any.resize(std::max(any.size(), used.size()), 0);
       for (size_t g = 1; g < used.size(); ++g) any[g] |= used[g];
     }
@@ -153,7 +137,7 @@ void StoreBridge::build(comm::Engine& engine, const Schedule& schedule, int rank
                         " (raise offload.device_slots or offload.device_budget_mb)");
   unit_param_.assign(static_cast<size_t>(store_->num_units()), -1);
   for (int g = 1; g < groups_.num_groups(); ++g) {
-    if (!streamed_[static_cast<size_t>(g)]) continue;
+    if (grad_memory(g) != comm::GradMemory::streamed) continue;
     const auto& units = store_->units_of(g);
     const auto& shards = shard_params_[static_cast<size_t>(g)];
     THETAD_CHECK_EQ(units.size(), shards.size(), "group ", g, ": store shards vs engine shards");
@@ -199,9 +183,9 @@ void StoreBridge::build(comm::Engine& engine, const Schedule& schedule, int rank
                               << store_->arena().bytes() << " bytes";
 }
 
-bool StoreBridge::held(int g) const { return store_->held(g); }
+bool StoreHome::initial(int g) const { return !store_->held(g); }
 
-void StoreBridge::initial_values(int p, float* dst) const {
+void StoreHome::initial_values(int p, float* dst) const {
   const NamedParam& np = groups_[p];
   THETAD_CHECK(np.init != nullptr, InternalError, "parameter '", np.name, "' has no initial values to draw");
   torch::NoGradGuard no_grad;
@@ -210,11 +194,11 @@ void StoreBridge::initial_values(int p, float* dst) const {
 }
 
 // offload.device_cache_mb: a size (no more than the device has), or auto: none at set-up. On a
-// GPU, auto sizes the cache after the first step (prepare_step), when the allocator holds that
+// GPU, auto sizes the cache after the first step (start_window), when the allocator holds that
 // step's activations and θ[t]'s gradient pool: a guess at set-up (free memory less a fifth of the
 // device) gave 10,000 LoRA adapters 60 GB of lines and left the first forward out of memory.
 // None on the CPU, where the host store is the memory.
-size_t StoreBridge::cache_budget() const {
+size_t StoreHome::cache_budget() const {
   size_t free_bytes = 0, total = 0;
   const bool has = device_->memory(&free_bytes, &total);
   if (!job_.offload.device_cache_auto()) {
@@ -228,13 +212,14 @@ size_t StoreBridge::cache_budget() const {
   return 0;
 }
 
-void StoreBridge::prepare_step(int64_t step) {
+void StoreHome::start_window(int64_t step, const WindowSettings& w) {
+  window_ = &w;
   if (auto_cache_pending_ && prepared_steps_ > 0) {  // the first step's work is queued: size the cache
     auto_cache_pending_ = false;
     store_->size_cache(offload::auto_cache_bytes(*device_, /*after_a_step=*/true));
   }
   ++prepared_steps_;
-  const std::vector<uint8_t> used = window_used(*schedule_, step, job_.accumulate_steps, rank_);
+  const std::vector<uint8_t> used = schedule_->window_task_groups(step, job_.accumulate_steps, rank_);
   // The previous step's gradient copies read pooled buffers that this step re-binds (and
   // zeroes on the compute stream); they started during that step's backward.
   store_->compute_after_pushes();
@@ -253,7 +238,7 @@ void StoreBridge::prepare_step(int64_t step) {
 }
 
 // Points the parameters of an offloaded group at its device slot for this step.
-void StoreBridge::bind_group(int group, int64_t step) {
+void StoreHome::bind_group(int group, int64_t step) {
   if (model_.row_chunked(group)) {  // the model acquires its row shards as it streams them
     chunks_->set_step(step);
     return;
@@ -268,8 +253,8 @@ void StoreBridge::bind_group(int group, int64_t step) {
 }
 
 // Points an offloaded group's gradients at the engine's pool buffer bound to it this window.
-void StoreBridge::bind_grads(int group) {
-  if (streamed_[static_cast<size_t>(group)]) return;  // handed over shard by shard (StoreChunks)
+void StoreHome::bind_grads(int group) {
+  if (grad_memory(group) == comm::GradMemory::streamed) return;  // handed over shard by shard (StoreChunks)
   for (int p : groups_.members[static_cast<size_t>(group)]) {
     auto& t = groups_[p].tensor;
     t.mutable_grad() = torch::from_blob(engine_->grad(p), t.sizes(),
@@ -277,24 +262,37 @@ void StoreBridge::bind_grads(int group) {
   }
 }
 
-void StoreBridge::before_backward(bool last, const StepPlan& plan) {
+void StoreHome::before_backward(bool last, const StepPlan& plan) {
   store_->order_state();  // groups streamed through transit lines: their m and v, for the update
   chunks_->set_last(last);
   if (last) hand_over_idle_shards(plan);
 }
 
-void StoreBridge::after_last_backward() { chunks_->hand_over_rest(); }
+void StoreHome::after_backward(bool last) {
+  if (last) chunks_->hand_over_rest();
+}
 
 // An offloaded group's bucket goes to the host landing area as soon as its allreduce is done,
 // while the rest of backward runs: on GPUs the D2H stream waits for the bucket's work (the host
 // does not), on the host device the copy follows the wait. Only the group's owner on this host
-// copies; a group no rank used is not stepped, so nothing is copied for it.
-void StoreBridge::on_bucket_launch(int b, int contributors, comm::Work& work, const float* data) {
+// copies; a group no rank used is not stepped, so nothing is copied for it. A group on a device
+// line is stepped there, with optimizer.overlap as its bucket lands.
+void StoreHome::on_bucket_launch(int b, int contributors, comm::Work& work, float* data) {
   const comm::BucketPlan& plan = engine_->plan();
   const comm::Bucket& bucket = plan.buckets[static_cast<size_t>(b)];
-  const bool streamed = streamed_[static_cast<size_t>(bucket.group)] != 0;
-  // A group in the device cache keeps its gradient there: the device AdamW steps it.
-  const bool copy = contributors != 0 && store_->owns(bucket.group) && !store_->cached(bucket.group);
+  if (store_->cached(bucket.group)) {
+    if (adam_.overlap() && window_->update_known && contributors > 0)
+      adam_.step_after(work, window_->for_group(bucket.group), [&](AdamOperands& ops) {
+        for (size_t k = 0; k < bucket.params.size(); ++k) {
+          const int p = bucket.params[k];  // a cached group is flat, never sharded: a model parameter
+          add_line_operands(bucket.group, p, data + bucket.offsets[k], ops);
+          param_stepped_[static_cast<size_t>(p)] = 1;
+        }
+      });
+    return;
+  }
+  const bool streamed = grad_memory(bucket.group) == comm::GradMemory::streamed;
+  const bool copy = contributors != 0 && store_->owns(bucket.group);
   // Streamed buckets are waited for also where nothing is copied: the engine gives their
   // memory back once the work completes (host backends: once waited for).
   if (!copy && !streamed) return;
@@ -325,7 +323,7 @@ void StoreBridge::on_bucket_launch(int b, int contributors, comm::Work& work, co
 // The engine holds gradient memory of its streamed groups until their bucket's work is done;
 // the D2H copy that on_bucket_launch queues may read it later still, so on GPUs the caching
 // allocator is told about that stream too.
-std::shared_ptr<void> StoreBridge::grad_memory(torch::Tensor t) {
+std::shared_ptr<void> StoreHome::keep_for_d2h(torch::Tensor t) {
 #if THETAD_TORCH_CUDA
   if (void* d2h = store_ ? store_->d2h_stream() : nullptr)
     t.record_stream(c10::cuda::getStreamFromExternal(static_cast<cudaStream_t>(d2h), plane_.device.index()));
@@ -338,7 +336,7 @@ std::shared_ptr<void> StoreBridge::grad_memory(torch::Tensor t) {
 // out while more than the cap would be in flight. Only launched ones are waited for (a bucket
 // waiting for its turn to launch might wait for this very backward), so the cap is soft when
 // launches lag.
-void StoreBridge::throttle_grads(size_t bytes) {
+void StoreHome::throttle_grads(size_t bytes) {
 #if THETAD_TORCH_CUDA
   std::lock_guard<std::mutex> lock(inflight_mu_);
   auto& q = inflight_->copies;
@@ -353,38 +351,39 @@ void StoreBridge::throttle_grads(size_t bytes) {
 }
 
 // StoreChunks hands a shard's gradient of the window over: the engine reduces it in place.
-void StoreBridge::hand_over_shard(int unit, torch::Tensor grad) {
+void StoreHome::hand_over_shard(int unit, torch::Tensor grad) {
   const int param = unit_param_.at(static_cast<size_t>(unit));
   if (!grad.defined()) {  // no gradient in this window: later buckets need not wait for it
     engine_->mark_absent(param);
     return;
   }
   float* data = grad.data_ptr<float>();
-  engine_->mark_ready(param, data, grad_memory(std::move(grad)));
+  engine_->mark_ready(param, data, keep_for_d2h(std::move(grad)));
 }
 
 // Before the window's last backward: the shards of groups active in this window whose task that
 // backward does not compute (trained in earlier micro-steps only, declared without rows) are
 // handed over now, so that their buckets do not hold up the launches until finish_backward.
-void StoreBridge::hand_over_idle_shards(const StepPlan& last_plan) {
-  for (size_t g = 1; g < streamed_.size(); ++g) {
-    if (!streamed_[g] || !engine_->locally_active(static_cast<int>(g))) continue;
-    const int task = static_cast<int>(g) - 1;
+void StoreHome::hand_over_idle_shards(const StepPlan& last_plan) {
+  for (int g = 1; g < groups_.num_groups(); ++g) {
+    if (grad_memory(g) != comm::GradMemory::streamed || !engine_->locally_active(g)) continue;
+    const int task = g - 1;
     bool computed = false;  // backward reaches grad_done for each of its chunks
     for (size_t i = 0; i < last_plan.tasks.size(); ++i)
-      computed = computed || (last_plan.tasks[i] == task && last_plan.task_rows[i] > 0 && last_plan.trained[g]);
+      computed = computed ||
+                 (last_plan.tasks[i] == task && last_plan.task_rows[i] > 0 && last_plan.trained[static_cast<size_t>(g)]);
     if (!computed) chunks_->hand_over_task(task);
   }
 }
 
 // Its reduced gradient went to the host bucket by bucket as the allreduces finished
 // (on_bucket_launch); the owner clips by its norm there and steps it on the CPU.
-void StoreBridge::step_group(int g, const AdamSettings& s, double clip_norm) {
+void StoreHome::step(int g, const AdamSettings& s) {
   const int64_t t_us = Timeline::now_us();
   const bool cached = store_->cached(g);
-  if (cached) step_cached(g, s, clip_norm);
+  if (cached) step_on_line(g, s);
   offload::AdamHyper h = to_hyper(s);
-  h.clip_norm = clip_norm;
+  h.clip_norm = job_.optimizer.clip_norm;
   store_->step_group(g, h);  // counts the update; the owner's CPU AdamW where not cached
   if (timeline_)
     timeline_->record(cached ? Lane::compute : Lane::cpu_adam,
@@ -396,46 +395,33 @@ void StoreBridge::step_group(int g, const AdamSettings& s, double clip_norm) {
 
 // The device AdamW on a cached group's line, with its reduced gradient in the engine's pool (on
 // the compute stream, which the engine ordered after the allreduce): the math of resident groups.
-// Parameters stepped as their bucket landed (take_cached_bucket) are done.
-void StoreBridge::step_cached(int g, AdamSettings s, double clip_norm) {
+// Parameters stepped as their bucket landed (on_bucket_launch) are done.
+void StoreHome::step_on_line(int g, const AdamSettings& s) {
   AdamOperands ops;
   for (int p : groups_.members[static_cast<size_t>(g)])
     if (!param_stepped_[static_cast<size_t>(p)]) add_line_operands(g, p, engine_->grad(p), ops);
-  if (ops.params.empty()) return;
-  s.grad_scale = clip_scale(ops.grads, clip_norm);
-  adam_group(ops.params, ops.grads, ops.exp_avg, ops.exp_avg_sq, s);
+  adam_.step(ops, s, job_.optimizer.clip_norm);
 }
 
-// Called with the engine's lock held: reads nothing of the engine but its plan (the gradient is
-// at `data`, the bucket's memory).
-bool StoreBridge::take_cached_bucket(int b, float* data, AdamOperands& ops) {
-  const comm::Bucket& bucket = engine_->plan().buckets[static_cast<size_t>(b)];
-  if (!store_->cached(bucket.group)) return false;
-  for (size_t k = 0; k < bucket.params.size(); ++k) {
-    const int p = bucket.params[k];  // a cached group is flat, never sharded: a model parameter
-    add_line_operands(bucket.group, p, data + bucket.offsets[k], ops);
-    param_stepped_[static_cast<size_t>(p)] = 1;
-  }
-  return true;
+// Parameter p of group g on its line: the line's views (built when g came to it) and its gradient.
+void StoreHome::add_line_operands(int g, int p, float* grad, AdamOperands& ops) {
+  const LineTensors& line =
+      line_views_->of(g, groups_.members[static_cast<size_t>(g)], [this](int q) { return groups_.offset[static_cast<size_t>(q)]; },
+                      store_->cached_params(g), store_->cached_exp_avg(g), store_->cached_exp_avg_sq(g));
+  const auto k = static_cast<size_t>(groups_.position[static_cast<size_t>(p)]);
+  ops.params.push_back(line.params[k]);
+  ops.exp_avg.push_back(line.exp_avg[k]);
+  ops.exp_avg_sq.push_back(line.exp_avg_sq[k]);
+  ops.grads.push_back(torch::from_blob(grad, groups_[p].tensor.sizes(),
+                                       torch::TensorOptions().dtype(torch::kFloat32).device(plane_.device)));
 }
 
-// Parameter p of cached group g as views of its line (values, moments) and its gradient.
-void StoreBridge::add_line_operands(int g, int p, float* grad, AdamOperands& ops) {
-  const auto opts = torch::TensorOptions().dtype(torch::kFloat32).device(plane_.device);
-  const auto sizes = groups_[p].tensor.sizes();
-  const size_t off = groups_.offset[static_cast<size_t>(p)];
-  ops.params.push_back(torch::from_blob(store_->cached_params(g) + off, sizes, opts));
-  ops.exp_avg.push_back(torch::from_blob(store_->cached_exp_avg(g) + off, sizes, opts));
-  ops.exp_avg_sq.push_back(torch::from_blob(store_->cached_exp_avg_sq(g) + off, sizes, opts));
-  ops.grads.push_back(torch::from_blob(grad, sizes, opts));
-}
+void StoreHome::skip(int g) { store_->discard_pushes(g); }
 
-void StoreBridge::skip_group(int g) { store_->discard_pushes(g); }
+void StoreHome::release_step(int64_t step) { store_->release_step(step); }
 
-void StoreBridge::release_step(int64_t step) { store_->release_step(step); }
-
-StoreStepStats step_stats_since(const offload::StoreStats& ss, offload::StoreStats& last) {
-  StoreStepStats s;
+StoreTraffic traffic_since(const offload::StoreStats& ss, offload::StoreStats& last) {
+  StoreTraffic s;
   s.h2d_bytes = static_cast<int64_t>(ss.h2d_bytes - last.h2d_bytes);
   s.d2h_bytes = static_cast<int64_t>(ss.d2h_bytes - last.d2h_bytes);
   s.swap_hits = static_cast<int64_t>(ss.swap_hits - last.swap_hits);
@@ -451,9 +437,9 @@ StoreStepStats step_stats_since(const offload::StoreStats& ss, offload::StoreSta
   return s;
 }
 
-StoreStepStats StoreBridge::step_stats() { return step_stats_since(store_->stats(), last_stats_); }
+void StoreHome::add_stats(StepRecord& rec) { rec.store = traffic_since(store_->stats(), last_stats_); }
 
-size_t StoreBridge::device_slot_bytes() const {
+size_t StoreHome::device_bytes() const {
   const offload::StoreStats st = store_->stats();
   return st.device_slot_bytes + st.cache_line_bytes;
 }
@@ -472,7 +458,7 @@ GroupState group_state_of_flat(const ParamGroups& groups, int g, const std::vect
   return st;
 }
 
-GroupState StoreBridge::state(int g) {
+GroupState StoreHome::state(int g) {
   if (!store_->held(g)) {
     GroupState st;
     st.group = g;
@@ -486,7 +472,7 @@ GroupState StoreBridge::state(int g) {
   return group_state_of_flat(groups_, g, flat);
 }
 
-void StoreBridge::restore(int g, const GroupState& st) {
+void StoreHome::restore(int g, const GroupState& st) {
   if (st.initial) return;  // the store holds the initial values already (or draws them)
   if (!store_->held(g)) {
     // Never updated (its values are the initial ones): nothing to hold. Updated: the schedule
@@ -507,6 +493,9 @@ void StoreBridge::restore(int g, const GroupState& st) {
   store_->write_group(g, cp.data_ptr<float>(), cm.data_ptr<float>(), cv.data_ptr<float>());
 }
 
-const float* StoreBridge::group_values(int g) { return store_->group_params(g); }
+const float* StoreHome::host_values(int p) {
+  const NamedParam& np = groups_[p];
+  return store_->group_params(np.group) + groups_.offset[static_cast<size_t>(p)];
+}
 
 }  // namespace thetad::daemon

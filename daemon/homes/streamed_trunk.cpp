@@ -1,5 +1,6 @@
 // Θ streamed layer by layer from its host store (see streamed_trunk.hpp).
-#include "daemon/store_bridge/streamed_trunk.hpp"
+#include "daemon/homes/streamed_trunk.hpp"
+#include "daemon/homes/line_views.hpp"
 
 #include <algorithm>
 #include <string>
@@ -11,8 +12,10 @@
 
 namespace thetad::daemon {
 
-StreamedTrunk::StreamedTrunk(const config::Job& job, ParamGroups& groups, const DataPlane& plane, Timeline* timeline)
-    : job_(job), groups_(groups), plane_(plane), timeline_(timeline), prefetch_(job.offload.shared_prefetch_layers) {
+StreamedTrunk::StreamedTrunk(const config::Job& job, ParamGroups& groups, const DataPlane& plane, DeviceAdam& adam,
+                             Timeline* timeline)
+    : job_(job), groups_(groups), plane_(plane), adam_(adam), timeline_(timeline),
+      line_views_(std::make_unique<LineViews>(groups, plane.device)), prefetch_(job.offload.shared_prefetch_layers) {
   // Θ's parameters come in layer order, weight then bias (multitask_mlp registers them so).
   const auto& members = groups_.members.at(0);
   layer_of_.assign(groups_.size(), -1);
@@ -40,8 +43,11 @@ StreamedTrunk::StreamedTrunk(const config::Job& job, ParamGroups& groups, const 
 
 StreamedTrunk::~StreamedTrunk() = default;
 
-void StreamedTrunk::build(comm::Engine& engine, offload::Device* device) {
+void StreamedTrunk::build(comm::Engine& engine, const Schedule& schedule, int rank) {
+  (void)schedule;
+  (void)rank;
   engine_ = &engine;
+  offload::Device* device = shared_device_;
   std::vector<offload::GroupShape> shapes;
   for (size_t l = 0; l < layer_params_.size(); ++l)
     shapes.push_back({static_cast<int>(l) + 1, layer_params_[l].w_numel + layer_params_[l].b_numel, 1});
@@ -137,9 +143,9 @@ size_t StreamedTrunk::offset_in_layer(int p) const {
   return p == l.w ? 0 : l.w_numel;
 }
 
-void StreamedTrunk::start_window(int64_t step, std::optional<AdamSettings> early) {
+void StreamedTrunk::start_window(int64_t step, const WindowSettings& w) {
   step_ = step;
-  early_ = early;
+  early_ = w.update_known ? std::optional<AdamSettings>(w.for_group(0)) : std::nullopt;
   store_->place(step);  // step 0: the device's layers are loaded into their lines
   std::fill(pushed_.begin(), pushed_.end(), 0);
   std::fill(stepped_.begin(), stepped_.end(), 0);
@@ -149,8 +155,8 @@ void StreamedTrunk::start_window(int64_t step, std::optional<AdamSettings> early
   std::fill(written_.begin(), written_.end(), 0);
 }
 
-void StreamedTrunk::start_micro(bool trained) {
-  trained_ = trained;
+void StreamedTrunk::start_micro(const StepPlan& plan) {
+  trained_ = plan.trained[0] != 0 && job_.model.train_shared;
   reached_ = false;
   std::fill(forwards_.begin(), forwards_.end(), 0);
   std::fill(backwards_.begin(), backwards_.end(), 0);
@@ -159,7 +165,7 @@ void StreamedTrunk::start_micro(bool trained) {
 // Pins the layer's slot; `order` false: a prefetch, whose copy runs while queued compute does.
 void StreamedTrunk::hold(int layer, bool order) {
   const auto l = static_cast<size_t>(layer);
-  if (on_device(layer)) return;  // its line, which the compute stream waited for at its load
+  if (layer_on_device(layer)) return;  // its line, which the compute stream waited for at its load
   if (held_[l]) {
     if (order) store_->order_compute(unit(layer));
     return;
@@ -186,7 +192,7 @@ std::pair<torch::Tensor, torch::Tensor> StreamedTrunk::acquire(int layer, bool b
   }
   const Layer& l = layer_params_[static_cast<size_t>(layer)];
   const auto opts = torch::TensorOptions().dtype(torch::kFloat32).device(plane_.device);
-  float* base = on_device(layer) ? store_->cached_params(layer + 1) : slot_[static_cast<size_t>(layer)];
+  float* base = layer_on_device(layer) ? store_->cached_params(layer + 1) : slot_[static_cast<size_t>(layer)];
   return {torch::from_blob(base, groups_[l.w].tensor.sizes(), opts),
           torch::from_blob(base + l.w_numel, groups_[l.b].tensor.sizes(), opts)};
 }
@@ -238,7 +244,7 @@ void StreamedTrunk::commit(int layer) {
 // On GPUs the D2H stream waits for the bucket's allreduce (the host does not) and the copy runs
 // while backward goes on. Where copies are synchronous the push waits for after_reduce: a host
 // wait here, inside the engine's launch, could hold up the collectives other ranks need first.
-void StreamedTrunk::on_bucket_launch(int b, int contributors, comm::Work& work, const float* data) {
+void StreamedTrunk::on_bucket_launch(int b, int contributors, comm::Work& work, float* data) {
   if (contributors == 0) return;  // no rank trained Θ: not stepped, nothing to copy
   void* d2h = store_->d2h_stream();
   if (!d2h) {
@@ -267,7 +273,7 @@ void StreamedTrunk::push_bucket(int b, const float* data, bool trained) {
   for (size_t k = 0; k < bucket.params.size(); ++k) {
     const int p = bucket.params[k];
     const int layer = layer_of_[static_cast<size_t>(p)];
-    if (on_device(layer)) continue;  // its gradient stays in the bucket for the device AdamW
+    if (layer_on_device(layer)) continue;  // its gradient stays in the bucket for the device AdamW
     if (store_->owns(layer + 1))
       store_->push_grad_range(layer + 1, offset_in_layer(p), data + bucket.offsets[k],
                               plan.params[static_cast<size_t>(p)].numel);
@@ -283,7 +289,8 @@ void StreamedTrunk::step_layer(int layer, const offload::AdamHyper& h) {
   stepped_[static_cast<size_t>(layer)] = 1;
 }
 
-void StreamedTrunk::step(const AdamSettings& s) {
+void StreamedTrunk::step(int g, const AdamSettings& s) {
+  (void)g;
   step_on_device(s);
   const int64_t t_us = Timeline::now_us();
   for (int l = 0; l < layers(); ++l)
@@ -299,24 +306,27 @@ void StreamedTrunk::step_on_device(const AdamSettings& s) {
   AdamOperands ops;
   const auto opts = torch::TensorOptions().dtype(torch::kFloat32).device(plane_.device);
   for (int l = 0; l < layers(); ++l) {
-    if (!on_device(l)) continue;
+    if (!layer_on_device(l)) continue;
     const Layer& lp = layer_params_[static_cast<size_t>(l)];
-    for (int p : {lp.w, lp.b}) {
-      const auto sizes = groups_[p].tensor.sizes();
-      const size_t off = offset_in_layer(p);
-      ops.params.push_back(torch::from_blob(store_->cached_params(l + 1) + off, sizes, opts));
-      ops.exp_avg.push_back(torch::from_blob(store_->cached_exp_avg(l + 1) + off, sizes, opts));
-      ops.exp_avg_sq.push_back(torch::from_blob(store_->cached_exp_avg_sq(l + 1) + off, sizes, opts));
-      ops.grads.push_back(torch::from_blob(engine_->grad(p), sizes, opts));
+    const LineTensors& line = line_views_->of(l + 1, {lp.w, lp.b}, [this](int p) { return offset_in_layer(p); },
+                                              store_->cached_params(l + 1), store_->cached_exp_avg(l + 1),
+                                              store_->cached_exp_avg_sq(l + 1));
+    for (size_t k = 0; k < 2; ++k) {
+      const int p = k == 0 ? lp.w : lp.b;
+      ops.params.push_back(line.params[k]);
+      ops.exp_avg.push_back(line.exp_avg[k]);
+      ops.exp_avg_sq.push_back(line.exp_avg_sq[k]);
+      ops.grads.push_back(torch::from_blob(engine_->grad(p), groups_[p].tensor.sizes(), opts));
     }
   }
-  plane_.on_compute_stream([&] { adam_group(ops.params, ops.grads, ops.exp_avg, ops.exp_avg_sq, s); });
+  adam_.step(ops, s, /*clip_norm=*/0);  // as the CPU AdamW of the streamed layers: no clipping of Θ here
   for (int l = 0; l < layers(); ++l)
-    if (on_device(l)) step_layer(l, to_hyper(s));  // counts the update
+    if (layer_on_device(l)) step_layer(l, to_hyper(s));  // counts the update
   if (timeline_) timeline_->record(Lane::compute, "adam Θ (device layers)", t_us, Timeline::now_us() - t_us);
 }
 
-void StreamedTrunk::skip() {
+void StreamedTrunk::skip(int g) {
+  (void)g;
   for (int l = 1; l <= layers(); ++l) store_->discard_pushes(l);
 }
 
@@ -325,14 +335,18 @@ void StreamedTrunk::release_step(int64_t step) {
   std::fill(held_.begin(), held_.end(), 0);
 }
 
-StoreStepStats StreamedTrunk::step_stats() { return step_stats_since(store_->stats(), last_stats_); }
+void StreamedTrunk::add_stats(StepRecord& rec) {
+  rec.theta = traffic_since(store_->stats(), last_stats_);
+  rec.theta_device_slot_bytes = static_cast<int64_t>(device_bytes());
+}
 
-size_t StreamedTrunk::device_slot_bytes() const {
+size_t StreamedTrunk::device_bytes() const {
   const offload::StoreStats st = store_->stats();
   return st.device_slot_bytes + st.cache_line_bytes;
 }
 
-GroupState StreamedTrunk::state() {
+GroupState StreamedTrunk::state(int g) {
+  (void)g;
   const int64_t n = groups_.numel(0);
   std::vector<torch::Tensor> flat;
   for (int i = 0; i < 3; ++i) flat.push_back(torch::empty({n}, torch::kFloat32));
@@ -344,7 +358,8 @@ GroupState StreamedTrunk::state() {
   return group_state_of_flat(groups_, 0, flat);
 }
 
-void StreamedTrunk::restore(const GroupState& st) {
+void StreamedTrunk::restore(int g, const GroupState& st) {
+  (void)g;
   const auto& members = groups_.members[0];
   for (const Layer& l : layer_params_) {
     std::vector<torch::Tensor> fp, fm, fv;
@@ -360,7 +375,7 @@ void StreamedTrunk::restore(const GroupState& st) {
   }
 }
 
-const float* StreamedTrunk::values(int p) {
+const float* StreamedTrunk::host_values(int p) {
   return store_->group_params(layer_of_.at(static_cast<size_t>(p)) + 1) + offset_in_layer(p);
 }
 

@@ -29,17 +29,23 @@
 #include "daemon/device/data_plane.hpp"
 #include "daemon/models/param_groups.hpp"
 #include "daemon/models/trunk_layer.hpp"
+#include "daemon/homes/group_home.hpp"
+#include "daemon/homes/store_home.hpp"
+#include "daemon/optim/device_adam.hpp"
 #include "daemon/optim/optimizer.hpp"
-#include "daemon/store_bridge/store_bridge.hpp"
+#include "daemon/homes/store_home.hpp"
 #include "offload/device.hpp"
 #include "offload/param_store.hpp"
 
 namespace thetad::daemon {
 
-class StreamedTrunk final : public LayerWeights {
+class LineViews;
+
+class StreamedTrunk final : public GroupHome, public LayerWeights {
  public:
   // Θ must be the trunk layers trunk.<i>.weight, trunk.<i>.bias (multitask_mlp; validate checks).
-  StreamedTrunk(const config::Job& job, ParamGroups& groups, const DataPlane& plane, Timeline* timeline);
+  StreamedTrunk(const config::Job& job, ParamGroups& groups, const DataPlane& plane, DeviceAdam& adam,
+                Timeline* timeline);
   ~StreamedTrunk() override;
   StreamedTrunk(const StreamedTrunk&) = delete;
   StreamedTrunk& operator=(const StreamedTrunk&) = delete;
@@ -50,20 +56,29 @@ class StreamedTrunk final : public LayerWeights {
   size_t device_cache_bytes() const;
   // How many of the lowest layers stay on the device (offload.shared_device_layers, auto resolved).
   int64_t device_layers() const;
-  // Builds the store (collective over the host's ranks) on `device` (the θ[t] store's, so that
-  // both share the H2D and D2H streams) or, when null, a device of its own; each layer's owner
-  // writes its values into the arena from the model's tensors, which then become placeholders.
-  void build(comm::Engine& engine, offload::Device* device);
+  const char* kind() const override { return "streamed trunk"; }
+  // Θ keeps its resident buckets (copied into on a window's first backward: overwrite).
+  comm::GradMemory grad_memory(int g) const override {
+    (void)g;
+    return comm::GradMemory::overwrite;
+  }
+  // The θ[t] store's device, so that both stores share the H2D and D2H streams (before build).
+  void share_device(offload::Device* device) { shared_device_ = device; }
+  // Builds the store (collective over the host's ranks) on the shared device or, without one, a
+  // device of its own; each layer's owner writes its values into the arena from the model's
+  // tensors, which then become placeholders.
+  void build(comm::Engine& engine, const Schedule& schedule, int rank) override;
 
-  // Start of optimizer step `step` (its window) and of each micro-step's forward (`trained`:
-  // Θ gets gradients in this micro-step). `early`: the step's settings for Θ where they cannot
-  // change after backward (no skip_step, no clipping): each layer's CPU AdamW is then submitted
-  // as soon as its reduced gradient is pushed, during backward, instead of after it.
-  void start_window(int64_t step, std::optional<AdamSettings> early);
-  void start_micro(bool trained);
-  // Whether this micro-step's forward ran the trunk with gradients for Θ (the loss reaches Θ:
-  // comm.active discover, where the placeholders are not in the graph).
-  bool reached() const { return reached_; }
+  // Start of optimizer step `step` (its window) and of each micro-step's forward. Where the
+  // step's update is known before backward (no skip_step, no clipping), each layer's CPU AdamW
+  // is submitted as soon as its reduced gradient is pushed, during backward, instead of after.
+  void start_window(int64_t step, const WindowSettings& w) override;
+  void start_micro(const StepPlan& plan) override;
+  // comm.active: discover: the trunk ran with gradients for Θ in this micro-step's forward (its
+  // placeholders are not in the graph).
+  void add_reached(std::vector<uint8_t>& found) const override {
+    if (reached_) found[0] = 1;
+  }
 
   // LayerWeights (the trunk layer function, forward and backward).
   std::pair<torch::Tensor, torch::Tensor> acquire(int layer, bool backward) override;
@@ -76,23 +91,27 @@ class StreamedTrunk final : public LayerWeights {
 
   // From the engine's launch of one of Θ's buckets: its reduced values go to the layers' owners'
   // landing areas on the D2H stream once the allreduce is done.
-  void on_bucket_launch(int b, int contributors, comm::Work& work, const float* data);
+  void on_bucket_launch(int b, int contributors, comm::Work& work, float* data) override;
   // After finish_backward: the pushes that waited for the buckets (synchronous copies).
-  void after_reduce();
+  void after_reduce() override;
   // Every rank, in a step where Θ was trained: every layer not stepped early is stepped (the
   // device's layers by the device AdamW; the others by their owners' CPU AdamW).
-  void step(const AdamSettings& s);
+  void step(int g, const AdamSettings& s) override;
   // A step where Θ is not updated: the pushed copies are forgotten.
-  void skip();
-  void release_step(int64_t step);
+  void skip(int g) override;
+  void release_step(int64_t step) override;
 
-  StoreStepStats step_stats();
-  size_t device_slot_bytes() const;
+  size_t device_bytes() const override;
+  void add_stats(StepRecord& rec) override;
   // Checkpoints, resume and the hash: Θ in group 0's flat layout (layers concatenated).
-  GroupState state();
-  void restore(const GroupState& st);
+  GroupState state(int g) override;
+  void restore(int g, const GroupState& st) override;
+  bool on_device(int g) const override {
+    (void)g;
+    return false;
+  }
   // Parameter p's (of group 0) current values in the arena, read-only (see ParamStore::group_params).
-  const float* values(int p);
+  const float* host_values(int p) override;
 
  private:
   struct Layer {
@@ -100,7 +119,7 @@ class StreamedTrunk final : public LayerWeights {
     size_t w_numel = 0, b_numel = 0;
   };
   int unit(int layer) const { return store_->units_of(layer + 1).at(0); }
-  bool on_device(int layer) const { return store_->cached(layer + 1); }
+  bool layer_on_device(int layer) const { return store_->cached(layer + 1); }
   size_t offset_in_layer(int p) const;
   size_t line_bytes() const;  // one device layer's values and Adam moments (the largest layer's)
   void hold(int layer, bool order);
@@ -112,9 +131,12 @@ class StreamedTrunk final : public LayerWeights {
   const config::Job& job_;
   ParamGroups& groups_;
   const DataPlane& plane_;
+  DeviceAdam& adam_;
   Timeline* timeline_;
   comm::Engine* engine_ = nullptr;
+  offload::Device* shared_device_ = nullptr;
   std::unique_ptr<offload::Device> own_device_;
+  std::unique_ptr<LineViews> line_views_;  // the device layers' lines, as tensors
   std::unique_ptr<offload::ParamStore> store_;
   std::vector<Layer> layer_params_;
   std::vector<int> layer_of_;        // per parameter: its trunk layer (-1: not Θ)

@@ -3,7 +3,7 @@
 // accumulate shard by shard in tensors of their own over an optimizer window; in its last
 // micro-step each one is handed over (to the engine, which reduces it and copies it to the
 // host) as soon as backward has queued it, so the whole gradient never exists on the device.
-// Included by store_bridge.cpp only.
+// Included by store_home.cpp only.
 #pragma once
 
 #include <torch/torch.h>

@@ -1,0 +1,176 @@
+// The group -> home table (see homes.hpp).
+#include "daemon/homes/homes.hpp"
+
+#include <algorithm>
+#include <iomanip>
+#include <string>
+
+#include "common/errors.hpp"
+#include "common/log.hpp"
+#include "common/stopwatch.hpp"
+#include "daemon/homes/resident_home.hpp"
+#include "daemon/homes/store_home.hpp"
+#include "daemon/homes/streamed_trunk.hpp"
+
+namespace thetad::daemon {
+
+Homes::Homes(const config::Job& job, TaskModel& model, ParamGroups& groups, const DataPlane& plane,
+             Timeline* timeline)
+    : job_(job), model_(model), groups_(groups), plane_(plane), timeline_(timeline), adam_(plane, job.optimizer) {
+  auto resident = std::make_unique<ResidentHome>(job, model, groups, plane, adam_, timeline);
+  GroupHome* const on_device = resident.get();
+  home_of_.assign(static_cast<size_t>(groups.num_groups()), on_device);
+  homes_.push_back(std::move(resident));
+  if (job.offload.enabled) {  // θ[t] in the host store
+    auto store = std::make_unique<StoreHome>(job, model, groups, plane, adam_, timeline);
+    store_ = store.get();
+    for (int g = 1; g < groups.num_groups(); ++g) home_of_[static_cast<size_t>(g)] = store_;
+    homes_.push_back(std::move(store));
+  }
+  if (job.offload.shared == config::SharedMode::Stream) {  // Θ in a host store of its own
+    auto trunk = std::make_unique<StreamedTrunk>(job, groups, plane, adam_, timeline);
+    trunk_ = trunk.get();
+    home_of_[0] = trunk_;
+    homes_.push_back(std::move(trunk));
+  }
+  group_steps_.assign(static_cast<size_t>(groups.num_groups()), 0);
+  find_in_use();
+  // A model with groups in a host store was built on the host; the resident ones move to the
+  // device (the stores take the others from the host).
+  if (plane.device.is_cpu() || homes_.size() == 1) return;
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < groups.size(); ++i) {
+    auto& np = groups[static_cast<int>(i)];
+    if (&of(np.group) == on_device) np.tensor.set_data(np.tensor.detach().to(plane.device));
+  }
+}
+
+Homes::~Homes() = default;
+
+torch::Device Homes::model_device(const config::Job& job, const DataPlane& plane) {
+  const bool host_store = job.offload.enabled || job.offload.shared == config::SharedMode::Stream;
+  return host_store ? torch::Device(torch::kCPU) : plane.device;
+}
+
+void Homes::place(int g, std::unique_ptr<GroupHome> home) {
+  THETAD_CHECK(engine_ == nullptr, InternalError, "Homes::place after set-up");
+  home_of_.at(static_cast<size_t>(g)) = home.get();
+  homes_.push_back(std::move(home));
+  find_in_use();
+}
+
+void Homes::find_in_use() {
+  in_use_.clear();
+  for (const auto& h : homes_) {
+    std::vector<int> held;
+    for (int g = 0; g < num_groups(); ++g)
+      if (home_of_[static_cast<size_t>(g)] == h.get()) held.push_back(g);
+    if (!held.empty()) in_use_.push_back(h.get());
+    h->hold(std::move(held));
+  }
+}
+
+std::vector<comm::GradMemory> Homes::grad_memory() const {
+  std::vector<comm::GradMemory> modes;
+  for (int g = 0; g < num_groups(); ++g) modes.push_back(of(g).grad_memory(g));
+  return modes;
+}
+
+// A group that never has a gradient (GradMemory::none: a frozen base) is planned with no
+// elements: no bucket, no gradient memory, no launch and no bytes, even with prune off.
+std::vector<comm::ParamInfo> Homes::plan_params() const {
+  const std::vector<comm::GradMemory> modes = grad_memory();
+  std::vector<comm::ParamInfo> infos;
+  for (size_t i = 0; i < groups_.size(); ++i) {
+    const NamedParam& p = groups_[static_cast<int>(i)];
+    const bool none = modes[static_cast<size_t>(p.group)] == comm::GradMemory::none;
+    infos.push_back({p.name, none ? size_t{0} : static_cast<size_t>(p.tensor.numel()), p.group});
+  }
+  for (GroupHome* h : in_use_) h->plan_params(infos);
+  return infos;
+}
+
+// Each launched bucket goes straight to its group's home (the engine's lock held).
+void Homes::engine_options(comm::EngineOptions& o) {
+  o.grad_memory = grad_memory();
+  o.on_launch = [this](int b, int contributors, comm::Work& work, float* data) {
+    if (timeline_) timeline_->record(Lane::comm, "launch bucket " + std::to_string(b), Timeline::now_us(), 0);
+    of(engine_->plan().buckets[static_cast<size_t>(b)].group).on_bucket_launch(b, contributors, work, data);
+  };
+  for (GroupHome* h : in_use_) h->engine_options(o);
+}
+
+// The stores are built in order (θ[t]'s first: Θ's device layers are allocated after it, and
+// Θ's store shares its device, so that both use the same H2D and D2H streams).
+void Homes::build(comm::Engine& engine, const Schedule& schedule, int rank) {
+  engine_ = &engine;
+  for (GroupHome* h : in_use_) {
+    if (h == trunk_) trunk_->share_device(store_ ? store_->device() : nullptr);
+    const auto t0 = SteadyClock::now();
+    h->build(engine, schedule, rank);
+    if (h == trunk_) model_.set_layer_weights(trunk_);
+    if (h == store_) {
+      THETAD_LOG(info, "offload") << "host store ready in " << std::fixed << std::setprecision(2)
+                                  << ms_since(t0) / 1000 << " s";
+    }
+  }
+}
+
+void Homes::start_window(int64_t step, const AdamSettings& settings) {
+  window_.adam = settings;
+  window_.group_steps = &group_steps_;
+  window_.update_known = job_.train.on_nonfinite != config::NonFinite::SkipStep && job_.optimizer.clip_norm <= 0;
+  for (GroupHome* h : in_use_) h->start_window(step, window_);
+}
+
+void Homes::start_micro(const StepPlan& plan) {
+  for (GroupHome* h : in_use_) h->start_micro(plan);
+}
+
+void Homes::add_reached(std::vector<uint8_t>& found) const {
+  for (GroupHome* h : in_use_) h->add_reached(found);
+}
+
+void Homes::before_backward(bool last, const StepPlan& plan) {
+  for (GroupHome* h : in_use_) h->before_backward(last, plan);
+}
+
+void Homes::after_backward(bool last) {
+  for (GroupHome* h : in_use_) h->after_backward(last);
+}
+
+void Homes::after_reduce() {
+  for (GroupHome* h : in_use_) h->after_reduce();
+}
+
+// Lazy: a group no rank used this step is not stepped at all (its step count stays).
+void Homes::step(const std::vector<int>& contributors, const AdamSettings& settings, bool skip) {
+  torch::NoGradGuard no_grad;
+  adam_.join();  // the buckets stepped as they landed come first
+  for (int g = 0; g < num_groups(); ++g) {
+    const auto gi = static_cast<size_t>(g);
+    if (contributors[gi] == 0 || skip) {
+      of(g).skip(g);
+      continue;
+    }
+    AdamSettings s = settings;
+    s.step = ++group_steps_[gi];
+    of(g).step(g, s);
+  }
+}
+
+void Homes::release_step(int64_t step) {
+  for (GroupHome* h : in_use_) h->release_step(step);
+}
+
+size_t Homes::device_bytes() const {
+  size_t bytes = 0;
+  for (GroupHome* h : in_use_) bytes += h->device_bytes();
+  return bytes;
+}
+
+void Homes::add_stats(StepRecord& rec) {
+  for (GroupHome* h : in_use_) h->add_stats(rec);
+}
+
+}  // namespace thetad::daemon

@@ -1,0 +1,123 @@
+// The device-resident groups (see resident_home.hpp).
+#include "daemon/homes/resident_home.hpp"
+
+#include <string>
+
+#include "common/errors.hpp"
+
+namespace thetad::daemon {
+
+ResidentHome::ResidentHome(const config::Job& job, const TaskModel& model, ParamGroups& groups,
+                           const DataPlane& plane, DeviceAdam& adam, Timeline* timeline)
+    : job_(job), model_(model), groups_(groups), plane_(plane), adam_(adam), timeline_(timeline) {
+  exp_avg_.resize(groups_.size());
+  exp_avg_sq_.resize(groups_.size());
+}
+
+// A frozen base (model.train_shared: false) never has a gradient: no bucket, no .grad view, no
+// moments. Row-chunked groups add rows into their .grad: buckets of their own (owned). Θ takes
+// its first gradient of a window by copy (overwrite: no memset per step). θ[t] take theirs in
+// buffers of a pool bound per window to the groups in use (pooled): gradient memory follows the
+// groups one step uses, not T, as a plain loop's does with grads set to None.
+comm::GradMemory ResidentHome::grad_memory(int g) const {
+  if (g == 0 && !job_.model.train_shared) return comm::GradMemory::none;
+  if (model_.row_chunked(g)) return comm::GradMemory::owned;
+  return g == 0 ? comm::GradMemory::overwrite : comm::GradMemory::pooled;
+}
+
+void ResidentHome::build(comm::Engine& engine, const Schedule& schedule, int rank) {
+  engine_ = &engine;
+  schedule_ = &schedule;
+  rank_ = rank;
+  bucket_stepped_.assign(engine.plan().buckets.size(), 0);
+}
+
+// The pooled groups this rank uses in the window get their .grad in the pool buffer bound to
+// them now (zeroed: autograd's first gradient adds into it, 0 + g = g).
+void ResidentHome::start_window(int64_t step, const WindowSettings& w) {
+  window_ = &w;
+  std::fill(bucket_stepped_.begin(), bucket_stepped_.end(), 0);
+  const std::vector<uint8_t> used = schedule_->window_task_groups(step, job_.accumulate_steps, rank_);
+  const auto opts = torch::TensorOptions().dtype(torch::kFloat32).device(plane_.device);
+  for (int g : held()) {
+    if (!used[static_cast<size_t>(g)] || grad_memory(g) != comm::GradMemory::pooled) continue;
+    for (int p : groups_.members[static_cast<size_t>(g)])
+      groups_[p].tensor.mutable_grad() = torch::from_blob(engine_->grad(p), groups_[p].tensor.sizes(), opts);
+  }
+}
+
+// Parameter p's operands: its values, its gradient at `grad`, its moments (zeros at its first
+// update: the same bits as moments held from the start).
+void ResidentHome::add_operands(int p, float* grad, AdamOperands& ops) {
+  const auto i = static_cast<size_t>(p);
+  const NamedParam& np = groups_[p];
+  if (!exp_avg_[i].defined()) {
+    exp_avg_[i] = torch::zeros_like(np.tensor, torch::MemoryFormat::Contiguous);
+    exp_avg_sq_[i] = torch::zeros_like(np.tensor, torch::MemoryFormat::Contiguous);
+  }
+  ops.params.push_back(np.tensor);
+  ops.grads.push_back(torch::from_blob(grad, np.tensor.sizes(),
+                                       torch::TensorOptions().dtype(torch::kFloat32).device(plane_.device)));
+  ops.exp_avg.push_back(exp_avg_[i]);
+  ops.exp_avg_sq.push_back(exp_avg_sq_[i]);
+}
+
+// optimizer.overlap: the bucket's parameters are stepped on the side stream once its allreduce
+// lands, where nothing after backward can change the update and some rank used the group
+// (unknown counts, -1: the whole group after backward).
+void ResidentHome::on_bucket_launch(int b, int contributors, comm::Work& work, float* data) {
+  if (!adam_.overlap() || !window_->update_known || contributors <= 0) return;
+  const comm::Bucket& bucket = engine_->plan().buckets[static_cast<size_t>(b)];
+  adam_.step_after(work, window_->for_group(bucket.group), [&](AdamOperands& ops) {
+    for (size_t k = 0; k < bucket.params.size(); ++k)  // on the side stream: first moments too
+      add_operands(bucket.params[k], data + bucket.offsets[k], ops);
+  });
+  bucket_stepped_[static_cast<size_t>(b)] = 1;
+}
+
+void ResidentHome::step(int g, const AdamSettings& s) {
+  if (grad_memory(g) == comm::GradMemory::none) return;  // never a gradient: never updated
+  const int64_t t_us = Timeline::now_us();
+  AdamOperands ops;
+  const auto& param_bucket = engine_->plan().param_bucket;
+  for (int p : groups_.members[static_cast<size_t>(g)])
+    if (!bucket_stepped_[static_cast<size_t>(param_bucket[static_cast<size_t>(p)])]) add_operands(p, engine_->grad(p), ops);
+  if (ops.params.empty()) return;
+  adam_.step(ops, s, job_.optimizer.clip_norm);
+  if (timeline_)
+    timeline_->record(Lane::compute, g == 0 ? "adam Θ" : "adam θ[" + std::to_string(g - 1) + "]", t_us,
+                      Timeline::now_us() - t_us);
+}
+
+GroupState ResidentHome::state(int g) {
+  GroupState st;
+  st.group = g;
+  for (int p : groups_.members[static_cast<size_t>(g)]) {
+    const auto i = static_cast<size_t>(p);
+    st.names.push_back(groups_[p].name);
+    st.params.push_back(groups_[p].tensor);
+    // A group never updated (a frozen base, a task not trained yet) has no moments: zeros.
+    const bool has = exp_avg_[i].defined();
+    st.exp_avg.push_back(has ? exp_avg_[i] : torch::zeros_like(groups_[p].tensor));
+    st.exp_avg_sq.push_back(has ? exp_avg_sq_[i] : torch::zeros_like(groups_[p].tensor));
+  }
+  return st;
+}
+
+void ResidentHome::restore(int g, const GroupState& st) {
+  torch::NoGradGuard no_grad;
+  const auto& members = groups_.members[static_cast<size_t>(g)];
+  for (size_t k = 0; k < members.size(); ++k) {
+    const auto i = static_cast<size_t>(members[k]);
+    groups_[members[k]].tensor.copy_(st.params[k]);
+    if (st.steps == 0 && !exp_avg_[i].defined()) continue;  // never updated: no moments yet
+    if (!exp_avg_[i].defined()) {
+      exp_avg_[i] = torch::zeros_like(groups_[members[k]].tensor, torch::MemoryFormat::Contiguous);
+      exp_avg_sq_[i] = torch::zeros_like(groups_[members[k]].tensor, torch::MemoryFormat::Contiguous);
+    }
+    exp_avg_[i].copy_(st.exp_avg[k]);
+    exp_avg_sq_[i].copy_(st.exp_avg_sq[k]);
+  }
+}
+
+}  // namespace thetad::daemon

@@ -1,0 +1,55 @@
+// The home of the groups that live on the device for the whole run (Θ always, unless streamed;
+// θ[t] without the host store): their values are the model's tensors, their gradients the
+// engine's buckets, their Adam moments device tensors created at a group's first update (as
+// torch.optim does: a group never trained holds none), stepped by the device AdamW, bucket by
+// bucket as allreduces land where optimizer.overlap allows.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <vector>
+
+#include "config/job.hpp"
+#include "daemon/core/timeline.hpp"
+#include "daemon/device/data_plane.hpp"
+#include "daemon/homes/group_home.hpp"
+#include "daemon/models/model.hpp"
+#include "daemon/optim/device_adam.hpp"
+
+namespace thetad::daemon {
+
+class ResidentHome final : public GroupHome {
+ public:
+  ResidentHome(const config::Job& job, const TaskModel& model, ParamGroups& groups, const DataPlane& plane,
+               DeviceAdam& adam, Timeline* timeline);
+  const char* kind() const override { return "resident"; }
+
+  comm::GradMemory grad_memory(int g) const override;
+  void build(comm::Engine& engine, const Schedule& schedule, int rank) override;
+  void start_window(int64_t step, const WindowSettings& w) override;
+  void on_bucket_launch(int b, int contributors, comm::Work& work, float* data) override;
+  void step(int g, const AdamSettings& s) override;
+  GroupState state(int g) override;
+  void restore(int g, const GroupState& st) override;
+  bool on_device(int g) const override {
+    (void)g;
+    return true;
+  }
+
+ private:
+  void add_operands(int p, float* grad, AdamOperands& ops);
+  const config::Job& job_;
+  const TaskModel& model_;
+  ParamGroups& groups_;
+  const DataPlane& plane_;
+  DeviceAdam& adam_;
+  Timeline* timeline_;
+  comm::Engine* engine_ = nullptr;
+  const Schedule* schedule_ = nullptr;
+  int rank_ = 0;
+  const WindowSettings* window_ = nullptr;
+  std::vector<torch::Tensor> exp_avg_, exp_avg_sq_;  // per parameter: created at its first update
+  std::vector<uint8_t> bucket_stepped_;              // per bucket, this window
+};
+
+}  // namespace thetad::daemon
