@@ -163,8 +163,8 @@ RunResult train(const off::StoreOptions& opts, off::Device& device, const Mover&
   off::ParamStore store(opts, groups, device,
                         [&](int64_t s) { return schedule(rank, s, world); });
   RunResult res;
-  res.slots = static_cast<size_t>(store.slots());
-  res.slot_bytes = store.slot_bytes();
+  res.slots = static_cast<size_t>(store.plan().slots);
+  res.slot_bytes = store.plan().slot_bytes;
   res.active_count.assign(kTasks + 1, 0);
 
   // Direct update state, per group id.
@@ -193,8 +193,8 @@ RunResult train(const off::StoreOptions& opts, off::Device& device, const Mover&
     std::vector<std::vector<float>> grads(kTasks + 1);
     for (int g : used) {
       grads[g].assign(rp[g].size(), 0.f);
-      for (int u : store.units_of(g)) {
-        const off::UnitInfo& info = store.unit(u);
+      for (int u : store.plan().units_of(g)) {
+        const off::UnitInfo& info = store.plan().unit(u);
         const float* dev = store.acquire(u, s);
         mover.to_host(host.data(), dev, info.numel * sizeof(float));
         want.resize(info.numel);
@@ -202,7 +202,7 @@ RunResult train(const off::StoreOptions& opts, off::Device& device, const Mover&
         if (std::memcmp(host.data(), want.data(), info.numel * sizeof(float)) != 0) ++res.mismatched_acquires;
         for (size_t i = 0; i < info.numel; ++i)
           grads[g][info.offset + i] = local_grad(host[i], info.offset + i, rank, s);
-        if (store.units_of(g).size() > 1) store.release(u);  // shard loop: next shard may reuse
+        if (store.plan().units_of(g).size() > 1) store.release(u);  // shard loop: next shard may reuse
       }
     }
     store.prefetch_for(s);
@@ -238,8 +238,8 @@ RunResult train(const off::StoreOptions& opts, off::Device& device, const Mover&
       }
       const off::AdamHyper h = hyper(static_cast<int64_t>(++res.active_count[g]));
       mover.to_device(device_grad_buf, reduced.data(), n * sizeof(float));
-      for (int u : store.units_of(g))
-        store.push_grad(u, static_cast<float*>(device_grad_buf) + store.unit(u).offset);
+      for (int u : store.plan().units_of(g))
+        store.push_grad(u, static_cast<float*>(device_grad_buf) + store.plan().unit(u).offset);
       store.step_group(g, h);
       off::adam_step(rp[g].data(), ref.data(), rm[g].data(), rv[g].data(), n, h);
       // The test reuses one gradient buffer; a real caller would not wait here.
@@ -485,7 +485,7 @@ TEST(StoreWithinStep, PrefetchDoesNotOrderComputeUntilAsked) {
   store.init_all([](int g, float* dst) {
     for (int i = 0; i < (g == 1 ? 10 : 20); ++i) dst[i] = float(g * 100 + i);
   });
-  const int u1 = store.units_of(1).at(0), u2 = store.units_of(2).at(0);
+  const int u1 = store.plan().units_of(1).at(0), u2 = store.plan().units_of(2).at(0);
   const float* a = store.acquire(u1, 0);  // ordered: compute waits for its copy
   ASSERT_EQ(dev.waits.size(), 1u);
   EXPECT_EQ(dev.waits.back(), dev.last_copy);
@@ -525,10 +525,10 @@ TEST(StoreHeldGroups, AGroupNotHeldHasNoArenaMemory) {
     for (int i = 0; i < 1000; ++i) dst[i] = float(i);
   });
   EXPECT_EQ(filled, std::vector<int>(store.arena().is_owner(0) ? 1 : 0, 1));
-  const float* a = store.acquire(store.units_of(1).at(0), 0);
+  const float* a = store.acquire(store.plan().units_of(1).at(0), 0);
   EXPECT_EQ(a[7], 7.f);
   store.release_step(0);
-  EXPECT_THROW(store.acquire(store.units_of(2).at(0), 1), thetad::InternalError);
+  EXPECT_THROW(store.acquire(store.plan().units_of(2).at(0), 1), thetad::InternalError);
   std::vector<float> out(3000);
   EXPECT_THROW(store.read_group(2, out.data(), nullptr, nullptr), thetad::InternalError);
   MPI_Barrier(MPI_COMM_WORLD);
@@ -543,18 +543,18 @@ TEST(StoreDeviceCache, SizedAfterTheFirstStep) {
   o.prefetch = 0;
   const auto every = [](int64_t) { return std::vector<int>{1, 2}; };
   off::ParamStore store(o, {{1, 10, 1}, {2, 20, 1}}, dev, every, MPI_COMM_WORLD, every);
-  EXPECT_EQ(store.cache_lines(), 0);
+  EXPECT_EQ(store.cache().cache_lines(), 0);
   store.init_all([](int g, float* dst) {
     for (int i = 0; i < (g == 1 ? 10 : 20); ++i) dst[i] = float(g * 100 + i);
   });
-  store.size_cache(2 * 3 * 20 * sizeof(float));  // two lines of the larger group (params, m, v)
-  EXPECT_EQ(store.cache_lines(), 2);
+  store.cache().size_cache(2 * 3 * 20 * sizeof(float));  // two lines of the larger group (params, m, v)
+  EXPECT_EQ(store.cache().cache_lines(), 2);
   store.place(0);
-  ASSERT_TRUE(store.cached(1));
-  ASSERT_TRUE(store.cached(2));
-  EXPECT_EQ(store.cached_params(1)[3], 103.f);
-  EXPECT_EQ(store.cached_params(2)[19], 219.f);
-  EXPECT_THROW(store.size_cache(store.cache_line_bytes()), thetad::InternalError);
+  ASSERT_TRUE(store.cache().cached(1));
+  ASSERT_TRUE(store.cache().cached(2));
+  EXPECT_EQ(store.cache().cached_params(1)[3], 103.f);
+  EXPECT_EQ(store.cache().cached_params(2)[19], 219.f);
+  EXPECT_THROW(store.cache().size_cache(store.cache().cache_line_bytes()), thetad::InternalError);
   MPI_Barrier(MPI_COMM_WORLD);
 }
 
