@@ -37,8 +37,19 @@ ParamStore::ParamStore(const StoreOptions& opts, std::vector<GroupShape> groups,
                        Schedule groups_needed_at, MPI_Comm comm, Schedule groups_used_at)
     : core_(opts, groups, device, comm), schedule_(std::move(groups_needed_at)), slots_(core_.plan.slots) {
   THETAD_CHECK(schedule_ != nullptr, InternalError, "ParamStore needs a schedule");
-  alloc_slots();
-  lines_ = std::make_unique<CacheLines>(core_, std::move(groups_used_at));
+  try {
+    alloc_slots();
+    lines_ = std::make_unique<CacheLines>(core_, std::move(groups_used_at));
+  } catch (const CommError&) {
+    // A rank that never came to an agreement (TimeoutError) or failed in it: the job is on its
+    // way out (exit 3), and the arena's collective free would wait for that rank forever.
+    free_slots();
+    HostArena::abandon_on_destruction();
+    throw;
+  } catch (...) {  // no destructor runs
+    free_slots();
+    throw;
+  }
   const size_t units = core_.plan.units.size();
   slot_free_.resize(slot_mem_.size());
   version_.assign(units, kNoCopy);
@@ -68,13 +79,17 @@ void ParamStore::alloc_slots() {
         slot_stage_.push_back(core_.device.alloc(core_.plan.slot_bytes / 2 + sizeof(uint16_t)));
     }
   } catch (...) {
-    for (void* p : slot_mem_) core_.device.free(p);
-    for (void* p : slot_stage_) core_.device.free(p);
-    slot_mem_.clear();
-    slot_stage_.clear();
+    free_slots();
     error = std::current_exception();
   }
   core_.plane.agree(error, {"offload: the agreement on the device slots"});
+}
+
+void ParamStore::free_slots() noexcept {
+  for (void* p : slot_mem_) core_.device.free(p);
+  for (void* p : slot_stage_) core_.device.free(p);
+  slot_mem_.clear();
+  slot_stage_.clear();
 }
 
 ParamStore::~ParamStore() {
@@ -104,8 +119,7 @@ ParamStore::~ParamStore() {
     }
   }
   lines_.reset();  // waits for the lines' copies
-  for (void* p : slot_mem_) core_.device.free(p);
-  for (void* p : slot_stage_) core_.device.free(p);
+  free_slots();
   // core_'s arena (collective MPI_Win_free) goes with the members.
 }
 

@@ -57,7 +57,9 @@ class ParamStore {
   using Schedule = std::function<std::vector<int>(int64_t step)>;
 
   // Throws ConfigError for bad settings (slots < 1, a unit larger than the budget without
-  // sharding, a row larger than the shard size, an arena over the host limit or memory).
+  // sharding, a row larger than the shard size, an arena over the host limit or memory), and
+  // TimeoutError naming the agreement a rank of `comm` never came to (comm.timeout_s: the
+  // arena is then left to the process's exit, HostArena::abandon_on_destruction).
   // comm: the ranks of the job; the node's ranks are found by comm::split_node.
   // groups_used_at: every rank's groups at a step (the device cache's placement; null: no cache).
   ParamStore(const StoreOptions& opts, std::vector<GroupShape> groups, Device& device,
@@ -158,6 +160,7 @@ class ParamStore {
   void begin_step(int64_t step);
   void copy_in(int unit, int slot);
   void alloc_slots();
+  void free_slots() noexcept;
   void push(size_t gi, size_t offset, const float* src, size_t numel, const Fence& after);
 
   StoreCore core_;  // first built, last gone: the arena and the update queue

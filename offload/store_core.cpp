@@ -24,7 +24,6 @@ StoreCore::StoreCore(const StoreOptions& options, const std::vector<GroupShape>&
     : opts(checked(options)),
       device(dev),
       plan(plan_store(groups, {options.shard_bytes, options.device_slots, options.device_budget_bytes})),
-      job_comm(ranks),
       plane(std::make_shared<comm::MpiCommunicator>(ranks), timeout_of(options.timeout_s)) {
   // Collective from here on; every rank reached it with the same decisions.
   held.assign(plan.index.size(), 0);

@@ -104,8 +104,8 @@ struct StoreCore {
   Device& device;
   StorePlan plan;
   std::vector<uint8_t> held;  // per entry: the arena holds its memory (GroupShape::held)
-  MPI_Comm job_comm;          // the job's ranks (the cache's line count is agreed over them)
-  // The job's ranks: the agreements of every rank (the slots), bounded by timeout_s.
+  // The job's ranks: their agreements (the slots, the cache's lines, the bandwidths), each
+  // bounded by timeout_s and named (TimeoutError: a rank that never arrives).
   comm::ControlPlane plane;
   std::unique_ptr<HostArena> arena;
   std::unique_ptr<UpdateQueue> updates;  // the owner's CPU steps (goes before arena)

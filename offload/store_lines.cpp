@@ -3,12 +3,11 @@
 // state onto the device and flush it back to the host arena.
 #include "offload/store_lines.hpp"
 
-#include <mpi.h>
-
 #include <algorithm>
 
 #include "common/errors.hpp"
 #include "common/log.hpp"
+#include "common/test_hooks.hpp"
 #include "offload/bandwidth_probe.hpp"
 #include "offload/util.hpp"
 
@@ -87,7 +86,16 @@ void CacheLines::alloc() {
     }
   }
   int64_t lines = static_cast<int64_t>(line_mem_.size());
-  if (want > 0) MPI_Allreduce(MPI_IN_PLACE, &lines, 1, MPI_INT64_T, MPI_MIN, core_.job_comm);
+  if (want > 0) {
+    try {
+      test_hooks::stall_at(test_hooks::StallPoint::cache_agreement, core_.plane.rank());
+      lines = core_.plane.min(std::vector<int64_t>{lines}, {"offload: the agreement on the device cache's lines"})[0];
+    } catch (...) {  // a timeout: the lines go with this rank's store (no destructor runs)
+      for (void* p : line_mem_) core_.device.free(p);
+      line_mem_.clear();
+      throw;
+    }
+  }
   while (static_cast<int64_t>(line_mem_.size()) > lines) {
     core_.device.free(line_mem_.back());
     line_mem_.pop_back();
@@ -121,8 +129,8 @@ UpdateBandwidths CacheLines::measure_bandwidths() {
   core_.device.host_wait(core_.last_d2h);  // nor are its copies
   // The last line is a transit line, and no group was streamed before the first choice.
   UpdateBandwidths bw = probe_bandwidths(core_.device, line_mem_.back(), line_numel_);
-  double v[3] = {bw.h2d, bw.d2h, bw.cpu_adam};
-  MPI_Allreduce(MPI_IN_PLACE, v, 3, MPI_DOUBLE, MPI_MIN, core_.job_comm);
+  const std::vector<double> v =
+      core_.plane.min(std::vector<double>{bw.h2d, bw.d2h, bw.cpu_adam}, {"offload: the agreement on the measured bandwidths", core_.now});
   bw = {v[0], v[1], v[2]};
   THETAD_LOG(info, "offload") << "uncached groups (offload.uncached_update: auto), measured at step " << core_.now
                               << " on groups of " << line_numel_ << " parameters: PCIe " << bw.h2d / 1e9
