@@ -13,9 +13,11 @@ namespace thetad::comm {
 std::shared_ptr<Communicator> make_mpi_communicator();
 
 #if THETAD_WITH_CUDA
-// An NCCL communicator on `device` over all ranks of world; rank 0's unique id travels by
-// MPI_Bcast. Collective over world. (comm/nccl/nccl_communicator.cpp)
-std::shared_ptr<Communicator> make_nccl_communicator(int device);
+class ControlPlane;
+// An NCCL communicator on `device` over all ranks of world (`plane` is world's control plane):
+// rank 0's unique id reaches the others through exchange_bootstrap_id (bootstrap.hpp), bounded by
+// the plane's timeout. Collective over world. (comm/nccl/nccl_communicator.cpp)
+std::shared_ptr<Communicator> make_nccl_communicator(int device, ControlPlane& plane);
 #endif
 
 }  // namespace thetad::comm

@@ -5,9 +5,11 @@
 
 #include <cstdlib>
 
+#include "comm/control_plane.hpp"
 #include "comm/node_split.hpp"
 #include "common/errors.hpp"
 #include "common/log.hpp"
+#include "common/test_hooks.hpp"
 
 namespace thetad::comm {
 
@@ -48,6 +50,22 @@ WorldInfo world_info() {
   MPI_CHECK(MPI_Comm_size(local, &w.local_size));
   MPI_CHECK(MPI_Comm_free(&local));
   return w;
+}
+
+std::string exchange_bootstrap_id(ControlPlane& plane, const std::function<std::string()>& make_id, int root) {
+  test_hooks::stall_at(test_hooks::StallPoint::nccl_id_exchange, plane.rank());
+  const CollectiveTag what{"NCCL bootstrap: the unique id exchange"};
+  std::string id;
+  std::exception_ptr error;
+  if (plane.rank() == root) {
+    try {
+      id = make_id();
+    } catch (...) {
+      error = std::current_exception();
+    }
+  }
+  plane.agree(error, what);  // a root that cannot make one fails every rank, not only itself
+  return plane.broadcast(std::move(id), root, what);
 }
 
 void abort_job(int exit_code) {

@@ -1,8 +1,10 @@
-// Process bootstrap over MPI: MPI init/finalize, who we are (rank, local rank for the GPU) and
-// the job-wide abort (agreements among ranks: control_plane.hpp). Includes the communicator
-// factories (backends.hpp) and MPI_CHECK (mpi_check.hpp) for its callers.
+// Process bootstrap over MPI: MPI init/finalize, who we are (rank, local rank for the GPU), the
+// NCCL bootstrap's id exchange and the job-wide abort (agreements among ranks:
+// control_plane.hpp). Includes the communicator factories (backends.hpp) and MPI_CHECK
+// (mpi_check.hpp) for its callers.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -33,6 +35,14 @@ struct WorldInfo {
   int local_size = 1;
 };
 WorldInfo world_info();
+
+class ControlPlane;
+
+// The NCCL bootstrap's id exchange (no NCCL in it: the id is opaque bytes): `make_id` runs on
+// `root`, and its bytes reach every rank of the plane, each step bounded by the plane's timeout
+// (a rank that never arrives: TimeoutError naming "NCCL bootstrap: the unique id exchange"). A
+// failure of make_id reaches every rank as ControlPlane::agree says. Collective over the plane.
+std::string exchange_bootstrap_id(ControlPlane& plane, const std::function<std::string()>& make_id, int root = 0);
 
 // Ends every process of the job with `exit_code` (MPI_Abort on world). For fatal communication
 // failures, where MPI_Finalize could hang on a dead or stalled peer.

@@ -3,6 +3,7 @@
 #include "comm/control_plane.hpp"
 
 #include <algorithm>
+#include <cstring>
 #include <sstream>
 #include <vector>
 
@@ -152,6 +153,45 @@ void ControlPlane::check_consistent(const std::string& what, const std::string& 
 }
 
 void ControlPlane::barrier(const CollectiveTag& what) { comm_->barrier(what)->wait(timeout_); }
+
+std::vector<int64_t> ControlPlane::gather(const std::vector<int64_t>& values, const CollectiveTag& what) {
+  std::vector<int64_t> all(values.size() * static_cast<size_t>(size()));
+  if (!values.empty()) comm_->allgather(values.data(), all.data(), values.size(), DType::i64, what)->wait(timeout_);
+  return all;
+}
+
+// The values travel as 64-bit words (a double's bits), so one allgather serves both types.
+template <typename T, typename Pick>
+std::vector<T> ControlPlane::reduce(std::vector<T> values, const CollectiveTag& what, Pick pick) {
+  static_assert(sizeof(T) == sizeof(int64_t), "64-bit values only");
+  std::vector<int64_t> words(values.size());
+  if (!values.empty()) std::memcpy(words.data(), values.data(), values.size() * sizeof(T));
+  const std::vector<int64_t> all = gather(words, what);
+  for (size_t r = 0; r < static_cast<size_t>(size()); ++r) {
+    for (size_t i = 0; i < values.size(); ++i) {
+      T v;
+      std::memcpy(&v, &all[r * values.size() + i], sizeof v);
+      values[i] = r == 0 ? v : pick(values[i], v);
+    }
+  }
+  return values;
+}
+
+std::vector<int64_t> ControlPlane::min(std::vector<int64_t> values, const CollectiveTag& what) {
+  return reduce(std::move(values), what, [](int64_t a, int64_t b) { return std::min(a, b); });
+}
+
+std::vector<int64_t> ControlPlane::max(std::vector<int64_t> values, const CollectiveTag& what) {
+  return reduce(std::move(values), what, [](int64_t a, int64_t b) { return std::max(a, b); });
+}
+
+std::vector<double> ControlPlane::min(std::vector<double> values, const CollectiveTag& what) {
+  return reduce(std::move(values), what, [](double a, double b) { return std::min(a, b); });
+}
+
+std::vector<double> ControlPlane::max(std::vector<double> values, const CollectiveTag& what) {
+  return reduce(std::move(values), what, [](double a, double b) { return std::max(a, b); });
+}
 
 ControlPlane::AnyFlag ControlPlane::post_any(bool flag, const CollectiveTag& what) {
   AnyFlag f;

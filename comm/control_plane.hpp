@@ -9,6 +9,7 @@
 //   ctrl.check_consistent("job", fingerprint);                 // same text on every rank, or ConfigError
 //   if (!ctrl.all_ok(wrote_my_files, {"checkpoint files", step})) ...
 //   int64_t s = ctrl.run_on_root(0, {"resume step"}, [&] { return newest_step(); });
+//   int64_t lines = ctrl.min({mine}, {"device cache lines"})[0];        // the fewest any rank has
 #pragma once
 
 #include <chrono>
@@ -17,6 +18,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "comm/communicator.hpp"
 
@@ -52,6 +54,12 @@ class ControlPlane {
   // 'optimizer.lr=0.001'". Hashes first: the common case costs 8 bytes per rank.
   void check_consistent(const std::string& what, const std::string& canonical_lines);
   void barrier(const CollectiveTag& what);
+  // Element-wise the lowest (highest) of every rank's values; every rank passes as many values
+  // and gets the same result. Exact for doubles (their bits travel, each rank reduces alike).
+  std::vector<int64_t> min(std::vector<int64_t> values, const CollectiveTag& what);
+  std::vector<int64_t> max(std::vector<int64_t> values, const CollectiveTag& what);
+  std::vector<double> min(std::vector<double> values, const CollectiveTag& what);
+  std::vector<double> max(std::vector<double> values, const CollectiveTag& what);
 
   // An agreement that does not block: post() sends this rank's flag, get() (later) tells
   // whether any rank raised its own. The pipelined stop agreement: step s posts, step s+1
@@ -76,6 +84,11 @@ class ControlPlane {
   AnyFlag post_any(bool flag, const CollectiveTag& what);
 
  private:
+  // Every rank's values, rank by rank (size() x values.size()).
+  std::vector<int64_t> gather(const std::vector<int64_t>& values, const CollectiveTag& what);
+  template <typename T, typename Pick>
+  std::vector<T> reduce(std::vector<T> values, const CollectiveTag& what, Pick pick);
+
   std::shared_ptr<Communicator> comm_;
   std::chrono::milliseconds timeout_;
 };

@@ -10,7 +10,7 @@
 #include "config/diagnostics.hpp"
 #include "config/job.hpp"
 #include "config/limits.hpp"
-#include "config/loader.hpp"
+#include "config/load_options.hpp"
 #include "config/schema.hpp"
 #include "config/validate.hpp"
 

@@ -8,6 +8,7 @@
 
 #include "common/errors.hpp"
 #include "config/job.hpp"
+#include "config/load_options.hpp"
 
 namespace thetad::config {
 
@@ -19,11 +20,6 @@ class JobError : public ConfigError {
 
  private:
   std::vector<std::string> messages_;
-};
-
-struct LoadOptions {
-  std::vector<std::string> overrides;  // "key.path=value", applied after the file is read
-  bool cuda_build = false;             // whether this binary was built with NCCL/CUDA
 };
 
 // The largest job file load_job reads.

@@ -4,7 +4,7 @@
 
 #include "config/diagnostics.hpp"
 #include "config/job.hpp"
-#include "config/loader.hpp"
+#include "config/load_options.hpp"
 
 namespace thetad::config::detail {
 

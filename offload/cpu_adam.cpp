@@ -1,10 +1,6 @@
-// Fused CPU Adam/AdamW kernels (scalar, AVX2+FMA, AVX-512) and their multi-threaded driver.
-//
-// All three kernels perform the same float operations in the same order (fused multiply-adds
-// where noted, IEEE sqrt and division), so they give bitwise identical results; vector tails
-// use masked loads/stores instead of a scalar loop for that reason. The order mirrors LibTorch's
-// Adam/AdamW (decay, moments, denom = sqrt(v)/sqrt(bc2) + eps, p += (-lr/bc1) * m / denom).
-// This file is compiled with -ffp-contract=off: fusion happens only where written.
+// CPU Adam/AdamW: the choice of kernel (scalar here; AVX2+FMA and AVX-512 in their own units, all
+// one width-generic body: cpu_adam_body.hpp), its multi-threaded driver, the bf16 copy of the
+// parameters, and the gradient's sum of squares. Compiled with -ffp-contract=off.
 #include "offload/cpu_adam.hpp"
 
 #include <immintrin.h>
@@ -16,19 +12,16 @@
 #include <vector>
 
 #include "comm/bf16.hpp"
+#include "offload/cpu_adam_body.hpp"
 #include "offload/thread_pool.hpp"
 
 namespace thetad::offload {
 namespace {
 
-// Per-step constants, computed once per call in double like LibTorch, then rounded to float.
-struct Consts {
-  float gscale, decay, l2, b1, omb1, b2, omb2, sqrt_bc2, eps, neg_step;
-  bool use_l2;
-};
+using detail::AdamConsts;
 
-Consts make_consts(const AdamHyper& h) {
-  Consts c{};
+AdamConsts make_consts(const AdamHyper& h) {
+  AdamConsts c{};
   const double step = static_cast<double>(h.step < 1 ? 1 : h.step);
   const double bc1 = 1.0 - std::pow(h.beta1, step);
   const double bc2 = 1.0 - std::pow(h.beta2, step);
@@ -46,95 +39,30 @@ Consts make_consts(const AdamHyper& h) {
   return c;
 }
 
-void kernel_scalar(float* p, const float* g, float* m, float* v, size_t n, const Consts& c) {
-  for (size_t i = 0; i < n; ++i) {
-    float pi = p[i];
-    float gi = g[i] * c.gscale;
-    if (c.use_l2) gi = std::fma(c.l2, pi, gi);
-    pi = pi * c.decay;
-    const float mi = std::fma(c.omb1, gi, m[i] * c.b1);
-    const float vi = std::fma(c.omb2 * gi, gi, v[i] * c.b2);
-    const float denom = std::sqrt(vi) / c.sqrt_bc2 + c.eps;
-    p[i] = pi + (c.neg_step * mi) / denom;
-    m[i] = mi;
-    v[i] = vi;
-  }
-}
+// The body's traits for one lane: any CPU (std::fma is exact where the CPU has no FMA).
+struct Scalar {
+  using V = float;
+  using Mask = int;
+  static constexpr size_t kWidth = 1;
+  static V load(const float* p) { return *p; }
+  static V load(const float* p, Mask) { return *p; }
+  static void store(float* p, V x) { *p = x; }
+  static void store(float* p, V x, Mask) { *p = x; }
+  static Mask tail(size_t) { return 0; }
+  static V set1(float x) { return x; }
+  static V mul(V a, V b) { return a * b; }
+  static V add(V a, V b) { return a + b; }
+  static V div(V a, V b) { return a / b; }
+  static V sqrt(V a) { return std::sqrt(a); }
+  static V fma(V a, V b, V c) { return std::fma(a, b, c); }
+};
 
-#define THETAD_AVX2 __attribute__((target("avx2,fma")))
 #define THETAD_AVX512 __attribute__((target("avx512f")))
 
-// GCC 12 flags _mm512_sqrt_ps's internal _mm512_undefined_ps as maybe-uninitialized (a false
-// positive of the header, not of this code).
+// GCC 12 flags the AVX-512 headers' _mm512_undefined_* as maybe-uninitialized (a false positive
+// of the header, not of this code).
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-
-THETAD_AVX2 inline void avx2_block(float* p, const float* g, float* m, float* v, __m256i mask,
-                                   bool masked, const Consts& c) {
-  const __m256 pv0 = masked ? _mm256_maskload_ps(p, mask) : _mm256_loadu_ps(p);
-  __m256 gv = masked ? _mm256_maskload_ps(g, mask) : _mm256_loadu_ps(g);
-  const __m256 mv0 = masked ? _mm256_maskload_ps(m, mask) : _mm256_loadu_ps(m);
-  const __m256 vv0 = masked ? _mm256_maskload_ps(v, mask) : _mm256_loadu_ps(v);
-  gv = _mm256_mul_ps(gv, _mm256_set1_ps(c.gscale));
-  if (c.use_l2) gv = _mm256_fmadd_ps(_mm256_set1_ps(c.l2), pv0, gv);
-  const __m256 pv = _mm256_mul_ps(pv0, _mm256_set1_ps(c.decay));
-  const __m256 mv = _mm256_fmadd_ps(_mm256_set1_ps(c.omb1), gv, _mm256_mul_ps(mv0, _mm256_set1_ps(c.b1)));
-  const __m256 vv = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(c.omb2), gv), gv,
-                                    _mm256_mul_ps(vv0, _mm256_set1_ps(c.b2)));
-  const __m256 denom = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(vv), _mm256_set1_ps(c.sqrt_bc2)),
-                                     _mm256_set1_ps(c.eps));
-  const __m256 pn = _mm256_add_ps(pv, _mm256_div_ps(_mm256_mul_ps(_mm256_set1_ps(c.neg_step), mv), denom));
-  if (masked) {
-    _mm256_maskstore_ps(p, mask, pn);
-    _mm256_maskstore_ps(m, mask, mv);
-    _mm256_maskstore_ps(v, mask, vv);
-  } else {
-    _mm256_storeu_ps(p, pn);
-    _mm256_storeu_ps(m, mv);
-    _mm256_storeu_ps(v, vv);
-  }
-}
-
-THETAD_AVX2 void kernel_avx2(float* p, const float* g, float* m, float* v, size_t n, const Consts& c) {
-  size_t i = 0;
-  const __m256i none = _mm256_setzero_si256();
-  for (; i + 8 <= n; i += 8) avx2_block(p + i, g + i, m + i, v + i, none, false, c);
-  if (i < n) {
-    const int rem = static_cast<int>(n - i);
-    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(rem), lane);
-    avx2_block(p + i, g + i, m + i, v + i, mask, true, c);
-  }
-}
-
-THETAD_AVX512 inline void avx512_block(float* p, const float* g, float* m, float* v, __mmask16 k,
-                                       const Consts& c) {
-  const __m512 pv0 = _mm512_maskz_loadu_ps(k, p);
-  __m512 gv = _mm512_maskz_loadu_ps(k, g);
-  const __m512 mv0 = _mm512_maskz_loadu_ps(k, m);
-  const __m512 vv0 = _mm512_maskz_loadu_ps(k, v);
-  gv = _mm512_mul_ps(gv, _mm512_set1_ps(c.gscale));
-  if (c.use_l2) gv = _mm512_fmadd_ps(_mm512_set1_ps(c.l2), pv0, gv);
-  const __m512 pv = _mm512_mul_ps(pv0, _mm512_set1_ps(c.decay));
-  const __m512 mv = _mm512_fmadd_ps(_mm512_set1_ps(c.omb1), gv, _mm512_mul_ps(mv0, _mm512_set1_ps(c.b1)));
-  const __m512 vv = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(c.omb2), gv), gv,
-                                    _mm512_mul_ps(vv0, _mm512_set1_ps(c.b2)));
-  const __m512 denom = _mm512_add_ps(_mm512_div_ps(_mm512_sqrt_ps(vv), _mm512_set1_ps(c.sqrt_bc2)),
-                                     _mm512_set1_ps(c.eps));
-  const __m512 pn = _mm512_add_ps(pv, _mm512_div_ps(_mm512_mul_ps(_mm512_set1_ps(c.neg_step), mv), denom));
-  _mm512_mask_storeu_ps(p, k, pn);
-  _mm512_mask_storeu_ps(m, k, mv);
-  _mm512_mask_storeu_ps(v, k, vv);
-}
-
-THETAD_AVX512 void kernel_avx512(float* p, const float* g, float* m, float* v, size_t n, const Consts& c) {
-  size_t i = 0;
-  for (; i + 16 <= n; i += 16) avx512_block(p + i, g + i, m + i, v + i, static_cast<__mmask16>(0xFFFF), c);
-  if (i < n) {
-    const auto k = static_cast<__mmask16>((1u << (n - i)) - 1u);
-    avx512_block(p + i, g + i, m + i, v + i, k, c);
-  }
-}
 
 void bf16_scalar(const float* p, uint16_t* out, size_t n) {
   for (size_t i = 0; i < n; ++i) out[i] = comm::float_to_bf16(p[i]);
@@ -168,7 +96,7 @@ THETAD_AVX512 void bf16_avx512(const float* p, uint16_t* out, size_t n) {
 
 using Bf16Kernel = void (*)(const float*, uint16_t*, size_t);
 
-using Kernel = void (*)(float*, const float*, float*, float*, size_t, const Consts&);
+using Kernel = void (*)(float*, const float*, float*, float*, size_t, const AdamConsts&);
 
 std::atomic<int> g_forced{0};
 
@@ -192,9 +120,9 @@ int selected() {
 
 Kernel kernel_for(int which) {
   switch (which) {
-    case 3: return kernel_avx512;
-    case 2: return kernel_avx2;
-    default: return kernel_scalar;
+    case 3: return detail::adam_kernel_avx512;
+    case 2: return detail::adam_kernel_avx2;
+    default: return detail::adam_kernel_scalar;
   }
 }
 
@@ -218,7 +146,7 @@ std::atomic<bool> g_flush_subnormals{true};
 // while the block is in L1 (a block is 8 KiB of p).
 constexpr size_t kBf16Block = 2048;
 
-void run_blocks(Kernel k, float* p, const float* g, float* m, float* v, size_t n, const Consts& c,
+void run_blocks(Kernel k, float* p, const float* g, float* m, float* v, size_t n, const AdamConsts& c,
                 uint16_t* p_bf16) {
   if (!p_bf16) {
     k(p, g, m, v, n, c);
@@ -232,7 +160,7 @@ void run_blocks(Kernel k, float* p, const float* g, float* m, float* v, size_t n
   }
 }
 
-void run_kernel(Kernel k, float* p, const float* g, float* m, float* v, size_t n, const Consts& c,
+void run_kernel(Kernel k, float* p, const float* g, float* m, float* v, size_t n, const AdamConsts& c,
                 uint16_t* p_bf16) {
   if (!g_flush_subnormals.load(std::memory_order_relaxed)) {
     run_blocks(k, p, g, m, v, n, c, p_bf16);
@@ -246,9 +174,13 @@ void run_kernel(Kernel k, float* p, const float* g, float* m, float* v, size_t n
 
 }  // namespace
 
+void detail::adam_kernel_scalar(float* p, const float* g, float* m, float* v, size_t n, const AdamConsts& c) {
+  detail::adam_kernel<Scalar>(p, g, m, v, n, c);
+}
+
 void adam_step(float* p, const float* g, float* m, float* v, size_t n, const AdamHyper& h, uint16_t* p_bf16) {
   if (n == 0) return;
-  const Consts c = make_consts(h);
+  const AdamConsts c = make_consts(h);
   const Kernel k = kernel_for(selected());
   ThreadPool& pool = ThreadPool::instance();
   if (n < 2 * kMinChunk || pool.threads() == 1) {

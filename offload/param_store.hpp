@@ -6,11 +6,11 @@
 //
 // One step on every rank (s = step), in this order:
 //
-//   for (int u : store.units_of(g))  ptr = store.acquire(u, s);    // each group this rank uses
+//   for (int u : store.plan().units_of(g))  ptr = store.acquire(u, s);    // each group this rank uses
 //   store.prefetch_for(s);            // during forward: units needed at s+1 .. s+prefetch
 //   ... forward/backward; sharded groups may call store.release(u) after each shard ...
 //   for each globally active offloaded group g (same list, same order on every rank):
-//     for (int u : store.units_of(g)) store.push_grad(u, reduced_grad_of_unit);   // owner copies
+//     for (int u : store.plan().units_of(g)) store.push_grad(u, reduced_grad_of_unit);  // owner copies
 //     store.step_group(g, hyper);     // every rank; the owner's CPU step may run asynchronously
 //   store.release_step(s);
 //
@@ -18,8 +18,8 @@
 // groups of one unit (not row-sharded matrices) are placed per step by DeviceCachePolicy: at the start of each step,
 // before its acquires, every rank calls
 //   store.place(s);                   // loads (params, m, v) into lines, flushes evicted ones
-// A cached group is not acquired, pushed or stepped on the host: the caller binds its tensors to
-// cached_params/cached_exp_avg/cached_exp_avg_sq, keeps its reduced gradient on the device, runs
+// A cached group (store.cache(), store_lines.hpp) is not acquired, pushed or stepped on the host:
+// the caller binds its tensors to cache().cached_params/_exp_avg/_exp_avg_sq, keeps its reduced gradient on the device, runs
 // the device AdamW there and then calls step_group (which only counts the update). Evicted, it
 // goes to the host with its state (the owner's D2H copies) and takes the host path again.
 //
@@ -32,78 +32,23 @@
 
 #include <mpi.h>
 
-#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
-#include "comm/communicator.hpp"
 #include "offload/cpu_adam.hpp"
 #include "offload/device.hpp"
-#include "offload/device_cache.hpp"
 #include "offload/host_arena.hpp"
 #include "offload/slot_cache.hpp"
+#include "offload/store_core.hpp"
+#include "offload/store_lines.hpp"
 #include "offload/store_plan.hpp"
-#include "offload/update_queue.hpp"
 
 namespace thetad::offload {
-
-struct StoreOptions {
-  static constexpr double kDefaultTimeoutS = std::chrono::duration<double>(comm::kDefaultTimeout).count();
-
-  int64_t device_slots = 4;        // slots of the device cache (used when the budget is 0)
-  size_t device_budget_bytes = 0;  // > 0: as many slots of the largest unit as fit in this
-  int64_t prefetch = 1;            // steps of lookahead for prefetch_for (0 = no prefetch)
-  size_t shard_bytes = 0;          // > 0: groups larger than this split into row shards
-  size_t host_limit_bytes = 0;     // > 0: refuse a host arena larger than this
-  bool async_step = true;          // owner's CPU Adam on a worker thread, overlapping forward
-  // Queued updates whose gradients have landed run lowest group first (not in submission
-  // order): for groups that the next forward needs in group order (the streamed trunk's layers,
-  // whose gradients arrive last layer first).
-  bool lowest_group_first = false;
-  int64_t cpu_threads = 0;         // CPU Adam threads (0 = ThreadPool::default_threads)
-  // Every blocking wait of the store and its arena: another rank's update, this rank's queued
-  // steps, the host's agreements and barriers (TimeoutError naming what it waited for).
-  double timeout_s = kDefaultTimeoutS;
-  // > 0: device memory for the write-back cache of whole groups with their Adam state (lines
-  // of 3 x the largest unsharded group; the ranks use the fewest lines any of them can have).
-  size_t cache_bytes = 0;
-  // Parameters cross to the device as bfloat16 (acquire and prefetch: half the H2D bytes) and
-  // are widened there into the fp32 slot, so the device holds the master's bf16 rounding: what a
-  // bf16 job's autocast matmuls read anyway. The arena keeps the fp32 master and a bf16 copy that
-  // the owner's CPU AdamW writes in the same pass. The device cache's lines load fp32 (params,
-  // m, v): they are the master while the group is cached.
-  bool bf16_copies = false;
-  // Where a group the device cache does not keep is updated (offload.uncached_update): with
-  // Device or Auto, and lines for fewer groups than the arena holds, up to half the lines (no
-  // more than any step uses) become transit lines, through which such a group's values and Adam
-  // state are streamed for a step and updated by the caller's device AdamW, as a cached group's.
-  UncachedUpdate uncached_update = UncachedUpdate::Host;
-};
-
-struct StoreStats {
-  uint64_t h2d_bytes = 0;
-  uint64_t d2h_bytes = 0;
-  uint64_t swap_hits = 0;      // acquire found an up-to-date copy (prefetched or kept)
-  uint64_t swap_misses = 0;    // acquire had to copy
-  uint64_t evictions = 0;
-  uint64_t prefetches = 0;     // units copied ahead of use
-  uint64_t host_pinned_bytes = 0;
-  uint64_t device_slot_bytes = 0;
-  double cpu_adam_ms = 0.0;    // time this rank spent in CPU Adam (owner steps)
-  double acquire_wait_ms = 0.0;  // time acquire() blocked on a group's pending CPU update
-  uint64_t optimizer_steps = 0;  // group steps this rank ran as owner
-  uint64_t cache_loads = 0;      // groups brought into the device cache (params, m, v)
-  uint64_t cache_flushes = 0;    // groups evicted from it (this rank copied them to the host)
-  uint64_t device_steps = 0;     // group updates run on the device (cached groups)
-  uint64_t streamed_steps = 0;   // of those, groups streamed through a transit line
-  uint64_t cache_line_bytes = 0; // device memory of the cache lines
-};
 
 class ParamStore {
  public:
@@ -112,7 +57,9 @@ class ParamStore {
   using Schedule = std::function<std::vector<int>(int64_t step)>;
 
   // Throws ConfigError for bad settings (slots < 1, a unit larger than the budget without
-  // sharding, a row larger than the shard size, an arena over the host limit or memory).
+  // sharding, a row larger than the shard size, an arena over the host limit or memory), and
+  // TimeoutError naming the agreement a rank of `comm` never came to (comm.timeout_s: the
+  // arena is then left to the process's exit, HostArena::abandon_on_destruction).
   // comm: the ranks of the job; the node's ranks are found by comm::split_node.
   // groups_used_at: every rank's groups at a step (the device cache's placement; null: no cache).
   ParamStore(const StoreOptions& opts, std::vector<GroupShape> groups, Device& device,
@@ -121,45 +68,26 @@ class ParamStore {
   ParamStore(const ParamStore&) = delete;
   ParamStore& operator=(const ParamStore&) = delete;
 
-  int num_units() const { return static_cast<int>(plan_.units.size()); }
-  const UnitInfo& unit(int u) const { return plan_.units[static_cast<size_t>(u)]; }
-  const std::vector<int>& units_of(int group) const;
-  int64_t slots() const { return cache_.slots(); }
-  size_t slot_bytes() const { return plan_.slot_bytes; }
-  const HostArena& arena() const { return *arena_; }
+  // The units (plan().units_of(group), plan().unit(u)) and the slots (plan().slots of
+  // plan().slot_bytes each).
+  const StorePlan& plan() const { return core_.plan; }
+  const HostArena& arena() const { return *core_.arena; }
   // The CPU Adam threads this rank should run (offload.cpu_threads, else a share of the host's
   // CPUs among its ranks). The store does not resize the process-wide pool itself: the caller
   // does, once, e.g. ThreadPool::configure(store.cpu_threads()).
   size_t cpu_threads() const { return cpu_threads_; }
-
-  // The device cache: its lines (0 = none), whether a group is in it now, and its device memory.
-  int64_t cache_lines() const { return lines_.lines(); }
-  // Device bytes of one line: 3 x the largest group that is not row-sharded (0: no such group).
-  size_t cache_line_bytes() const { return 3 * line_numel_ * sizeof(float); }
-  // In a line: cached, or streamed through a transit line for this step (updated alike).
-  bool cached(int group) const { return lines_.cached(index_of(group)); }
-  bool in_transit(int group) const { return lines_.in_transit(index_of(group)); }
-  int64_t transit_lines() const { return lines_.transit_lines(); }
   // Whether the host arena holds the group (GroupShape::held): a group it does not hold is never
   // used, read or written through the store; its values are the initial ones.
-  bool held(int group) const { return held_[index_of(group)] != 0; }
-  float* cached_params(int group) { return line_part(group, 0); }
-  float* cached_exp_avg(int group) { return line_part(group, 1); }
-  float* cached_exp_avg_sq(int group) { return line_part(group, 2); }
+  bool held(int group) const { return core_.held[core_.index_of(group)] != 0; }
+  // The device cache: whether a group is in a line now, its line's memory, its size.
+  CacheLines& cache() { return *lines_; }
+
   // Start of step `step`, before its acquires: the cache's evictions (the owner copies params, m
   // and v to the arena after the compute queued so far) and loads (after the group's pending
   // host update; the compute stream waits for them). Every rank, in step order. prefetch_for(s)
   // already loads the groups of step s+1 that free lines can take (not used at s): their copies
   // overlap step s, and place(s+1) makes the compute stream wait for them.
   void place(int64_t step);
-  // Before the step's first device update of a line's group (e.g. before backward): the compute
-  // stream waits for the Adam state of the groups place() streamed into transit lines (their
-  // values it already waited for; m and v crossed meanwhile, overlapping forward).
-  void order_state();
-  // Collective, between steps, on a store built with no cache (cache_bytes 0): gives it one of
-  // `bytes` (offload.device_cache_mb: auto sizes it after the first step, once the allocator
-  // holds that step's activations). Groups enter it from the next place() on.
-  void size_cache(size_t bytes);
 
   // Startup, collective over the host's ranks: each held group's owner calls fill(group, dst) to
   // write the group's initial values straight into the arena (groups in parallel on the CPU
@@ -205,7 +133,7 @@ class ParamStore {
   // memory those copies read, e.g. a pooled gradient buffer bound to another group).
   void compute_after_pushes();
   // The D2H copy stream (cudaStream_t) of push_grad; nullptr where copies are synchronous.
-  void* d2h_stream() { return device_.d2h_stream(); }
+  void* d2h_stream() { return core_.device.d2h_stream(); }
   // Every rank, for every globally active group: counts the update; the owner runs adam_step
   // on the arena once its gradient copies have landed (on the worker thread when async_step).
   void step_group(int group, const AdamHyper& hyper);
@@ -225,41 +153,20 @@ class ParamStore {
  private:
   static constexpr uint64_t kNoCopy = UINT64_MAX;
 
-  size_t index_of(int group) const { return plan_.index.entry_of(group); }
-  // index_of, and an InternalError for a group the arena does not hold.
-  size_t held_index(int group) const;
+  size_t index_of(int group) const { return core_.index_of(group); }
   std::string held_groups_note() const;  // for the log: how many groups the arena holds
   const std::vector<int>& needed_at(int64_t step);
   int64_t next_use(int unit);
   void begin_step(int64_t step);
   void copy_in(int unit, int slot);
-  void alloc_slots(MPI_Comm comm);
-  void write_common(int group, const float* params, const float* exp_avg, const float* exp_avg_sq);
+  void alloc_slots();
+  void free_slots() noexcept;
   void push(size_t gi, size_t offset, const float* src, size_t numel, const Fence& after);
-  Fence copy_split(bool to_device, char* dst, const char* src, size_t bytes, const Fence& after);
-  float* line_part(int group, int part);
-  void alloc_lines(MPI_Comm comm);
-  void log_cache(const char* when) const;
-  void wait_final(size_t gi);
-  // What the compute stream waits for of a line's load: all of it now, its values now and its
-  // Adam state at order_state(), or nothing before the next place() (a load for the next step).
-  enum class LineWait { now, values_now, next_step };
-  void load_line(size_t gi, int line, LineWait wait = LineWait::now);
-  void load_state(size_t gi, int line);
-  UpdateBandwidths measure_bandwidths();
-  void wait_early_load(int line);
-  void flush_line(size_t gi, int line);
-  const std::vector<size_t>& used_at(int64_t step);
 
-  StoreOptions opts_;
-  Device& device_;
+  StoreCore core_;  // first built, last gone: the arena and the update queue
   Schedule schedule_;
-  StorePlan plan_;
-  std::vector<uint8_t> held_;  // per entry: the arena holds its memory (GroupShape::held)
   size_t cpu_threads_ = 1;
-  std::unique_ptr<HostArena> arena_;
-  std::unique_ptr<UpdateQueue> updates_;  // the owner's CPU steps (before arena_ goes)
-  SlotCache cache_;
+  SlotCache slots_;
   std::vector<void*> slot_mem_;
   std::vector<void*> slot_stage_;   // per slot (bf16_copies): the bf16 values before widening
   std::vector<Fence> slot_free_;    // per slot: compute done with its previous contents
@@ -267,28 +174,13 @@ class ParamStore {
   std::vector<Fence> copied_;       // per unit: its last H2D copy
   std::vector<uint8_t> released_;   // per unit: released early in the current step
   std::vector<int> pinned_;         // units pinned in the current step
-  std::vector<uint64_t> expected_;  // per entry: updates counted so far
   std::vector<std::vector<Fence>> grad_fences_;  // per entry (owner): pending D2H copies
   Fence last_push_;                              // the latest of them (one in-order stream)
-  Fence last_d2h_;                               // the latest D2H ever (the destructor waits)
   std::map<int64_t, std::vector<int>> schedule_cache_;
-  // The device cache (cache_bytes > 0 and a schedule of every rank's groups).
-  Schedule used_schedule_;
-  MPI_Comm comm_;  // the job's ranks (the cache's line count is agreed over them)
-  DeviceCachePolicy lines_{0, {}};
-  size_t line_numel_ = 0;                       // floats per part (params, m, v) of a line
-  std::vector<void*> line_mem_;                 // per line: 3 x line_numel_ floats
-  std::vector<Fence> line_free_;                // per line: its last copy out
-  std::vector<Fence> line_loaded_;              // per line: a load for the next step, not yet waited on by compute
-  std::vector<Fence> state_loaded_;             // per line: Adam state streamed in, not yet waited on by compute
-  std::map<int64_t, std::vector<size_t>> used_cache_;  // step -> entries any rank uses
+  std::unique_ptr<CacheLines> lines_;           // the device cache (goes before core_)
   std::vector<float> scratch_;                  // group_params of a cached group
   size_t scratch_entry_ = SIZE_MAX;             // whose values scratch_ holds
   uint64_t scratch_version_ = 0;                // at which update count
-  int64_t now_ = -1;
-
-  mutable std::mutex stats_mu_;
-  StoreStats stats_;
 };
 
 }  // namespace thetad::offload

@@ -79,6 +79,11 @@ struct StorePlan {
   std::vector<size_t> group_numel;             // per entry: rows * row_elems
   size_t slot_bytes = 0;                       // every slot: the largest unit
   int64_t slots = 1;                           // >= 1, never more than units
+
+  int num_units() const { return static_cast<int>(units.size()); }
+  const UnitInfo& unit(int u) const { return units[static_cast<size_t>(u)]; }
+  // The group's units, ascending (InternalError when the group is not offloaded).
+  const std::vector<int>& units_of(int group) const { return group_units[index.entry_of(group)]; }
 };
 
 // ConfigError for user settings that cannot work (slots < 1 without a budget, a row larger than

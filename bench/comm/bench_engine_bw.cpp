@@ -38,6 +38,7 @@
 
 #include "comm/bootstrap.hpp"
 #include "comm/bucket_plan.hpp"
+#include "comm/control_plane.hpp"
 #include "comm/engine.hpp"
 
 #if THETAD_WITH_CUDA
@@ -177,7 +178,8 @@ int run_gpu(const Args& a, const thetad::comm::WorldInfo& w) {
   }
   const int device = w.local_rank % ndev;
   CUDA_CHECK(cudaSetDevice(device));
-  std::shared_ptr<Communicator> comm = make_nccl_communicator(device);
+  ControlPlane plane(make_mpi_communicator());  // the unique id's exchange
+  std::shared_ptr<Communicator> comm = make_nccl_communicator(device, plane);
 
   // The model: equal parameters of --param-mb, spread over --groups groups, all active.
   const size_t param_numel = std::max<size_t>(1, static_cast<size_t>(a.param_mb * (1 << 20) / 4));

@@ -128,14 +128,14 @@ Floor measure_floor(const Args& a, const thetad::comm::WorldInfo& world, thetad:
   std::vector<int64_t> steps(static_cast<size_t>(G) + 1, 0);
   auto run = [&](int64_t from, int64_t to) {
     for (int64_t s = from; s < to; ++s) {
-      store.acquire(store.units_of(group_of(s, rank)).at(0), s);
+      store.acquire(store.plan().units_of(group_of(s, rank)).at(0), s);
       store.prefetch_for(s);
       for (int r = 0; r < W; ++r) {  // the globally active groups, the same order everywhere
         const int g = group_of(s, r);
         bool seen = false;
         for (int q = 0; q < r; ++q) seen = seen || group_of(s, q) == g;
         if (seen) continue;
-        if (store.owns(g)) store.push_grad(store.units_of(g).at(0), grad);
+        if (store.owns(g)) store.push_grad(store.plan().units_of(g).at(0), grad);
         h.step = ++steps[static_cast<size_t>(g)];
         store.step_group(g, h);
       }
@@ -221,7 +221,7 @@ int main(int argc, char** argv) {
       thetad::offload::ThreadPool::configure(store.cpu_threads());
       store.init_all([numel](int, float* dst) { std::fill(dst, dst + numel, 0.5f); });
       for (int s = 0; s < a.warmup + a.iters; ++s) {
-        const int unit = store.units_of(s % G + 1).at(0);
+        const int unit = store.plan().units_of(s % G + 1).at(0);
         const auto t0 = Clock::now();
         store.acquire(unit, s);
         CUDA_CHECK(cudaStreamSynchronize(compute));

@@ -11,6 +11,7 @@
 #include "comm/backends.hpp"
 #include "comm/bf16.hpp"
 #include "comm/bootstrap.hpp"
+#include "comm/control_plane.hpp"
 #include "comm/mpi_check.hpp"
 #include "comm/nccl/scale.hpp"
 #include "comm/node_split.hpp"
@@ -253,7 +254,7 @@ void NcclCommunicator::watchdog() {
 
 namespace thetad::comm {
 
-std::shared_ptr<Communicator> make_nccl_communicator(int device) {
+std::shared_ptr<Communicator> make_nccl_communicator(int device, ControlPlane& plane) {
   WorldInfo w = world_info();
   // Simulated nodes are hosts to NCCL too (node_split.hpp). NCCL reads the id once per process,
   // at its first initialization: set before ncclGetUniqueId, and only once (a second
@@ -264,12 +265,15 @@ std::shared_ptr<Communicator> make_nccl_communicator(int device) {
     THETAD_LOG(info, "comm") << "NCCL host id '" << host_id << "': NCCL sees each simulated node as a host";
   }
   ncclUniqueId id{};
-  if (w.rank == 0) {
+  const std::string bytes = exchange_bootstrap_id(plane, [&] {
     ncclResult_t r = ncclGetUniqueId(&id);
     if (r != ncclSuccess)
       throw CommError(detail::concat("NCCL error: ncclGetUniqueId: ", ncclGetErrorString(r)));
-  }
-  MPI_CHECK(MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD));
+    return std::string(reinterpret_cast<const char*>(&id), sizeof id);
+  });
+  THETAD_CHECK(bytes.size() == sizeof id, CommError, "NCCL bootstrap: the unique id exchange brought ", bytes.size(),
+               " bytes, not ", sizeof id);
+  std::memcpy(&id, bytes.data(), sizeof id);
   return std::make_shared<NcclCommunicator>(w.rank, w.size, &id, device);
 }
 

@@ -36,18 +36,27 @@ int64_t DataPlane::allocator_peak_bytes() const {
   return 0;
 }
 
+const char* to_string(DataPlaneKind kind) {
+  switch (kind) {
+    case DataPlaneKind::mpi: return "mpi";
+    case DataPlaneKind::nccl: return "nccl";
+    case DataPlaneKind::nccl_without_gpu: return "nccl, but no GPU is visible";
+  }
+  return "?";
+}
+
 DataPlane open_data_plane(const config::Job& job, const comm::WorldInfo& world, comm::ControlPlane& plane,
                           std::shared_ptr<comm::Communicator> ctrl) {
-  std::string kind = "mpi";
-#if THETAD_TORCH_CUDA
-  if (job.comm.backend == config::Backend::Nccl || (job.comm.backend == config::Backend::Auto && torch::cuda::is_available()))
-    kind = torch::cuda::device_count() > 0 ? "nccl" : "nccl, but no GPU is visible";
-#endif
-  plane.check_consistent("data plane (comm.backend: " + config::to_string(job.comm.backend) + ")", "data plane: " + kind + "\n");
-  if (kind != "nccl" && kind != "mpi") throw ConfigError(job.source + ": comm.backend: " + kind);
   DataPlane dp;
 #if THETAD_TORCH_CUDA
-  if (kind == "nccl") {
+  if (job.comm.backend == config::Backend::Nccl || (job.comm.backend == config::Backend::Auto && torch::cuda::is_available()))
+    dp.kind = torch::cuda::device_count() > 0 ? DataPlaneKind::nccl : DataPlaneKind::nccl_without_gpu;
+#endif
+  plane.check_consistent("data plane (comm.backend: " + config::to_string(job.comm.backend) + ")",
+                         std::string("data plane: ") + to_string(dp.kind) + "\n");
+  if (dp.kind == DataPlaneKind::nccl_without_gpu) throw ConfigError(job.source + ": comm.backend: " + to_string(dp.kind));
+#if THETAD_TORCH_CUDA
+  if (dp.kind == DataPlaneKind::nccl) {
     const int count = static_cast<int>(torch::cuda::device_count());
     const auto dev = static_cast<c10::DeviceIndex>(world.local_rank % count);
     dp.device = torch::Device(torch::kCUDA, dev);
@@ -72,7 +81,7 @@ DataPlane open_data_plane(const config::Job& job, const comm::WorldInfo& world, 
     if (dp.device_sharers > 1)
       THETAD_LOG(info, "comm") << "GPU " << bus_id << " is shared by " << dp.device_sharers
                                << " ranks of this host: sizes taken from its free memory (auto) are this rank's share";
-    dp.comm = comm::make_nccl_communicator(dev);
+    dp.comm = comm::make_nccl_communicator(dev, plane);  // the id exchange bounded by comm.timeout_s
     dp.comm->set_compute_stream(dp.compute_stream);
   }
 #else

@@ -15,7 +15,14 @@
 
 namespace thetad::daemon {
 
+// The gradients' communicator: the control plane's MPI (CPUs), or NCCL (GPUs; asked for on a
+// machine whose ranks see none: nccl_without_gpu, a ConfigError once every rank agrees on it).
+enum class DataPlaneKind { mpi, nccl, nccl_without_gpu };
+// "mpi", "nccl", "nccl, but no GPU is visible": what the ranks compare and messages show.
+const char* to_string(DataPlaneKind kind);
+
 struct DataPlane {
+  DataPlaneKind kind = DataPlaneKind::mpi;
   torch::Device device{torch::kCPU};
   std::shared_ptr<comm::Communicator> comm;  // gradients
   void* compute_stream = nullptr;            // cudaStream_t of the compute work (GPUs)

@@ -28,7 +28,7 @@ class StoreChunks : public ShardSource {
   torch::Tensor grad_chunk(int task, int k) override {
     torch::Tensor& g = grads_[unit(task, k)];
     if (!g.defined()) {
-      const offload::UnitInfo& info = store_.unit(unit(task, k));
+      const offload::UnitInfo& info = store_.plan().unit(unit(task, k));
       throttle_(info.numel * sizeof(float));
       g = torch::zeros({static_cast<int64_t>(info.rows), static_cast<int64_t>(info.row_elems)},
                        torch::TensorOptions().dtype(torch::kFloat32).device(device_));
@@ -43,17 +43,17 @@ class StoreChunks : public ShardSource {
   // The window's last micro-step computes nothing for this task (it ran in earlier ones only,
   // or it is declared with no rows): its shards are final, hand them over before backward.
   void hand_over_task(int task) {
-    for (int u : store_.units_of(task + 1)) hand_over(u);
+    for (int u : store_.plan().units_of(task + 1)) hand_over(u);
   }
   // After the last backward: what it did not hand over (none where every chunk of the window's
   // tasks reached grad_done or hand_over_task; kept as the safe default).
   void hand_over_rest() {
     while (!grads_.empty()) hand_over(grads_.begin()->first);
   }
-  int num_chunks(int task) override { return static_cast<int>(store_.units_of(task + 1).size()); }
+  int num_chunks(int task) override { return static_cast<int>(store_.plan().units_of(task + 1).size()); }
   torch::Tensor chunk(int task, int k) override {
     const int u = unit(task, k);
-    const offload::UnitInfo& info = store_.unit(u);
+    const offload::UnitInfo& info = store_.plan().unit(u);
     return torch::from_blob(store_.acquire(u, step_),
                             {static_cast<int64_t>(info.rows), static_cast<int64_t>(info.row_elems)},
                             torch::TensorOptions().dtype(torch::kFloat32).device(device_));
@@ -61,7 +61,7 @@ class StoreChunks : public ShardSource {
   void done(int task, int k) override { store_.release(unit(task, k)); }
 
  private:
-  int unit(int task, int k) const { return store_.units_of(task + 1).at(static_cast<size_t>(k)); }
+  int unit(int task, int k) const { return store_.plan().units_of(task + 1).at(static_cast<size_t>(k)); }
   // Hands shard u's gradient of the window over, or, where it has none, an undefined tensor
   // (the engine reduces zeros for it).
   void hand_over(int u) {

@@ -123,34 +123,34 @@ void StoreHome::build(comm::Engine& engine, const Schedule& schedule, int rank) 
       MPI_COMM_WORLD,
       [this, groups_used](int64_t step) { return groups_used(step, 0, schedule_->world_size() - 1); });
   // A budget given in MiB that holds no group is a mistake to say, not a cache to skip quietly.
-  if (!job_.offload.device_cache_auto() && options.cache_bytes > 0 && store_->cache_lines() == 0 &&
-      store_->cache_line_bytes() > options.cache_bytes)
+  if (!job_.offload.device_cache_auto() && options.cache_bytes > 0 && store_->cache().cache_lines() == 0 &&
+      store_->cache().cache_line_bytes() > options.cache_bytes)
     throw ConfigError(job_.source + ": offload.device_cache_mb: " + job_.offload.device_cache_mb +
                       " MiB holds no task group: one line (a group's parameters and Adam m and v) is " +
-                      std::to_string(store_->cache_line_bytes()) + " bytes; raise it, or set 0 for no cache");
+                      std::to_string(store_->cache().cache_line_bytes()) + " bytes; raise it, or set 0 for no cache");
   offload::ThreadPool::configure(store_->cpu_threads());  // the owner's CPU AdamW threads (offload.cpu_threads)
   for (int g = 1; g < groups_.num_groups(); ++g)
-    if (model_.row_chunked(g) && store_->units_of(g).size() > 1 && store_->slots() < 2)
+    if (model_.row_chunked(g) && store_->plan().units_of(g).size() > 1 && store_->plan().slots < 2)
       throw ConfigError(job_.source + ": offload.device_slots: row-sharded groups stream two shards at a "
                         "time (the next one's copy overlaps the current one's compute), so the store "
-                        "needs at least 2 device slots; it has " + std::to_string(store_->slots()) +
+                        "needs at least 2 device slots; it has " + std::to_string(store_->plan().slots) +
                         " (raise offload.device_slots or offload.device_budget_mb)");
-  unit_param_.assign(static_cast<size_t>(store_->num_units()), -1);
+  unit_param_.assign(static_cast<size_t>(store_->plan().num_units()), -1);
   for (int g = 1; g < groups_.num_groups(); ++g) {
     if (grad_memory(g) != comm::GradMemory::streamed) continue;
-    const auto& units = store_->units_of(g);
+    const auto& units = store_->plan().units_of(g);
     const auto& shards = shard_params_[static_cast<size_t>(g)];
     THETAD_CHECK_EQ(units.size(), shards.size(), "group ", g, ": store shards vs engine shards");
     for (size_t k = 0; k < units.size(); ++k) {
       const auto p = static_cast<size_t>(shards[k]);
-      THETAD_CHECK(store_->unit(units[k]).offset == grad_offset_[p] &&
-                       store_->unit(units[k]).numel == engine.plan().params[p].numel,
+      THETAD_CHECK(store_->plan().unit(units[k]).offset == grad_offset_[p] &&
+                       store_->plan().unit(units[k]).numel == engine.plan().params[p].numel,
                    InternalError, "group ", g, " shard ", k, ": the store's unit and the engine's bucket differ");
       unit_param_[static_cast<size_t>(units[k])] = shards[k];
     }
   }
   // Shard gradients in flight on the device: as many as the store has slots for shards.
-  grad_inflight_cap_ = static_cast<size_t>(std::max<int64_t>(2, store_->slots())) * store_->slot_bytes();
+  grad_inflight_cap_ = static_cast<size_t>(std::max<int64_t>(2, store_->plan().slots)) * store_->plan().slot_bytes;
   chunks_ = std::make_unique<StoreChunks>(
       *store_, plane_.device, [this](int u, torch::Tensor g) { hand_over_shard(u, std::move(g)); },
       [this](size_t bytes) { throttle_grads(bytes); });
@@ -178,8 +178,8 @@ void StoreHome::build(comm::Engine& engine, const Schedule& schedule, int rank) 
       t.set_data(torch::zeros({1}, torch::TensorOptions().dtype(torch::kFloat32).device(plane_.device))
                      .expand(t.sizes()));
     }
-  THETAD_LOG(info, "offload") << "host store: " << shapes.size() << " task groups, " << store_->slots()
-                              << " device slots of " << store_->slot_bytes() << " bytes, host arena "
+  THETAD_LOG(info, "offload") << "host store: " << shapes.size() << " task groups, " << store_->plan().slots
+                              << " device slots of " << store_->plan().slot_bytes << " bytes, host arena "
                               << store_->arena().bytes() << " bytes";
 }
 
@@ -216,7 +216,7 @@ void StoreHome::start_window(int64_t step, const WindowSettings& w) {
   window_ = &w;
   if (auto_cache_pending_ && prepared_steps_ > 0) {  // the first step's work is queued: size the cache
     auto_cache_pending_ = false;
-    store_->size_cache(offload::auto_cache_bytes(*device_, /*after_a_step=*/true));
+    store_->cache().size_cache(offload::auto_cache_bytes(*device_, /*after_a_step=*/true));
   }
   ++prepared_steps_;
   const std::vector<uint8_t> used = schedule_->window_task_groups(step, job_.accumulate_steps, rank_);
@@ -243,8 +243,8 @@ void StoreHome::bind_group(int group, int64_t step) {
     chunks_->set_step(step);
     return;
   }
-  float* base = store_->cached(group) ? store_->cached_params(group)
-                                      : store_->acquire(store_->units_of(group).at(0), step);
+  float* base = store_->cache().cached(group) ? store_->cache().cached_params(group)
+                                              : store_->acquire(store_->plan().units_of(group).at(0), step);
   for (int p : groups_.members[static_cast<size_t>(group)]) {
     auto& t = groups_[p].tensor;
     t.set_data(torch::from_blob(base + groups_.offset[static_cast<size_t>(p)], t.sizes(),
@@ -263,7 +263,7 @@ void StoreHome::bind_grads(int group) {
 }
 
 void StoreHome::before_backward(bool last, const StepPlan& plan) {
-  store_->order_state();  // groups streamed through transit lines: their m and v, for the update
+  store_->cache().order_state();  // groups streamed through transit lines: their m and v, for the update
   chunks_->set_last(last);
   if (last) hand_over_idle_shards(plan);
 }
@@ -280,7 +280,7 @@ void StoreHome::after_backward(bool last) {
 void StoreHome::on_bucket_launch(int b, int contributors, comm::Work& work, float* data) {
   const comm::BucketPlan& plan = engine_->plan();
   const comm::Bucket& bucket = plan.buckets[static_cast<size_t>(b)];
-  if (store_->cached(bucket.group)) {
+  if (store_->cache().cached(bucket.group)) {
     if (adam_.overlap() && window_->update_known && contributors > 0)
       adam_.step_after(work, window_->for_group(bucket.group), [&](AdamOperands& ops) {
         for (size_t k = 0; k < bucket.params.size(); ++k) {
@@ -380,7 +380,7 @@ void StoreHome::hand_over_idle_shards(const StepPlan& last_plan) {
 // (on_bucket_launch); the owner clips by its norm there and steps it on the CPU.
 void StoreHome::step(int g, const AdamSettings& s) {
   const int64_t t_us = Timeline::now_us();
-  const bool cached = store_->cached(g);
+  const bool cached = store_->cache().cached(g);
   if (cached) step_on_line(g, s);
   offload::AdamHyper h = to_hyper(s);
   h.clip_norm = job_.optimizer.clip_norm;
@@ -388,7 +388,7 @@ void StoreHome::step(int g, const AdamSettings& s) {
   if (timeline_)
     timeline_->record(cached ? Lane::compute : Lane::cpu_adam,
                       "adam θ[" + std::to_string(g - 1) + "]" +
-                          (cached ? (store_->in_transit(g) ? " (streamed)" : " (device cache)") : ""),
+                          (cached ? (store_->cache().in_transit(g) ? " (streamed)" : " (device cache)") : ""),
                       t_us,
                       Timeline::now_us() - t_us);
 }
@@ -407,7 +407,7 @@ void StoreHome::step_on_line(int g, const AdamSettings& s) {
 void StoreHome::add_line_operands(int g, int p, float* grad, AdamOperands& ops) {
   const LineTensors& line =
       line_views_->of(g, groups_.members[static_cast<size_t>(g)], [this](int q) { return groups_.offset[static_cast<size_t>(q)]; },
-                      store_->cached_params(g), store_->cached_exp_avg(g), store_->cached_exp_avg_sq(g));
+                      store_->cache().cached_params(g), store_->cache().cached_exp_avg(g), store_->cache().cached_exp_avg_sq(g));
   const auto k = static_cast<size_t>(groups_.position[static_cast<size_t>(p)]);
   ops.params.push_back(line.params[k]);
   ops.exp_avg.push_back(line.exp_avg[k]);

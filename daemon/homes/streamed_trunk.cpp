@@ -85,11 +85,11 @@ void StreamedTrunk::build(comm::Engine& engine, const Schedule& schedule, int ra
                       " trunk layers, " + std::to_string(groups_.numel(0) * 4) + " bytes of parameters): " + e.what());
   }
   const int64_t want = job_.offload.shared_device_layer_count();  // auto asked for what fits
-  if (store_->cache_lines() < want)  // the fewest any rank could allocate: every rank throws
+  if (store_->cache().cache_lines() < want)  // the fewest any rank could allocate: every rank throws
     throw ConfigError(job_.source + ": offload.shared_device_layers: " + std::to_string(want) + " layers need " +
                       std::to_string(o.cache_bytes) + " bytes of device memory (" +
-                      std::to_string(store_->cache_line_bytes()) + " per layer: values and Adam moments), but the " +
-                      "device had room for " + std::to_string(store_->cache_lines()) + "; lower it");
+                      std::to_string(store_->cache().cache_line_bytes()) + " per layer: values and Adam moments), but the " +
+                      "device had room for " + std::to_string(store_->cache().cache_lines()) + "; lower it");
   if (!job_.offload.enabled) offload::ThreadPool::configure(store_->cpu_threads());
   store_->init_all([this](int g, float* dst) {
     torch::NoGradGuard no_grad;  // thread-local: this runs on the store's threads
@@ -107,9 +107,9 @@ void StreamedTrunk::build(comm::Engine& engine, const Schedule& schedule, int ra
     auto& t = groups_[p].tensor;
     t.set_data(torch::zeros({1}, torch::TensorOptions().dtype(torch::kFloat32).device(plane_.device)).expand(t.sizes()));
   }
-  THETAD_LOG(info, "offload") << "Θ streamed: " << L << " trunk layers, " << store_->slots() << " device slots of "
-                              << store_->slot_bytes() << " bytes (prefetch " << prefetch_ << "), host arena "
-                              << store_->arena().bytes() << " bytes; " << store_->cache_lines()
+  THETAD_LOG(info, "offload") << "Θ streamed: " << L << " trunk layers, " << store_->plan().slots << " device slots of "
+                              << store_->plan().slot_bytes << " bytes (prefetch " << prefetch_ << "), host arena "
+                              << store_->arena().bytes() << " bytes; " << store_->cache().cache_lines()
                               << " layers kept on the device (" << store_->stats().cache_line_bytes << " bytes)";
 }
 
@@ -192,7 +192,7 @@ std::pair<torch::Tensor, torch::Tensor> StreamedTrunk::acquire(int layer, bool b
   }
   const Layer& l = layer_params_[static_cast<size_t>(layer)];
   const auto opts = torch::TensorOptions().dtype(torch::kFloat32).device(plane_.device);
-  float* base = layer_on_device(layer) ? store_->cached_params(layer + 1) : slot_[static_cast<size_t>(layer)];
+  float* base = layer_on_device(layer) ? store_->cache().cached_params(layer + 1) : slot_[static_cast<size_t>(layer)];
   return {torch::from_blob(base, groups_[l.w].tensor.sizes(), opts),
           torch::from_blob(base + l.w_numel, groups_[l.b].tensor.sizes(), opts)};
 }
@@ -301,7 +301,7 @@ void StreamedTrunk::step(int g, const AdamSettings& s) {
 // The device's layers in one device AdamW over their lines and their reduced gradients in Θ's
 // buckets (the compute stream is ordered after the allreduces): the math of resident Θ.
 void StreamedTrunk::step_on_device(const AdamSettings& s) {
-  if (store_->cache_lines() == 0) return;
+  if (store_->cache().cache_lines() == 0) return;
   const int64_t t_us = Timeline::now_us();
   AdamOperands ops;
   const auto opts = torch::TensorOptions().dtype(torch::kFloat32).device(plane_.device);
@@ -309,8 +309,8 @@ void StreamedTrunk::step_on_device(const AdamSettings& s) {
     if (!layer_on_device(l)) continue;
     const Layer& lp = layer_params_[static_cast<size_t>(l)];
     const LineTensors& line = line_views_->of(l + 1, {lp.w, lp.b}, [this](int p) { return offset_in_layer(p); },
-                                              store_->cached_params(l + 1), store_->cached_exp_avg(l + 1),
-                                              store_->cached_exp_avg_sq(l + 1));
+                                              store_->cache().cached_params(l + 1), store_->cache().cached_exp_avg(l + 1),
+                                              store_->cache().cached_exp_avg_sq(l + 1));
     for (size_t k = 0; k < 2; ++k) {
       const int p = k == 0 ? lp.w : lp.b;
       ops.params.push_back(line.params[k]);

@@ -118,8 +118,8 @@ class StreamedTrunk final : public GroupHome, public LayerWeights {
     int w = -1, b = -1;  // parameter indices
     size_t w_numel = 0, b_numel = 0;
   };
-  int unit(int layer) const { return store_->units_of(layer + 1).at(0); }
-  bool layer_on_device(int layer) const { return store_->cached(layer + 1); }
+  int unit(int layer) const { return store_->plan().units_of(layer + 1).at(0); }
+  bool layer_on_device(int layer) const { return store_->cache().cached(layer + 1); }
   size_t offset_in_layer(int p) const;
   size_t line_bytes() const;  // one device layer's values and Adam moments (the largest layer's)
   void hold(int layer, bool order);

@@ -24,6 +24,7 @@
 #include "comm/bucket_plan.hpp"
 #include "common/errors.hpp"
 #include "common/log.hpp"
+#include "common/test_hooks.hpp"
 #include "daemon/core/manifest.hpp"
 #include "daemon/state/checkpoint.hpp"
 #include "daemon/state/checkpoint_files.hpp"
@@ -44,11 +45,6 @@ Error non_finite(const CheckpointWriter& w, const std::string& name, int64_t g) 
   return Error("non-finite parameters after step " + std::to_string(w.step) + ": parameter '" + name + "' of group " +
                std::to_string(g) + " holds NaN or Inf; the checkpoint of step " + std::to_string(w.step) +
                " is not written");
-}
-
-int64_t env_int(const char* name, int64_t otherwise) {
-  const char* v = std::getenv(name);
-  return v && *v ? std::atoll(v) : otherwise;
 }
 
 // What a snapshot may stage on `device`: its free memory less a margin (max(1 GiB, 5 %)), so that
@@ -119,7 +115,7 @@ void snapshot_shard(const CheckpointWriter& w, const ManifestShard& shard, size_
   for (auto* v : vecs) v->reserve(static_cast<size_t>(values));
   // Test aid (tests/integration/async_checkpoint.sh): host tensors staged too (cloned on the
   // host), so that the CPU build runs the staged path.
-  const bool stage_host = env_int("THETAD_TEST_CHECKPOINT_STAGE_HOST", 0) != 0;
+  const bool stage_host = ::thetad::test_hooks::checkpoint_stage_host();
   // Appends a tensor's values. A device tensor is staged: cloned on its device (float32,
   // contiguous), on the trainer's current stream, so that the clone is ordered after the
   // optimizer step that wrote the tensor with no event; its room reserved. Out of device memory:
@@ -221,11 +217,11 @@ std::vector<char> pickle_shard(const ShardValues& v) {
 // that a test can kill a run while a write is in flight); THETAD_TEST_CHECKPOINT_ENOSPC_RANK=r
 // makes rank r's shard writes fail as a full disk does. A cancelled write stops in the delay.
 void test_hooks(const CheckpointWriter& w, const fs::path& file, const std::atomic<bool>* cancel) {
-  const int64_t delay_ms = env_int("THETAD_TEST_CHECKPOINT_WRITE_DELAY_MS", 0);
+  const int64_t delay_ms = ::thetad::test_hooks::checkpoint_write_delay_ms();
   const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(delay_ms);
   while (std::chrono::steady_clock::now() < until && !(cancel && cancel->load()))
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  if (env_int("THETAD_TEST_CHECKPOINT_ENOSPC_RANK", -1) == w.rank) {
+  if (::thetad::test_hooks::checkpoint_enospc_rank() == w.rank) {
     errno = ENOSPC;
     io_error("short write to", file);
   }

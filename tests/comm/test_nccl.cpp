@@ -9,6 +9,7 @@
 #include <chrono>
 
 #include "comm/bootstrap.hpp"
+#include "comm/control_plane.hpp"
 #include "common/errors.hpp"
 #include "engine_harness.hpp"
 
@@ -32,7 +33,8 @@ std::shared_ptr<Communicator> nccl() {
   WorldInfo w = world_info();
   int n = 0;
   cudaGetDeviceCount(&n);
-  return make_nccl_communicator(w.local_rank % n);
+  ControlPlane plane(make_mpi_communicator());  // the unique id's exchange
+  return make_nccl_communicator(w.local_rank % n, plane);
 }
 
 Memory device_memory() {

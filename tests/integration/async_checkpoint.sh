@@ -32,7 +32,7 @@ done
 THETAD_TEST_CHECKPOINT_WRITE_DELAY_MS=3000 run --no-resume --set job=kill-$$ --set checkpoint.every_steps=5 \
   --set checkpoint.dir="$WORK/kill" > "$WORK/kill.log" 2>&1 &
 mpirun_pid=$!
-if wait_for "$WORK/kill/step-00000005/manifest.json" && wait_for "$WORK/kill/.tmp-step-00000010"; then
+if wait_for 60 exists "$WORK/kill/step-00000005/manifest.json" && wait_for 60 exists "$WORK/kill/.tmp-step-00000010"; then
   # shellcheck disable=SC2046
   kill -9 $(ranks_of "kill-$$")
   wait "$mpirun_pid" || true
@@ -70,7 +70,7 @@ same_hash "resume after a full disk == uninterrupted" full_resume uninterrupted
 THETAD_TEST_CHECKPOINT_WRITE_DELAY_MS=1500 run --no-resume --set job=term-$$ --set checkpoint.every_steps=5 \
   --set checkpoint.dir="$WORK/term" > "$WORK/term.log" 2>&1 &
 mpirun_pid=$!
-if wait_for "$WORK/term/.tmp-step-00000005"; then kill -TERM "$(ranks_of "term-$$" | tail -1)"; fi
+if wait_for 60 exists "$WORK/term/.tmp-step-00000005"; then kill -TERM "$(ranks_of "term-$$" | tail -1)"; fi
 code=0
 wait "$mpirun_pid" || code=$?
 [ "$code" -eq 4 ] && pass "SIGTERM mid-write: exit 4" || { fail "SIGTERM mid-write: exit $code"; tail -20 "$WORK/term.log"; }

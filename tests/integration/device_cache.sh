@@ -92,7 +92,7 @@ THETAD_TEST_CHECKPOINT_WRITE_DELAY_MS=3000 mpirun "${MPIRUN_FLAGS[@]}" -np 2 "$t
   --set job=cachekill-$$ --set steps=30 "${W[@]}" "${TWO[@]}" --set checkpoint.every_steps=5 \
   --set checkpoint.dir="$WORK/kill" > "$WORK/kill.log" 2>&1 &
 mpirun_pid=$!
-if wait_for "$WORK/kill/step-00000005/manifest.json" && wait_for "$WORK/kill/.tmp-step-00000010"; then
+if wait_for 60 exists "$WORK/kill/step-00000005/manifest.json" && wait_for 60 exists "$WORK/kill/.tmp-step-00000010"; then
   # shellcheck disable=SC2046  # one pid per word
   kill -9 $(ranks_of "cachekill-$$")
   wait "$mpirun_pid" || true

@@ -18,8 +18,8 @@
 #   gpu_simulated_nodes.sh THETAD
 source "$(dirname "$0")/lib.sh"
 thetad=$1
+skip_without_gpu  # ctest: Skipped, not Passed
 ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
-if [ "${ngpu:-0}" -lt 1 ]; then echo "SKIP: no GPU visible"; exit 0; fi
 job=$HERE/jobs/small.yaml
 common=(--set comm.backend=nccl --set model.hidden=256 --set model.input_dim=64 --set model.tasks=6
         --set data.batch_per_rank=64 --set steps=20 --set checkpoint.every_steps=10 --set log.level=info

@@ -17,8 +17,8 @@
 #   gpu_train.sh THETAD
 source "$(dirname "$0")/lib.sh"
 thetad=$1  # (the CMake test passes the reference too; it is not used here)
+skip_without_gpu  # ctest: Skipped, not Passed
 ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
-if [ "${ngpu:-0}" -lt 1 ]; then echo "SKIP: no GPU visible"; exit 0; fi
 np=$(( ngpu >= 2 ? 2 : 1 ))
 job=$HERE/jobs/small.yaml
 common=(--set comm.backend=nccl --set model.hidden=256 --set model.input_dim=64 --set steps=20

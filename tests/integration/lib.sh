@@ -1,28 +1,18 @@
-# Shared by the integration scripts: mpirun flags for loopback, a temp dir, small assertions.
+# The integration scripts' helpers: the shared test library (tests/lib/test_lib.sh: $WORK,
+# pass/fail/skip/die/finish, wait_for, expect_code, expect_in), mpirun flags for loopback, and
+# helpers that read thetad's logs, checkpoints and processes.
 # shellcheck shell=bash
-set -euo pipefail
+# shellcheck source=../lib/test_lib.sh
+source "$(cd "$(dirname "${BASH_SOURCE[0]}")/../lib" && pwd)/test_lib.sh"
 MPIRUN_FLAGS=(--oversubscribe --bind-to none --mca btl self,vader,tcp --mca btl_tcp_if_include lo
               --mca oob_tcp_if_include lo --mca pml ob1)
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-WORK=$(mktemp -d)
-trap 'rm -rf "$WORK"' EXIT
-FAILS=0
-PASSES=0
-pass() { echo "ok   $*"; PASSES=$((PASSES + 1)); }
-fail() { echo "FAIL $*"; FAILS=$((FAILS + 1)); }
-# expect_code CODE NAME cmd...: runs cmd, output to $WORK/NAME.log, checks the exit code.
-expect_code() {
-  local want=$1 name=$2; shift 2
-  local got=0
-  "$@" > "$WORK/$name.log" 2>&1 || got=$?
-  if [ "$got" -eq "$want" ]; then pass "$name (exit $got)"; else
-    fail "$name: exit $got, expected $want"; tail -15 "$WORK/$name.log"; fi
-}
-# expect_in NAME PATTERN: the log of NAME contains PATTERN (grep -E).
-expect_in() {
-  if grep -qE -- "$2" "$WORK/$1.log"; then pass "$1 says /$2/"; else
-    fail "$1 lacks /$2/"; tail -15 "$WORK/$1.log"; fi
+# skip_without_gpu: ends the test as skipped (ctest: Skipped) where no GPU is visible.
+skip_without_gpu() {
+  local ngpu
+  ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+  [ "${ngpu:-0}" -ge 1 ] || skip "no GPU visible"
 }
 final_hash() { grep -o 'final params hash: [0-9a-f]*' "$1" | awk '{print $4}' | tail -1; }
 # run_np NAME NP JOB ARGS...: `thetad run JOB` on NP ranks from scratch, expecting exit 0, with its
@@ -42,11 +32,6 @@ same_hash() {
 newest() { (cd "$1" && ls -d step-*/manifest.json 2>/dev/null | sed 's|/manifest.json||' | sort | tail -1); }
 # ranks_of JOB: pids of the thetad processes of a run started with --set job=JOB.
 ranks_of() { pgrep -f "thetad run .*job=$1" || true; }
-# wait_for PATH_GLOB: up to 60 s until it exists.
-wait_for() {
-  for _ in $(seq 1 600); do compgen -G "$1" >/dev/null && return 0; sleep 0.1; done
-  return 1
-}
 # owner_steps LOG [RANKS...]: the offload store's "N group steps run as owner", added up over
 # the given ranks' lines of a merged log (all ranks when none are given).
 owner_steps() {
@@ -56,4 +41,3 @@ owner_steps() {
   grep -E "$pat" "$log" | sed -n -E 's/.*parameter store: ([0-9]+) group steps run as owner.*/\1/p' |
     awk '{s += $1} END {print s + 0}'
 }
-finish() { echo "$PASSES passed, $FAILS failed"; [ "$FAILS" -eq 0 ]; }

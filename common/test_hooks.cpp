@@ -1,0 +1,45 @@
+// The test aids' registry (see test_hooks.hpp): the one place THETAD_TEST_* variables are read.
+#include "common/test_hooks.hpp"
+
+#include <chrono>
+#include <cstdlib>
+#include <string>
+#include <thread>
+
+namespace thetad::test_hooks {
+namespace {
+
+int64_t env_int(const char* name, int64_t otherwise) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::atoll(v) : otherwise;
+}
+
+const char* point_name(StallPoint p) {
+  switch (p) {
+    case StallPoint::nccl_id_exchange: return "nccl_id_exchange";
+    case StallPoint::cache_agreement: return "cache_agreement";
+  }
+  return "";
+}
+
+}  // namespace
+
+int64_t checkpoint_write_delay_ms() { return env_int("THETAD_TEST_CHECKPOINT_WRITE_DELAY_MS", 0); }
+
+int checkpoint_enospc_rank() { return static_cast<int>(env_int("THETAD_TEST_CHECKPOINT_ENOSPC_RANK", -1)); }
+
+bool checkpoint_stage_host() { return env_int("THETAD_TEST_CHECKPOINT_STAGE_HOST", 0) != 0; }
+
+void stall_at(StallPoint point, int rank) {
+  const char* v = std::getenv("THETAD_TEST_STALL");
+  if (!v || !*v) return;
+  const std::string s(v);
+  const size_t at = s.find('@'), colon = s.find(':', at == std::string::npos ? 0 : at);
+  if (at == std::string::npos || colon == std::string::npos) return;
+  if (s.compare(0, at, point_name(point)) != 0) return;
+  if (std::atoi(s.substr(at + 1, colon - at - 1).c_str()) != rank) return;
+  const double seconds = std::atof(s.substr(colon + 1).c_str());
+  if (seconds > 0) std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+}
+
+}  // namespace thetad::test_hooks
