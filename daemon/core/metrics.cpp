@@ -91,6 +91,13 @@ std::string to_json(const StepRecord& r) {
   field(out, "theta_device_slot_bytes", r.theta_device_slot_bytes);
   field(out, "theta_device_steps", r.theta.device_steps);
   field(out, "theta_cpu_adam_ms", r.theta.cpu_adam_ms);
+  field(out, "mem_params_bytes", r.mem_params_bytes);
+  field(out, "mem_grads_bytes", r.mem_grads_bytes);
+  field(out, "mem_optimizer_bytes", r.mem_optimizer_bytes);
+  field(out, "mem_lines_bytes", r.mem_lines_bytes);
+  field(out, "mem_activations_bytes", r.mem_activations_bytes);
+  field(out, "mem_other_bytes", r.mem_other_bytes);
+  field(out, "mem_step_peak_bytes", r.mem_step_peak_bytes);
   field(out, "nonfinite", r.nonfinite);
   field(out, "skipped", r.skipped);
   out.back() = '}';  // replaces the last field's ','

@@ -63,6 +63,15 @@ struct StepRecord {
   // offload.shared: stream: Θ's own store (its layers' copies, slots and CPU AdamW).
   StoreTraffic theta;                   // its traffic (h2d, d2h, device_steps, cpu_adam_ms)
   int64_t theta_device_slot_bytes = 0;  // device memory of Θ's layer slots (the prefetch window) and device layers
+  // GPUs: the step's device memory by what holds it (daemon/train/memory_breakdown.hpp); the
+  // parts sum to mem_step_peak_bytes, device_mem_peak_bytes is the largest of those so far.
+  int64_t mem_params_bytes = 0;
+  int64_t mem_grads_bytes = 0;
+  int64_t mem_optimizer_bytes = 0;
+  int64_t mem_lines_bytes = 0;
+  int64_t mem_activations_bytes = 0;
+  int64_t mem_other_bytes = 0;
+  int64_t mem_step_peak_bytes = 0;
   int64_t nonfinite = 0;            // 1: the step's loss was NaN or Inf on some rank (train.on_nonfinite)
   int64_t skipped = 0;              // 1: the step updated nothing (train.on_nonfinite: skip_step)
 };

@@ -36,6 +36,19 @@ int64_t DataPlane::allocator_peak_bytes() const {
   return 0;
 }
 
+int64_t DataPlane::allocator_current_bytes() const {
+#if THETAD_TORCH_CUDA
+  if (gpu()) return c10::cuda::CUDACachingAllocator::getDeviceStats(device.index()).allocated_bytes[0].current;
+#endif
+  return 0;
+}
+
+void DataPlane::reset_allocator_peak() const {
+#if THETAD_TORCH_CUDA
+  if (gpu()) c10::cuda::CUDACachingAllocator::resetPeakStats(device.index());
+#endif
+}
+
 const char* to_string(DataPlaneKind kind) {
   switch (kind) {
     case DataPlaneKind::mpi: return "mpi";

@@ -34,6 +34,10 @@ struct DataPlane {
   void on_compute_stream(const std::function<void()>& fn) const;
   // Most bytes the caching allocator held at once on the device (0 on the CPU).
   int64_t allocator_peak_bytes() const;
+  // Bytes the caching allocator holds allocated now (0 on the CPU).
+  int64_t allocator_current_bytes() const;
+  // Starts a new peak at what is allocated now (the per-step memory breakdown).
+  void reset_allocator_peak() const;
 };
 
 // `comm.backend: auto` means NCCL when a GPU is visible, MPI otherwise; `ctrl` is the job's

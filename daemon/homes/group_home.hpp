@@ -26,6 +26,13 @@
 
 namespace thetad::daemon {
 
+// A home's device memory by what it holds (bytes).
+struct HomeMemory {
+  int64_t params = 0;     // its groups' values in the caching allocator (the model's tensors)
+  int64_t optimizer = 0;  // Adam moments in the caching allocator
+  int64_t lines = 0;      // slots, cache and transit lines: memory of its own, outside the allocator
+};
+
 // What every home may use of the current window.
 struct WindowSettings {
   AdamSettings adam;                   // the step's settings (its step count: per group, below)
@@ -101,7 +108,7 @@ class GroupHome {
   }
 
   // ---- memory and metrics ----
-  virtual size_t device_bytes() const { return 0; }  // device memory outside the caching allocator
+  virtual HomeMemory device_memory() const { return {}; }
   virtual void add_stats(StepRecord& rec) { (void)rec; }
 
   // The groups this home holds, ascending (Homes sets them once, before set-up).

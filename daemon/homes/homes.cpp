@@ -163,10 +163,15 @@ void Homes::release_step(int64_t step) {
   for (GroupHome* h : in_use_) h->release_step(step);
 }
 
-size_t Homes::device_bytes() const {
-  size_t bytes = 0;
-  for (GroupHome* h : in_use_) bytes += h->device_bytes();
-  return bytes;
+HomeMemory Homes::device_memory() const {
+  HomeMemory sum;
+  for (GroupHome* h : in_use_) {
+    const HomeMemory m = h->device_memory();
+    sum.params += m.params;
+    sum.optimizer += m.optimizer;
+    sum.lines += m.lines;
+  }
+  return sum;
 }
 
 void Homes::add_stats(StepRecord& rec) {

@@ -65,7 +65,7 @@ class Homes {
   std::vector<int64_t>& group_steps() { return group_steps_; }
   const std::vector<int64_t>& group_steps() const { return group_steps_; }
 
-  size_t device_bytes() const;  // device memory the homes hold outside the caching allocator
+  HomeMemory device_memory() const;  // what the homes hold on the device, summed
   void add_stats(StepRecord& rec);
 
  private:

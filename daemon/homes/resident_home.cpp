@@ -46,15 +46,32 @@ void ResidentHome::start_window(int64_t step, const WindowSettings& w) {
   }
 }
 
+void ResidentHome::create_moments(int p) {
+  const auto i = static_cast<size_t>(p);
+  const torch::Tensor& t = groups_[p].tensor;
+  exp_avg_[i] = torch::zeros_like(t, torch::MemoryFormat::Contiguous);
+  exp_avg_sq_[i] = torch::zeros_like(t, torch::MemoryFormat::Contiguous);
+  moment_bytes_ += 2 * t.numel() * static_cast<int64_t>(t.element_size());
+}
+
+HomeMemory ResidentHome::device_memory() const {
+  HomeMemory m;
+  if (plane_.device.is_cpu()) return m;
+  for (int g : held())
+    for (int p : groups_.members[static_cast<size_t>(g)]) {
+      const torch::Tensor& t = groups_[p].tensor;
+      m.params += t.numel() * static_cast<int64_t>(t.element_size());
+    }
+  m.optimizer = moment_bytes_;
+  return m;
+}
+
 // Parameter p's operands: its values, its gradient at `grad`, its moments (zeros at its first
 // update: the same bits as moments held from the start).
 void ResidentHome::add_operands(int p, float* grad, AdamOperands& ops) {
   const auto i = static_cast<size_t>(p);
   const NamedParam& np = groups_[p];
-  if (!exp_avg_[i].defined()) {
-    exp_avg_[i] = torch::zeros_like(np.tensor, torch::MemoryFormat::Contiguous);
-    exp_avg_sq_[i] = torch::zeros_like(np.tensor, torch::MemoryFormat::Contiguous);
-  }
+  if (!exp_avg_[i].defined()) create_moments(p);
   ops.params.push_back(np.tensor);
   ops.grads.push_back(torch::from_blob(grad, np.tensor.sizes(),
                                        torch::TensorOptions().dtype(torch::kFloat32).device(plane_.device)));
@@ -111,10 +128,7 @@ void ResidentHome::restore(int g, const GroupState& st) {
     const auto i = static_cast<size_t>(members[k]);
     groups_[members[k]].tensor.copy_(st.params[k]);
     if (st.steps == 0 && !exp_avg_[i].defined()) continue;  // never updated: no moments yet
-    if (!exp_avg_[i].defined()) {
-      exp_avg_[i] = torch::zeros_like(groups_[members[k]].tensor, torch::MemoryFormat::Contiguous);
-      exp_avg_sq_[i] = torch::zeros_like(groups_[members[k]].tensor, torch::MemoryFormat::Contiguous);
-    }
+    if (!exp_avg_[i].defined()) create_moments(members[k]);
     exp_avg_[i].copy_(st.exp_avg[k]);
     exp_avg_sq_[i].copy_(st.exp_avg_sq[k]);
   }

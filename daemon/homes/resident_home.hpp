@@ -35,9 +35,11 @@ class ResidentHome final : public GroupHome {
     (void)g;
     return true;
   }
+  HomeMemory device_memory() const override;
 
  private:
   void add_operands(int p, float* grad, AdamOperands& ops);
+  void create_moments(int p);
   const config::Job& job_;
   const TaskModel& model_;
   ParamGroups& groups_;
@@ -49,6 +51,7 @@ class ResidentHome final : public GroupHome {
   int rank_ = 0;
   const WindowSettings* window_ = nullptr;
   std::vector<torch::Tensor> exp_avg_, exp_avg_sq_;  // per parameter: created at its first update
+  int64_t moment_bytes_ = 0;                         // of those, allocated so far
   std::vector<uint8_t> bucket_stepped_;              // per bucket, this window
 };
 

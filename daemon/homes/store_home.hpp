@@ -89,7 +89,7 @@ class StoreHome final : public GroupHome {
   bool initial(int g) const override;
   void initial_values(int p, float* dst) const override;
 
-  size_t device_bytes() const override;  // its slots and its lines (memory outside the allocator)
+  HomeMemory device_memory() const override;  // its slots and its lines (memory outside the allocator)
   void add_stats(StepRecord& rec) override;
   // The store's device (streams, copies): Θ's streamed store shares it (after build).
   offload::Device* device() { return device_.get(); }

@@ -337,12 +337,14 @@ void StreamedTrunk::release_step(int64_t step) {
 
 void StreamedTrunk::add_stats(StepRecord& rec) {
   rec.theta = traffic_since(store_->stats(), last_stats_);
-  rec.theta_device_slot_bytes = static_cast<int64_t>(device_bytes());
+  rec.theta_device_slot_bytes = device_memory().lines;
 }
 
-size_t StreamedTrunk::device_bytes() const {
+HomeMemory StreamedTrunk::device_memory() const {
   const offload::StoreStats st = store_->stats();
-  return st.device_slot_bytes + st.cache_line_bytes;
+  HomeMemory m;
+  m.lines = static_cast<int64_t>(st.device_slot_bytes + st.cache_line_bytes);
+  return m;
 }
 
 GroupState StreamedTrunk::state(int g) {

@@ -101,7 +101,7 @@ class StreamedTrunk final : public GroupHome, public LayerWeights {
   void skip(int g) override;
   void release_step(int64_t step) override;
 
-  size_t device_bytes() const override;
+  HomeMemory device_memory() const override;
   void add_stats(StepRecord& rec) override;
   // Checkpoints, resume and the hash: Θ in group 0's flat layout (layers concatenated).
   GroupState state(int g) override;

@@ -68,8 +68,7 @@ void StepRecorder::queue_losses(PendingStep& p, const torch::Tensor& total,
   p.losses = packed.contiguous();
 }
 
-void StepRecorder::finish(PendingStep& p, int64_t extra_device_bytes,
-                          const std::function<void(StepRecord&)>& before_write) {
+void StepRecorder::finish(PendingStep& p, const std::function<void(StepRecord&)>& before_write) {
   StepRecord& rec = p.rec;
 #if THETAD_TORCH_CUDA
   if (p.marks->done) {
@@ -95,8 +94,7 @@ void StepRecorder::finish(PendingStep& p, int64_t extra_device_bytes,
   const float* l = p.losses.data_ptr<float>();
   rec.loss = l[0];
   for (size_t i = 0; i < p.tasks.size(); ++i) rec.task_loss.push_back({p.tasks[i], l[i + 1]});
-  // step_ms comes with the record (the trainer times the whole iteration, checkpoint included).
-  rec.device_mem_peak_bytes = plane_.gpu() ? plane_.allocator_peak_bytes() + extra_device_bytes : 0;
+  // step_ms and the device memory come with the record (the trainer's, at the step's end on the host).
   if (before_write) before_write(rec);
   if (metrics_) metrics_->write(rec);
   progress_->finished(rec);

@@ -45,10 +45,9 @@ class StepRecorder {
   void queue_losses(PendingStep& p, const torch::Tensor& total,
                     const std::vector<std::pair<int, torch::Tensor>>& task_losses) const;
   // Waits for the step's device work (bounded by comm.timeout_s, never forever), fills in its
-  // losses and device times and the device's peak memory (`extra_device_bytes`: memory held
-  // outside the caching allocator), writes its metrics and the progress line.
+  // losses and device times, writes its metrics and the progress line.
   // `before_write` sees the finished record (losses read) before it goes to the metrics.
-  void finish(PendingStep& p, int64_t extra_device_bytes, const std::function<void(StepRecord&)>& before_write = {});
+  void finish(PendingStep& p, const std::function<void(StepRecord&)>& before_write = {});
   Progress& progress() { return *progress_; }
 
  private:

@@ -34,6 +34,7 @@
 #include "daemon/reducer/grad_hooks.hpp"
 #include "daemon/state/run_state.hpp"
 #include "daemon/homes/homes.hpp"
+#include "daemon/train/memory_breakdown.hpp"
 #include "daemon/train/step_record.hpp"
 #include "offload/host_arena.hpp"
 
@@ -59,7 +60,6 @@ class Trainer {
   void optimizer_step(int64_t step, PendingStep& p, bool skip);
   AdamSettings adam_settings(int64_t step) const;
   void record_engine_stats(StepRecord& rec);
-  int64_t device_extra_bytes() const;
 
   const config::Job& job_;
   const RunOptions opts_;
@@ -80,6 +80,7 @@ class Trainer {
   std::unique_ptr<GradHooks> hooks_;
   std::unique_ptr<RunState> state_;
   std::unique_ptr<StepRecorder> recorder_;
+  std::unique_ptr<MemoryBreakdown> memory_;
   bool declared_ = true;                      // comm.active: declared (else discovered)
   std::vector<std::pair<int, torch::Tensor>> task_losses_;  // read once per step (one sync)
   torch::Tensor loss_total_;
@@ -106,6 +107,7 @@ void Trainer::build() {
   hooks_ = std::make_unique<GradHooks>(*groups_, *engine_, data_, homes_->grad_memory());
   state_ = std::make_unique<RunState>(job_, world_, *plane_, *groups_, *homes_);
   recorder_ = std::make_unique<StepRecorder>(job_, data_, world_.rank);
+  memory_ = std::make_unique<MemoryBreakdown>(data_);
 }
 
 // With a host store, the model is built on the host and Homes moves the resident groups to the
@@ -148,6 +150,7 @@ void Trainer::build_engine() {
 void Trainer::train_step(int64_t step, PendingStep& p) {
   const int64_t k = job_.accumulate_steps;
   recorder_->mark(p, Phase::start);
+  memory_->start_step(homes_->device_memory());
   engine_->start_window(step);
   hooks_->start_window();
   homes_->start_window(step, adam_settings(step));
@@ -330,6 +333,7 @@ void Trainer::record_engine_stats(StepRecord& rec) {
   rec.grad_stream_peak_bytes = st.streamed_bytes_peak;
   rec.samples = job_.data.batch_per_rank;
   homes_->add_stats(rec);
+  memory_->record(homes_->device_memory(), static_cast<int64_t>(engine_->buffer_bytes()), rec);
   if (act_stash_) {
     const ActivationStats as = act_stash_->step_stats();
     rec.act_offload_bytes = as.d2h_bytes + as.h2d_bytes;
@@ -338,11 +342,6 @@ void Trainer::record_engine_stats(StepRecord& rec) {
     rec.act_pool_allocations = as.pool_allocations;
   }
   recorder_->progress().queued(job_.data.batch_per_rank * world_.size, st.bytes_pruned);
-}
-
-// Device memory outside the caching allocator: the engine's buckets and the homes' slots and lines.
-int64_t Trainer::device_extra_bytes() const {
-  return static_cast<int64_t>(engine_->buffer_bytes() + homes_->device_bytes());
 }
 
 int Trainer::run() {
@@ -364,9 +363,9 @@ int Trainer::run() {
     if (pending) {
       Timeline::Scope span(timeline_.get(), Lane::compute, "wait for the previous step's device work");
       if (lagged_check)
-        recorder_->finish(*pending, device_extra_bytes(), [&](StepRecord& rec) { nonfinite(rec.step, rec.loss, rec); });
+        recorder_->finish(*pending, [&](StepRecord& rec) { nonfinite(rec.step, rec.loss, rec); });
       else
-        recorder_->finish(*pending, device_extra_bytes());
+        recorder_->finish(*pending);
     }
     pending.reset();
   };

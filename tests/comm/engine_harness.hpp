@@ -4,6 +4,7 @@
 // and the reference every rank computes for every rank's gradients.
 #pragma once
 
+#include <chrono>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -175,6 +176,26 @@ inline void expect_matches_reference(const RunResult& run, const BucketPlan& pla
               << "step " << step << " param " << plan.params[p].name << " element " << i;
       }
   }
+}
+
+// Engine options of the tests: a 30 s timeout.
+inline EngineOptions options(bool prune, Average avg) {
+  EngineOptions o;
+  o.prune = prune;
+  o.average = avg;
+  o.timeout = std::chrono::seconds(30);
+  return o;
+}
+
+// The test model with every task parameter in a bucket of its own (streamed groups), small
+// buckets for Θ.
+inline BucketPlan streamed_plan() {
+  std::vector<ParamInfo> params = model_params();
+  for (ParamInfo& p : params) p.alone = p.group > 0;
+  BucketPlanOptions po;
+  po.bucket_cap_bytes = 200;
+  po.first_bucket_bytes = 64;
+  return make_bucket_plan(params, kGroups, po);
 }
 
 }  // namespace thetad::comm::testing

@@ -80,7 +80,9 @@ const char* kKeys[] = {"step", "rank", "loss", "task_loss", "lr", "samples", "st
                        "device_mem_peak_bytes", "host_pinned_bytes", "cpu_adam_ms",
                        "acquire_wait_ms", "cache_loads", "cache_flushes", "device_steps", "streamed_steps", "act_offload_bytes", "act_device_peak_bytes", "act_layer_bytes",
                        "act_pool_allocations", "theta_h2d_bytes", "theta_d2h_bytes", "theta_device_slot_bytes",
-                       "theta_device_steps", "theta_cpu_adam_ms", "nonfinite", "skipped"};
+                       "theta_device_steps", "theta_cpu_adam_ms", "mem_params_bytes", "mem_grads_bytes",
+                       "mem_optimizer_bytes", "mem_lines_bytes", "mem_activations_bytes", "mem_other_bytes",
+                       "mem_step_peak_bytes", "nonfinite", "skipped"};
 
 TEST(Metrics, RecordHasEveryField) {
   const std::string j = to_json(sample());
