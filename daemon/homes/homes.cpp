@@ -45,7 +45,11 @@ Homes::Homes(const config::Job& job, TaskModel& model, ParamGroups& groups, cons
   }
 }
 
-Homes::~Homes() = default;
+// Homes are destroyed in the reverse order of their set-up: Θ's streamed store runs on the θ[t]
+// store's device (its streams), so it must go first.
+Homes::~Homes() {
+  while (!homes_.empty()) homes_.pop_back();
+}
 
 torch::Device Homes::model_device(const config::Job& job, const DataPlane& plane) {
   const bool host_store = job.offload.enabled || job.offload.shared == config::SharedMode::Stream;
