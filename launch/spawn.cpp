@@ -46,6 +46,7 @@ Child spawn(const SpawnSpec& spec) {
   SpawnObjects o;
   sigset_t none, all;
   sigemptyset(&none);
+  for (int sig : spec.blocked) sigaddset(&none, sig);
   sigfillset(&all);
   short flags = POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF;
   if (spec.new_session) flags |= POSIX_SPAWN_SETSID;

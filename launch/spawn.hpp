@@ -18,6 +18,7 @@ struct SpawnSpec {
   std::vector<std::string> env;            // "K=V" entries; empty: this process's environment
   bool new_session = false;                // setsid(): its own session and process group
   std::vector<std::pair<int, int>> dup2s;  // (from, to): `from` appears as `to` in the child
+  std::vector<int> blocked;                // signals the child starts with blocked (none else)
 };
 
 struct Child {

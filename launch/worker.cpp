@@ -90,7 +90,11 @@ int exec_child_main(int argc, char** argv) {
   if (argc < 5 || std::strcmp(argv[3], "--") != 0) return 2;
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (::getppid() != pid_t(std::atol(argv[2]))) return 137;  // the wrapper is gone already
+  // Started with SIGUSR1 blocked (a forwarded one waits), now ignored: a pending one is dropped.
   std::signal(SIGUSR1, SIG_IGN);
+  sigset_t none;
+  sigemptyset(&none);
+  ::sigprocmask(SIG_SETMASK, &none, nullptr);
   ::execvp(argv[4], argv + 4);
   std::fprintf(stderr, "thetad-launch: cannot run '%s': %s\n", argv[4], std::strerror(errno));
   return errno == ENOENT ? 127 : 126;
@@ -138,6 +142,7 @@ int worker_main(int argc, char** argv) {
     if (std::strncmp(*e, kReadyFdVar, std::strlen(kReadyFdVar)) != 0) spec.env.push_back(*e);
   spec.env.push_back(std::string(kReadyFdVar) + "=3");
   spec.dup2s = {{err[1].get(), STDERR_FILENO}, {ready[1].get(), 3}};
+  spec.blocked = {SIGUSR1};
   WorkerState st;
   Child child = spawn(spec);
   st.child = child.pid;
