@@ -101,12 +101,15 @@ int exec_child_main(int argc, char** argv) {
 }
 
 int worker_main(int argc, char** argv) {
-  // From the first moment a stop is kept (blocked, read from the signalfd), never lost.
-  Fd sfd = take_signals({SIGTERM, SIGINT, SIGUSR1, SIGHUP, SIGCHLD}, false);
-  // The wrapper's parent (mpirun's daemon, slurmstepd) gone: stop the rank like a SIGTERM.
+  // From the first moment a stop is kept (blocked, read from the signalfd), never lost. The
+  // wrapper's parent (mpirun, slurmstepd) gone stops the rank too: PR_SET_PDEATHSIG sends a
+  // signal of its own, taken as a stop only when the parent process is really gone (the kernel
+  // sends it also when just the thread that started us ends).
+  const int parent_gone = SIGRTMIN;
+  Fd sfd = take_signals({SIGTERM, SIGINT, SIGUSR1, SIGHUP, SIGCHLD, parent_gone}, false);
   const pid_t parent = ::getppid();
-  ::prctl(PR_SET_PDEATHSIG, SIGTERM);
-  if (::getppid() != parent) ::raise(SIGTERM);
+  ::prctl(PR_SET_PDEATHSIG, parent_gone);
+  if (::getppid() != parent) ::raise(parent_gone);
   if (argc < 3) throw ConfigError("--worker needs LOGDIR");
   const std::string logdir = argv[2];
   int first = 3;
@@ -164,7 +167,7 @@ int worker_main(int argc, char** argv) {
     if (::poll(fds, 4, timeout) < 0 && errno != EINTR) break;
     if (fds[0].revents)
       while (int sig = read_signal(sfd.get()))
-        if (sig != SIGCHLD && !st.stop) {
+        if (sig != SIGCHLD && !st.stop && (sig != parent_gone || ::getppid() != parent)) {
           st.stop = true;
           st.stop_at = monotonic_s();
         }
