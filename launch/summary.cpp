@@ -103,17 +103,27 @@ Verdict summarize(const SummaryInput& in) {
   }
   // A rank whose wrapper itself was killed leaves no exit record, only its pid file; its death
   // is what made mpirun/srun end the others, with its status (128+N).
-  if (in.launcher_code > 128) {
-    int lost = -1;
-    for (int r : in.closed_order) {
-      auto it = in.ranks.find(r);
-      if (it != in.ranks.end() && it->second.has_pid && !it->second.has_exit) {
-        lost = r;
-        break;
-      }
+  auto lost_wrapper = [&](const RankRecord& rec) {
+    return in.launcher_code > 128 && rec.has_pid && !rec.has_exit;
+  };
+  // On this host the wrappers' connections ended in the order the ranks ended: the first that
+  // failed (exit record or lost wrapper) is the cause, the others mostly mpirun's cleanup (a
+  // wrapper it killed records nothing).
+  bool by_order = false;
+  for (int r : in.closed_order) {
+    auto it = in.ranks.find(r);
+    if (it == in.ranks.end()) continue;
+    const RankRecord& rec = it->second;
+    if (rec.has_exit ? rec.code != 0 : lost_wrapper(rec)) {
+      first = r, first_code = rec.has_exit ? rec.code : in.launcher_code, by_order = true;
+      break;
     }
+  }
+  // Else (ranks of other hosts): the earliest record, unless a wrapper was lost.
+  if (!by_order) {
+    int lost = -1;
     for (auto it = in.ranks.begin(); lost < 0 && it != in.ranks.end(); ++it)
-      if (it->second.has_pid && !it->second.has_exit) lost = it->first;
+      if (lost_wrapper(it->second)) lost = it->first;
     if (lost >= 0 && !(in.stopped && first < 0)) first = lost, first_code = in.launcher_code;
   }
   const std::string log = in.log_dir + "/rank-" + std::to_string(first) + ".log";

@@ -185,6 +185,32 @@ TEST(Summary, FirstFailureByTimeAndLostWrapper) {
   EXPECT_NE(v.lines[1].find("node n0 lost ranks 2 (its ranks: 0,1,2)"), std::string::npos);
 }
 
+TEST(Summary, OrderOfEndsNamesTheCauseNotMpirunsCleanup) {
+  SummaryInput in;
+  in.ranks_total = 4;
+  in.log_dir = "/l";
+  in.simulated = true;
+  in.launcher_code = 137;
+  // Node 1's ranks 2 and 3 killed (their wrappers record 137); mpirun then kills the wrappers of
+  // ranks 0 and 1, which record nothing.
+  in.ranks[0] = {false, 0, 0, true, "0"};
+  in.ranks[1] = {false, 0, 0, true, "0"};
+  in.ranks[2] = {true, 137, 5.0, false, "1"};
+  in.ranks[3] = {true, 137, 5.1, false, "1"};
+  in.closed_order = {3, 2, 0, 1};
+  Verdict v = summarize(in);
+  EXPECT_EQ(v.code, 3);
+  EXPECT_NE(v.lines[0].find("rank 3 lost (signal 9, SIGKILL)"), std::string::npos);
+  EXPECT_NE(v.lines[1].find("simulated node 1 lost ranks 2,3 (its ranks: 2,3)"), std::string::npos);
+  // Rank 1's wrapper killed first; rank 0 then stopped by mpirun's SIGTERM (exit 4).
+  in.ranks.clear();
+  in.ranks[0] = {true, 4, 9.0, false, "0"};
+  in.ranks[1] = {false, 0, 0, true, "0"};
+  in.closed_order = {1, 0};
+  v = summarize(in);
+  EXPECT_NE(v.lines[0].find("rank 1 lost (signal 9, SIGKILL)"), std::string::npos);
+}
+
 TEST(Summary, StopAndNeverRan) {
   SummaryInput in;
   in.ranks_total = 2;
