@@ -5,6 +5,7 @@
 
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 #include <string>
@@ -111,6 +112,12 @@ int cmd_run(const Args& a) {
   std::signal(SIGTERM, on_signal);
   std::signal(SIGINT, on_signal);
   std::signal(SIGUSR1, on_signal);  // `kill -USR1 <mpirun>` stops a plain mpirun job gracefully
+  // thetad-launch's wrapper passes a stop on only once told that these handlers are set.
+  if (const char* fd = std::getenv("THETAD_READY_FD")) {
+    (void)!::write(std::atoi(fd), "ready\n", 6);
+    ::close(std::atoi(fd));
+    ::unsetenv("THETAD_READY_FD");
+  }
   thetad::config::Job job = load(a, /*warn=*/false);  // before MPI: a bad job starts nothing
   thetad::comm::MpiSession session;
   const auto world = thetad::comm::world_info();

@@ -46,8 +46,8 @@ def readme_packages(root):
 
 
 def launcher_flags(root):
-    """The options thetad-launch's usage (--help) lists."""
-    text = open(os.path.join(root, "launch/thetad-launch")).read()
+    """The options thetad-launch's usage (--help) lists: usage_text() in launch/options.cpp."""
+    text = open(os.path.join(root, "launch/options.cpp")).read()
     usage = text[text.index("usage: thetad-launch"):text.index("EOF", text.index("usage: thetad-launch"))]
     return set(re.findall(r"^\s+(--[a-z][a-z-]*)", usage, re.M))
 

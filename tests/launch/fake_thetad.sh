@@ -8,7 +8,8 @@
 #     exits 4 like thetad does after its checkpoint, which takes THETAD_FAKE_STOP_SLEEP seconds
 #     (default 0; then it prints "checkpoint complete"). It installs its SIGTERM handler only
 #     after THETAD_FAKE_START_DELAY seconds (default 0), like thetad while LibTorch loads: a
-#     SIGTERM before that kills it. Writes its pid to $THETAD_FAKE_STATE/pid-R and marks
+#     SIGTERM before that kills it. Once its handler is set it reports so on the fd the launcher's
+#     wrapper names in THETAD_READY_FD, as thetad does. Writes its pid to $THETAD_FAKE_STATE/pid-R and marks
 #     $THETAD_FAKE_STATE/ran when run at all.
 # shellcheck disable=SC2317  # on_term runs from a trap
 set -euo pipefail
@@ -55,6 +56,11 @@ on_term() {
 }
 if [[ ${THETAD_FAKE_START_DELAY:-0} != 0 ]]; then sleep "$THETAD_FAKE_START_DELAY"; fi
 trap on_term TERM
+if [[ -n ${THETAD_READY_FD:-} ]]; then  # the stop handler is set: tell the wrapper, once
+  printf 'ready\n' >&"$THETAD_READY_FD" || true
+  exec {THETAD_READY_FD}>&-
+  unset THETAD_READY_FD
+fi
 
 say info daemon "fake worker starts job $job"
 say info daemon "CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES-unset}"

@@ -11,10 +11,11 @@ export THETAD_FAKE_STATE=$T/state
 mkdir -p "$THETAD_FAKE_STATE"
 unset SLURM_JOB_ID CUDA_VISIBLE_DEVICES THETAD_MPIRUN_ARGS THETAD_MPIRUN_BIND || true
 
-# A job file whose path carries the marker (for pgrep) and whose `job:` names it.
-make_job() {  # make_job NAME [extra line]
-  local f=$T/$1.yaml
-  printf 'job: %s-%s\nsteps: 10\n%s\n' "$1" "$MARKER" "${2:-}" >"$f"
+# A job file whose path carries the marker (for pgrep) and whose `job:` names it; thetad's loader
+# accepts it (the launcher checks it in-process) unless the model line given breaks it.
+make_job() {  # make_job NAME [model line]
+  local f=$T/$1.yaml model='model: {kind: multitask_mlp, tasks: 2}'
+  printf 'job: %s-%s\nsteps: 10\n%s\ndata: {kind: synthetic}\n' "$1" "$MARKER" "${2:-$model}" >"$f"
   echo "$f"
 }
 
@@ -63,11 +64,13 @@ SHIM
   assert_grep 'FAKE_INVALID' "$T/bad.err" "validate's message not shown"
   assert_grep 'invalid|nothing was started' "$T/bad.err"
   # A thetad that cannot run at all is not a job error: exit 1, and the message says so.
-  local broken; broken=$(make_job broken 'model: {kind: FAKE_BROKEN}')
-  THETAD_MPIRUN=$T/mpirun-shim run_launcher "$T/broken" --log-dir "$T/logs" "$broken" --set steps=5
-  ((RC == 1)) || { cat "$T/broken.err" >&2; fail "broken thetad: want exit 1, got $RC"; }
-  [[ ! -e $T/mpirun-started ]] || fail "mpirun was started although thetad could not validate"
-  assert_grep 'exit code 127 \(not a job error\)' "$T/broken.err"
+  local job2; job2=$(make_job broken)
+  touch "$T/not-executable"
+  RC=0
+  THETAD_MPIRUN=$T/mpirun-shim timeout -k 5 60 "$LAUNCHER" --thetad "$T/not-executable" --log-dir "$T/logs" "$job2" >"$T/broken.out" 2>"$T/broken.err" || RC=$?
+  ((RC == 1)) || { cat "$T/broken.err" >&2; fail "thetad not executable: want exit 1, got $RC"; }
+  [[ ! -e $T/mpirun-started ]] || fail "mpirun was started although thetad cannot run"
+  assert_grep 'is not an executable file' "$T/broken.err"
   pass "invalid job: exit 2, mpirun never started"
 }
 

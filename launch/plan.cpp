@@ -1,0 +1,367 @@
+// Building the launcher's plan (see plan.hpp): the same checks, defaults and mpirun/srun flags
+// as docs/deploy.md describes.
+#include "launch/plan.hpp"
+
+#include <dirent.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <regex>
+#include <sstream>
+
+#include "common/errors.hpp"
+#include "config/loader.hpp"
+#include "launch/program_output.hpp"
+#include "launch/sys.hpp"
+
+extern char** environ;
+
+namespace thetad::launch {
+
+namespace {
+
+std::string env(const char* k) {
+  const char* v = std::getenv(k);
+  return v ? v : "";
+}
+bool env_set(const char* k) { return std::getenv(k) != nullptr; }
+
+bool positive_int(const std::string& s, size_t max_digits = 9) {
+  if (s.empty() || s.size() > max_digits || s[0] < '1' || s[0] > '9') return false;
+  return std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+bool executable_file(const std::string& p) {
+  struct stat st;
+  return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(p.c_str(), X_OK) == 0;
+}
+
+// `command -v`: the path of `prog` (as given when it has a '/'), "" when not found.
+std::string find_program(const std::string& prog) {
+  if (prog.find('/') != std::string::npos) return executable_file(prog) ? prog : "";
+  std::stringstream path(env("PATH"));
+  std::string dir;
+  while (std::getline(path, dir, ':'))
+    if (!dir.empty() && executable_file(dir + "/" + prog)) return dir + "/" + prog;
+  return "";
+}
+
+std::vector<std::string> split_words(const std::string& s) {
+  std::vector<std::string> out;
+  std::istringstream in(s);
+  std::string w;
+  while (in >> w) out.push_back(w);
+  return out;
+}
+
+std::vector<std::string> split_keep_empty(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  for (;;) {
+    size_t p = s.find(sep, start);
+    out.push_back(s.substr(start, p - start));
+    if (p == std::string::npos) return out;
+    start = p + 1;
+  }
+}
+
+// An explicit choice (--thetad, THETAD_BIN) is used or refused, never silently replaced.
+std::string find_thetad(const Options& o, const std::string& self_dir) {
+  for (const std::string& cand : {o.thetad, env("THETAD_BIN")}) {
+    if (cand.empty()) continue;
+    if (!executable_file(cand)) throw Error("thetad binary '" + cand + "' is not an executable file");
+    return absolute_path(cand, true);
+  }
+  for (const std::string& cand : {self_dir + "/../daemon/thetad", self_dir + "/thetad"})
+    if (executable_file(cand)) return absolute_path(cand, true);
+  std::string on_path = find_program("thetad");
+  if (!on_path.empty()) return absolute_path(on_path, true);
+  throw Error("no thetad binary: pass --thetad PATH, set THETAD_BIN, build into " +
+              absolute_path(self_dir + "/..", false) + ", or put thetad on PATH");
+}
+
+// Non-comment lines of an Open MPI hostfile.
+std::vector<std::string> hostfile_lines(const std::string& file) {
+  std::ifstream in(file);
+  std::vector<std::string> out;
+  std::string line;
+  while (std::getline(in, line)) {
+    size_t b = line.find_first_not_of(" \t\r");
+    if (b == std::string::npos || line[b] == '#') continue;
+    out.push_back(line.substr(b));
+  }
+  return out;
+}
+
+// Checks the job with thetad's own loader; returns its name.
+std::string check_job(const Plan& p, const Options& o) {
+  config::LoadOptions lo;
+  lo.overrides = o.overrides;
+  lo.cuda_build = p.gpus > 0;  // NCCL needs GPUs; thetad checks its build itself when it starts
+  try {
+    config::Job job = config::load_job(p.job, lo);
+    for (const auto& w : job.warnings) std::fprintf(stderr, "thetad-launch: warning: %s\n", w.c_str());
+    return job.name;
+  } catch (const config::JobError& e) {
+    for (const auto& m : e.messages()) std::fprintf(stderr, "thetad-launch: error: %s\n", m.c_str());
+    throw ConfigError("job '" + o.job + "' is invalid (" + std::to_string(e.messages().size()) +
+                      " error(s)); nothing was started");
+  } catch (const ConfigError& e) {
+    throw ConfigError("job '" + o.job + "' is invalid: " + e.what() + "; nothing was started");
+  }
+}
+
+void add_mpirun_flags(Plan& p, const Options& o, bool uniform, const std::string& sim) {
+  const std::string mpirun = env_set("THETAD_MPIRUN") ? env("THETAD_MPIRUN") : "mpirun";
+  if (find_program(mpirun).empty())
+    throw Error("'" + mpirun + "' not found (install openmpi-bin or set THETAD_MPIRUN)");
+  if (::geteuid() == 0) {
+    ::setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
+    ::setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
+  }
+  auto& c = p.command;
+  c = {mpirun, "-np", std::to_string(p.ranks)};
+  if (!o.hostfile.empty()) c.insert(c.end(), {"--hostfile", absolute_path(o.hostfile, true)});
+  if (!o.hosts.empty()) {
+    std::string spec;
+    for (const auto& h : split_keep_empty(o.hosts, ',')) {
+      size_t colon = h.find(':');
+      spec += (spec.empty() ? "" : ",") + h.substr(0, colon) + ":" +
+              (colon == std::string::npos ? std::to_string(p.nproc) : h.substr(colon + 1));
+    }
+    c.insert(c.end(), {"--host", spec});
+  }
+  const long cores = std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN));
+  // On one host (simulated nodes included) every rank shares its cores.
+  if (p.nproc > cores || (!p.host_list && p.ranks > cores)) c.push_back("--oversubscribe");
+  if (env_set("THETAD_MPIRUN_BIND")) {
+    for (auto& w : split_words(env("THETAD_MPIRUN_BIND"))) c.push_back(w);
+  } else if (!sim.empty()) {
+    c.insert(c.end(), {"--bind-to", "none"});  // the simulated nodes share this host
+  } else if (p.gpus > 0 && p.nproc <= cores && uniform) {
+    c.insert(c.end(), {"--map-by", "ppr:" + std::to_string(p.nproc) + ":node", "--bind-to", "numa"});
+  } else if (uniform && p.host_list) {
+    c.insert(c.end(), {"--map-by", "ppr:" + std::to_string(p.nproc) + ":node", "--bind-to", "none"});
+  } else {
+    c.insert(c.end(), {"--bind-to", "none"});
+  }
+  // Network: single-node runs (and loopback-only machines) keep MPI on shared memory and lo.
+  if (env_set("THETAD_MPIRUN_ARGS")) {
+    for (auto& w : split_words(env("THETAD_MPIRUN_ARGS"))) c.push_back(w);
+  } else {
+    int nonlo = 0;
+    if (DIR* d = ::opendir("/sys/class/net")) {
+      while (dirent* e = ::readdir(d))
+        if (e->d_name[0] != '.' && std::string(e->d_name) != "lo") ++nonlo;
+      ::closedir(d);
+    }
+    if (!p.host_list || nonlo == 0)
+      c.insert(c.end(), {"--mca", "btl", "self,vader,tcp", "--mca", "btl_tcp_if_include", "lo",
+                         "--mca", "oob_tcp_if_include", "lo", "--mca", "pml", "ob1", "--mca",
+                         "osc", "^ucx"});
+  }
+  std::vector<std::string> pass;
+  static const std::regex kPassed("^(NCCL_|THETAD_|NVSHMEM_|TORCH_SYMM_MEM_).*");
+  for (char** e = environ; *e; ++e) {
+    std::string name(*e, std::strchr(*e, '=') ? size_t(std::strchr(*e, '=') - *e) : std::strlen(*e));
+    if (std::regex_match(name, kPassed)) pass.push_back(name);
+  }
+  std::sort(pass.begin(), pass.end());
+  for (const char* v : {"CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "LD_LIBRARY_PATH"})
+    if (env_set(v)) pass.push_back(v);
+  for (auto& v : pass) c.insert(c.end(), {"-x", v});
+}
+
+void add_srun_flags(Plan& p, const Options& o) {
+  if (find_program("srun").empty() && !o.dry_run) throw Error("srun not found");
+  auto& c = p.command;
+  c = {"srun", "--mpi=pmix", "--kill-on-bad-exit=1"};
+  const std::string per_node = env("SLURM_NTASKS_PER_NODE");
+  if (!o.nproc.empty() || per_node.empty()) {
+    c.push_back("--ntasks-per-node=" + std::to_string(p.nproc));
+    if (p.gpus > 0) c.push_back("--gpus-per-task=1");
+  }
+  if (!per_node.empty() && o.nproc.empty()) p.nproc = std::atoi(per_node.c_str());  // "8(x2)" -> 8
+  std::string nodes = env_set("SLURM_JOB_NUM_NODES") ? env("SLURM_JOB_NUM_NODES") : env("SLURM_NNODES");
+  p.nodes = nodes.empty() ? 1 : std::max(1, std::atoi(nodes.c_str()));
+  p.ranks = p.nodes * p.nproc;
+  for (auto& w : split_words(env("THETAD_SRUN_ARGS"))) c.push_back(w);
+}
+
+}  // namespace
+
+Plan make_plan(const Options& o) {
+  Plan p;
+  p.self = self_exe();
+  const std::string self_dir = p.self.substr(0, p.self.rfind('/'));
+  if (::access(o.job.c_str(), R_OK) != 0 || !std::ifstream(o.job) || [&] {
+        struct stat st;
+        return ::stat(o.job.c_str(), &st) != 0 || !S_ISREG(st.st_mode);
+      }())
+    throw ConfigError("job file '" + o.job + "' not found or not readable");
+  p.job = absolute_path(o.job, true);
+  if (!o.nproc.empty() && !positive_int(o.nproc))
+    throw ConfigError("--nproc-per-node must be a positive integer, got '" + o.nproc + "'");
+  if (!o.hostfile.empty() && !o.hosts.empty())
+    throw ConfigError("--hostfile and --hosts exclude each other");
+  if (!o.simulate_nodes.empty()) {
+    if (!positive_int(o.simulate_nodes, 6))
+      throw ConfigError("--simulate-nodes must be a positive integer, got '" + o.simulate_nodes + "'");
+    if (!o.hostfile.empty() || !o.hosts.empty())
+      throw ConfigError("--simulate-nodes simulates nodes on this one host: it excludes --hostfile and --hosts");
+  }
+  if (!o.hostfile.empty() && ::access(o.hostfile.c_str(), R_OK) != 0)
+    throw ConfigError("hostfile '" + o.hostfile + "' not readable");
+  if (o.launcher == "auto")
+    p.launcher = env_set("SLURM_JOB_ID") && !env("SLURM_JOB_ID").empty() ? "srun" : "mpirun";
+  else if (o.launcher == "mpirun" || o.launcher == "srun")
+    p.launcher = o.launcher;
+  else
+    throw ConfigError("--launcher must be auto, mpirun or srun");
+  if (!o.simulate_nodes.empty() && p.launcher != "mpirun")
+    throw ConfigError("--simulate-nodes runs under mpirun on one host (got --launcher " + p.launcher + ")");
+
+  p.thetad = find_thetad(o, self_dir);
+  p.gpus = count_gpus();
+  p.job_name = check_job(p, o);
+  p.validate_note = {"thetad", "validate", p.job};
+  for (const auto& s : o.overrides) p.validate_note.insert(p.validate_note.end(), {"--set", s});
+  p.log_dir = o.log_dir.empty() ? "runs/" + p.job_name + "/logs" : o.log_dir;
+  if (!o.dry_run) {
+    std::string dir;
+    for (const auto& part : split_keep_empty(p.log_dir, '/')) {
+      dir += part + "/";
+      ::mkdir(dir.c_str(), 0755);
+    }
+    struct stat st;
+    if (::stat(p.log_dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+      throw Error("cannot create log dir '" + p.log_dir + "'");
+  }
+  p.log_dir = absolute_path(p.log_dir, false);
+
+  // How many ranks, where.
+  std::string nproc = o.nproc;
+  std::vector<std::string> hostfile = o.hostfile.empty() ? std::vector<std::string>{} : hostfile_lines(o.hostfile);
+  if (nproc.empty() && !hostfile.empty()) {
+    static const std::regex kSlots(R"(slots[ \t]*=[ \t]*([0-9]+))");
+    std::smatch m;
+    if (std::regex_search(hostfile[0], m, kSlots)) nproc = m[1];
+  }
+  if (nproc.empty()) {
+    p.nproc = p.gpus > 0 ? p.gpus : 2;
+    // Simulated nodes share this host's GPUs: one rank per GPU of a node's share.
+    const int sim = o.simulate_nodes.empty() ? 0 : std::atoi(o.simulate_nodes.c_str());
+    if (sim > 0 && p.gpus >= sim) p.nproc = p.gpus / sim;
+  } else {
+    p.nproc = std::atoi(nproc.c_str());
+  }
+  p.ranks = p.nproc;
+  bool uniform = true;
+  if (!o.hostfile.empty()) {
+    p.nodes = int(hostfile.size());
+    if (p.nodes == 0) throw ConfigError("hostfile '" + o.hostfile + "' lists no hosts");
+    p.ranks = p.nodes * p.nproc;
+    p.host_list = true;
+  } else if (!o.hosts.empty()) {
+    static const std::regex kHost("^[A-Za-z0-9._-]+$");
+    p.ranks = p.nodes = 0;
+    const std::string what = "--hosts '" + o.hosts + "': ";
+    for (const auto& h : split_keep_empty(o.hosts, ',')) {
+      if (h.empty()) throw ConfigError(what + "empty entry (want host[:n],host[:n],...)");
+      size_t colon = h.find(':');
+      std::string name = h.substr(0, colon);
+      std::string n = colon == std::string::npos ? std::to_string(p.nproc) : h.substr(colon + 1);
+      if (name.empty()) throw ConfigError(what + "entry '" + h + "' has no host name (want host[:n])");
+      if (!std::regex_match(name, kHost)) throw ConfigError(what + "bad host name '" + name + "' in entry '" + h + "'");
+      if (!positive_int(n))
+        throw ConfigError(what + "entry '" + h + "' needs a positive number of ranks after ':', got '" + n + "'");
+      if (std::atoi(n.c_str()) != p.nproc) uniform = false;
+      p.ranks += std::atoi(n.c_str());
+      p.nodes += 1;
+    }
+    p.host_list = true;
+  } else if (!o.simulate_nodes.empty()) {
+    p.nodes = std::atoi(o.simulate_nodes.c_str());
+    p.ranks = p.nodes * p.nproc;
+  }
+  // Simulated nodes (comm/node_split.hpp): from --simulate-nodes, or THETAD_SIMULATE_NODES set by
+  // hand (passed on to the ranks like every THETAD_*), checked here so a bad value starts nothing.
+  const std::string sim = !o.simulate_nodes.empty() ? o.simulate_nodes : env("THETAD_SIMULATE_NODES");
+  if (!sim.empty()) {
+    const int n = positive_int(sim, 6) ? std::atoi(sim.c_str()) : 0;
+    if (n == 0 || n > p.ranks || p.ranks % n != 0)
+      throw ConfigError("THETAD_SIMULATE_NODES='" + sim + "': simulated nodes must be a whole number from 1 to the " +
+                        std::to_string(p.ranks) +
+                        " ranks that divides it (use --simulate-nodes N with --nproc-per-node ranks per node)");
+    ::setenv("THETAD_SIMULATE_NODES", sim.c_str(), 1);
+    if (o.simulate_nodes.empty()) p.nodes = n;
+    p.simulated = true;
+  }
+  // OMP threads per rank: 1 on CPU-only machines (the ranks share the cores), else cores/ranks.
+  if (env("OMP_NUM_THREADS").empty()) {
+    const long cores = std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN));
+    const long t = p.gpus > 0 ? std::max(1L, cores / p.nproc) : 1;
+    ::setenv("OMP_NUM_THREADS", std::to_string(t).c_str(), 1);
+  }
+  // NVLink multicast stays off (it can take a host's GPUs down); a user may still set it.
+  if (p.gpus > 0) {
+    ::setenv("NCCL_NVLS_ENABLE", "0", 0);
+    ::setenv("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1", 0);
+    ::setenv("NVSHMEM_DISABLE_NVLS", "1", 0);
+  }
+  if (p.launcher == "mpirun")
+    add_mpirun_flags(p, o, uniform, sim);
+  else
+    add_srun_flags(p, o);
+  p.command.insert(p.command.end(), {p.self, "--worker", p.log_dir, "--", p.thetad, "run", p.job});
+  p.command.insert(p.command.end(), o.run_args.begin(), o.run_args.end());
+  return p;
+}
+
+int count_gpus() {
+  if (const char* v = std::getenv("CUDA_VISIBLE_DEVICES")) {
+    std::string s;
+    for (const char* c = v; *c; ++c)
+      if (*c != ' ') s += *c;
+    if (s.empty() || s == "-1" || s == "none" || s == "NoDevFiles") return 0;
+    return int(split_keep_empty(s, ',').size());
+  }
+  if (find_program("nvidia-smi").empty()) return 0;
+  std::string out = program_output({"nvidia-smi", "-L"});
+  int n = 0;
+  std::istringstream in(out);
+  std::string line;
+  while (std::getline(in, line)) n += line.rfind("GPU ", 0) == 0;
+  return n;
+}
+
+std::vector<std::string> visible_gpu_ids(int count) {
+  std::string v = env("CUDA_VISIBLE_DEVICES");
+  v.erase(std::remove(v.begin(), v.end(), ' '), v.end());
+  if (!v.empty()) return split_keep_empty(v, ',');
+  std::vector<std::string> ids;
+  for (int i = 0; i < count; ++i) ids.push_back(std::to_string(i));
+  return ids;
+}
+
+std::string shell_words(const std::vector<std::string>& words) {
+  static const std::regex kPlain("^[A-Za-z0-9_./:=,@%+^-]+$");
+  std::string out;
+  for (const auto& w : words) {
+    if (!out.empty()) out += ' ';
+    if (std::regex_match(w, kPlain)) {
+      out += w;
+      continue;
+    }
+    out += '\'';
+    for (char c : w) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+    out += '\'';
+  }
+  return out;
+}
+
+}  // namespace thetad::launch

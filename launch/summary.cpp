@@ -1,0 +1,173 @@
+// The launcher's verdict from the exit records (see summary.hpp).
+#include "launch/summary.hpp"
+
+#include <dirent.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+
+#include "common/errors.hpp"
+#include "launch/sys.hpp"
+
+namespace thetad::launch {
+
+const char* describe_code(int code) {
+  switch (code) {
+    case kExitOk: return "done";
+    case kExitBadInput: return "bad job or input";
+    case kExitComm: return "communication failure or lost peer";
+    case kExitInterrupted: return "interrupted, checkpointed";
+    default: return "error";
+  }
+}
+
+namespace {
+
+// "rank-12.exit" -> 12 with `ext` "exit"; -1 otherwise.
+int rank_of(const char* name, const char* ext) {
+  if (std::strncmp(name, "rank-", 5) != 0) return -1;
+  const char* p = name + 5;
+  char* end = nullptr;
+  long r = std::strtol(p, &end, 10);
+  if (end == p || *end != '.' || std::strcmp(end + 1, ext) != 0) return -1;
+  return int(r);
+}
+
+// The node a rank's wrapper named in the latest header of its log.
+std::string node_in_log(const std::string& file) {
+  std::string text;
+  if (!read_file(file, text)) return "";
+  static const std::string kKey = "] [launch] info: host ";
+  size_t at = text.rfind(kKey);
+  if (at == std::string::npos) return "";
+  std::istringstream in(text.substr(at + kKey.size(), 512));
+  std::string host, word, node;
+  in >> host >> word >> node;
+  return word == "node" ? node : "";
+}
+
+}  // namespace
+
+std::map<int, RankRecord> load_records(const std::string& log_dir) {
+  std::map<int, RankRecord> out;
+  DIR* d = ::opendir(log_dir.c_str());
+  if (!d) return out;
+  while (dirent* e = ::readdir(d)) {
+    if (int r = rank_of(e->d_name, "exit"); r >= 0) {
+      std::string text;
+      if (!read_file(log_dir + "/" + e->d_name, text)) continue;
+      std::istringstream in(text);
+      RankRecord& rec = out[r];
+      if (in >> rec.code >> rec.time) rec.has_exit = true;
+    } else if (int r2 = rank_of(e->d_name, "pid"); r2 >= 0) {
+      out[r2].has_pid = true;
+    } else if (int r3 = rank_of(e->d_name, "log"); r3 >= 0) {
+      out[r3].node = node_in_log(log_dir + "/" + e->d_name);
+    }
+  }
+  ::closedir(d);
+  return out;
+}
+
+namespace {
+
+// Names the node of lost rank `rank` and which of its ranks are gone (killed, or no exit
+// record): a whole node lost shows as all its ranks.
+void report_lost_node(const SummaryInput& in, int rank, Verdict& v) {
+  auto it = in.ranks.find(rank);
+  if (it == in.ranks.end() || it->second.node.empty()) return;
+  const std::string& node = it->second.node;
+  std::string members, lost;
+  for (int r = 0; r < in.ranks_total; ++r) {
+    auto m = in.ranks.find(r);
+    if (m == in.ranks.end() || m->second.node != node) continue;
+    members += (members.empty() ? "" : ",") + std::to_string(r);
+    if (!m->second.has_exit || m->second.code > 128) lost += (lost.empty() ? "" : ",") + std::to_string(r);
+  }
+  v.lines.push_back((in.simulated ? "simulated node " : "node ") + node + " lost ranks " + lost +
+                    " (its ranks: " + members + "); log: " + in.log_dir + "/node-" + node + ".log");
+}
+
+}  // namespace
+
+Verdict summarize(const SummaryInput& in) {
+  Verdict v;
+  int first = -1, first_code = 0, done = 0;
+  double first_t = 0;
+  for (const auto& [r, rec] : in.ranks) {
+    if (!rec.has_exit) continue;
+    ++done;
+    if (rec.code == 0) continue;
+    if (first < 0 || rec.time < first_t) first = r, first_code = rec.code, first_t = rec.time;
+  }
+  // A rank whose wrapper itself was killed leaves no exit record, only its pid file; its death
+  // is what made mpirun/srun end the others, with its status (128+N).
+  auto lost_wrapper = [&](const RankRecord& rec) {
+    return in.launcher_code > 128 && rec.has_pid && !rec.has_exit;
+  };
+  // On this host the wrappers' connections ended in the order the ranks ended: the first that
+  // failed (exit record or lost wrapper) is the cause, the others mostly mpirun's cleanup (a
+  // wrapper it killed records nothing).
+  bool by_order = false;
+  for (int r : in.closed_order) {
+    auto it = in.ranks.find(r);
+    if (it == in.ranks.end()) continue;
+    const RankRecord& rec = it->second;
+    if (rec.has_exit ? rec.code != 0 : lost_wrapper(rec)) {
+      first = r, first_code = rec.has_exit ? rec.code : in.launcher_code, by_order = true;
+      break;
+    }
+  }
+  // Else (ranks of other hosts): the earliest record, unless a wrapper was lost.
+  if (!by_order) {
+    int lost = -1;
+    for (auto it = in.ranks.begin(); lost < 0 && it != in.ranks.end(); ++it)
+      if (lost_wrapper(it->second)) lost = it->first;
+    if (lost >= 0 && !(in.stopped && first < 0)) first = lost, first_code = in.launcher_code;
+  }
+  const std::string log = in.log_dir + "/rank-" + std::to_string(first) + ".log";
+  if (first >= 0 && first_code > 128) {
+    const int sig = first_code - 128;
+    v.lines.push_back("rank " + std::to_string(first) + " lost (signal " + std::to_string(sig) + ", " +
+                      signal_name(sig) + "); the job ended; log: " + log);
+    report_lost_node(in, first, v);
+    v.code = kExitComm;
+    return v;
+  }
+  if (first >= 0) {
+    v.lines.push_back("rank " + std::to_string(first) + " exited with code " + std::to_string(first_code) +
+                      " (" + describe_code(first_code) + "); log: " + log);
+    v.code = first_code;
+    return v;
+  }
+  const std::string launch_log = in.log_dir + "/launcher.log";
+  if (in.launcher_code != 0) {
+    if (in.stopped && in.launcher_code > 128) {
+      v.lines.push_back("interrupted; " + in.launcher + " ended with code " + std::to_string(in.launcher_code));
+      v.code = kExitInterrupted;
+      return v;
+    }
+    v.lines.push_back(in.launcher + " failed with code " + std::to_string(in.launcher_code) +
+                      " (no rank recorded a failure; see " + launch_log + ")");
+    v.code = in.launcher_code > 128 ? kExitComm : in.launcher_code;
+    return v;
+  }
+  if (done < in.ranks_total) {
+    // Every rank ran on this host: a rank without an exit record never ran. srun can end 0 when
+    // a step's tasks fail to launch (seen after a requeue).
+    if (!in.host_list && (in.nodes == 1 || in.simulated)) {
+      v.lines.push_back(in.launcher + " ended with code 0, but " + std::to_string(in.ranks_total - done) + " of " +
+                        std::to_string(in.ranks_total) + " ranks on this host recorded no exit code: they never ran (see " +
+                        launch_log + ")");
+      v.code = kExitComm;
+      return v;
+    }
+    v.lines.push_back("note: " + std::to_string(done) + " of " + std::to_string(in.ranks_total) +
+                      " ranks recorded an exit code here (log dir not shared across hosts?)");
+  }
+  v.lines.push_back("all " + std::to_string(in.ranks_total) + " rank(s) finished (exit 0)");
+  return v;
+}
+
+}  // namespace thetad::launch

@@ -1,0 +1,32 @@
+// Where a wrapper's rank output goes: the rank's and node's log files, and the merged stream
+// (the launcher's log socket on the launcher's host, else the wrapper's stderr, which mpirun or
+// srun carries to the launcher).
+#pragma once
+
+#include <string>
+
+#include "launch/log_merge.hpp"
+#include "launch/sys.hpp"
+
+namespace thetad::launch {
+
+class RankOutput {
+ public:
+  RankOutput(int rank, std::string rank_file, std::string node_file);
+  // Connects to the launcher's log socket named by THETAD_LAUNCH_LOG_SOCKET (if any).
+  void connect_launcher();
+  // Bytes read from the rank's stderr.
+  void feed(const char* data, size_t n);
+  // End of the rank's stderr: the last unterminated line.
+  void finish();
+
+ private:
+  void emit(const std::string& lines);
+
+  int rank_;
+  std::string rank_file_, node_file_;
+  Fd rank_fd_, node_fd_, sock_;
+  LineBuffer buf_;
+};
+
+}  // namespace thetad::launch
