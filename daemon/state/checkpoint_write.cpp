@@ -255,7 +255,7 @@ void write_sums(const CheckpointWriter& w, const std::string& text, const std::a
 void begin_checkpoint(const CheckpointWriter& w, WriteStatus& st) {
   if (w.rank == 0) {
     try {
-      fs::create_directories(w.dir);
+      check_lock_held(w.dir, w.step);  // never recreated: it was made and locked before step 0
       remove_tree(tmp_dir(w));  // left over from a run killed mid-write
       fs::create_directories(tmp_dir(w));
     } catch (const std::exception& e) {
@@ -329,6 +329,7 @@ void publish_files(const CheckpointWriter& w) {
   m.world_size = w.world;
   m.num_groups = static_cast<int>(w.group_bytes.size());
   m.shards = shards;
+  m.layout = w.layout;
   std::vector<uint8_t> summed(shards.size(), 0);
   for (int r = 0; r < w.world; ++r) {  // every rank's checksums, then its part file goes
     const fs::path part = tmp / checksum_part(r);
@@ -347,7 +348,7 @@ void publish_files(const CheckpointWriter& w) {
   const std::string s = manifest_json(m);
   write_file_durable(tmp / "manifest.json", std::vector<char>(s.begin(), s.end()));
   sync_dir(tmp);
-  remove_tree(final_dir);  // the same step written before (a rerun): replaced whole
+  remove_checkpoint(final_dir);  // the same step written before (a rerun): replaced whole
   fs::rename(tmp, final_dir);
   sync_dir(root);
   prune(root, w.step, w.keep);

@@ -1,6 +1,8 @@
 // Per-step records read one step late (see step_record.hpp).
 #include "daemon/train/step_record.hpp"
 
+#include <exception>
+
 #if THETAD_TORCH_CUDA
 #include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDAStream.h>
@@ -70,6 +72,7 @@ void StepRecorder::queue_losses(PendingStep& p, const torch::Tensor& total,
 
 void StepRecorder::finish(PendingStep& p, int64_t extra_device_bytes,
                           const std::function<void(StepRecord&)>& before_write) {
+  if (p.written) return;
   StepRecord& rec = p.rec;
 #if THETAD_TORCH_CUDA
   if (p.marks->done) {
@@ -97,9 +100,30 @@ void StepRecorder::finish(PendingStep& p, int64_t extra_device_bytes,
   for (size_t i = 0; i < p.tasks.size(); ++i) rec.task_loss.push_back({p.tasks[i], l[i + 1]});
   // step_ms comes with the record (the trainer times the whole iteration, checkpoint included).
   rec.device_mem_peak_bytes = plane_.gpu() ? plane_.allocator_peak_bytes() + extra_device_bytes : 0;
-  if (before_write) before_write(rec);
-  if (metrics_) metrics_->write(rec);
-  progress_->finished(rec);
+  const auto write = [&] {
+    p.written = true;
+    if (metrics_) metrics_->write(rec);
+    progress_->finished(rec);
+  };
+  try {
+    if (before_write) before_write(rec);
+  } catch (...) {
+    write();  // the step ran: its record says so (nonfinite: 1), then the error stops the run
+    throw;
+  }
+  write();
+}
+
+RecordOnError::RecordOnError(StepRecorder& recorder, const std::unique_ptr<PendingStep>& pending,
+                             std::function<int64_t()> extra_bytes)
+    : recorder_(recorder), pending_(pending), extra_bytes_(std::move(extra_bytes)), uncaught_(std::uncaught_exceptions()) {}
+
+RecordOnError::~RecordOnError() {
+  if (std::uncaught_exceptions() <= uncaught_ || !pending_ || pending_->written) return;
+  try {
+    recorder_.finish(*pending_, extra_bytes_());
+  } catch (...) {  // the error already unwinding is the one to report
+  }
 }
 
 }  // namespace thetad::daemon
