@@ -45,7 +45,8 @@ expect_in rank_dir_missing "data.dir: '$WORK/small-1' is not a directory"
 mkfifo "$WORK/log.fifo"
 "$thetad" run "$job" --no-resume --set log.file="$WORK/log.fifo" > "$WORK/stuck.log" 2>&1 &
 pid=$!
-sleep 2
+# Until it waits in open() for a reader (MPI's start-up before it ends on SIGTERM anyway).
+for _ in $(seq 1 300); do [ "$(cat /proc/$pid/wchan 2>/dev/null)" = wait_for_partner ] && break; sleep 0.1; done
 kill -TERM "$pid"
 t0=$SECONDS
 code=0
