@@ -85,16 +85,18 @@ ManifestLayout LayoutBuilder::take() { return std::move(layout_); }
 
 void check_layout(const ManifestLayout& saved, const ManifestLayout& job, const std::string& path) {
   if (!saved.present || !job.present) return;
-  for (const auto& [key, value] : job.keys) {
-    const auto it = std::find_if(saved.keys.begin(), saved.keys.end(), [&](const auto& kv) { return kv.first == key; });
-    if (it != saved.keys.end() && it->second != value)
-      refuse(path, key + " is " + it->second + " in the checkpoint, " + value + " in this job");
+  const auto find = [](const ManifestLayout& l, const std::string& key) {
+    return std::find_if(l.keys.begin(), l.keys.end(), [&](const auto& kv) { return kv.first == key; });
+  };
+  for (const auto& kv : job.keys) {
+    const auto it = find(saved, kv.first);
+    if (it != saved.keys.end() && it->second != kv.second)
+      refuse(path, kv.first + " is " + it->second + " in the checkpoint, " + kv.second + " in this job");
   }
   // A key this job does not record (another model kind's) that the checkpoint does.
-  for (const auto& [key, value] : saved.keys) {
-    const bool known = std::any_of(job.keys.begin(), job.keys.end(), [&](const auto& kv) { return kv.first == key; });
-    if (!known) refuse(path, key + " is " + value + " in the checkpoint, and does not apply to this job's model");
-  }
+  for (const auto& kv : saved.keys)
+    if (find(job, kv.first) == job.keys.end())
+      refuse(path, kv.first + " is " + kv.second + " in the checkpoint, and does not apply to this job's model");
   if (saved.digest == job.digest) return;
   for (size_t g = 0; g < std::max(saved.groups.size(), job.groups.size()); ++g) {
     static const std::vector<LayoutParam> none;

@@ -138,7 +138,10 @@ void check_shard_index(const ManifestShard& sh, int64_t values, const std::vecto
   const auto damaged = [&](const std::string& what) {
     throw ConfigError(file + ": " + what + " (the checkpoint is damaged; use --no-resume or another checkpoint.dir)");
   };
-  if (sh.count < 1 || static_cast<int64_t>(offsets.size()) != sh.count + 1)
+  // The manifest bounds these (parse_manifest); checked again so that no sum below overflows.
+  if (sh.first < 0 || sh.first > (int64_t{1} << 21) || sh.count < 1 || sh.count > kShardMaxGroups)
+    damaged("groups " + std::to_string(sh.first) + ", count " + std::to_string(sh.count) + " out of range");
+  if (static_cast<int64_t>(offsets.size()) != sh.count + 1)
     damaged("key 'offsets' is not int64 [" + std::to_string(sh.count + 1) + "]");
   if (static_cast<int64_t>(steps.size()) != sh.count) damaged("key 'steps' is not int64 [" + std::to_string(sh.count) + "]");
   for (size_t i = 0; i + 1 < offsets.size(); ++i)
