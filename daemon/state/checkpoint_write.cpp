@@ -257,7 +257,7 @@ void begin_checkpoint(const CheckpointWriter& w, WriteStatus& st) {
     try {
       check_lock_held(w.dir, w.step);  // never recreated: it was made and locked before step 0
       remove_tree(tmp_dir(w));  // left over from a run killed mid-write
-      fs::create_directories(tmp_dir(w));
+      fs::create_directory(tmp_dir(w));  // not its parent: a checkpoint.dir removed since stays gone
     } catch (const std::exception& e) {
       record_failure(st, e);
     }
@@ -303,8 +303,14 @@ void write_share(const CheckpointWriter& w, CheckpointShare& share, WriteStatus&
 // stays what it was.
 void agree_checkpoint(const CheckpointWriter& w, const WriteStatus& st, const char* elsewhere) {
   if (w.all_ok(st.ok)) return;
-  std::string removed;
+  std::string removed, error = st.error;
   if (w.rank == 0) {
+    // A write that failed because checkpoint.dir was removed under it says so, not the I/O error.
+    try {
+      check_lock_held(w.dir, w.step);
+    } catch (const Error& e) {
+      error = e.what();
+    }
     try {
       remove_tree(tmp_dir(w));
       removed = "; " + tmp_dir(w).string() + " removed";
@@ -313,7 +319,7 @@ void agree_checkpoint(const CheckpointWriter& w, const WriteStatus& st, const ch
     }
   }
   throw Error("checkpoint at step " + std::to_string(w.step) + " failed" +
-              (st.error.empty() ? std::string(elsewhere) : ": " + st.error) + removed +
+              (error.empty() ? std::string(elsewhere) : ": " + error) + removed +
               " (the newest complete checkpoint in " + w.dir + " is unchanged)");
 }
 
