@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 
 #include "config/diagnostics.hpp"
@@ -62,6 +63,7 @@ class Checker {
   }
   static constexpr int64_t kMaxDim = int64_t{1} << 24;        // one layer's rows or columns
   static constexpr int64_t kMaxLayers = 1024;
+  static constexpr double kMinTimeoutS = 1.0;                  // comm.timeout_s
   static constexpr double kMaxMiB = double(int64_t{1} << 30);  // 1 PiB
   // An enum key whose word was not one of its values (reader.cpp kept the word).
   const std::string* unknown(const std::string& path) const { return d_.unknown_word(path); }
@@ -79,6 +81,15 @@ class Checker {
     const std::string near = nearest(v, *allowed);
     if (!near.empty()) what += " (did you mean '" + near + "'?)";
     fail(path, what);
+  }
+  // Of the keys a product of sizes reads, the one to blame: one set by `--set` first (the change
+  // that broke it), else one the file gives, else the first.
+  std::string culprit(std::initializer_list<const char*> keys) const {
+    for (const char* k : keys)
+      if (d_.given(k) && d_.where(k).from_override) return k;
+    for (const char* k : keys)
+      if (d_.given(k)) return k;
+    return *keys.begin();
   }
   // `{rank}` and `{job}` are the only placeholders of output paths.
   void placeholders(const std::string& path, const std::string& v) {
@@ -108,6 +119,7 @@ class Checker {
   void torchscript();
   // validate_data.cpp
   void data();
+  void data_files(int64_t T);
   void batch_covers_tasks(int64_t T);
   void weighted(int64_t T, bool tasks_ok);
   void per_rank(int64_t T, bool tasks_ok);
@@ -118,6 +130,7 @@ class Checker {
   void slots_cover_step();
   void activations();
   void shards();
+  void offload_sizes(double per_task, double tasks_total);
 
   const Job& j_;
   const LoadOptions& opts_;

@@ -60,10 +60,31 @@ Job load_job_from_string(const std::string& yaml, const std::string& source,
   return job;
 }
 
+namespace {
+
+// What a path that is not a regular file is, for the message.
+std::string file_kind(std::filesystem::file_type t) {
+  switch (t) {
+    case std::filesystem::file_type::fifo: return "a FIFO";
+    case std::filesystem::file_type::socket: return "a socket";
+    case std::filesystem::file_type::character: return "a character device";
+    case std::filesystem::file_type::block: return "a block device";
+    case std::filesystem::file_type::directory: return "a directory";
+    default: return "not a plain file";
+  }
+}
+
+}  // namespace
+
 Job load_job(const std::string& path, const LoadOptions& opts) {
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec))
     throw JobError({path + ": cannot read job file: it is a directory"});
+  // Before opening: a FIFO blocks open() until a writer comes, a device never ends.
+  const auto st = std::filesystem::status(path, ec);
+  if (!ec && std::filesystem::exists(st) && !std::filesystem::is_regular_file(st))
+    throw JobError({path + ": cannot read job file: not a regular file (" + file_kind(st.type()) +
+                    "); a job is a YAML file"});
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     const int err = errno;

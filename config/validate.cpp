@@ -1,6 +1,7 @@
 // Semantic checks of a job: required keys, ranges, enum values and contradictions (the Checker
 // of checker.hpp). This file: the entry point, required keys, the top level, comm, the optimizer
 // and the outputs; the model, data and offload sections have files of their own.
+#include <filesystem>
 #include <cmath>
 #include <cstdio>
 #include <iterator>
@@ -84,7 +85,11 @@ void Checker::comm() {
     if (v > 0 && double(mib_to_bytes(v)) < kMinBucketBytes)
       fail(key, "must be at least 4 bytes (one fp32 element), " + num(kMinBucketBytes / 1048576.0) +
                     " MiB; got " + num(v) + " MiB (" + std::to_string(mib_to_bytes(v)) + " bytes)");
-  above("comm.timeout_s", c.timeout_s, 0.0);
+  // Below a second a timeout measures the scheduler, not a lost peer: such a job fails as a
+  // communication error (exit 3) that a supervisor would restart forever.
+  if (!(c.timeout_s >= kMinTimeoutS))
+    fail("comm.timeout_s", "must be >= " + num(kMinTimeoutS) + " s (a collective, a checkpoint agreement or a slow "
+                           "rank's step takes longer than a shorter bound on a busy machine), got " + num(c.timeout_s));
   at_most("comm.timeout_s", c.timeout_s, 1e7, "116 days");
   at_most("comm.bucket_cap_mb", c.bucket_cap_mb, kMaxMiB, "1 PiB");
   at_most("comm.first_bucket_mb", c.first_bucket_mb, kMaxMiB, "1 PiB");
@@ -142,6 +147,25 @@ void Checker::distinct_outputs() {
       if (!outs[i].second->empty() && *outs[i].second == *outs[k].second)
         fail(outs[i].first, "is the same path as " + std::string(outs[k].first) + " ('" + *outs[i].second +
                                 "'); each output needs a path of its own", outs[k].first);
+  // A file inside checkpoint.dir: a checkpoint (or --no-resume's set-aside, or pruning) would
+  // replace or move it. Compared as absolute, normalized paths ({job} expanded, {rank} as is).
+  if (j_.checkpoint.dir.empty()) return;
+  namespace fs = std::filesystem;
+  const auto norm = [&](const std::string& p) {
+    std::string s = p;
+    for (size_t at; (at = s.find("{job}")) != std::string::npos;) s.replace(at, 5, j_.name);
+    std::error_code ec;
+    const fs::path abs = fs::absolute(fs::path(s), ec);
+    return (ec ? fs::path(s) : abs).lexically_normal();
+  };
+  const fs::path dir = norm(j_.checkpoint.dir);
+  for (size_t i = 1; i < std::size(outs); ++i) {
+    if (outs[i].second->empty()) continue;
+    const fs::path rel = norm(*outs[i].second).lexically_relative(dir);
+    if (!rel.empty() && *rel.begin() != ".." && rel != ".")
+      fail(outs[i].first, "'" + *outs[i].second + "' lies inside checkpoint.dir ('" + j_.checkpoint.dir +
+                              "'), whose contents checkpoints replace; put it outside", "checkpoint.dir");
+  }
 }
 
 void validate(const Job& job, const LoadOptions& opts, Diagnostics& diag) {

@@ -2,6 +2,7 @@
 // rank, alternate) against the model's tasks (Checker, checker.hpp).
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <string>
 
 #include "config/checker.hpp"
@@ -30,6 +31,8 @@ void Checker::data() {
   if (transformer && is("data.kind", dc.kind, DataKind::Npy))
     fail("data.kind", "the transformer reads tokens: 'synthetic' or 'tokens', not 'npy'");
   placeholders("data.dir", dc.dir);
+  if ((is("data.kind", dc.kind, DataKind::Npy) || is("data.kind", dc.kind, DataKind::Tokens)) && tasks_ok)
+    data_files(T);
   at_least<int64_t>("data.tasks_per_rank", dc.tasks_per_rank, 1);
   if (tasks_ok && dc.tasks_per_rank > T)
     fail("data.tasks_per_rank", "must be <= model.tasks (" + num(T) + "), got " +
@@ -43,6 +46,31 @@ void Checker::data() {
   if (dc.schedule == ScheduleKind::PerRank) per_rank(T, tasks_ok);
   if (dc.schedule == ScheduleKind::Alternate) alternate(T, tasks_ok);
   if (tasks_ok) batch_covers_tasks(T);
+}
+
+// The input files are where the run will look for them (exit 2 from `validate`, not from every
+// rank after start): data.dir a directory, each task's files regular files. Their contents (dtype,
+// shapes) are checked by the run before any step. Skipped with {rank}: each rank has its own.
+void Checker::data_files(int64_t T) {
+  const DataConfig& dc = j_.data;
+  if (dc.dir.empty() || !ok("data.dir") || dc.dir.find("{rank}") != std::string::npos) return;
+  std::string dir = dc.dir;
+  for (size_t at; (at = dir.find("{job}")) != std::string::npos;) dir.replace(at, 5, j_.name);
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) {
+    fail("data.dir", "'" + dir + "' is not a directory" + (fs::exists(dir, ec) ? "" : " (no such directory)"));
+    return;
+  }
+  const bool npy = dc.kind == DataKind::Npy;
+  for (int64_t t = 0; t < T; ++t)
+    for (const char* suffix : npy ? std::vector<const char*>{"_x.npy", "_y.npy"} : std::vector<const char*>{".npy"}) {
+      const fs::path f = fs::path(dir) / ("task" + std::to_string(t) + suffix);
+      if (fs::is_regular_file(f, ec)) continue;
+      fail("data.dir", f.string() + ": " + (fs::exists(f, ec) ? "not a regular file" : "missing") + " (task " +
+                           std::to_string(t) + "'s " + (npy ? "features and targets" : "token ids") + ")");
+      return;
+    }
 }
 
 // A rank's batch is cut into one slice per task of its step; each slice needs a row.

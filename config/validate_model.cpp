@@ -99,7 +99,7 @@ void Checker::transformer() {
   const double d = double(m.d_model), ff = double(m.d_ff), L = double(m.layers), r = double(l.rank);
   const double largest = std::max({double(m.vocab) * d, d * ff, d * d});
   if (largest > kMaxTensorElems) {
-    fail(double(m.vocab) * d >= d * ff ? "model.vocab" : "model.d_ff",
+    fail(double(m.vocab) * d >= d * ff ? culprit({"model.vocab", "model.d_model"}) : culprit({"model.d_ff", "model.d_model"}),
          "the largest parameter of transformer has " + num(largest) + " elements (" + fp32_size(largest) +
              "); a parameter may have at most 2^34 = " + num(kMaxTensorElems) + " elements",
          "model");
@@ -109,8 +109,9 @@ void Checker::transformer() {
   for (const std::string& t : l.targets) per_layer_lora += r * (t == "up" || t == "down" ? d + ff : 2 * d);
   const double shared = 2 * double(m.vocab) * d + double(m.seq_len) * d + L * (4 * d * d + 2 * d * ff + 4 * d) + 2 * d;
   const double total = shared + double(m.tasks) * L * per_layer_lora;
+  offload_sizes(L * per_layer_lora, double(m.tasks) * L * per_layer_lora);
   if (total > kMaxModelParams)
-    fail(d_.given("model.tasks") ? "model.tasks" : "model.d_model",
+    fail(culprit({"model.tasks", "model.d_model", "model.layers", "model.vocab", "model.d_ff", "lora.rank"}),
          "the parameters of transformer add up to " + num(total) + " elements (" + fp32_size(total) + "): " +
              num(shared) + " shared + model.tasks (" + num(m.tasks) + ") x " + num(L * per_layer_lora) +
              " per task; a model may have at most 2^38 = " + num(kMaxModelParams) + " parameters",
@@ -187,7 +188,7 @@ void Checker::model_size() {
   }
   if (big.elems > kMaxTensorElems) {
     // At the key of the parameter's dimensions that the file gives (else the section's line).
-    const std::string key = d_.given(big.rkey) || !d_.given(big.ckey) ? big.rkey : big.ckey;
+    const std::string key = culprit({big.rkey.c_str(), big.ckey.c_str()});
     fail(key, "the largest parameter of " + to_string(m.kind) + ", " + big.what + " [" + big.rkey +
                   " x " + big.ckey + " = " + num(big.rows) + " x " + num(big.cols) + "], has " +
                   num(big.elems) + " elements (" + fp32_size(big.elems) + "); a parameter may have at most 2^34 = " +
@@ -199,10 +200,12 @@ void Checker::model_size() {
   const double tasks_total = m.kind == ModelKind::ExtremeClassifier ? double(m.classes) * (H + 1)
                                                                     : double(m.tasks) * per_task;
   const double total = shared + tasks_total;
+  offload_sizes(per_task, tasks_total);
   if (total > kMaxModelParams) {
-    const std::string key = m.kind == ModelKind::ExtremeClassifier ? "model.classes"
-                            : d_.given("model.tasks")                ? "model.tasks"
-                                                                     : "model.hidden";
+    const std::string key = m.kind == ModelKind::ExtremeClassifier
+                                ? culprit({"model.classes", "model.hidden"})
+                                : culprit({"model.tasks", "model.hidden", "model.input_dim", "model.output_dim",
+                                           "model.trunk_layers", per_task_keys.c_str()});
     const std::string tasks_part = m.kind == ModelKind::ExtremeClassifier
         ? "model.classes x (model.hidden + 1) = " + num(m.classes) + " x " + num(m.hidden + 1)
         : "model.tasks (" + num(m.tasks) + ") x " + num(per_task) + " per task";

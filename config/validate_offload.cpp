@@ -99,6 +99,31 @@ void Checker::offload() {
   validate_shared(j_, d_);
 }
 
+// What the store will refuse once the model is built, said by `validate` already (a lower bound:
+// the store adds alignment): a device cache (device_cache_mb in MiB) too small for one line of
+// the largest task group (its parameters and Adam m and v, 12 bytes each), and a host arena of
+// every task group (16 bytes per parameter: values, m, v, the gradient's landing area) above
+// host_limit_mb. `per_task`: the largest task group's parameters; `tasks_total`: all of them.
+void Checker::offload_sizes(double per_task, double tasks_total) {
+  const OffloadConfig& o = j_.offload;
+  if (!o.enabled || !ok("offload.enabled") || per_task <= 0) return;
+  const std::string& v = o.device_cache_mb;
+  char* end = nullptr;
+  const double cache_mib = v == "auto" ? 0 : std::strtod(v.c_str(), &end);
+  const bool row_sharded = j_.model.kind == ModelKind::ExtremeClassifier && o.shard_mb > 0;  // no cache lines
+  if (cache_mib > 0 && cache_mib <= kMaxMiB && ok("offload.device_cache_mb") && !row_sharded &&
+      12 * per_task > double(mib_to_bytes(cache_mib)))
+    fail("offload.device_cache_mb", v + " MiB holds no task group: one line (a group's parameters and Adam m and v) "
+                                        "is at least " + num(12 * per_task) + " bytes (the largest task group: " +
+                                        num(per_task) + " parameters x 12 bytes); raise it, or set 0 for no cache");
+  if (o.host_limit_mb > 0 && ok("offload.host_limit_mb") && o.host_groups == HostGroups::All &&
+      16 * tasks_total > double(mib_to_bytes(o.host_limit_mb)))
+    fail("offload.host_limit_mb", "is " + num(o.host_limit_mb) + " MiB but the host arena of the task groups needs at "
+                                  "least " + num(16 * tasks_total / 1048576.0) + " MiB (" + num(tasks_total) +
+                                  " parameters x 16 bytes: values, Adam m and v, the gradient's landing area); raise "
+                                  "it, or hold only the groups the schedule uses (offload.host_groups: scheduled)");
+}
+
 // "auto" or a size in MiB: a number written as one (YAML gives it to the string key as is).
 void Checker::device_cache(const std::string& v) {
   if (v == "auto") return;

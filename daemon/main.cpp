@@ -28,7 +28,7 @@ const char* kUsage =
     "       thetad validate JOB.yaml [--set key.path=value ...]\n"
     "       thetad version\n"
     "exit codes: 0 done, 2 bad job or input, 3 communication failure or lost peer,\n"
-    "            4 interrupted and checkpointed, 1 anything else\n";
+    "            4 stopped by a signal (checkpointed if checkpoint.dir is set), 1 anything else\n";
 
 struct Args {
   std::string command;
@@ -83,7 +83,22 @@ thetad::config::Job load(const Args& a, bool warn = true) {
   return job;
 }
 
-void on_signal(int sig) { thetad::daemon::g_stop_signal.store(sig); }
+// A stop is honoured at a step's end (checkpoint, exit 4). One that arrives before the step loop
+// starts is honoured at the first step if start-up gets there within kStartupStopGraceS; a
+// start-up stuck longer (a hung file system, a peer that never comes) ends the process then:
+// nothing has been trained since the last checkpoint, so nothing is lost.
+void on_signal(int sig) {
+  const int before = thetad::daemon::g_stop_signal.exchange(sig);
+  if (before == 0 && !thetad::daemon::g_training_started.load()) ::alarm(thetad::daemon::kStartupStopGraceS);
+}
+
+void on_startup_alarm(int) {
+  if (thetad::daemon::g_training_started.load()) return;
+  static const char msg[] = "thetad: stop signal received during start-up, which did not reach the first step "
+                            "within the grace period; exiting without a step (nothing to checkpoint)\n";
+  (void)!::write(STDERR_FILENO, msg, sizeof msg - 1);
+  ::_exit(thetad::kExitInterrupted);
+}
 
 // An internal fault (a bug, never bad input) leaves the frames that led to it on stderr, where
 // the launcher's rank logs keep them, then dies of the same signal (its exit status unchanged).
@@ -112,6 +127,7 @@ int cmd_run(const Args& a) {
   std::signal(SIGTERM, on_signal);
   std::signal(SIGINT, on_signal);
   std::signal(SIGUSR1, on_signal);  // `kill -USR1 <mpirun>` stops a plain mpirun job gracefully
+  std::signal(SIGALRM, on_startup_alarm);
   // thetad-launch's wrapper passes a stop on only once told that these handlers are set.
   if (const char* fd = std::getenv("THETAD_READY_FD")) {
     (void)!::write(std::atoi(fd), "ready\n", 6);

@@ -61,7 +61,98 @@ struct Reader {
   }
 };
 
+// ",\n  \"layout\": {...}" (nothing for a manifest without one).
+std::string layout_json(const ManifestLayout& l) {
+  if (!l.present) return "";
+  std::ostringstream os;
+  os << ",\n  \"layout\": {\"digest\": \"" << hex16(l.digest) << "\",\n    \"keys\": {";
+  for (size_t i = 0; i < l.keys.size(); ++i)
+    os << (i ? ", " : "") << json_string(l.keys[i].first) << ": " << json_string(l.keys[i].second);
+  os << "},\n    \"groups\": [";
+  for (size_t g = 0; g < l.groups.size(); ++g) {
+    os << (g ? ",\n      [" : "\n      [");
+    for (size_t i = 0; i < l.groups[g].size(); ++i) {
+      const LayoutParam& p = l.groups[g][i];
+      os << (i ? ", " : "") << "{\"name\": " << json_string(p.name) << ", \"shape\": " << shape_text(p.shape) << "}";
+    }
+    os << "]";
+  }
+  os << "]}";
+  return os.str();
+}
+
+// The manifest's "layout" object: the keys layout_keys() names, groups 0 and 1 described in full.
+ManifestLayout parse_layout(const Reader& r, const YAML::Node& node) {
+  ManifestLayout l;
+  if (!node.IsMap()) r.fail("layout", "not an object");
+  l.present = true;
+  const std::string digest = r.text(node, "digest", "layout.");
+  if (!is_hex16(digest)) r.fail("layout.digest", "'" + digest + "' is not 16 hex digits");
+  l.digest = std::stoull(digest, nullptr, 16);
+  const YAML::Node keys = node["keys"];
+  if (!keys || !keys.IsMap()) r.fail("layout.keys", "missing or not an object");
+  const auto& known = layout_keys();
+  for (const auto& kv : keys) {
+    const std::string k = kv.first.as<std::string>("");
+    if (std::find(known.begin(), known.end(), k) == known.end()) r.fail("layout.keys." + k, "not a layout key");
+    const std::string v = r.text(keys, k, "layout.keys.");
+    if (v.size() > 4096) r.fail("layout.keys." + k, "longer than 4096 characters");
+    l.keys.emplace_back(k, v);
+  }
+  const YAML::Node groups = node["groups"];
+  if (!groups || !groups.IsSequence()) r.fail("layout.groups", "missing or not a list");
+  if (groups.size() > kLayoutGroupsInFull)
+    r.fail("layout.groups", std::to_string(groups.size()) + " groups described, at most " + std::to_string(kLayoutGroupsInFull));
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const std::string wg = "layout.groups[" + std::to_string(g) + "]";
+    if (!groups[g].IsSequence()) r.fail(wg, "not a list");
+    l.groups.emplace_back();
+    for (size_t i = 0; i < groups[g].size(); ++i) {
+      const YAML::Node& p = groups[g][i];
+      const std::string where = wg + "[" + std::to_string(i) + "].";
+      if (!p.IsMap() || p.size() != 2) r.fail(where + "name", "not an object of name and shape");
+      LayoutParam lp;
+      lp.name = r.text(p, "name", where);
+      if (lp.name.empty() || lp.name.size() > 1024) r.fail(where + "name", "empty or longer than 1024 characters");
+      const YAML::Node shape = p["shape"];
+      if (!shape || !shape.IsSequence() || shape.size() > 8) r.fail(where + "shape", "not a list of at most 8 sizes");
+      for (size_t d = 0; d < shape.size(); ++d) {
+        YAML::Node dims;
+        dims["d"] = shape[d];
+        lp.shape.push_back(r.integer(dims, "d", 0, int64_t{1} << 40, where + "shape."));
+      }
+      l.groups.back().push_back(lp);
+    }
+  }
+  for (const auto& kv : node) {
+    const std::string k = kv.first.as<std::string>("");
+    if (k != "digest" && k != "keys" && k != "groups") r.fail("layout." + k, "unknown key");
+  }
+  return l;
+}
+
 }  // namespace
+
+void check_shard_index(const ManifestShard& sh, int64_t values, const std::vector<int64_t>& offsets,
+                       const std::vector<int64_t>& steps, int64_t checkpoint_step, const std::string& file) {
+  const auto damaged = [&](const std::string& what) {
+    throw ConfigError(file + ": " + what + " (the checkpoint is damaged; use --no-resume or another checkpoint.dir)");
+  };
+  // The manifest bounds these (parse_manifest); checked again so that no sum below overflows.
+  if (sh.first < 0 || sh.first > (int64_t{1} << 21) || sh.count < 1 || sh.count > kShardMaxGroups)
+    damaged("groups " + std::to_string(sh.first) + ", count " + std::to_string(sh.count) + " out of range");
+  if (static_cast<int64_t>(offsets.size()) != sh.count + 1)
+    damaged("key 'offsets' is not int64 [" + std::to_string(sh.count + 1) + "]");
+  if (static_cast<int64_t>(steps.size()) != sh.count) damaged("key 'steps' is not int64 [" + std::to_string(sh.count) + "]");
+  for (size_t i = 0; i + 1 < offsets.size(); ++i)
+    if (offsets[i] > offsets[i + 1]) damaged("key 'offsets' decreases");
+  if (offsets.front() != 0 || offsets.back() != values)
+    damaged("key 'offsets' does not span 'param' (" + std::to_string(values) + " values)");
+  for (size_t i = 0; i < steps.size(); ++i)
+    if (steps[i] < 0 || steps[i] > checkpoint_step)
+      damaged("key 'steps': group " + std::to_string(sh.first + static_cast<int64_t>(i)) + ": step count " +
+              std::to_string(steps[i]) + " outside 0.." + std::to_string(checkpoint_step) + " (the checkpoint's step)");
+}
 
 std::string group_file_name(int group) {
   std::ostringstream os;
@@ -109,7 +200,7 @@ std::string manifest_json(const Manifest& m) {
       os << (i ? ",\n    " : "\n    ") << "{\"file\": " << json_string(s.file) << ", \"first\": " << s.first
          << ", \"count\": " << s.count << ", \"fnv1a64\": \"" << hex16(s.fnv1a64) << "\"}";
     }
-    os << "\n  ]\n}\n";
+    os << "\n  ]" << layout_json(m.layout) << "\n}\n";
     return os.str();
   }
   os << ",\n  \"groups\": [";
@@ -119,7 +210,7 @@ std::string manifest_json(const Manifest& m) {
     if (g.has_checksum) os << ", \"fnv1a64\": \"" << hex16(g.fnv1a64) << "\"";
     os << "}";
   }
-  os << "\n  ]\n}\n";
+  os << "\n  ]" << layout_json(m.layout) << "\n}\n";
   return os.str();
 }
 
@@ -199,9 +290,11 @@ Manifest parse_manifest(const std::string& text, const std::string& path) {
     m.groups.push_back(mg);
   }
   if (!sharded) m.num_groups = static_cast<int64_t>(m.groups.size());
+  if (const YAML::Node layout = root["layout"]) m.layout = parse_layout(r, layout);
   for (const auto& key : root) {
     const std::string k = key.first.as<std::string>("");
     if (k != "format" && k != "job" && k != "job_hash" && k != "step" && k != "world_size" && k != "groups" &&
+        k != "layout" &&
         !(sharded && k == "shards"))
       r.fail(k, "unknown key");
   }

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "daemon/core/layout.hpp"
+
 namespace thetad::daemon {
 
 // "thetad-checkpoint-3": groups packed into shard files (a bounded number of files however many
@@ -47,6 +49,7 @@ struct Manifest {
   int64_t num_groups = 0;
   std::vector<ManifestGroup> groups;  // formats 1 and 2: group g at index g
   std::vector<ManifestShard> shards;  // format 3: in group order, covering 0..num_groups-1 once
+  ManifestLayout layout;  // "layout" (any format; absent before this release): see layout.hpp
 };
 
 // "shard-00012.pt".
@@ -56,6 +59,14 @@ std::string shard_file_name(int64_t shard);
 std::vector<ManifestShard> plan_shards(const std::vector<int64_t>& group_bytes);
 // The index of the shard holding group g (g must be in range).
 size_t shard_of(const Manifest& m, int64_t group);
+
+// A format-3 shard's index as its file holds it ("offsets": where each group starts, and the end;
+// "steps": each group's optimizer steps) checked against its manifest entry `sh`, the length of
+// its value tensors `values` and the checkpoint's step: count + 1 offsets from 0 to `values`,
+// never decreasing; count step counts within 0..checkpoint_step. ConfigError naming `file` and
+// the key otherwise. (Torch-free, fuzzed with the manifest: tests/fuzz/fuzz_shard_index.cpp.)
+void check_shard_index(const ManifestShard& sh, int64_t values, const std::vector<int64_t>& offsets,
+                       const std::vector<int64_t>& steps, int64_t checkpoint_step, const std::string& file);
 
 // "group-0003.pt".
 std::string group_file_name(int group);

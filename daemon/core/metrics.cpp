@@ -1,6 +1,10 @@
 // JSON-lines metrics writer and the JSON text helpers (escaping, finite numbers).
 #include "daemon/core/metrics.hpp"
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
 #include <cctype>
 #include <cerrno>
 #include <cmath>
@@ -9,6 +13,7 @@
 #include <filesystem>
 
 #include "common/errors.hpp"
+#include "common/log.hpp"
 
 namespace thetad::daemon {
 
@@ -123,13 +128,20 @@ void keep_records_before(const std::string& path, int64_t resume_step) {
   std::ifstream in(path);
   if (!in) return;  // nothing written yet
   std::string kept, line;
-  size_t dropped = 0;
+  size_t dropped = 0, invalid = 0, first_invalid = 0, number = 0;
   while (std::getline(in, line)) {
+    ++number;
     const int64_t s = line.empty() ? -1 : step_of_record(line);
     if (s >= 0 && s < resume_step) kept += line + "\n";
     else ++dropped;
+    if (s < 0 && !line.empty() && invalid++ == 0) first_invalid = number;
   }
   if (dropped == 0) return;
+  // Lines that are no step record (a torn last line after a crash, text added by hand) go too:
+  // said, never silently.
+  if (invalid > 0)
+    THETAD_LOG(warn, "metrics") << path << ": " << invalid << " line(s) that are not step records (the first at line "
+                                << first_invalid << ") dropped with the records of the replayed steps";
   const std::string tmp = path + ".resume-tmp";
   std::ofstream out(tmp, std::ios::out | std::ios::trunc);
   out << kept;
@@ -139,7 +151,40 @@ void keep_records_before(const std::string& path, int64_t resume_step) {
                       std::strerror(errno));
 }
 
+// `path`.lock, locked for this job (a sidecar: the metrics file itself is replaced by rename on
+// resume, which would drop a lock held on it). Returns its descriptor.
+int lock_metrics(const std::string& path) {
+  const std::string lock = path + ".lock";
+  const int fd = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) throw ConfigError(lock + ": cannot create the metrics file's lock: " + std::strerror(errno));
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    std::string holder(256, '\0');
+    const ssize_t n = ::pread(fd, holder.data(), holder.size(), 0);
+    holder.resize(n > 0 ? static_cast<size_t>(n) : 0);
+    ::close(fd);
+    if (err == EWOULDBLOCK)
+      throw ConfigError(path + ": metrics.path is in use by another job (" + (holder.empty() ? "holder unknown" : holder) +
+                        "); two jobs on one metrics file would truncate or interleave each other's records (give "
+                        "each job its own metrics.path)");
+    throw ConfigError(lock + ": cannot lock the metrics file: " + std::strerror(err));
+  }
+  char host[256] = {0};
+  ::gethostname(host, sizeof host - 1);
+  const std::string who = "pid " + std::to_string(::getpid()) + " on " + host;
+  if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, who.data(), who.size(), 0) < 0) {
+    const int err = errno;
+    ::close(fd);
+    throw ConfigError(lock + ": cannot write the metrics file's lock: " + std::strerror(err));
+  }
+  return fd;
+}
+
 }  // namespace
+
+MetricsWriter::~MetricsWriter() {
+  if (lock_fd_ >= 0) ::close(lock_fd_);  // releases the lock
+}
 
 MetricsWriter::MetricsWriter(const std::string& path, int64_t resume_step) : path_(path) {
   const bool append = resume_step > 0;
@@ -153,10 +198,16 @@ MetricsWriter::MetricsWriter(const std::string& path, int64_t resume_step) : pat
       throw ConfigError(path + ": cannot create the metrics directory " + parent.string() + ": " +
                         ec.message());
   }
-  if (append) keep_records_before(path, resume_step);
-  out_.open(path, append ? std::ios::out | std::ios::app : std::ios::out | std::ios::trunc);
-  if (!out_)
-    throw ConfigError(path + ": cannot open the metrics file for writing: " + std::strerror(errno));
+  lock_fd_ = lock_metrics(path);
+  try {
+    if (append) keep_records_before(path, resume_step);
+    out_.open(path, append ? std::ios::out | std::ios::app : std::ios::out | std::ios::trunc);
+    if (!out_)
+      throw ConfigError(path + ": cannot open the metrics file for writing: " + std::strerror(errno));
+  } catch (...) {
+    ::close(lock_fd_);  // no destructor after a throwing constructor
+    throw;
+  }
 }
 
 void MetricsWriter::write(const StepRecord& r) {

@@ -93,8 +93,11 @@ class MetricsWriter {
   // for a run resumed at resume_step, the records of steps before it are kept and those at or
   // after it (steps a crashed run wrote after its last checkpoint, which the resumed run replays,
   // and a torn last line) are dropped, so that each step has one record. Throws ConfigError
-  // naming the path if it cannot.
+  // naming the path if it cannot. Before anything is truncated, `path`.lock is locked (flock, held
+  // for the writer's lifetime, released by the kernel if the process dies): a second job on the
+  // same metrics.path is refused with ConfigError naming the holder.
   explicit MetricsWriter(const std::string& path, int64_t resume_step = 0);
+  ~MetricsWriter();
   MetricsWriter(const MetricsWriter&) = delete;
   MetricsWriter& operator=(const MetricsWriter&) = delete;
 
@@ -104,6 +107,7 @@ class MetricsWriter {
 
  private:
   std::string path_;
+  int lock_fd_ = -1;
   std::ofstream out_;
   std::mutex mu_;
 };

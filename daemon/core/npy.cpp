@@ -296,7 +296,8 @@ NpyHeader parse_npy_header(const char* data, size_t size, const std::string& fil
 NpyArray NpyArray::open(const std::string& path) {
   NpyArray a;
   a.path_ = path;
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: a FIFO would block open() until a writer comes; refused below as not regular.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) fail(path, std::string("cannot open: ") + std::strerror(errno));
   struct stat st {};
   if (::fstat(fd, &st) != 0) {

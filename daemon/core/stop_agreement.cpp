@@ -4,6 +4,7 @@
 namespace thetad::daemon {
 
 std::atomic<int> g_stop_signal{0};
+std::atomic<bool> g_training_started{false};
 
 bool StopAgreement::stop_after(int64_t step) {
   const bool stop = posted_.get();

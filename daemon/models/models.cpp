@@ -12,6 +12,7 @@
 #include "common/hash.hpp"
 #include "common/log.hpp"
 #include "common/text.hpp"
+#include "daemon/core/input_path.hpp"
 #include "daemon/models/chunked_softmax.hpp"
 #include "daemon/models/initial_weights.hpp"
 #include "daemon/models/model.hpp"
@@ -154,13 +155,19 @@ class ScriptModel : public TaskModel {
   ScriptModel(const config::Job& job, torch::Device device) {
     const auto& m = job.model;
     num_tasks_ = static_cast<int>(m.tasks);
+    path_ = input_path(m.path, job);
+    // Checked before opening: a FIFO would block the load until a writer comes.
+    std::error_code ec;
+    if (!std::filesystem::is_regular_file(path_, ec))
+      throw ConfigError(path_ + ": model.path: " + (std::filesystem::exists(path_, ec) ? "not a regular file" : "no such file") +
+                        " (a TorchScript model file, torch.jit.save)");
     try {
-      module_ = torch::jit::load(m.path, device);
+      module_ = torch::jit::load(path_, device);
     } catch (const c10::Error& e) {
-      throw ConfigError(m.path + ": model.path: cannot load TorchScript model: " +
+      throw ConfigError(path_ + ": model.path: cannot load TorchScript model: " +
                         e.what_without_backtrace());
     }
-    check_contract(m.path);
+    check_contract(path_);
     module_.train();
     std::vector<std::string> problems;
     for (const auto& np : module_.named_parameters(/*recurse=*/true)) {
@@ -184,7 +191,7 @@ class ScriptModel : public TaskModel {
       if (groups.size() != 1) {
         std::string which;
         for (const auto& w : matched) which += (which.empty() ? "" : ", ") + w;
-        problems.push_back(m.path + ": parameter '" + np.name + "' is matched by " +
+        problems.push_back(path_ + ": parameter '" + np.name + "' is matched by " +
                            (groups.empty() ? std::string("no pattern of model.shared/model.task")
                                            : std::to_string(groups.size()) + " groups' patterns: " + which));
         continue;
@@ -205,9 +212,20 @@ class ScriptModel : public TaskModel {
   }
   // Token batches (data.kind: tokens): forward returns logits [rows, seq, vocab], trained on the
   // next tokens as the built-in transformer is.
+  // Float batches: the output must have the targets' shape ([rows, model.output_dim]); MSE of
+  // another shape would broadcast and train on nonsense.
   torch::Tensor loss(const Batch& b, int task, uint64_t sample_seed) override {
-    if (b.x.scalar_type() != torch::kInt64) return TaskModel::loss(b, task, sample_seed);
-    return next_token_loss(forward(b.x, task), b.y);
+    (void)sample_seed;
+    if (b.x.scalar_type() == torch::kInt64) return next_token_loss(forward(b.x, task), b.y);
+    const torch::Tensor out = forward(b.x, task);
+    if (!out.sizes().equals(b.y.sizes())) {
+      std::ostringstream os;
+      os << path_ << ": model.path: the model's output for task " << task << " has shape " << out.sizes()
+         << " where its targets have shape " << b.y.sizes() << " (rows x model.output_dim); forward must return "
+         << "one row of model.output_dim values per input row";
+      throw ConfigError(os.str());
+    }
+    return task_loss(loss_kind(), out, b.y);
   }
 
   // What thetad calls, checked when the model is loaded (bad input: exit 2 before any step, not
@@ -233,6 +251,7 @@ class ScriptModel : public TaskModel {
 
  private:
   torch::jit::script::Module module_;
+  std::string path_;  // model.path, {job} and {rank} expanded
   std::vector<NamedParam> params_;
 };
 

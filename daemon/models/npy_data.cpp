@@ -13,6 +13,7 @@
 #include <random>
 
 #include "common/errors.hpp"
+#include "daemon/core/input_path.hpp"
 #include "daemon/core/npy.hpp"
 #include "daemon/models/model.hpp"
 
@@ -25,9 +26,10 @@ class NpyData : public DataSource {
       : seed_(job.seed), in_(job.model.input_dim), out_(job.model.output_dim), labels_(labels),
         device_(device) {
     namespace fs = std::filesystem;
-    const fs::path dir(job.data.dir);
+    const std::string dir_text = input_path(job.data.dir, job);
+    const fs::path dir(dir_text);
     if (!fs::is_directory(dir))
-      throw ConfigError(job.source + ": data.dir: '" + job.data.dir + "' is not a directory");
+      throw ConfigError(job.source + ": data.dir: '" + dir_text + "' is not a directory");
     for (int64_t t = 0; t < job.model.tasks; ++t) {
       const std::string xp = (dir / ("task" + std::to_string(t) + "_x.npy")).string();
       const std::string yp = (dir / ("task" + std::to_string(t) + "_y.npy")).string();

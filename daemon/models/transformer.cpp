@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common/errors.hpp"
+#include "daemon/core/input_path.hpp"
 #include "daemon/core/npy.hpp"
 #include "daemon/models/param_builder.hpp"
 
@@ -191,7 +192,7 @@ class TokenFiles : public DataSource {
   TokenFiles(const config::Job& job, torch::Device device)
       : seed_(job.seed), seq_(job.model.seq_len), device_(device) {
     for (int64_t t = 0; t < job.model.tasks; ++t) {
-      const std::string path = job.data.dir + "/task" + std::to_string(t) + ".npy";
+      const std::string path = input_path(job.data.dir, job) + "/task" + std::to_string(t) + ".npy";
       NpyArray a = NpyArray::open(path);
       a.require_ndim(1);
       torch::ScalarType type;

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "common/errors.hpp"
+#include "config/job.hpp"
 #include "daemon/core/manifest.hpp"
 #include "daemon/models/param_groups.hpp"
 
@@ -69,6 +70,7 @@ struct CheckpointWriter {
   std::string job_name, job_hash;
   int64_t keep = 3;
   std::vector<int64_t> group_bytes;  // per group: bytes of its parameters and moments (the shard plan)
+  ManifestLayout layout;             // the parameters' layout (checkpoint_layout), in the manifest
   std::function<void()> barrier;
   std::function<bool(bool)> all_ok;
 };
@@ -149,7 +151,10 @@ void publish_files(const CheckpointWriter& w);
 // any world size). Every problem is a ConfigError naming the file and, where there is one, the key.
 class CheckpointReader {
  public:
-  CheckpointReader(const CheckpointInfo& ckpt, int num_groups, const std::string& expected_job_hash);
+  // `layout`: this job's (checkpoint_layout); a checkpoint of another layout is refused naming
+  // the key or the first parameter that differs (layout.hpp), before its model hash is compared.
+  CheckpointReader(const CheckpointInfo& ckpt, int num_groups, const std::string& expected_job_hash,
+                   const ManifestLayout& layout = {});
   // Group g's state: by name (formats 1 and 2), or (format 3) with no names and one flat tensor
   // each of parameters and moments, in the group's flat layout (ParamGroups::offset).
   GroupState load_group(int group) const;
@@ -161,6 +166,7 @@ class CheckpointReader {
   c10::impl::GenericDict load_file(const std::string& name, bool has_checksum, uint64_t checksum) const;
   at::Tensor tensor(const c10::impl::GenericDict& dict, const std::string& key, const std::string& file) const;
   ConfigError damaged(const std::string& name, const std::string& what) const;
+  void check_state(const std::string& file, const GroupState& st) const;
   CheckpointInfo ckpt_;
   Manifest manifest_;
   struct Shard {  // the shard read last (format 3), checked
@@ -174,6 +180,10 @@ class CheckpointReader {
 // A loaded group in the model's terms: its parameters' names, shapes and order as `groups` has
 // them. Tensors by name are checked by name and shape (formats 1 and 2); a shard's flat values
 // (format 3) are cut at the group's layout, their count checked. ConfigError naming `where`.
+// The parameters' layout as a manifest records it: the job's layout keys, every group's names
+// and shapes (ParamGroups' order).
+ManifestLayout checkpoint_layout(const config::Job& job, const ParamGroups& groups);
+
 GroupState in_model_layout(const GroupState& loaded, const ParamGroups& groups, int g, const std::string& where);
 
 }  // namespace thetad::daemon

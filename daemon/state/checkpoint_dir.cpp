@@ -17,6 +17,7 @@
 #include <sstream>
 
 #include "common/errors.hpp"
+#include "common/log.hpp"
 #include "daemon/state/checkpoint.hpp"
 #include "daemon/state/checkpoint_files.hpp"
 
@@ -82,20 +83,46 @@ void remove_tree(const fs::path& p) {
     io_error("cannot remove", p);
 }
 
+void remove_checkpoint(const fs::path& p) {
+  std::error_code ec;
+  if (!fs::exists(fs::symlink_status(p, ec))) return;
+  const fs::path doomed = p.parent_path() / (".tmp-removed-" + p.filename().string());
+  remove_tree(doomed);  // left over from a removal a crash interrupted
+  fs::rename(p, doomed);
+  remove_tree(doomed);
+}
+
+bool is_complete(const fs::path& p) {
+  std::error_code ec;
+  if (!fs::is_regular_file(p / "manifest.json", ec)) return false;
+  try {
+    const std::vector<char> text = read_bytes(p / "manifest.json");
+    return parse_manifest(std::string(text.begin(), text.end()), (p / "manifest.json").string()).step == step_of(p);
+  } catch (const ConfigError&) {
+    return false;
+  }
+}
+
 void prune(const fs::path& root, int64_t step, int64_t keep) {
   std::vector<std::pair<int64_t, fs::path>> older;
   for (const auto& e : fs::directory_iterator(root)) {
     const std::string name = e.path().filename().string();
-    if (name.rfind(".tmp-step-", 0) == 0) {
+    if (name.rfind(".tmp-step-", 0) == 0 || name.rfind(".tmp-removed-", 0) == 0) {
       remove_tree(e.path());
       continue;
     }
     const int64_t s = step_of(e.path());
-    if (s >= 0 && s < step) older.emplace_back(s, e.path());
+    if (s < 0 || s >= step) continue;
+    // Only what is verifiably a complete checkpoint is pruned: a damaged one is the user's to
+    // look at (it may be the one they meant to resume from), never deleted behind their back.
+    if (is_complete(e.path())) older.emplace_back(s, e.path());
+    else
+      THETAD_LOG(warn, "ckpt") << e.path().string() << " is not a complete checkpoint (no valid manifest.json); "
+                               << "checkpoint.keep leaves it alone: remove it yourself once you no longer need it";
   }
   std::sort(older.begin(), older.end());
   const size_t keep_older = keep > 1 ? static_cast<size_t>(keep - 1) : 0;
-  for (size_t i = 0; i + keep_older < older.size(); ++i) remove_tree(older[i].second);
+  for (size_t i = 0; i + keep_older < older.size(); ++i) remove_checkpoint(older[i].second);
 }
 
 std::vector<char> read_bytes(const fs::path& p) {
@@ -109,6 +136,37 @@ std::vector<char> read_bytes(const fs::path& p) {
   return bytes;
 }
 
+namespace {
+
+// "pid 123 on host since": what this process writes into the locks it holds.
+std::string lock_tag() {
+  char host[256] = {0};
+  ::gethostname(host, sizeof host - 1);
+  return "pid " + std::to_string(::getpid()) + " on " + host + " since";
+}
+
+}  // namespace
+
+void check_lock_held(const std::string& dir, int64_t step) {
+  const fs::path lock = fs::path(dir) / ".lock";
+  std::error_code ec;
+  std::string why;
+  if (!fs::is_directory(dir, ec)) {
+    why = "the directory is gone";
+  } else if (!fs::is_regular_file(lock, ec)) {
+    why = "its .lock is gone";
+  } else {
+    std::ifstream in(lock);
+    std::string holder((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (holder.find(lock_tag()) == std::string::npos)
+      why = "its .lock is another's now (" + holder.substr(0, 200) + ")";
+  }
+  if (why.empty()) return;
+  throw Error("checkpoint.dir " + dir + ": " + why + ": it was removed or replaced while this job ran; the checkpoint "
+              "of step " + std::to_string(step) + " is not written (writing on would recreate the directory without "
+              "its lock, or publish over another job's steps); this job stops");
+}
+
 std::string checksum_part(int rank) { return "checksums-rank-" + std::to_string(rank) + ".txt"; }
 
 }  // namespace ckpt_files
@@ -118,13 +176,20 @@ using namespace ckpt_files;
 std::optional<CheckpointInfo> find_latest_checkpoint(const std::string& dir) {
   std::error_code ec;
   if (dir.empty() || !fs::is_directory(dir, ec)) return std::nullopt;
+  // Every step-* directory counts, complete or not: a write in progress is named .tmp-step-*
+  // until it is complete, so a step-* directory without its manifest was damaged since. Resume
+  // never goes past it silently to an older one: it reads the newest and refuses its damage.
   std::optional<CheckpointInfo> best;
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
     const int64_t step = step_of(entry.path());
     if (step < 0) continue;
-    if (!fs::exists(entry.path() / "manifest.json")) continue;  // incomplete
     if (!best || step > best->step) best = CheckpointInfo{entry.path().string(), step};
   }
+  if (best && !fs::exists(fs::symlink_status(fs::path(best->path) / "manifest.json", ec)))
+    throw ConfigError(best->path + "/manifest.json: missing: the newest checkpoint in " + dir +
+                      " is damaged (its manifest was removed or lost); resume never skips it silently: move " +
+                      best->path + " out of " + dir + " to resume from the one before it, or start anew with "
+                      "--no-resume");
   return best;
 }
 
@@ -153,14 +218,12 @@ CheckpointDirLock::CheckpointDirLock(const std::string& dir, const std::string& 
              "); two jobs on one checkpoint directory would publish over each other's steps");
     refuse(std::string("cannot be locked: ") + std::strerror(err));
   }
-  char host[256] = {0};
-  ::gethostname(host, sizeof host - 1);
   const std::time_t now = std::time(nullptr);
   char stamp[32];
   std::tm utc{};
   gmtime_r(&now, &utc);
   std::strftime(stamp, sizeof stamp, "%Y-%m-%dT%H:%M:%SZ", &utc);
-  const std::string who = "job " + job_name + ", pid " + std::to_string(::getpid()) + " on " + host + " since " + stamp;
+  const std::string who = "job " + job_name + ", " + lock_tag() + " " + stamp;
   if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, who.data(), who.size(), 0) != static_cast<ssize_t>(who.size()))
     refuse(std::string("not writable: ") + std::strerror(errno));
   // The checkpoints themselves need files written and synced in it: prove it now, not after training.

@@ -26,11 +26,20 @@ void sync_dir(const fs::path& dir);
 // Removes `p` with everything under it; a missing `p` is no error (io_error otherwise). Not
 // std::filesystem::remove_all, which crashed thetad on the GPU image (see checkpoint_dir.cpp).
 void remove_tree(const fs::path& p);
+// Removes checkpoint directory `p` so that a crash never leaves it half removed (a step-*
+// directory without its manifest would read as damaged): renamed to .tmp-removed-<name> first.
+void remove_checkpoint(const fs::path& p);
 // After publishing `step`: keeps the newest `keep` checkpoints up to it (it included) and drops
-// the temporary directories of interrupted writes. Newer checkpoints, if any, are left alone.
+// the temporary directories of interrupted writes and removals. Newer checkpoints, if any, are
+// left alone, and so is any step-* directory without a valid manifest (logged as a warning).
 void prune(const fs::path& root, int64_t step, int64_t keep);
 // A checkpoint file's bytes; ConfigError naming it where it cannot be read whole.
 std::vector<char> read_bytes(const fs::path& p);
+// Rank 0, before each checkpoint: checkpoint.dir still holds this process's lock (CheckpointDirLock
+// wrote "pid P on HOST since ..." into dir/.lock). A directory removed while the job ran (and
+// perhaps recreated and locked by another job) throws Error naming it: writing on would recreate
+// it without the lock, or publish over the other job's steps.
+void check_lock_held(const std::string& dir, int64_t step);
 // The file in which rank `rank` leaves its shards' checksums for rank 0's manifest.
 std::string checksum_part(int rank);
 

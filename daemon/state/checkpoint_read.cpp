@@ -33,11 +33,44 @@ bool all_finite(const at::Tensor& t) {
   return finite;
 }
 
+// The index of the first value that is NaN, Inf or (with `nonneg`) below zero, or -1.
+int64_t first_bad(const at::Tensor& t, bool nonneg) {
+  // A shard's narrowed slices are float32 and contiguous: no LibTorch operation per group.
+  const at::Tensor c = t.scalar_type() == at::kFloat && t.is_contiguous() ? t : t.to(at::kFloat).contiguous();
+  const float* v = c.data_ptr<float>();
+  for (int64_t i = 0, n = c.numel(); i < n; ++i)
+    if (!std::isfinite(v[i]) || (nonneg && v[i] < 0)) return i;
+  return -1;
+}
+
 }  // namespace
 
 using ckpt_files::read_bytes;
 
-CheckpointReader::CheckpointReader(const CheckpointInfo& ckpt, int num_groups, const std::string& expected_job_hash)
+// A loaded group's optimizer state as AdamW can use it: finite moments, second moments >= 0, a
+// step count in 0..the checkpoint's step (a hand-edited file with a recomputed checksum passes
+// the checksum; training on from it would fail later, blaming another key).
+void CheckpointReader::check_state(const std::string& file, const GroupState& st) const {
+  const std::string where = (fs::path(ckpt_.path) / file).string() + ": group " + std::to_string(st.group) + ": ";
+  const std::string advice = " (the checkpoint is damaged; resume from an earlier checkpoint, or start anew with --no-resume)";
+  if (st.steps < 0 || st.steps > ckpt_.step)
+    throw ConfigError(where + "step count " + std::to_string(st.steps) + " outside 0.." + std::to_string(ckpt_.step) +
+                      " (the checkpoint's step)" + advice);
+  const char* keys[2] = {"exp_avg", "exp_avg_sq"};
+  for (int k = 0; k < 2; ++k)
+    for (size_t i = 0; i < st.params.size(); ++i) {
+      const at::Tensor& t = k == 0 ? st.exp_avg[i] : st.exp_avg_sq[i];
+      const int64_t bad = first_bad(t, k == 1);
+      if (bad < 0) continue;
+      const float v = t.reshape({-1})[bad].item<float>();
+      throw ConfigError(where + keys[k] + (st.names.empty() ? "" : " of '" + st.names[i] + "'") + " value " +
+                        std::to_string(bad) + " is " + std::to_string(v) +
+                        (k == 1 ? ", where second moments are finite and >= 0" : ", where moments are finite") + advice);
+    }
+}
+
+CheckpointReader::CheckpointReader(const CheckpointInfo& ckpt, int num_groups, const std::string& expected_job_hash,
+                                   const ManifestLayout& layout)
     : ckpt_(ckpt) {
   const fs::path path = fs::path(ckpt.path) / "manifest.json";
   const std::vector<char> text = read_bytes(path);
@@ -46,6 +79,7 @@ CheckpointReader::CheckpointReader(const CheckpointInfo& ckpt, int num_groups, c
     throw ConfigError(path.string() + ": step: " + std::to_string(manifest_.step) + " but the directory is of step " +
                       std::to_string(ckpt.step) + " (the checkpoint is damaged; use --no-resume or another "
                       "checkpoint.dir)");
+  check_layout(manifest_.layout, layout, path.string());  // names the key: before the hash of them all
   if (!expected_job_hash.empty() && manifest_.job_hash != expected_job_hash)
     throw ConfigError(path.string() + ": checkpoint is of another model (job_hash " + manifest_.job_hash +
                       ", this job " + expected_job_hash + "); use --no-resume or another checkpoint.dir");
@@ -114,19 +148,17 @@ GroupState CheckpointReader::load_shard_group(int group) const {
     shard_.exp_avg = values("exp_avg");
     shard_.exp_avg_sq = values("exp_avg_sq");
     const at::Tensor offsets = tensor(dict, "offsets", sh.file), steps = tensor(dict, "steps", sh.file);
-    if (offsets.dim() != 1 || offsets.scalar_type() != at::kLong || offsets.numel() != sh.count + 1)
+    if (offsets.dim() != 1 || offsets.scalar_type() != at::kLong)
       throw damaged(sh.file, "key 'offsets' is not int64 [" + std::to_string(sh.count + 1) + "]");
-    if (steps.dim() != 1 || steps.scalar_type() != at::kLong || steps.numel() != sh.count)
+    if (steps.dim() != 1 || steps.scalar_type() != at::kLong)
       throw damaged(sh.file, "key 'steps' is not int64 [" + std::to_string(sh.count) + "]");
     const int64_t n = shard_.param.numel();
     if (shard_.exp_avg.numel() != n || shard_.exp_avg_sq.numel() != n)
       throw damaged(sh.file, "keys 'param', 'exp_avg' and 'exp_avg_sq' differ in length");
-    shard_.offsets.assign(offsets.data_ptr<int64_t>(), offsets.data_ptr<int64_t>() + offsets.numel());
-    shard_.steps.assign(steps.data_ptr<int64_t>(), steps.data_ptr<int64_t>() + steps.numel());
-    for (size_t i = 0; i + 1 < shard_.offsets.size(); ++i)
-      if (shard_.offsets[i] > shard_.offsets[i + 1]) throw damaged(sh.file, "key 'offsets' decreases");
-    if (shard_.offsets.front() != 0 || shard_.offsets.back() != n)
-      throw damaged(sh.file, "key 'offsets' does not span 'param' (" + std::to_string(n) + " values)");
+    const at::Tensor offs = offsets.contiguous(), stps = steps.contiguous();
+    shard_.offsets.assign(offs.data_ptr<int64_t>(), offs.data_ptr<int64_t>() + offs.numel());
+    shard_.steps.assign(stps.data_ptr<int64_t>(), stps.data_ptr<int64_t>() + stps.numel());
+    check_shard_index(sh, n, shard_.offsets, shard_.steps, ckpt_.step, (fs::path(ckpt_.path) / sh.file).string());
     shard_.index = static_cast<int64_t>(s);
   }
   const size_t i = static_cast<size_t>(group - sh.first);
@@ -141,6 +173,7 @@ GroupState CheckpointReader::load_shard_group(int group) const {
   st.exp_avg = {shard_.exp_avg.narrow(0, a, len)};
   st.exp_avg_sq = {shard_.exp_avg_sq.narrow(0, a, len)};
   st.steps = shard_.steps[i];
+  check_state(sh.file, st);
   return st;
 }
 
@@ -166,7 +199,21 @@ GroupState CheckpointReader::load_group_file(int group) const {
   const at::Tensor steps = tensor(dict, "steps", mg.file);
   if (steps.numel() != 1 || steps.scalar_type() != at::kLong) throw damaged(mg.file, "key 'steps' is not one int64");
   st.steps = steps.item<int64_t>();
+  for (size_t i = 0; i < st.names.size(); ++i)
+    if (!st.exp_avg[i].sizes().equals(st.params[i].sizes()) || !st.exp_avg_sq[i].sizes().equals(st.params[i].sizes()))
+      throw damaged(mg.file, "the moments of '" + st.names[i] + "' differ in shape from the parameter");
+  check_state(mg.file, st);
   return st;
+}
+
+ManifestLayout checkpoint_layout(const config::Job& job, const ParamGroups& groups) {
+  LayoutBuilder b(job);
+  for (int g = 0; g < groups.num_groups(); ++g)
+    for (int p : groups.members[static_cast<size_t>(g)]) {
+      const NamedParam& np = groups[p];
+      b.add(g, np.name, np.tensor.sizes().vec());
+    }
+  return b.take();
 }
 
 GroupState in_model_layout(const GroupState& loaded, const ParamGroups& groups, int g, const std::string& where) {

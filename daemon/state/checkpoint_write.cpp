@@ -251,9 +251,9 @@ void write_sums(const CheckpointWriter& w, const std::string& text, const std::a
 void begin_checkpoint(const CheckpointWriter& w, WriteStatus& st) {
   if (w.rank == 0) {
     try {
-      fs::create_directories(w.dir);
+      check_lock_held(w.dir, w.step);  // never recreated: it was made and locked before step 0
       remove_tree(tmp_dir(w));  // left over from a run killed mid-write
-      fs::create_directories(tmp_dir(w));
+      fs::create_directory(tmp_dir(w));  // not its parent: a checkpoint.dir removed since stays gone
     } catch (const std::exception& e) {
       record_failure(st, e);
     }
@@ -299,8 +299,14 @@ void write_share(const CheckpointWriter& w, CheckpointShare& share, WriteStatus&
 // stays what it was.
 void agree_checkpoint(const CheckpointWriter& w, const WriteStatus& st, const char* elsewhere) {
   if (w.all_ok(st.ok)) return;
-  std::string removed;
+  std::string removed, error = st.error;
   if (w.rank == 0) {
+    // A write that failed because checkpoint.dir was removed under it says so, not the I/O error.
+    try {
+      check_lock_held(w.dir, w.step);
+    } catch (const Error& e) {
+      error = e.what();
+    }
     try {
       remove_tree(tmp_dir(w));
       removed = "; " + tmp_dir(w).string() + " removed";
@@ -309,7 +315,7 @@ void agree_checkpoint(const CheckpointWriter& w, const WriteStatus& st, const ch
     }
   }
   throw Error("checkpoint at step " + std::to_string(w.step) + " failed" +
-              (st.error.empty() ? std::string(elsewhere) : ": " + st.error) + removed +
+              (error.empty() ? std::string(elsewhere) : ": " + error) + removed +
               " (the newest complete checkpoint in " + w.dir + " is unchanged)");
 }
 
@@ -325,6 +331,7 @@ void publish_files(const CheckpointWriter& w) {
   m.world_size = w.world;
   m.num_groups = static_cast<int>(w.group_bytes.size());
   m.shards = shards;
+  m.layout = w.layout;
   std::vector<uint8_t> summed(shards.size(), 0);
   for (int r = 0; r < w.world; ++r) {  // every rank's checksums, then its part file goes
     const fs::path part = tmp / checksum_part(r);
@@ -343,7 +350,7 @@ void publish_files(const CheckpointWriter& w) {
   const std::string s = manifest_json(m);
   write_file_durable(tmp / "manifest.json", std::vector<char>(s.begin(), s.end()));
   sync_dir(tmp);
-  remove_tree(final_dir);  // the same step written before (a rerun): replaced whole
+  remove_checkpoint(final_dir);  // the same step written before (a rerun): replaced whole
   fs::rename(tmp, final_dir);
   sync_dir(root);
   prune(root, w.step, w.keep);

@@ -108,7 +108,8 @@ int64_t RunState::resume(bool resume) {
   });
   if (step < 0) return 0;
   const CheckpointInfo ckpt{checkpoint_path(dir, step), step};
-  const CheckpointReader reader(ckpt, groups_.num_groups(), model_hash(job_));  // another model: exit 2 first
+  const CheckpointReader reader(ckpt, groups_.num_groups(), model_hash(job_),
+                                checkpoint_layout(job_, groups_));  // another model or layout: exit 2 first
   // A checkpoint past the job's end (steps lowered since): there is nothing to run, and
   // running on would be silent about it. (At exactly `steps` the job is complete: nothing to do.)
   if (step > job_.steps)
@@ -157,6 +158,7 @@ CheckpointWriter RunState::writer(int64_t completed) {
   w.job_name = job_.name;
   w.job_hash = model_hash(job_);
   w.keep = job_.checkpoint.keep;
+  w.layout = checkpoint_layout(job_, groups_);
   for (int g = 0; g < groups_.num_groups(); ++g) {
     const bool initial = homes_.of(g).initial(g);  // no values written
     w.group_bytes.push_back(initial ? 0 : groups_.numel(g) * 3 * int64_t{sizeof(float)});
@@ -234,7 +236,7 @@ void RunState::poll_checkpoint(int64_t step) {
 }
 
 void RunState::finish_checkpoint(int64_t step) {
-  while (inflight_) advance_checkpoint(step, true);
+  while (inflight_) advance_checkpoint(step - 1, true);  // `step` completed steps: the last step run is step - 1
 }
 
 // One control-plane allreduce asks whether every rank's thread is done (`wait`: after waiting for

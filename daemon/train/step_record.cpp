@@ -1,6 +1,8 @@
 // Per-step records read one step late (see step_record.hpp).
 #include "daemon/train/step_record.hpp"
 
+#include <exception>
+
 #if THETAD_TORCH_CUDA
 #include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDAStream.h>
@@ -69,6 +71,7 @@ void StepRecorder::queue_losses(PendingStep& p, const torch::Tensor& total,
 }
 
 void StepRecorder::finish(PendingStep& p, const std::function<void(StepRecord&)>& before_write) {
+  if (p.written) return;
   StepRecord& rec = p.rec;
 #if THETAD_TORCH_CUDA
   if (p.marks->done) {
@@ -95,9 +98,29 @@ void StepRecorder::finish(PendingStep& p, const std::function<void(StepRecord&)>
   rec.loss = l[0];
   for (size_t i = 0; i < p.tasks.size(); ++i) rec.task_loss.push_back({p.tasks[i], l[i + 1]});
   // step_ms and the device memory come with the record (the trainer's, at the step's end on the host).
-  if (before_write) before_write(rec);
-  if (metrics_) metrics_->write(rec);
-  progress_->finished(rec);
+  const auto write = [&] {
+    p.written = true;
+    if (metrics_) metrics_->write(rec);
+    progress_->finished(rec);
+  };
+  try {
+    if (before_write) before_write(rec);
+  } catch (...) {
+    write();  // the step ran: its record says so (nonfinite: 1), then the error stops the run
+    throw;
+  }
+  write();
+}
+
+RecordOnError::RecordOnError(StepRecorder& recorder, const std::unique_ptr<PendingStep>& pending)
+    : recorder_(recorder), pending_(pending), uncaught_(std::uncaught_exceptions()) {}
+
+RecordOnError::~RecordOnError() {
+  if (std::uncaught_exceptions() <= uncaught_ || !pending_ || pending_->written) return;
+  try {
+    recorder_.finish(*pending_);
+  } catch (...) {  // the error already unwinding is the one to report
+  }
 }
 
 }  // namespace thetad::daemon

@@ -32,6 +32,7 @@ struct PendingStep {
   std::vector<int> tasks;   // the task of each entry of losses after the first
   torch::Tensor losses;     // host float32: the step's loss, then the task losses
   std::unique_ptr<DeviceMarks> marks;  // GPUs: phase events and the losses' copy event
+  bool written = false;     // its metrics record is out (finish ran)
 };
 
 class StepRecorder {
@@ -46,7 +47,9 @@ class StepRecorder {
                     const std::vector<std::pair<int, torch::Tensor>>& task_losses) const;
   // Waits for the step's device work (bounded by comm.timeout_s, never forever), fills in its
   // losses and device times, writes its metrics and the progress line.
-  // `before_write` sees the finished record (losses read) before it goes to the metrics.
+  // `before_write` sees the finished record (losses read) before it goes to the metrics; if it
+  // throws (a non-finite stop), the record is written first, then the error goes on. A step
+  // already written is not written again.
   void finish(PendingStep& p, const std::function<void(StepRecord&)>& before_write = {});
   Progress& progress() { return *progress_; }
 
@@ -56,6 +59,22 @@ class StepRecorder {
   const int rank_;
   std::unique_ptr<MetricsWriter> metrics_;
   std::unique_ptr<Progress> progress_;
+};
+
+// Held by the step loop: when an error unwinds it (a non-finite stop, a failed checkpoint), the
+// step that ran and is still pending gets its metrics record (nonfinite: 1 where it was found),
+// without another agreement among the ranks (they may be gone); errors of that write are dropped.
+class RecordOnError {
+ public:
+  RecordOnError(StepRecorder& recorder, const std::unique_ptr<PendingStep>& pending);
+  ~RecordOnError();
+  RecordOnError(const RecordOnError&) = delete;
+  RecordOnError& operator=(const RecordOnError&) = delete;
+
+ private:
+  StepRecorder& recorder_;
+  const std::unique_ptr<PendingStep>& pending_;
+  int uncaught_;
 };
 
 }  // namespace thetad::daemon

@@ -369,6 +369,7 @@ int Trainer::run() {
     }
     pending.reset();
   };
+  const RecordOnError record_on_error(*recorder_, pending);
   for (int64_t step = start_step; step < job_.steps; ++step) {
     const auto t_step = Clock::now();
     auto cur = std::make_unique<PendingStep>(step, world_.rank);
@@ -393,7 +394,8 @@ int Trainer::run() {
       stop_now = stop.stop_after(step);
     }
     if (stop_now) {
-      THETAD_LOG(warn, "train") << "stop requested (signal); checkpointing at step " << completed;
+      THETAD_LOG(warn, "train") << "stop requested (signal); " << (job_.checkpoint.dir.empty()
+          ? "no checkpoint.dir: nothing is written, stopping after step " : "checkpointing at step ") << completed;
     }
     if (stop_now || completed == job_.steps ||
         (job_.checkpoint.every_steps > 0 && completed % job_.checkpoint.every_steps == 0))

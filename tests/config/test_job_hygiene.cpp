@@ -4,6 +4,9 @@
 // step, and keys without effect under the job's choices are warnings naming file:line:key.
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <string>
 
@@ -23,9 +26,27 @@ TEST(JobFile, DevZeroIsRefusedPromptly) {
     load_job("/dev/zero");
     FAIL() << "accepted /dev/zero";
   } catch (const JobError& e) {
-    EXPECT_TRUE(contains(e.what(), "/dev/zero: larger than 1 MiB: not a job file")) << e.what();
+    EXPECT_TRUE(contains(e.what(), "/dev/zero: cannot read job file: not a regular file (a character device)")) << e.what();
     EXPECT_EQ(exit_code_for(e), kExitBadInput);
   }
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+}
+
+// Issue 36, item 7: a FIFO blocks open() until a writer comes; it is refused before opening.
+TEST(JobFile, FifoIsRefusedBeforeOpening) {
+  const std::string fifo = testing::TempDir() + "thetad-job-fifo-" + std::to_string(::getpid());
+  ::unlink(fifo.c_str());
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  std::string what = "(accepted)";
+  try {
+    load_job(fifo);
+  } catch (const JobError& e) {
+    what = e.what();
+    EXPECT_EQ(exit_code_for(e), kExitBadInput);
+  }
+  ::unlink(fifo.c_str());
+  EXPECT_TRUE(contains(what, fifo + ": cannot read job file: not a regular file (a FIFO)")) << what;
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
 }
 
@@ -54,6 +75,32 @@ TEST(JobFile, OutputsOnOnePathAreRefused) {
   EXPECT_TRUE(contains(what, "timeline.path: is the same path as metrics.path ('out/m.jsonl')")) << what;
   const std::string ckpt = error_of(kMinimal + "checkpoint: {dir: out/x}\nlog: {file: out/x}\n");
   EXPECT_TRUE(contains(ckpt, "log.file: is the same path as checkpoint.dir")) << ckpt;
+}
+
+// Issue 36, item 5: a file inside checkpoint.dir is replaced by a checkpoint or moved aside.
+TEST(JobFile, OutputsInsideTheCheckpointDirAreRefused) {
+  const std::string what = error_of(kMinimal + "checkpoint: {dir: out/ck}\nmetrics: {path: out/ck/../ck/m.jsonl}\n");
+  EXPECT_TRUE(contains(what, "job.yaml:5:")) << what;
+  EXPECT_TRUE(contains(what, "metrics.path: 'out/ck/../ck/m.jsonl' lies inside checkpoint.dir ('out/ck')")) << what;
+  const std::string log = error_of(kMinimal + "job: j\ncheckpoint: {dir: 'runs/{job}'}\nlog: {file: 'runs/j/{rank}.log'}\n");
+  EXPECT_TRUE(contains(log, "log.file: 'runs/j/{rank}.log' lies inside checkpoint.dir")) << log;
+  EXPECT_EQ(error_of(kMinimal + "checkpoint: {dir: out/ck}\nmetrics: {path: out/ck2/m.jsonl}\n"), "(accepted)");
+  EXPECT_EQ(error_of(kMinimal + "checkpoint: {dir: out/ck}\nmetrics: {path: out/m.jsonl}\n"), "(accepted)");
+}
+
+// Issue 36, item 14: a size product that an override breaks is blamed on the override, not on
+// the file's line of another factor.
+TEST(JobFile, ProductLimitBlamesTheOverride) {
+  LoadOptions opts;
+  opts.overrides = {"model.d_model=16777216"};
+  const std::string what = error_of(
+      "steps: 1\nmodel: {kind: transformer, vocab: 50000, d_model: 64, heads: 1}\ndata: {}\n", opts);
+  EXPECT_TRUE(contains(what, "--set model.d_model: the largest parameter of transformer")) << what;
+  EXPECT_FALSE(contains(what, "job.yaml:2")) << what;
+  LoadOptions tasks;
+  tasks.overrides = {"model.hidden=16777216"};
+  const std::string mlp = error_of("steps: 1\nmodel: {kind: multitask_mlp, input_dim: 4096, tasks: 2}\ndata: {}\n", tasks);
+  EXPECT_TRUE(contains(mlp, "--set model.hidden: the largest parameter")) << mlp;
 }
 
 TEST(JobFile, PerRankOutputsNeedRankOnSeveralRanks) {

@@ -2,7 +2,8 @@
 // bytes. It may only return a manifest or throw ConfigError; an accepted manifest must name
 // only its own files (group files of formats 1 and 2, shard files of format 3), each once and
 // in order, its shards must cover its groups exactly (shard_of finds each shard's groups in it),
-// and it must print back to text that parses again to the same manifest. Anything else (a
+// and it must print back to text that parses again to the same manifest, its layout (the keys,
+// names and shapes resume compares, issue 36) included, and compare equal to itself. Anything else (a
 // sanitizer report, another exception) is a bug.
 #include <cstddef>
 #include <cstdint>
@@ -47,6 +48,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       std::abort();
     for (size_t i = 0; i < m.shards.size(); ++i)
       if (again.shards[i].fnv1a64 != m.shards[i].fnv1a64 || again.shards[i].count != m.shards[i].count) std::abort();
+    const auto& a = m.layout;
+    const auto& b = again.layout;
+    if (a.present != b.present || a.keys != b.keys || a.digest != b.digest || a.groups.size() != b.groups.size())
+      std::abort();
+    for (size_t g = 0; g < a.groups.size(); ++g)
+      if (!(a.groups[g] == b.groups[g])) std::abort();
+    thetad::daemon::check_layout(a, b, "fuzz/manifest.json");  // the same layout: never refused
   } catch (const thetad::ConfigError&) {
   }
   return 0;

@@ -19,10 +19,15 @@ else fail "resumed hash $h_res != uninterrupted $h_full"; fi
 n=$(find "$WORK/full" -maxdepth 1 -name 'step-*' | wc -l)
 [ "$n" -eq 3 ] && pass "keep=3 kept 3 checkpoints" || fail "expected 3 checkpoints, found $n"
 
-# A checkpoint killed mid-write (no manifest, or still a .tmp dir) is ignored.
+# A checkpoint killed mid-write (still a .tmp dir) is ignored; a step-* directory without its
+# manifest (damaged since: a write is renamed step-* only once complete) is refused, not skipped
+# (issue 36: tests/integration/checkpoint_trust.sh), and resumes past once moved away.
 cp -r "$WORK/resumed/step-00000020" "$WORK/resumed/step-00000040"
 rm "$WORK/resumed/step-00000040/manifest.json"
 mkdir -p "$WORK/resumed/.tmp-step-00000050"
+expect_code 2 damaged run 2 --set checkpoint.dir="$WORK/resumed" --set steps=35
+expect_in damaged "step-00000040/manifest.json: missing: the newest checkpoint in .* is damaged"
+mv "$WORK/resumed/step-00000040" "$WORK/step-00000040.damaged"
 expect_code 0 partial run 2 --set checkpoint.dir="$WORK/resumed" --set steps=35
 expect_in partial "resumed from .*step-00000030 at step 30"
 
@@ -64,7 +69,7 @@ if command -v strace >/dev/null 2>&1; then
   [ "$n" -ge 3 ] && pass "checkpoint files and directories fsynced ($n calls)" || fail "only $n fsync calls"
 fi
 
-# A checkpoint of another model is refused with exit 2.
+# A checkpoint of another model is refused with exit 2, naming the key that differs (issue 36).
 expect_code 2 other_model run 2 --set checkpoint.dir="$WORK/full" --set model.hidden=48
-expect_in other_model "checkpoint is of another model"
+expect_in other_model "layout: model.hidden is 32 in the checkpoint, 48 in this job"
 finish

@@ -46,7 +46,7 @@ expect_in same_path "--set log.file: is the same path as metrics.path"
 
 # A job file without end, and binary junk: exit 2 at once, nothing raw echoed.
 expect_code 2 dev_zero timeout 20 "$thetad" validate /dev/zero
-expect_in dev_zero "/dev/zero: larger than 1 MiB: not a job file"
+expect_in dev_zero "/dev/zero: cannot read job file: not a regular file \(a character device\)"
 head -c 3000 /bin/ls > "$WORK/junk.yaml"
 expect_code 2 junk "$thetad" validate "$WORK/junk.yaml"
 if LC_ALL=C grep -q $'[\x01-\x08\x0b-\x1f\x7f]' "$WORK/junk.log"; then fail "junk: control characters echoed"

@@ -12,7 +12,7 @@ expect_in version "^nccl "
 for f in "$root"/config/examples/*.yaml; do
   expect_code 0 "validate_$(basename "$f" .yaml)" "$thetad" validate "$f"
 done
-expect_in validate_demo "^steps: 60"
+expect_in validate_demo "^steps: 300"
 cat > "$WORK/bad.yaml" <<'YAML'
 job: bad
 steps: 0
