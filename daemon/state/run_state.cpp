@@ -79,7 +79,23 @@ class InitialHashes {
 
 RunState::RunState(const config::Job& job, const comm::WorldInfo& world, comm::ControlPlane& plane,
                    ParamGroups& groups, ResidentOptimizer& resident, StoreBridge* store, StreamedTrunk* trunk)
-    : job_(job), world_(world), plane_(plane), groups_(groups), resident_(resident), store_(store), trunk_(trunk) {}
+    : job_(job), world_(world), plane_(plane), groups_(groups), resident_(resident), store_(store), trunk_(trunk) {
+  // issue 35: export.adapters_dir's directories are checked before any step (exit 2).
+  if (!job.export_.adapters_dir.empty()) export_ = std::make_unique<AdapterExport>(job, groups);
+}
+
+// issue 35: PEFT adapter export (see run_state.hpp).
+void RunState::export_adapters(int64_t completed, const std::vector<int64_t>& group_steps, bool last) {
+  if (!export_ || !(last || job_.export_.at_checkpoints)) return;
+  std::string error;
+  try {
+    export_->write_changed(world_.rank, world_.size, group_steps, [this](int g) { return state(g); });
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  if (!plane_.all_ok(error.empty(), {"allreduce of the adapter export status", completed, -1}))
+    throw Error(error.empty() ? "export.adapters_dir: another rank failed to write its adapters" : error);
+}
 
 GroupState RunState::state(int g) {
   if (g == 0 && trunk_) return trunk_->state();

@@ -12,6 +12,7 @@
 #include "comm/control_plane.hpp"
 #include "config/job.hpp"
 #include "daemon/models/param_groups.hpp"
+#include "daemon/models/peft_adapters.hpp"  // issue 35: export.adapters_dir
 #include "daemon/optim/resident_optimizer.hpp"
 #include "daemon/state/async_checkpoint.hpp"
 #include "daemon/state/checkpoint.hpp"
@@ -58,6 +59,10 @@ class RunState {
   std::string first_nonfinite_param(int first, int stride);
   // FNV-1a over every parameter's bytes in registration order, read where each lives.
   uint64_t params_hash();
+  // issue 35 (export.adapters_dir): at the run's end (`last`) and, with export.at_checkpoints, at
+  // every checkpoint step, each rank writes its share of the adapters trained since the last
+  // export as PEFT directories; every rank learns whether all succeeded (Error, exit 1, if not).
+  void export_adapters(int64_t completed, const std::vector<int64_t>& group_steps, bool last);
 
  private:
   GroupState state(int g);
@@ -73,6 +78,7 @@ class RunState {
   ResidentOptimizer& resident_;
   StoreBridge* store_;
   StreamedTrunk* trunk_;  // offload.shared: stream: Θ lives in its store
+  std::unique_ptr<AdapterExport> export_;  // issue 35: export.adapters_dir (null: none)
 };
 
 }  // namespace thetad::daemon
