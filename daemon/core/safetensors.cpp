@@ -16,6 +16,9 @@
 namespace thetad::daemon {
 namespace {
 
+// safetensors data is little-endian; F32 and BF16 are copied as the host's own bits.
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "safetensors reading assumes a little-endian host");
+
 using nlohmann::json;
 
 [[noreturn]] void fail(const std::string& file, const std::string& what) { throw ConfigError(file + ": " + what); }
@@ -148,12 +151,23 @@ void st_to_fp32(const std::string& dtype, const void* src, size_t n, float* dst,
   if (dtype == "F32") {
     std::memcpy(dst, p, n * 4);
   } else if (dtype == "BF16") {
-    for (size_t i = 0; i < n; ++i) {
-      const uint32_t bits = (uint32_t(p[2 * i]) | uint32_t(p[2 * i + 1]) << 8) << 16;
-      std::memcpy(dst + i, &bits, 4);
+    // Little-endian host (x86, arm64): the bf16 bits are the float's upper half. In blocks through
+    // aligned local buffers, which the compiler vectorizes (the mapped bytes may be unaligned).
+    constexpr size_t kBlock = 1024;
+    uint16_t in[kBlock];
+    uint32_t out[kBlock];
+    for (size_t b = 0; b < n; b += kBlock) {
+      const size_t m = std::min(kBlock, n - b);
+      std::memcpy(in, p + 2 * b, 2 * m);
+      for (size_t i = 0; i < m; ++i) out[i] = uint32_t(in[i]) << 16;
+      std::memcpy(dst + b, out, 4 * m);
     }
   } else if (dtype == "F16") {
-    for (size_t i = 0; i < n; ++i) dst[i] = half_to_float(static_cast<uint16_t>(p[2 * i] | p[2 * i + 1] << 8));
+    for (size_t i = 0; i < n; ++i) {
+      uint16_t h;
+      std::memcpy(&h, p + 2 * i, 2);
+      dst[i] = half_to_float(h);
+    }
   } else {
     throw ConfigError(where + ": dtype " + dtype + " is not a floating-point type thetad reads (F32, BF16, F16)");
   }
