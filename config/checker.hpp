@@ -91,14 +91,15 @@ class Checker {
       if (d_.given(k)) return k;
     return *keys.begin();
   }
-  // `{rank}` and `{job}` are the only placeholders of output paths.
-  void placeholders(const std::string& path, const std::string& v) {
+  // `{rank}` and `{job}` are the only placeholders of output paths (and `extra` where given).
+  void placeholders(const std::string& path, const std::string& v, const std::string& extra = "") {
     for (size_t open = v.find('{'); open != std::string::npos; open = v.find('{', open + 1)) {
       const size_t close = v.find('}', open);
       const std::string ph = v.substr(open, close == std::string::npos ? std::string::npos
                                                                        : close - open + 1);
-      if (ph != "{rank}" && ph != "{job}") {
-        fail(path, "unknown placeholder '" + ph + "'; paths may use {rank} and {job}");
+      if (ph != "{rank}" && ph != "{job}" && (extra.empty() || ph != extra)) {
+        fail(path, "unknown placeholder '" + ph + "'; paths may use {rank}" + (extra.empty() ? " and " : ", ") +
+                       "{job}" + (extra.empty() ? "" : " and " + extra));
         return;
       }
     }
@@ -115,6 +116,7 @@ class Checker {
   // validate_model.cpp
   void model();
   void transformer();
+  void llama();
   void model_size();
   void torchscript();
   // validate_data.cpp

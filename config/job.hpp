@@ -27,6 +27,8 @@ enum class SharedMode { Resident, Stream };                   // resident | stre
 enum class H2dDtype { Fp32, Bf16 };                           // fp32 | bf16 (offload.h2d_dtype)
 enum class HostGroups { All, Scheduled };                     // all | scheduled (offload.host_groups)
 enum class UncachedUpdate { Auto, Host, Device };             // auto | host | device (offload.uncached_update)
+enum class ModelArch { Gpt2, Llama };                         // gpt2 | llama (model.arch)
+enum class TokenDtype { Npy, Uint16, Uint32 };                // npy | uint16 | uint32 (data.token_dtype)
 
 const std::string& to_string(Precision v);
 const std::string& to_string(GradDtype v);
@@ -43,6 +45,8 @@ const std::string& to_string(SharedMode v);
 const std::string& to_string(H2dDtype v);
 const std::string& to_string(HostGroups v);
 const std::string& to_string(UncachedUpdate v);
+const std::string& to_string(ModelArch v);
+const std::string& to_string(TokenDtype v);
 
 // False (and `out` unchanged) when `word` is not one of the type's YAML words.
 bool from_string(const std::string& word, Precision& out);
@@ -60,6 +64,8 @@ bool from_string(const std::string& word, SharedMode& out);
 bool from_string(const std::string& word, H2dDtype& out);
 bool from_string(const std::string& word, HostGroups& out);
 bool from_string(const std::string& word, UncachedUpdate& out);
+bool from_string(const std::string& word, ModelArch& out);
+bool from_string(const std::string& word, TokenDtype& out);
 
 // One entry of data.alternate: the groups trained in that step.
 struct AlternateEntry {
@@ -97,14 +103,22 @@ struct ModelConfig {
   // string or a list: a model with adapters.{t}.* and heads.{t}.* needs two).
   std::vector<std::string> task;
   int64_t init_seed = -1;       // parameter init seed; -1 = the job's seed
-  std::string init_from;        // initial weights: a torch.save'd state dict or a checkpoint group file
-  // transformer: decoder-only, pre-norm, learned positions (docs/configuration.md)
+  // initial weights: a torch.save'd state dict, a checkpoint group file, a .safetensors file or a
+  // Hugging Face model directory (safetensors, config.json)
+  std::string init_from;
+  // transformer: decoder-only, pre-norm (docs/configuration.md). gpt2: LayerNorm, learned
+  // positions, GELU; llama: RMSNorm, rotary positions, SwiGLU, grouped-query attention.
+  ModelArch arch = ModelArch::Gpt2;
   int64_t layers = 2;
   int64_t d_model = 64;
   int64_t heads = 4;
   int64_t d_ff = 256;
   int64_t vocab = 256;
   int64_t seq_len = 32;
+  int64_t kv_heads = 0;         // llama: key/value heads (grouped-query attention); 0 = heads
+  double rope_theta = 10000.0;  // llama: base of the rotary position angles
+  double norm_eps = 1e-5;       // the epsilon of LayerNorm (gpt2) or RMSNorm (llama)
+  bool tie_embeddings = false;  // the output layer is the token embedding (no lm_head)
   bool train_shared = true;     // false: Θ (the base) frozen: no gradients, buckets or optimizer state
 };
 
@@ -112,7 +126,10 @@ struct ModelConfig {
 struct LoraConfig {
   int64_t rank = 8;
   double alpha = 16.0;          // the adapter's output is scaled by alpha / rank
-  std::vector<std::string> targets = {"q", "v"};  // of q, k, v, o, up, down
+  std::vector<std::string> targets = {"q", "v"};  // of q, k, v, o, gate (llama), up, down
+  // PEFT adapter directories to start the adapters from, with {task} for the task index; a task
+  // whose directory does not exist starts afresh.
+  std::string init_from;
 };
 
 struct DataConfig {
@@ -126,6 +143,15 @@ struct DataConfig {
   std::vector<std::string> alternate;  // alternate: groups trained in turn ("shared", "task:3", "tasks")
   std::vector<AlternateEntry> alternate_entries;  // `alternate` parsed (load_job fills it)
   double noise = 0.01;             // synthetic: label noise stddev
+  // tokens: task{t}.npy, or flat little-endian task{t}.bin of uint16 or uint32 token ids
+  TokenDtype token_dtype = TokenDtype::Npy;
+};
+
+// PEFT adapter directories written per task (section `export`, transformer with arch llama).
+struct ExportConfig {
+  std::string adapters_dir;        // with {task} (and {job}); empty: no export
+  bool at_checkpoints = false;     // also at every checkpoint step (only adapters trained since)
+  std::string base_model;          // adapter_config.json's base_model_name_or_path; "" = model.init_from
 };
 
 struct CommConfig {
@@ -258,6 +284,7 @@ struct Job {
   ModelConfig model;
   LoraConfig lora;
   DataConfig data;
+  ExportConfig export_;           // section `export`
   CommConfig comm;
   OffloadConfig offload;
   OptimizerConfig optimizer;

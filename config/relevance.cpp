@@ -24,6 +24,7 @@ void warn_irrelevant(const Job& job, Diagnostics& diag) {
   const bool transformer = mk == ModelKind::Transformer;
   const bool stream = job.offload.shared == SharedMode::Stream;
   const bool token_model = transformer || job.data.kind == DataKind::Tokens;
+  const bool llama = transformer && job.model.arch == ModelArch::Llama;
   const std::vector<Rule> rules = {
       {"model.adapter_rank", mk == ModelKind::MultitaskAdapter, model + " (used by multitask_adapter)"},
       {"model.classes", mk == ModelKind::ExtremeClassifier, model + " (used by extreme_classifier)"},
@@ -46,6 +47,16 @@ void warn_irrelevant(const Job& job, Diagnostics& diag) {
       {"lora.rank", transformer, model + " (LoRA adapters are the transformer's)"},
       {"lora.alpha", transformer, model + " (LoRA adapters are the transformer's)"},
       {"lora.targets", transformer, model + " (LoRA adapters are the transformer's)"},
+      {"model.arch", transformer, model + " (used by transformer)"},
+      {"model.norm_eps", transformer, model + " (used by transformer)"},
+      {"model.tie_embeddings", transformer, model + " (used by transformer)"},
+      {"model.kv_heads", llama, "model.arch is not llama (used by the llama transformer)"},
+      {"model.rope_theta", llama, "model.arch is not llama (used by the llama transformer)"},
+      {"lora.init_from", transformer, model + " (LoRA adapters are the transformer's)"},
+      {"export.adapters_dir", transformer, model + " (LoRA adapters are the transformer's)"},
+      {"export.base_model", !job.export_.adapters_dir.empty(), "export.adapters_dir is empty (no export)"},
+      {"export.at_checkpoints", !job.export_.adapters_dir.empty(), "export.adapters_dir is empty (no export)"},
+      {"data.token_dtype", job.data.kind == DataKind::Tokens, "data.kind is " + to_string(job.data.kind) + " (used by tokens)"},
       {"data.dir", job.data.kind == DataKind::Npy || job.data.kind == DataKind::Tokens,
        "data.kind is " + to_string(job.data.kind) + " (used by npy and tokens)"},
       {"data.noise", job.data.kind == DataKind::Synthetic, "data.kind is " + to_string(job.data.kind) + " (used by synthetic)"},

@@ -42,6 +42,8 @@ THETAD_ENUM_WORDS(SharedMode, "resident", "stream")
 THETAD_ENUM_WORDS(H2dDtype, "fp32", "bf16")
 THETAD_ENUM_WORDS(HostGroups, "all", "scheduled")
 THETAD_ENUM_WORDS(UncachedUpdate, "auto", "host", "device")
+THETAD_ENUM_WORDS(ModelArch, "gpt2", "llama")
+THETAD_ENUM_WORDS(TokenDtype, "npy", "uint16", "uint32")
 
 #undef THETAD_ENUM_WORDS
 
@@ -86,6 +88,8 @@ THETAD_ENUM_API(OptimizerKind)
 THETAD_ENUM_API(LrSchedule)
 THETAD_ENUM_API(NonFinite)
 THETAD_ENUM_API(SharedMode)
+THETAD_ENUM_API(ModelArch)
+THETAD_ENUM_API(TokenDtype)
 
 #undef THETAD_ENUM_API
 
@@ -151,14 +155,21 @@ const std::vector<Field> kFields = {
     THETAD_FIELD("model", "d_ff", Int, model.d_ff, true),
     THETAD_FIELD("model", "vocab", Int, model.vocab, true),
     THETAD_FIELD("model", "seq_len", Int, model.seq_len, true),
+    THETAD_ENUM_FIELD("model", "arch", model.arch),
+    THETAD_FIELD("model", "kv_heads", Int, model.kv_heads, true),
+    THETAD_FIELD("model", "rope_theta", Double, model.rope_theta, true),
+    THETAD_FIELD("model", "norm_eps", Double, model.norm_eps, true),
+    THETAD_FIELD("model", "tie_embeddings", Bool, model.tie_embeddings, true),
     THETAD_FIELD("model", "train_shared", Bool, model.train_shared, true),
 
     THETAD_FIELD("lora", "rank", Int, lora.rank, true),
     THETAD_FIELD("lora", "alpha", Double, lora.alpha, true),
     THETAD_FIELD("lora", "targets", StringList, lora.targets, true),
+    THETAD_FIELD("lora", "init_from", String, lora.init_from, true),
 
     THETAD_ENUM_FIELD("data", "kind", data.kind),
     THETAD_FIELD("data", "dir", String, data.dir, true),
+    THETAD_ENUM_FIELD("data", "token_dtype", data.token_dtype),
     THETAD_FIELD("data", "batch_per_rank", Int, data.batch_per_rank, true),
     THETAD_ENUM_FIELD("data", "schedule", data.schedule),
     THETAD_FIELD("data", "tasks_per_rank", Int, data.tasks_per_rank, true),
@@ -219,6 +230,10 @@ const std::vector<Field> kFields = {
     THETAD_FIELD("log", "progress_every_s", Double, log.progress_every_s, false),
 
     THETAD_FIELD("timeline", "path", String, timeline.path, false),
+
+    THETAD_FIELD("export", "adapters_dir", String, export_.adapters_dir, true),
+    THETAD_FIELD("export", "at_checkpoints", Bool, export_.at_checkpoints, true),
+    THETAD_FIELD("export", "base_model", String, export_.base_model, true),
 };
 
 #undef THETAD_FIELD
@@ -226,7 +241,7 @@ const std::vector<Field> kFields = {
 
 const std::vector<std::string> kSections = {"model",     "lora",  "data",       "comm",    "offload",
                                             "optimizer", "train", "checkpoint", "metrics", "log",
-                                            "timeline"};
+                                            "timeline",  "export"};
 
 const std::map<std::string, std::vector<std::string>> kEnums = {
     {"precision", words<Precision>()},
@@ -244,6 +259,8 @@ const std::map<std::string, std::vector<std::string>> kEnums = {
     {"offload.h2d_dtype", words<H2dDtype>()},
     {"offload.host_groups", words<HostGroups>()},
     {"offload.uncached_update", words<UncachedUpdate>()},
+    {"model.arch", words<ModelArch>()},
+    {"data.token_dtype", words<TokenDtype>()},
     {"log.level", {"trace", "debug", "info", "warn", "error", "critical", "off"}},
 };
 

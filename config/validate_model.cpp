@@ -14,6 +14,8 @@ namespace thetad::config::detail {
 void Checker::model() {
   const ModelConfig& m = j_.model;
   one_of("model.kind");
+  one_of("model.arch");
+  one_of("data.token_dtype");  // (issue 35's keys are checked together here)
   above<int64_t>("model.tasks", m.tasks, 0);
   above<int64_t>("model.input_dim", m.input_dim, 0);
   above<int64_t>("model.hidden", m.hidden, 0);
@@ -30,9 +32,10 @@ void Checker::model() {
   at_least<int64_t>("model.init_seed", m.init_seed, -1);
   if (!m.init_from.empty() && ok("model.init_from")) {
     std::error_code ec;
-    if (!std::filesystem::is_regular_file(m.init_from, ec))
-      fail("model.init_from", "no such file: '" + m.init_from +
-                                  "' (a torch.save'd state dict or a checkpoint group file)");
+    if (!std::filesystem::exists(m.init_from, ec))
+      fail("model.init_from", "no such file or directory: '" + m.init_from +
+                                  "' (a torch.save'd state dict, a checkpoint group file, a .safetensors file or a "
+                                  "Hugging Face model directory)");
   }
   if (!ok("model.kind") || unknown("model.kind")) return;
   if (m.kind == ModelKind::MultitaskAdapter) {
@@ -79,15 +82,19 @@ void Checker::transformer() {
   at_least<int64_t>("model.heads", m.heads, 1);
   if (sizes_ok && m.d_model % m.heads != 0)
     fail("model.heads", "must divide model.d_model (" + num(m.d_model) + ") into equal heads, got " + num(m.heads));
+  llama();
   at_least<int64_t>("lora.rank", l.rank, 1);
   at_most<int64_t>("lora.rank", l.rank, kMaxDim, "a layer dimension");
   if (!(l.alpha > 0) || !std::isfinite(l.alpha)) fail("lora.alpha", "must be a finite number > 0, got " + num(l.alpha));
-  static const std::vector<std::string> kTargets = {"q", "k", "v", "o", "up", "down"};
-  if (l.targets.empty()) fail("lora.targets", "needs at least one of q, k, v, o, up, down");
+  const bool llama = is("model.arch", m.arch, ModelArch::Llama);
+  static const std::vector<std::string> kTargets = {"q", "k", "v", "o", "gate", "up", "down"};
+  if (l.targets.empty()) fail("lora.targets", "needs at least one of q, k, v, o, gate, up, down");
   for (size_t i = 0; i < l.targets.size(); ++i) {
     const std::string& t = l.targets[i];
     if (std::find(kTargets.begin(), kTargets.end(), t) == kTargets.end())
-      fail("lora.targets[" + std::to_string(i) + "]", "must be one of q, k, v, o, up, down; got '" + t + "'");
+      fail("lora.targets[" + std::to_string(i) + "]", "must be one of q, k, v, o, gate, up, down; got '" + t + "'");
+    else if (t == "gate" && !llama && ok("model.arch"))
+      fail("lora.targets[" + std::to_string(i) + "]", "'gate' is the llama MLP's gate; model.arch is gpt2", "model.arch");
     else if (std::find(l.targets.begin(), l.targets.begin() + static_cast<std::ptrdiff_t>(i), t) !=
              l.targets.begin() + static_cast<std::ptrdiff_t>(i))
       fail("lora.targets[" + std::to_string(i) + "]", "'" + t + "' is listed twice");
@@ -106,8 +113,9 @@ void Checker::transformer() {
     return;
   }
   double per_layer_lora = 0;  // r x (in + out) per adapted matrix
-  for (const std::string& t : l.targets) per_layer_lora += r * (t == "up" || t == "down" ? d + ff : 2 * d);
-  const double shared = 2 * double(m.vocab) * d + double(m.seq_len) * d + L * (4 * d * d + 2 * d * ff + 4 * d) + 2 * d;
+  for (const std::string& t : l.targets) per_layer_lora += r * (t == "up" || t == "down" || t == "gate" ? d + ff : 2 * d);
+  // An upper bound for both architectures (llama: no positions, a third MLP matrix, kv <= heads).
+  const double shared = 2 * double(m.vocab) * d + double(m.seq_len) * d + L * (4 * d * d + 3 * d * ff + 4 * d) + 2 * d;
   const double total = shared + double(m.tasks) * L * per_layer_lora;
   offload_sizes(L * per_layer_lora, double(m.tasks) * L * per_layer_lora);
   if (total > kMaxModelParams)
@@ -116,6 +124,35 @@ void Checker::transformer() {
              num(shared) + " shared + model.tasks (" + num(m.tasks) + ") x " + num(L * per_layer_lora) +
              " per task; a model may have at most 2^38 = " + num(kMaxModelParams) + " parameters",
          "model");
+}
+
+// model.arch and its keys, lora.init_from and the export section (issue 35).
+void Checker::llama() {
+  const ModelConfig& m = j_.model;
+  if (!(m.norm_eps > 0) || !std::isfinite(m.norm_eps)) fail("model.norm_eps", "must be a finite number > 0, got " + num(m.norm_eps));
+  if (!(m.rope_theta > 0) || !std::isfinite(m.rope_theta))
+    fail("model.rope_theta", "must be a finite number > 0, got " + num(m.rope_theta));
+  at_least<int64_t>("model.kv_heads", m.kv_heads, 0);
+  const bool llama = is("model.arch", m.arch, ModelArch::Llama);
+  if (llama && ok("model.heads") && m.heads >= 1 && m.kv_heads > 0 && m.heads % m.kv_heads != 0)
+    fail("model.kv_heads", "must divide model.heads (" + num(m.heads) + ") into equal groups, got " + num(m.kv_heads));
+  if (llama && ok("model.heads") && ok("model.d_model") && m.heads >= 1 && m.d_model % m.heads == 0 &&
+      (m.d_model / m.heads) % 2 != 0)
+    fail("model.heads", "llama's rotary positions need an even head size; model.d_model / model.heads = " +
+                            num(m.d_model / m.heads));
+  placeholders("lora.init_from", j_.lora.init_from, "{task}");
+  const ExportConfig& e = j_.export_;
+  placeholders("export.adapters_dir", e.adapters_dir, "{task}");
+  if (!e.adapters_dir.empty()) {
+    if (!llama && ok("model.arch"))
+      fail("export.adapters_dir", "PEFT adapters are written for model.arch: llama (the Hugging Face layout)", "model.arch");
+    if (m.tasks > 1 && e.adapters_dir.find("{task}") == std::string::npos)
+      fail("export.adapters_dir", "has no {task} but model.tasks is " + num(m.tasks) + ": every task needs a directory of its own");
+  }
+  if (e.at_checkpoints && e.adapters_dir.empty())
+    fail("export.at_checkpoints", "is true but there is no export.adapters_dir to write to", "export.adapters_dir");
+  if (!j_.lora.init_from.empty() && !llama && ok("model.arch"))
+    fail("lora.init_from", "reads PEFT adapters, which are for model.arch: llama", "model.arch");
 }
 
 // The built-in models' parameter shapes follow from the model keys (daemon/models/models.cpp

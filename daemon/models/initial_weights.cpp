@@ -10,6 +10,8 @@
 
 #include "common/errors.hpp"
 #include "common/log.hpp"
+#include "daemon/models/hf_weights.hpp"
+#include "daemon/models/peft_adapters.hpp"
 
 namespace thetad::daemon {
 namespace {
@@ -50,11 +52,9 @@ std::map<std::string, torch::Tensor> read_state_dict(const std::string& path) {
   return out;
 }
 
-}  // namespace
-
-void load_initial_weights(const config::Job& job, TaskModel& model) {
+// A state dict of torch.save or a checkpoint group file.
+void load_pickled_weights(const config::Job& job, TaskModel& model) {
   const std::string& path = job.model.init_from;
-  if (path.empty()) return;
   std::map<std::string, torch::Tensor> values = read_state_dict(path);
   std::map<std::string, NamedParam*> by_name;
   for (NamedParam& p : model.params()) by_name[p.name] = &p;
@@ -86,6 +86,15 @@ void load_initial_weights(const config::Job& job, TaskModel& model) {
     ++loaded;
   }
   THETAD_LOG(info, "train") << "model.init_from: " << loaded << " parameters from " << path;
+}
+
+}  // namespace
+
+void load_initial_weights(const config::Job& job, TaskModel& model) {
+  const std::string& path = job.model.init_from;
+  if (!path.empty() && is_safetensors_source(path)) load_safetensors_weights(job, model);
+  else if (!path.empty()) load_pickled_weights(job, model);
+  if (!job.lora.init_from.empty()) load_peft_adapters(job, model);  // over any task values of the base's file
 }
 
 }  // namespace thetad::daemon

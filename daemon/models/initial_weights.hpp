@@ -6,13 +6,15 @@
 
 namespace thetad::daemon {
 
-// Overwrites the model's initial parameters with those of job.model.init_from: a file written by
+// Overwrites the model's initial parameters with those of job.model.init_from: safetensors (a
+// .safetensors file or a Hugging Face directory: hf_weights.hpp), or a file written by
 // torch.save (or torch::pickle_save) of a dict {parameter name: tensor} (a state dict), or a
 // group file of thetad's checkpoint format 2 (keys "param/NAME"; the optimizer's keys ignored).
 // Every shared parameter (group 0) must be in the file; task parameters may be (those not in it
 // keep their initialization). A key that names no parameter, a tensor of another shape, or a
 // missing shared parameter is a ConfigError naming the file and the key. Tensors are converted to
 // float32. Lazily built task parameters (the host store) get an init that copies the file's values.
+// Then the adapters of lora.init_from (peft_adapters.hpp).
 void load_initial_weights(const config::Job& job, TaskModel& model);
 
 }  // namespace thetad::daemon

@@ -1,4 +1,4 @@
-// The transformer with per-task LoRA adapters, and its token data (see transformer.hpp).
+// The transformer with per-task LoRA adapters (see transformer.hpp): model.arch gpt2 or llama.
 #include "daemon/models/transformer.hpp"
 
 #include <torch/version.h>
@@ -10,8 +10,7 @@
 #include <vector>
 
 #include "common/errors.hpp"
-#include "daemon/core/input_path.hpp"
-#include "daemon/core/npy.hpp"
+
 #include "daemon/models/param_builder.hpp"
 
 namespace thetad::daemon {
@@ -19,9 +18,11 @@ namespace {
 
 using namespace detail;
 
-// The matrices a LoRA adapter can target, in the order of lora.targets' words.
-enum Target { kQ, kK, kV, kO, kUp, kDown, kTargets };
-constexpr std::array<const char*, kTargets> kTargetNames = {"q", "k", "v", "o", "up", "down"};
+// The matrices a LoRA adapter can target, in the order of lora.targets' words (gate: llama only).
+enum Target { kQ, kK, kV, kO, kGate, kUp, kDown, kTargets };
+constexpr std::array<const char*, kTargets> kTargetNames = {"q", "k", "v", "o", "gate", "up", "down"};
+constexpr std::array<const char*, kTargets> kParamNames = {"attn.q", "attn.k", "attn.v", "attn.o",
+                                                           "mlp.gate", "mlp.up", "mlp.down"};
 
 int target_of(const std::string& word) {
   for (int i = 0; i < kTargets; ++i)
@@ -34,39 +35,51 @@ struct Lora {
 };
 
 struct Block {
-  torch::Tensor ln1_w, ln1_b, ln2_w, ln2_b;
-  std::array<torch::Tensor, kTargets> w;  // q, k, v, o [d x d]; up [d_ff x d]; down [d x d_ff]
+  torch::Tensor ln1_w, ln1_b, ln2_w, ln2_b;  // the biases: gpt2 only
+  std::array<torch::Tensor, kTargets> w;     // [out x in]; gate undefined for gpt2
 };
 
 class Transformer : public TaskModel {
  public:
-  Transformer(const config::Job& job, torch::Device device, bool lazy) : m_(job.model) {
+  Transformer(const config::Job& job, torch::Device device, bool lazy)
+      : m_(job.model), llama_(job.model.arch == config::ModelArch::Llama) {
     num_tasks_ = static_cast<int>(m_.tasks);
     const int64_t d = m_.d_model, ff = m_.d_ff;
+    dh_ = d / m_.heads;
+    kv_heads_ = llama_ && m_.kv_heads > 0 ? m_.kv_heads : m_.heads;
+    const int64_t kv = kv_heads_ * dh_;
     scale_ = job.lora.alpha / double(job.lora.rank);
+    const std::array<std::pair<int64_t, int64_t>, kTargets> shapes = {
+        std::pair{d, d}, std::pair{kv, d}, std::pair{kv, d}, std::pair{d, d},
+        std::pair{ff, d}, std::pair{ff, d}, std::pair{d, ff}};
     ParamBuilder pb(init_seed(job), device, params_, lazy);
-    // Token and position embeddings: std 0.02 as GPT-2 (uniform of the same deviation).
+    const auto matrix = [&](const std::string& n, Block& b, int k) {
+      const auto [out, in] = shapes[static_cast<size_t>(k)];
+      b.w[static_cast<size_t>(k)] = pb.add(n + kParamNames[static_cast<size_t>(k)] + ".weight", 0, {out, in},
+                                           1.0 / std::sqrt(double(in)));
+    };
+    // Token (gpt2: and position) embeddings: std 0.02 as GPT-2 (uniform of the same deviation).
     const double emb = 0.02 * std::sqrt(3.0);
     embed_ = pb.add("embed.weight", 0, {m_.vocab, d}, emb);
-    pos_ = pb.add("pos.weight", 0, {m_.seq_len, d}, emb);
-    const std::array<std::pair<int64_t, int64_t>, kTargets> shapes = {
-        std::pair{d, d}, std::pair{d, d}, std::pair{d, d}, std::pair{d, d}, std::pair{ff, d}, std::pair{d, ff}};
-    const std::array<const char*, kTargets> names = {"attn.q", "attn.k", "attn.v", "attn.o", "mlp.up", "mlp.down"};
+    if (!llama_) pos_ = pb.add("pos.weight", 0, {m_.seq_len, d}, emb);
     for (int64_t i = 0; i < m_.layers; ++i) {
       const std::string n = "blocks." + std::to_string(i) + ".";
       Block b;
+      // Registration order: gpt2's as it always was (parameter seeds follow it); llama's as
+      // Hugging Face lists a layer (attention, then MLP).
       b.ln1_w = pb.add_filled(n + "ln1.weight", 0, {d}, 1.0);
-      b.ln1_b = pb.add_filled(n + "ln1.bias", 0, {d}, 0.0);
-      for (size_t k = 0; k < kTargets; ++k)
-        b.w[k] = pb.add(n + names[k] + ".weight", 0, {shapes[k].first, shapes[k].second},
-                        1.0 / std::sqrt(double(shapes[k].second)));
-      b.ln2_w = pb.add_filled(n + "ln2.weight", 0, {d}, 1.0);
-      b.ln2_b = pb.add_filled(n + "ln2.bias", 0, {d}, 0.0);
+      if (!llama_) b.ln1_b = pb.add_filled(n + "ln1.bias", 0, {d}, 0.0);
+      for (int k : {kQ, kK, kV, kO}) matrix(n, b, k);
+      if (llama_) b.ln2_w = pb.add_filled(n + "ln2.weight", 0, {d}, 1.0);
+      if (llama_) matrix(n, b, kGate);
+      for (int k : {kUp, kDown}) matrix(n, b, k);
+      if (!llama_) b.ln2_w = pb.add_filled(n + "ln2.weight", 0, {d}, 1.0);
+      if (!llama_) b.ln2_b = pb.add_filled(n + "ln2.bias", 0, {d}, 0.0);
       blocks_.push_back(std::move(b));
     }
     lnf_w_ = pb.add_filled("ln_f.weight", 0, {d}, 1.0);
-    lnf_b_ = pb.add_filled("ln_f.bias", 0, {d}, 0.0);
-    head_ = pb.add("lm_head.weight", 0, {m_.vocab, d}, 1.0 / std::sqrt(double(d)));
+    if (!llama_) lnf_b_ = pb.add_filled("ln_f.bias", 0, {d}, 0.0);
+    head_ = m_.tie_embeddings ? embed_ : pb.add("lm_head.weight", 0, {m_.vocab, d}, 1.0 / std::sqrt(double(d)));
     lora_.resize(static_cast<size_t>(m_.tasks));
     for (int64_t t = 0; t < m_.tasks; ++t) {
       const int g = static_cast<int>(t) + 1;
@@ -82,6 +95,7 @@ class Transformer : public TaskModel {
         }
       }
     }
+    if (llama_) rotary_tables(device);
   }
 
   std::vector<NamedParam>& params() override { return params_; }
@@ -91,7 +105,8 @@ class Transformer : public TaskModel {
   torch::Tensor forward(const torch::Tensor& x, int task) override {
     const int64_t rows = x.size(0), seq = x.size(1), d = m_.d_model;
     // The residual stream stays float32 (bf16 only inside the matmuls under autocast).
-    torch::Tensor h = embed_.index_select(0, x.reshape({-1})).view({rows, seq, d}) + pos_.narrow(0, 0, seq);
+    torch::Tensor h = embed_.index_select(0, x.reshape({-1})).view({rows, seq, d});
+    if (!llama_) h = h + pos_.narrow(0, 0, seq);
     const auto& adapters = lora_.at(static_cast<size_t>(task));
     for (size_t i = 0; i < blocks_.size(); ++i) {
       const Block& b = blocks_[i];
@@ -99,7 +114,10 @@ class Transformer : public TaskModel {
       const torch::Tensor a = norm(h, b.ln1_w, b.ln1_b);
       h = h + linear(attention(linear(a, b, ad, kQ), linear(a, b, ad, kK), linear(a, b, ad, kV)), b, ad, kO);
       const torch::Tensor f = norm(h, b.ln2_w, b.ln2_b);
-      h = h + linear(torch::gelu(linear(f, b, ad, kUp)), b, ad, kDown);
+      // gpt2: down(gelu(up f)); llama (SwiGLU): down(silu(gate f) * up f).
+      const torch::Tensor inner = llama_ ? torch::silu(linear(f, b, ad, kGate)) * linear(f, b, ad, kUp)
+                                         : torch::gelu(linear(f, b, ad, kUp));
+      h = h + linear(inner, b, ad, kDown);
     }
     return torch::matmul(norm(h, lnf_w_, lnf_b_), head_.t());
   }
@@ -111,9 +129,12 @@ class Transformer : public TaskModel {
   }
 
  private:
-  // LayerNorm in float32 whatever the compute dtype (as autocast does on GPUs).
+  // In float32 whatever the compute dtype (as autocast does on GPUs, and as Hugging Face's
+  // LlamaRMSNorm does): LayerNorm (gpt2) or RMSNorm x / sqrt(mean(x^2) + eps) * w (llama).
   torch::Tensor norm(const torch::Tensor& h, const torch::Tensor& w, const torch::Tensor& b) const {
-    return torch::layer_norm(h.to(torch::kFloat32), {m_.d_model}, w, b, 1e-5);
+    const torch::Tensor h32 = h.to(torch::kFloat32);
+    if (!llama_) return torch::layer_norm(h32, {m_.d_model}, w, b, m_.norm_eps);
+    return w * (h32 * torch::rsqrt(h32.pow(2).mean(-1, /*keepdim=*/true) + m_.norm_eps));
   }
 
   // x W^T, plus the task's LoRA path (alpha / rank) (x A^T) B^T where the target is adapted.
@@ -124,11 +145,40 @@ class Transformer : public TaskModel {
     return y;
   }
 
-  // Causal multi-head attention over [rows, seq, d] projections.
+  // Hugging Face's rotary tables, computed as it does in float32: inv_freq = 1 / theta^(2i/dh),
+  // angles = position x inv_freq, each repeated for both halves of a head.
+  void rotary_tables(torch::Device device) {
+    const torch::Tensor exponent = torch::arange(0, dh_, 2, torch::kInt64).to(torch::kFloat32) / double(dh_);
+    const torch::Tensor inv_freq = torch::pow(m_.rope_theta, exponent).reciprocal();
+    const torch::Tensor pos = torch::arange(m_.seq_len, torch::kInt64).to(torch::kFloat32);
+    const torch::Tensor angles = pos.unsqueeze(1) * inv_freq.unsqueeze(0);
+    const torch::Tensor both = torch::cat({angles, angles}, -1);
+    cos_ = both.cos().to(device);
+    sin_ = both.sin().to(device);
+  }
+
+  // x cos + rotate_half(x) sin over [rows, heads, seq, dh], rotate_half(x) = (-x2, x1).
+  torch::Tensor rotate(const torch::Tensor& x) const {
+    const int64_t seq = x.size(2), half = dh_ / 2;
+    const torch::Tensor c = cos_.narrow(0, 0, seq).to(x.scalar_type()), s = sin_.narrow(0, 0, seq).to(x.scalar_type());
+    const torch::Tensor rot = torch::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+    return x * c + rot * s;
+  }
+
+  // Causal attention over [rows, seq, heads x dh] queries and [rows, seq, kv_heads x dh] keys and
+  // values (llama: rotary positions, each key/value head shared by heads / kv_heads queries).
   torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) const {
-    const int64_t rows = q.size(0), seq = q.size(1), heads = m_.heads, dh = m_.d_model / m_.heads;
-    const auto split = [&](const torch::Tensor& t) { return t.view({rows, seq, heads, dh}).transpose(1, 2); };
-    const torch::Tensor qh = split(q), kh = split(k), vh = split(v);
+    const int64_t rows = q.size(0), seq = q.size(1);
+    const auto split = [&](const torch::Tensor& t, int64_t heads) { return t.view({rows, seq, heads, dh_}).transpose(1, 2); };
+    torch::Tensor qh = split(q, m_.heads), kh = split(k, kv_heads_), vh = split(v, kv_heads_);
+    if (llama_) {
+      qh = rotate(qh);
+      kh = rotate(kh);
+    }
+    if (kv_heads_ != m_.heads) {
+      kh = kh.repeat_interleave(m_.heads / kv_heads_, 1);
+      vh = vh.repeat_interleave(m_.heads / kv_heads_, 1);
+    }
     torch::Tensor out;
 #if THETAD_TORCH_CUDA && TORCH_VERSION_MAJOR >= 2
     // The fused kernel (flash / memory-efficient attention) where LibTorch has it.
@@ -136,7 +186,7 @@ class Transformer : public TaskModel {
 #endif
     if (!out.defined()) {
       // The plain formula; the softmax in float32.
-      const torch::Tensor scores = torch::matmul(qh, kh.transpose(-2, -1)).to(torch::kFloat32) / std::sqrt(double(dh));
+      const torch::Tensor scores = torch::matmul(qh, kh.transpose(-2, -1)).to(torch::kFloat32) / std::sqrt(double(dh_));
       const torch::Tensor mask = torch::ones({seq, seq}, torch::TensorOptions().dtype(torch::kBool).device(q.device())).triu(1);
       const torch::Tensor p = torch::softmax(scores.masked_fill(mask, -std::numeric_limits<float>::infinity()), -1);
       out = torch::matmul(p.to(vh.scalar_type()), vh);
@@ -145,102 +195,20 @@ class Transformer : public TaskModel {
   }
 
   config::ModelConfig m_;
+  bool llama_;
+  int64_t dh_ = 0, kv_heads_ = 0;
   double scale_ = 1.0;
   std::vector<NamedParam> params_;
-  torch::Tensor embed_, pos_, lnf_w_, lnf_b_, head_;
+  torch::Tensor embed_, pos_, lnf_w_, lnf_b_, head_, cos_, sin_;
   std::vector<Block> blocks_;
   std::vector<std::vector<std::array<Lora, kTargets>>> lora_;  // [task][layer][target]
 };
 
-// Rows of seq_len + 1 tokens: inputs are the first seq_len, targets the last seq_len.
-Batch split_windows(const torch::Tensor& windows) {
-  const int64_t s = windows.size(1) - 1;
-  return {windows.narrow(1, 0, s).contiguous(), windows.narrow(1, 1, s).contiguous()};
-}
-
-// Task t walks the vocabulary with stride 1 + (t x 7919 mod (vocab - 1)) from a random start;
-// data.noise of the tokens are replaced by random ones (the walk goes on underneath). The next
-// token follows from the current one and the task: the base can learn the walk, the adapters the
-// task's stride.
-class SyntheticTokens : public DataSource {
- public:
-  SyntheticTokens(const config::Job& job, torch::Device device)
-      : seed_(job.seed), vocab_(job.model.vocab), seq_(job.model.seq_len), noise_(job.data.noise), device_(device) {}
-  Batch batch(int64_t step, int rank, int world, int task, int64_t rows) override {
-    (void)world;
-    auto gen = generator(mix_seed(seed_, 0x70c3, static_cast<uint64_t>(step), static_cast<uint64_t>(rank) * 1000003u + task));
-    const int64_t stride = 1 + (int64_t{task} * 7919) % (vocab_ - 1);
-    const torch::Tensor start = torch::randint(vocab_, {rows, 1}, gen, torch::kInt64);
-    torch::Tensor w = (start + torch::arange(seq_ + 1, torch::kInt64).unsqueeze(0) * stride).remainder(vocab_);
-    if (noise_ > 0) {
-      const torch::Tensor flip = torch::rand({rows, seq_ + 1}, gen).lt(std::min(noise_, 1.0));
-      w = torch::where(flip, torch::randint(vocab_, {rows, seq_ + 1}, gen, torch::kInt64), w);
-    }
-    return split_windows(w.to(device_));
-  }
-
- private:
-  uint64_t seed_;
-  int64_t vocab_, seq_;
-  double noise_;
-  torch::Device device_;
-};
-
-// Token files data.dir/task{t}.npy: windows at random offsets, seeded like the synthetic data.
-class TokenFiles : public DataSource {
- public:
-  TokenFiles(const config::Job& job, torch::Device device)
-      : seed_(job.seed), seq_(job.model.seq_len), device_(device) {
-    for (int64_t t = 0; t < job.model.tasks; ++t) {
-      const std::string path = input_path(job.data.dir, job) + "/task" + std::to_string(t) + ".npy";
-      NpyArray a = NpyArray::open(path);
-      a.require_ndim(1);
-      torch::ScalarType type;
-      if (a.dtype() == "<i8") type = torch::kInt64;
-      else if (a.dtype() == "<i4") type = torch::kInt32;
-      else if (a.dtype() == "<u2") type = torch::kInt16;  // read as bits, widened below
-      else
-        throw ConfigError(path + ": token ids must be int64, int32 or uint16, found " + npy_dtype_name(a.dtype()));
-      if (a.numel() < seq_ + 1)
-        throw ConfigError(path + ": " + std::to_string(a.numel()) + " tokens, fewer than one window of model.seq_len + 1 = " +
-                          std::to_string(seq_ + 1));
-      torch::Tensor ids = torch::from_blob(const_cast<void*>(a.data()), {a.numel()}, type);
-      // Copied out of the map (which goes with `a`): widened, or cloned when already int64.
-      ids = type == torch::kInt16 ? ids.to(torch::kInt32).bitwise_and(0xffff).to(torch::kInt64)
-            : type == torch::kInt32 ? ids.to(torch::kInt64)
-                                    : ids.clone();
-      const int64_t lo = ids.min().item<int64_t>(), hi = ids.max().item<int64_t>();
-      if (lo < 0 || hi >= job.model.vocab)
-        throw ConfigError(path + ": token id " + std::to_string(lo < 0 ? lo : hi) + " is outside [0, model.vocab = " +
-                          std::to_string(job.model.vocab) + ")");
-      tokens_.push_back(ids);
-    }
-  }
-  Batch batch(int64_t step, int rank, int world, int task, int64_t rows) override {
-    (void)world;
-    const torch::Tensor& ids = tokens_.at(static_cast<size_t>(task));
-    auto gen = generator(mix_seed(seed_, 0x70c3, static_cast<uint64_t>(step), static_cast<uint64_t>(rank) * 1000003u + task));
-    const torch::Tensor start = torch::randint(ids.size(0) - seq_, {rows, 1}, gen, torch::kInt64);
-    const torch::Tensor index = start + torch::arange(seq_ + 1, torch::kInt64).unsqueeze(0);
-    return split_windows(ids.index_select(0, index.reshape({-1})).view({rows, seq_ + 1}).to(device_));
-  }
-
- private:
-  uint64_t seed_;
-  int64_t seq_;
-  torch::Device device_;
-  std::vector<torch::Tensor> tokens_;
-};
 
 }  // namespace
 
 std::unique_ptr<TaskModel> make_transformer(const config::Job& job, torch::Device device, bool lazy_tasks) {
   return std::make_unique<Transformer>(job, device, lazy_tasks);
-}
-
-std::unique_ptr<DataSource> make_token_data(const config::Job& job, torch::Device device) {
-  if (job.data.kind == config::DataKind::Tokens) return std::make_unique<TokenFiles>(job, device);
-  return std::make_unique<SyntheticTokens>(job, device);
 }
 
 }  // namespace thetad::daemon

@@ -82,7 +82,24 @@ class InitialHashes {
 
 RunState::RunState(const config::Job& job, const comm::WorldInfo& world, comm::ControlPlane& plane,
                    ParamGroups& groups, Homes& homes)
-    : job_(job), world_(world), plane_(plane), groups_(groups), homes_(homes) {}
+    : job_(job), world_(world), plane_(plane), groups_(groups), homes_(homes) {
+  // export.adapters_dir's directories are checked before any step (exit 2).
+  if (!job.export_.adapters_dir.empty()) export_ = std::make_unique<AdapterExport>(job, groups);
+}
+
+// PEFT adapter export (see run_state.hpp): each rank writes its share of the adapters updated
+// since the last export; every rank agrees on the outcome.
+void RunState::export_adapters(int64_t completed, bool last) {
+  if (!export_ || !(last || job_.export_.at_checkpoints)) return;
+  std::string error;
+  try {
+    export_->write_changed(world_.rank, world_.size, homes_.group_steps(), [this](int g) { return state(g); });
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  if (!plane_.all_ok(error.empty(), {"allreduce of the adapter export status", completed, -1}))
+    throw Error(error.empty() ? "export.adapters_dir: another rank failed to write its adapters" : error);
+}
 
 GroupState RunState::state(int g) {
   GroupState st = homes_.of(g).state(g);

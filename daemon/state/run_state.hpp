@@ -13,6 +13,7 @@
 #include "config/job.hpp"
 #include "daemon/homes/homes.hpp"
 #include "daemon/models/param_groups.hpp"
+#include "daemon/models/peft_adapters.hpp"  // export.adapters_dir
 #include "daemon/state/async_checkpoint.hpp"
 #include "daemon/state/checkpoint.hpp"
 
@@ -55,6 +56,10 @@ class RunState {
   std::string first_nonfinite_param(int first, int stride);
   // FNV-1a over every parameter's bytes in registration order, read where each lives.
   uint64_t params_hash();
+  // issue 35 (export.adapters_dir): at the run's end (`last`) and, with export.at_checkpoints, at
+  // every checkpoint step, each rank writes its share of the adapters trained since the last
+  // export as PEFT directories; every rank learns whether all succeeded (Error, exit 1, if not).
+  void export_adapters(int64_t completed, bool last);
 
  private:
   GroupState state(int g);
@@ -68,6 +73,7 @@ class RunState {
   comm::ControlPlane& plane_;
   ParamGroups& groups_;
   Homes& homes_;
+  std::unique_ptr<AdapterExport> export_;  // export.adapters_dir (null: none)
 };
 
 }  // namespace thetad::daemon

@@ -406,6 +406,7 @@ int Trainer::run() {
       // The run's last checkpoint (the end, a stop) is written before the loop ends: exit 0 or 4
       // means it is published. Others may be written in the background (checkpoint.async).
       state_->checkpoint(completed, stop_now || completed == job_.steps);  // waits for the step's device work itself
+      state_->export_adapters(completed, completed == job_.steps);  // PEFT adapters (export.adapters_dir)
     }
     // step_ms: this iteration's wall time, its checkpoint included (written one step late).
     pending->rec.step_ms = ms_since(t_step);

@@ -20,6 +20,11 @@ for np in 1 2; do
   same_hash "np$np: host_groups all == offload off" off_np$np all_np$np
   same_hash "np$np: host_groups scheduled == offload off" off_np$np sch_np$np
 done
+# The llama transformer (issue 35) the same way, on 2 ranks.
+LLAMA=(--set model.arch=llama --set model.kv_heads=1 --set lora.targets=[q,gate,down])
+run_np llama_off 2 "$job" --set steps=6 "${T[@]}" "${LLAMA[@]}" "${OFF[@]}"
+run_np llama_sch 2 "$job" --set steps=6 "${T[@]}" "${LLAMA[@]}" "${SCH[@]}"
+same_hash "llama: host_groups scheduled == offload off" llama_off llama_sch
 # Round robin, one task per rank and step, prefetch 1: steps 0 .. 7 use tasks 0 .. 7 on one rank.
 expect_in sch_np1 "holding 8 of 40 groups"
 expect_in sch_np2 "holding 16 of 40 groups"

@@ -7,7 +7,9 @@
 #  - offload on == off bitwise (adapters through 2 device slots), bf16 equals its reference;
 #  - resume is bitwise (10 steps, then resumed to 20 = 20 straight);
 #  - the loss falls (synthetic token walks; token files), and bad token files are exit 2 naming
-#    the file before any step.
+#    the file before any step;
+#  - model.arch: llama (issue 35) keeps the same promises (reference, frozen base, prune,
+#    offload with the device cache, bf16, resume).
 source "$(dirname "$0")/lib.sh"
 thetad=$1
 reference=$2
@@ -50,6 +52,43 @@ expect_code 0 resume_second "$thetad" run "$job" --set checkpoint.dir="$WORK/res
 expect_in resume_second "resumed from .*step-00000010"
 same_hash "resume at step 10 == 20 straight, bitwise" resume_second np1_shared_true
 
+# model.arch: llama (issue 35): RMSNorm, rotary positions, grouped-query attention (1 key/value
+# head for 2), SwiGLU with an adapted gate, tied embeddings. The same promises on 2 ranks: equal to
+# the reference with the base trained and frozen, frozen base = adapters' bytes only, prune on ==
+# off, offload (device cache) on == off, bf16 equals its reference, resume bitwise.
+llama=(--set model.arch=llama --set model.kv_heads=1 --set model.tie_embeddings=true --set lora.targets=[q,v,gate])
+# Per task: 2 layers x rank 2 x ((16+16) q + (16+8) v + (16+32) gate) = 416 parameters.
+for shared in true false; do
+  run_job llama_shared_$shared 2 "${llama[@]}" --set model.train_shared=$shared
+  expect_code 0 "llama_shared_$shared-reference" "$reference" "$job" --world 2 "${llama[@]}" \
+    --set model.train_shared=$shared --compare "$WORK/llama_shared_$shared.ckpt"
+done
+/usr/bin/python3 - "$WORK/llama_shared_false.jsonl" $((4 * 416 * 2)) <<'PY' \
+  && pass "llama frozen base: bytes per step = 4 x the active adapters" || fail "llama frozen base: bytes per step"
+import json, sys
+got = {json.loads(l)["bytes_allreduced"] for l in open(sys.argv[1])}
+assert got == {int(sys.argv[2])}, got
+PY
+run_job llama_noprune 2 "${llama[@]}" --set model.train_shared=false --set comm.prune=false
+same_hash "llama frozen base: prune on == off bitwise" llama_shared_false llama_noprune
+run_job llama_offload 2 "${llama[@]}" --set offload.enabled=true --set offload.device_slots=2 --set offload.device_cache_mb=0.01
+same_hash "llama: offload (device cache) on == off bitwise" llama_shared_true llama_offload
+run_job llama_bf16 2 "${llama[@]}" --set precision=bf16
+expect_code 0 llama_bf16-reference "$reference" "$job" --world 2 "${llama[@]}" --set precision=bf16 \
+  --compare "$WORK/llama_bf16.ckpt"
+expect_code 0 llama_resume_first "$thetad" run "$job" "${llama[@]}" --set steps=10 --set checkpoint.dir="$WORK/llama_resume" \
+  --set metrics.path="$WORK/llama_resume.jsonl" --set log.level=info
+expect_code 0 llama_resume_second mpirun "${MPIRUN_FLAGS[@]}" -np 2 "$thetad" run "$job" "${llama[@]}" \
+  --set checkpoint.dir="$WORK/llama_resume" --set metrics.path="$WORK/llama_resume.jsonl" --set log.level=info
+expect_in llama_resume_second "resumed from .*step-00000010"
+run_job llama_np1 1 "${llama[@]}"
+expect_code 0 llama_np1_resume_check "$thetad" run "$job" "${llama[@]}" --set steps=10 \
+  --set checkpoint.dir="$WORK/llama_np1r" --set metrics.path="$WORK/llama_np1r.jsonl" --set log.level=info
+expect_code 0 llama_np1_resumed "$thetad" run "$job" "${llama[@]}" --set checkpoint.dir="$WORK/llama_np1r" \
+  --set metrics.path="$WORK/llama_np1r.jsonl" --set log.level=info
+same_hash "llama: resume at step 10 == 20 straight, bitwise" llama_np1_resumed llama_np1
+run_job llama_train 1 "${llama[@]}" --set steps=150
+
 # The loss falls: synthetic walks (1 rank, 150 steps) and the same walks from token files.
 falls() {  # name
   /usr/bin/python3 - "$WORK/$1.jsonl" <<'PY' && pass "$1: loss falls" || fail "$1: loss did not fall"
@@ -62,6 +101,7 @@ PY
 }
 run_job synthetic_train 1 --set steps=150
 falls synthetic_train
+falls llama_train
 mkdir -p "$WORK/tokens" "$WORK/bad"
 /usr/bin/python3 - "$WORK/tokens" "$WORK/bad" <<'PY'
 import numpy as np, sys

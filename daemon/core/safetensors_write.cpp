@@ -1,0 +1,68 @@
+// write_safetensors (see safetensors.hpp): the header as the reference writer lays it out, the
+// data after it, written under a temporary name, fsynced and renamed into place.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "common/errors.hpp"
+#include "daemon/core/safetensors.hpp"
+
+namespace thetad::daemon {
+namespace {
+
+void write_all(int fd, const char* p, size_t n, const std::string& path) {
+  while (n > 0) {
+    const ssize_t w = ::write(fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) throw Error(path + ": cannot write: " + std::strerror(errno));
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+}
+
+}  // namespace
+
+void write_safetensors(const std::string& path, const std::vector<StWriteTensor>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  nlohmann::json header = nlohmann::json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  size_t offset = 0;
+  for (const StWriteTensor& t : tensors) {
+    const size_t item = st_itemsize(t.dtype);
+    const auto numel = static_cast<size_t>(st_numel(t.shape, path, t.name));
+    THETAD_CHECK(item != 0 && numel * item == t.nbytes && !header.contains(t.name), InternalError, path,
+                 ": write_safetensors: tensor '", t.name, "' (", t.dtype, ", ", t.nbytes, " bytes) is inconsistent or repeated");
+    header[t.name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {offset, offset + t.nbytes}}};
+    offset += t.nbytes;
+  }
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');
+  char len[8];
+  for (int i = 0; i < 8; ++i) len[i] = static_cast<char>((uint64_t(text.size()) >> (8 * i)) & 0xff);
+
+  const std::string tmp = path + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw Error(tmp + ": cannot create: " + std::strerror(errno));
+  try {
+    write_all(fd, len, 8, tmp);
+    write_all(fd, text.data(), text.size(), tmp);
+    for (const StWriteTensor& t : tensors) write_all(fd, static_cast<const char*>(t.data), t.nbytes, tmp);
+    if (::fsync(fd) != 0) throw Error(tmp + ": fsync: " + std::strerror(errno));
+  } catch (...) {
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    throw;
+  }
+  ::close(fd);
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int e = errno;
+    ::unlink(tmp.c_str());
+    throw Error(path + ": cannot rename " + tmp + " into place: " + std::strerror(e));
+  }
+}
+
+}  // namespace thetad::daemon

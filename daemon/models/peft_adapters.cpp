@@ -1,0 +1,226 @@
+// PEFT adapter directories in and out (see peft_adapters.hpp).
+#include "daemon/models/peft_adapters.hpp"
+
+#include <ATen/Parallel.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "common/errors.hpp"
+#include "common/log.hpp"
+#include "common/text.hpp"
+#include "config/loader.hpp"
+#include "config/schema.hpp"
+#include "daemon/core/hf_names.hpp"
+#include "daemon/core/safetensors.hpp"
+#include "daemon/models/hf_weights.hpp"
+
+namespace thetad::daemon {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+constexpr const char* kWeights = "adapter_model.safetensors";
+constexpr const char* kConfig = "adapter_config.json";
+
+// PEFT's word for a target: "q" -> "q_proj".
+std::string module_word(const std::string& target) {
+  const std::string m = hf_module_of_target(target);
+  return m.substr(m.find('.') + 1);
+}
+
+// adapter_config.json of a directory, checked against the job.
+void check_config(const std::string& file, const config::Job& job) {
+  std::ifstream in(file);
+  if (!in) throw ConfigError(file + ": lora.init_from: cannot open (a PEFT adapter directory has one)");
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const json c = json::parse(text, nullptr, false);
+  if (c.is_discarded() || !c.is_object()) throw ConfigError(file + ": lora.init_from: not a JSON object");
+  const auto get = [&](const char* key) { return c.contains(key) ? c[key] : json(); };
+  const auto bad = [&](const std::string& what) { throw ConfigError(file + ": lora.init_from: " + what); };
+  if (get("peft_type") != "LORA") bad("peft_type is " + get("peft_type").dump() + ", not \"LORA\"");
+  if (!get("r").is_number_integer() || get("r").get<int64_t>() != job.lora.rank)
+    bad("r = " + get("r").dump() + " but lora.rank is " + std::to_string(job.lora.rank));
+  if (!get("lora_alpha").is_number() || get("lora_alpha").get<double>() != job.lora.alpha)
+    bad("lora_alpha = " + get("lora_alpha").dump() + " but lora.alpha is " + config::detail::format_double(job.lora.alpha));
+  std::set<std::string> want, have;
+  for (const std::string& t : job.lora.targets) want.insert(module_word(t));
+  if (get("target_modules").is_array())
+    for (const json& m : get("target_modules")) have.insert(m.is_string() ? m.get<std::string>() : m.dump());
+  if (want != have)
+    bad("target_modules = " + get("target_modules").dump() + " but lora.targets gives " + json(want).dump());
+  for (const char* key : {"use_rslora", "use_dora", "fan_in_fan_out"})
+    if (get(key).is_boolean() && get(key).get<bool>()) bad(std::string(key) + " is true; thetad's LoRA has no such form");
+  if (!get("bias").is_null() && get("bias") != "none") bad("bias = " + get("bias").dump() + "; thetad's adapters have none");
+  for (const char* key : {"layers_to_transform", "modules_to_save"})
+    if (!get(key).is_null()) bad(std::string(key) + " = " + get(key).dump() + " is not supported");
+  for (const char* key : {"rank_pattern", "alpha_pattern"})
+    if (!get(key).is_null() && !get(key).empty()) bad(std::string(key) + " = " + get(key).dump() + " is not supported");
+}
+
+// "lora.T.I.WORD.a" -> PEFT's name of that matrix.
+std::string peft_name_of(const std::string& name) {
+  std::vector<std::string> parts(1);
+  for (char c : name) {
+    if (c == '.') parts.emplace_back();
+    else parts.back() += c;
+  }
+  THETAD_CHECK(parts.size() == 5 && parts[0] == "lora", InternalError, "not a LoRA parameter name: ", name);
+  return peft_lora_name(std::stol(parts[2]), parts[3], parts[4] == "a");
+}
+
+void write_text(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw Error(tmp + ": cannot create: " + std::strerror(errno));
+  const bool ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size()) && ::fsync(fd) == 0;
+  const int e = errno;
+  ::close(fd);
+  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
+    ::unlink(tmp.c_str());
+    throw Error(path + ": cannot write: " + std::strerror(ok ? errno : e));
+  }
+}
+
+}  // namespace
+
+std::string adapter_dir(const std::string& pattern, const config::Job& job, int64_t task) {
+  return config::expand_path(replace_all(pattern, "{task}", std::to_string(task)), job, 0);
+}
+
+void load_peft_adapters(const config::Job& job, TaskModel& model) {
+  std::map<std::string, NamedParam*> by_name;
+  for (NamedParam& p : model.params()) by_name[p.name] = &p;
+  int64_t loaded = 0;
+  for (int64_t t = 0; t < job.model.tasks; ++t) {
+    const std::string dir = adapter_dir(job.lora.init_from, job, t);
+    std::error_code ec;
+    if (!fs::exists(dir, ec)) continue;
+    check_config(dir + "/" + kConfig, job);
+    auto ck = std::make_shared<const SafetensorsCheckpoint>(SafetensorsCheckpoint::open(dir + "/" + kWeights));
+    std::set<std::string> used;
+    for (int64_t i = 0; i < job.model.layers; ++i)
+      for (const std::string& word : job.lora.targets)
+        for (const bool a : {true, false}) {
+          const std::string peft = peft_lora_name(i, word, a);
+          const std::string ours = "lora." + std::to_string(t) + "." + std::to_string(i) + "." + word + (a ? ".a" : ".b");
+          if (!ck->has(peft))
+            throw ConfigError(ck->path() + ": lora.init_from: tensor '" + peft + "' is missing (task " + std::to_string(t) + ")");
+          assign_from(ck, peft, *by_name.at(ours), "lora.init_from");
+          used.insert(peft);
+        }
+    std::vector<std::string> extra;
+    for (const std::string& n : ck->names())
+      if (!used.count(n)) extra.push_back(n);
+    if (!extra.empty()) {
+      THETAD_LOG(warn, "train") << ck->path() << ": lora.init_from: " << extra.size()
+                                << " tensors are not adapters of lora.targets and are ignored, the first '" << extra[0] << "'";
+    }
+    ++loaded;
+  }
+  THETAD_LOG(info, "train") << "lora.init_from: adapters of " << loaded << " of " << job.model.tasks << " tasks from "
+                            << job.lora.init_from;
+}
+
+AdapterExport::AdapterExport(const config::Job& job, const ParamGroups& groups)
+    : job_(job), written_at_(static_cast<size_t>(groups.num_groups()), 0) {
+  static const std::set<std::string> kOwn = {kWeights, kConfig, std::string(kWeights) + ".tmp",
+                                             std::string(kConfig) + ".tmp", "README.md"};
+  for (int64_t t = 0; t < job.model.tasks; ++t) {
+    const std::string dir = adapter_dir(job.export_.adapters_dir, job, t);
+    std::error_code ec;
+    if (!fs::exists(dir, ec)) continue;
+    if (!fs::is_directory(dir, ec))
+      throw ConfigError(dir + ": export.adapters_dir: exists and is not a directory; refusing to write task " +
+                        std::to_string(t) + "'s adapter there");
+    for (const auto& entry : fs::directory_iterator(dir, ec))
+      if (!kOwn.count(entry.path().filename().string()))
+        throw ConfigError(dir + ": export.adapters_dir: holds '" + entry.path().filename().string() +
+                          "', which is not a PEFT adapter's file; refusing to write task " + std::to_string(t) +
+                          "'s adapter there (choose an empty or new directory)");
+  }
+}
+
+void AdapterExport::write(int64_t task, const GroupState& st) const {
+  const std::string dir = adapter_dir(job_.export_.adapters_dir, job_, task);
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw Error(dir + ": export.adapters_dir: cannot create: " + ec.message());
+  std::vector<StWriteTensor> tensors;
+  for (size_t k = 0; k < st.names.size(); ++k) {
+    const torch::Tensor& t = st.params[k];  // contiguous float32 on the host (write_changed)
+    tensors.push_back({peft_name_of(st.names[k]), "F32", t.sizes().vec(), t.data_ptr(),
+                       static_cast<size_t>(t.numel()) * sizeof(float)});
+  }
+  write_safetensors(dir + "/" + kWeights, tensors, {{"format", "pt"}});
+  std::vector<std::string> modules;
+  for (const std::string& t : job_.lora.targets) modules.push_back(module_word(t));
+  const json config = {
+      {"peft_type", "LORA"},
+      {"task_type", "CAUSAL_LM"},
+      {"r", job_.lora.rank},
+      {"lora_alpha", job_.lora.alpha},
+      {"lora_dropout", 0.0},
+      {"target_modules", modules},
+      {"bias", "none"},
+      {"fan_in_fan_out", false},
+      {"inference_mode", true},
+      {"init_lora_weights", true},
+      {"modules_to_save", nullptr},
+      {"base_model_name_or_path", job_.export_.base_model.empty() ? job_.model.init_from : job_.export_.base_model},
+      {"revision", nullptr},
+  };
+  write_text(dir + "/" + kConfig, config.dump(2) + "\n");
+}
+
+int AdapterExport::write_changed(int rank, int world, const std::vector<int64_t>& group_steps,
+                                 const std::function<GroupState(int)>& state) {
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<int> due;
+  for (int64_t t = rank; t < job_.model.tasks; t += world) {
+    const auto g = static_cast<size_t>(t + 1);
+    if (group_steps[g] != 0 && group_steps[g] != written_at_[g]) due.push_back(static_cast<int>(g));
+  }
+  // Read on this thread (where the groups live), written in parallel a batch at a time so that
+  // the copies held stay small whatever the number of tasks.
+  constexpr size_t kBatch = 64;
+  for (size_t first = 0; first < due.size(); first += kBatch) {
+    std::vector<GroupState> batch;
+    for (size_t i = first; i < std::min(due.size(), first + kBatch); ++i) {
+      GroupState st = state(due[i]);
+      // To the host here, on the trainer's stream: ordered after the step's device work, as a
+      // checkpoint's copies are.
+      for (torch::Tensor& t : st.params) t = t.to(torch::kCPU, torch::kFloat32).contiguous();
+      st.exp_avg.clear();
+      st.exp_avg_sq.clear();
+      batch.push_back(std::move(st));
+    }
+    at::parallel_for(0, static_cast<int64_t>(batch.size()), 1, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) {
+        const GroupState& st = batch[static_cast<size_t>(i)];
+        if (!st.initial) write(st.group - 1, st);
+      }
+    });
+    for (const GroupState& st : batch) written_at_[static_cast<size_t>(st.group)] = group_steps[static_cast<size_t>(st.group)];
+  }
+  if (!due.empty()) {
+    THETAD_LOG(info, "train") << "export.adapters_dir: " << due.size() << " adapters written in " << std::fixed
+                              << std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() << " s";
+  }
+  return static_cast<int>(due.size());
+}
+
+}  // namespace thetad::daemon

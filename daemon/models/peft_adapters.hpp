@@ -1,0 +1,46 @@
+// The transformer's per-task LoRA adapters as PEFT directories (adapter_model.safetensors with
+// PEFT's tensor names, adapter_config.json): read by lora.init_from, written by export.adapters_dir.
+// PEFT's LoRA computes W x + (lora_alpha / r) B A x with lora_A [r, in] and lora_B [out, r], as
+// thetad's does with lora.alpha and lora.rank: the matrices go over as they are.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "config/job.hpp"
+#include "daemon/models/model.hpp"
+#include "daemon/models/param_groups.hpp"
+
+namespace thetad::daemon {
+
+// A pattern of lora.init_from or export.adapters_dir for one task ({task}, {job} replaced).
+std::string adapter_dir(const std::string& pattern, const config::Job& job, int64_t task);
+
+// For each task whose lora.init_from directory exists: adapter_config.json must be a LoRA of
+// r = lora.rank, lora_alpha = lora.alpha and target_modules = lora.targets (a mismatch names the
+// file, the key and both values; rsLoRA, DoRA, biases, fan_in_fan_out, per-layer patterns are
+// refused), and adapter_model.safetensors must hold every layer's lora_A and lora_B of each
+// target with the adapter's shapes (else a ConfigError naming the file and the tensor). Other
+// tensors are listed in a warning. Tasks without a directory keep their fresh adapters.
+void load_peft_adapters(const config::Job& job, TaskModel& model);
+
+// export.adapters_dir: writes tasks' adapters as PEFT directories.
+class AdapterExport {
+ public:
+  // Checks every task's directory before any step: one that exists must be a directory holding
+  // nothing but a PEFT adapter's files (else ConfigError: nothing is overwritten).
+  AdapterExport(const config::Job& job, const ParamGroups& groups);
+  // Writes the adapter of each task t with t % world == rank whose group's step count differs
+  // from the one it was last written at (untrained adapters are never written); state(g) reads
+  // group g where it lives. Returns how many it wrote. Error on an I/O failure.
+  int write_changed(int rank, int world, const std::vector<int64_t>& group_steps,
+                    const std::function<GroupState(int)>& state);
+
+ private:
+  void write(int64_t task, const GroupState& st) const;
+  const config::Job& job_;
+  std::vector<int64_t> written_at_;  // per group: its step count when last written (0: never)
+};
+
+}  // namespace thetad::daemon

@@ -1,0 +1,81 @@
+// model.init_from's config.json (issue 35): its Llama keys fill the job's model keys the job does
+// not give, and a key the job gives with another value is an error naming both.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include <unistd.h>
+
+#include "config/loader.hpp"
+#include "job_test_util.hpp"
+
+namespace thetad::config {
+namespace {
+
+namespace fs = std::filesystem;
+
+class HfConfig : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("thetad_hf_config_" + std::to_string(::getpid()) + "_" +
+                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  void config(const std::string& json) { std::ofstream(dir_ / "config.json") << json; }
+  std::string job(const std::string& model_extra) const {
+    return "steps: 1\nmodel: {kind: transformer, init_from: " + dir_.string() + model_extra + "}\ndata: {}\n";
+  }
+  fs::path dir_;
+};
+
+const char* kLlama = R"({"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 3,
+  "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 96, "vocab_size": 300,
+  "rope_theta": 500000.0, "rms_norm_eps": 1e-06, "tie_word_embeddings": true, "hidden_act": "silu",
+  "attention_bias": false, "max_position_embeddings": 128, "rope_scaling": null})";
+
+TEST_F(HfConfig, FillsTheModelKeys) {
+  config(kLlama);
+  const Job j = load_job_from_string(job(""), "job.yaml");
+  EXPECT_EQ(j.model.arch, ModelArch::Llama);
+  EXPECT_EQ(j.model.d_model, 64);
+  EXPECT_EQ(j.model.layers, 3);
+  EXPECT_EQ(j.model.heads, 4);
+  EXPECT_EQ(j.model.kv_heads, 2);
+  EXPECT_EQ(j.model.d_ff, 96);
+  EXPECT_EQ(j.model.vocab, 300);
+  EXPECT_EQ(j.model.rope_theta, 500000.0);
+  EXPECT_EQ(j.model.norm_eps, 1e-6);
+  EXPECT_TRUE(j.model.tie_embeddings);
+  // Given and equal: accepted.
+  EXPECT_EQ(test::error_of(job(", d_model: 64, kv_heads: 2, arch: llama")), "(accepted)");
+}
+
+TEST_F(HfConfig, MismatchNamesKeyAndBothValues) {
+  config(kLlama);
+  const std::string e = test::error_of(job(", d_model: 32"));
+  EXPECT_TRUE(test::contains(e, "model.d_model: is 32 but ")) << e;
+  EXPECT_TRUE(test::contains(e, "config.json has hidden_size = 64")) << e;
+  EXPECT_TRUE(test::contains(test::error_of(job(", arch: gpt2")), "model.arch: is gpt2 but")) << "";
+  EXPECT_TRUE(test::contains(test::error_of(job(", seq_len: 256")), "beyond")) << "";
+}
+
+TEST_F(HfConfig, RefusesWhatItCannotCompute) {
+  config(R"({"model_type": "gpt_neox", "hidden_size": 64})");
+  EXPECT_TRUE(test::contains(test::error_of(job("")), "model_type \"gpt_neox\" is not one thetad builds"));
+  config(R"({"model_type": "llama", "hidden_act": "gelu"})");
+  EXPECT_TRUE(test::contains(test::error_of(job("")), "hidden_act = \"gelu\" is not supported"));
+  config(R"({"model_type": "llama", "rope_scaling": {"type": "linear", "factor": 2.0}})");
+  EXPECT_TRUE(test::contains(test::error_of(job("")), "rope_scaling"));
+  config(R"({"model_type": "llama", "hidden_size": "64"})");
+  EXPECT_TRUE(test::contains(test::error_of(job("")), "'hidden_size' is \"64\", not a number"));
+  config("{not json");
+  EXPECT_TRUE(test::contains(test::error_of(job("")), "config.json: not a JSON object"));
+  fs::remove(dir_ / "config.json");
+  EXPECT_TRUE(test::contains(test::error_of(job("")), "has no config.json"));
+}
+
+}  // namespace
+}  // namespace thetad::config
