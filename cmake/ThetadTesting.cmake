@@ -14,8 +14,11 @@ set(THETAD_MPIRUN_FLAGS --oversubscribe --bind-to none
     --mca btl self,vader,tcp --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo
     --mca pml ob1 --mca osc ^ucx
     CACHE STRING "Flags thetad's multi-rank tests pass to mpirun")
+# THETAD_LAUNCH_BIN: the tests' launcher is this build's, wherever the build folder is (the
+# source tree's launch/thetad-launch looks in build/ otherwise).
 set(THETAD_TEST_ENV OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-    OMPI_MCA_btl_vader_single_copy_mechanism=none PMIX_MCA_gds=hash)
+    OMPI_MCA_btl_vader_single_copy_mechanism=none PMIX_MCA_gds=hash
+    THETAD_LAUNCH_BIN=${PROJECT_BINARY_DIR}/launch/thetad-launch)
 
 function(thetad_add_gtest name)
   cmake_parse_arguments(T "" "TIMEOUT" "SOURCES;LIBS;LABELS" ${ARGN})

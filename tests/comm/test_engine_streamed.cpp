@@ -14,6 +14,10 @@ using namespace thetad::comm;
 using namespace thetad::comm::testing;
 using namespace std::chrono_literals;
 
+namespace {
+constexpr int kSteps = 20;  // as test_engine.cpp
+}  // namespace
+
 TEST(Engine, AbsentStreamedParamsDoNotHoldUpLaterBuckets) {
   int world = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
