@@ -63,8 +63,10 @@ void Checker::data_files(int64_t T) {
     return;
   }
   const bool npy = dc.kind == DataKind::Npy;
+  // Token ids: task{t}.npy, or flat task{t}.bin with data.token_dtype uint16/uint32.
+  const char* tokens = dc.token_dtype == TokenDtype::Npy ? ".npy" : ".bin";
   for (int64_t t = 0; t < T; ++t)
-    for (const char* suffix : npy ? std::vector<const char*>{"_x.npy", "_y.npy"} : std::vector<const char*>{".npy"}) {
+    for (const char* suffix : npy ? std::vector<const char*>{"_x.npy", "_y.npy"} : std::vector<const char*>{tokens}) {
       const fs::path f = fs::path(dir) / ("task" + std::to_string(t) + suffix);
       if (fs::is_regular_file(f, ec)) continue;
       fail("data.dir", f.string() + ": " + (fs::exists(f, ec) ? "not a regular file" : "missing") + " (task " +

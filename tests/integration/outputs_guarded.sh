@@ -13,7 +13,7 @@ long=(--no-resume --set steps=10000000 --set log.level=info)
 "$thetad" run "$job" "${long[@]}" --set checkpoint.dir="$WORK/ck" --set checkpoint.every_steps=20 \
   --set checkpoint.async=false > "$WORK/gone.log" 2>&1 &
 pid=$!
-wait_for "$WORK/ck/step-*/manifest.json" || fail "no first checkpoint"
+wait_for 60 exists "$WORK/ck/step-*/manifest.json" || fail "no first checkpoint"
 # (The job writes into it meanwhile: rm may find a directory refilled under it; again until gone.)
 for _ in $(seq 1 100); do rm -rf "$WORK/ck" 2>/dev/null && break; sleep 0.05; done
 code=0
