@@ -12,6 +12,8 @@
 namespace thetad::daemon {
 namespace {
 
+using test::expect_config_error;
+
 // The bytes numpy.save writes: magic, version, little-endian header length, the dict padded
 // with spaces to a multiple of 64 bytes and ended by '\n', then the raw data.
 std::string npy_bytes(const std::string& dict, const std::string& payload, int major = 1) {
@@ -39,19 +41,6 @@ std::string raw(const std::vector<T>& v) {
 
 void write_file(const std::string& path, const std::string& bytes) {
   std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-}
-
-// Expects `f` to throw ConfigError whose message names `file` and contains `what`.
-template <typename F>
-void expect_config_error(F&& f, const std::string& file, const std::string& what) {
-  try {
-    f();
-    ADD_FAILURE() << "no ConfigError; expected one about '" << what << "'";
-  } catch (const ConfigError& e) {
-    const std::string msg = e.what();
-    EXPECT_NE(msg.find(file), std::string::npos) << msg;
-    EXPECT_NE(msg.find(what), std::string::npos) << msg;
-  }
 }
 
 TEST(Npy, Float32TwoDimV1) {

@@ -16,6 +16,8 @@
 namespace thetad::daemon {
 namespace {
 
+using test::expect_config_error;
+
 void put(const std::string& path, const std::string& bytes) {
   std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
 }
@@ -26,18 +28,6 @@ std::string st_bytes(std::string header, const std::string& data) {
   std::string out(8, '\0');
   for (int i = 0; i < 8; ++i) out[static_cast<size_t>(i)] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
   return out + header + data;
-}
-
-template <typename F>
-void expect_error(F&& f, const std::string& file, const std::string& what) {
-  try {
-    f();
-    ADD_FAILURE() << "no ConfigError; expected one about '" << what << "'";
-  } catch (const ConfigError& e) {
-    const std::string msg = e.what();
-    EXPECT_NE(msg.find(file), std::string::npos) << msg;
-    EXPECT_NE(msg.find(what), std::string::npos) << msg;
-  }
 }
 
 TEST(Safetensors, WriteReadRoundTripAllFloatDtypes) {
@@ -75,8 +65,8 @@ TEST(Safetensors, WriteReadRoundTripAllFloatDtypes) {
   EXPECT_TRUE(std::isinf(out[4]));
   EXPECT_EQ(out[5], 65504.0f);
   EXPECT_EQ(SafetensorsFile::open(path).header().metadata.at("format"), "pt");
-  expect_error([&] { ck.read_fp32("a.f32", {3, 2}, out.data()); }, path, "tensor 'a.f32' has shape [2, 3], expected [3, 2]");
-  expect_error([&] { ck.tensor("nope"); }, path, "tensor 'nope' is missing");
+  expect_config_error([&] { ck.read_fp32("a.f32", {3, 2}, out.data()); }, path, "tensor 'a.f32' has shape [2, 3], expected [3, 2]");
+  expect_config_error([&] { ck.tensor("nope"); }, path, "tensor 'nope' is missing");
 }
 
 TEST(Safetensors, Bf16RoundsToNearestEven) {
@@ -108,21 +98,21 @@ TEST(Safetensors, ShardedDirectoryWithIndex) {
   // The index names a tensor its file does not hold.
   put(d + "/model.safetensors.index.json",
       R"({"weight_map": {"x": "model-00002-of-00002.safetensors", "y": "model-00002-of-00002.safetensors"}})");
-  expect_error([&] { SafetensorsCheckpoint::open(d); }, "model-00002-of-00002.safetensors", "tensor 'x'");
+  expect_config_error([&] { SafetensorsCheckpoint::open(d); }, "model-00002-of-00002.safetensors", "tensor 'x'");
   // A tensor in two shards.
   write_safetensors(d + "/model-00002-of-00002.safetensors", {{"x", "F32", {2}, a.data(), 8}});
   put(d + "/model.safetensors.index.json",
       R"({"weight_map": {"x": "model-00001-of-00002.safetensors", "y": "model-00002-of-00002.safetensors"}})");
-  expect_error([&] { SafetensorsCheckpoint::open(d); }, "model-00002-of-00002.safetensors", "tensor 'x' is also in");
+  expect_config_error([&] { SafetensorsCheckpoint::open(d); }, "model-00002-of-00002.safetensors", "tensor 'x' is also in");
   // A shard path that leaves the directory.
   put(d + "/model.safetensors.index.json", R"({"weight_map": {"x": "../evil.safetensors"}})");
-  expect_error([&] { SafetensorsCheckpoint::open(d); }, "model.safetensors.index.json", "not a file name");
+  expect_config_error([&] { SafetensorsCheckpoint::open(d); }, "model.safetensors.index.json", "not a file name");
   put(d + "/model.safetensors.index.json", R"({"weight_map": [1, 2]})");
-  expect_error([&] { SafetensorsCheckpoint::open(d); }, "model.safetensors.index.json", "weight_map");
+  expect_config_error([&] { SafetensorsCheckpoint::open(d); }, "model.safetensors.index.json", "weight_map");
   // A directory with neither.
   const std::string empty = dir.file("empty");
   std::filesystem::create_directories(empty);
-  expect_error([&] { SafetensorsCheckpoint::open(empty); }, empty, "neither model.safetensors");
+  expect_config_error([&] { SafetensorsCheckpoint::open(empty); }, empty, "neither model.safetensors");
 }
 
 TEST(Safetensors, BadHeaders) {
@@ -130,7 +120,7 @@ TEST(Safetensors, BadHeaders) {
   const std::string p = dir.file("bad.safetensors");
   const auto check = [&](const std::string& bytes, const std::string& what) {
     put(p, bytes);
-    expect_error([&] { SafetensorsFile::open(p); }, p, what);
+    expect_config_error([&] { SafetensorsFile::open(p); }, p, what);
   };
   const std::string ok = R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})";
   put(p, st_bytes(ok, std::string(8, '\0')));
@@ -161,14 +151,14 @@ TEST(Safetensors, BadHeaders) {
   check(st_bytes(R"({"w":{"dtype":"F32","shape":[4611686018427387904,4],"data_offsets":[0,8]}})", std::string(8, '\0')),
         "overflows int64");
   put(p, "");
-  expect_error([&] { SafetensorsFile::open(p); }, p, "empty file");
-  expect_error([&] { SafetensorsFile::open(dir.file("none.safetensors")); }, "none.safetensors", "cannot open");
+  expect_config_error([&] { SafetensorsFile::open(p); }, p, "empty file");
+  expect_config_error([&] { SafetensorsFile::open(dir.file("none.safetensors")); }, "none.safetensors", "cannot open");
 
   // A known dtype that is not floating point: refused at conversion, naming the tensor.
   const std::vector<int32_t> ints = {1, 2};
   write_safetensors(p, {{"ids", "I32", {2}, ints.data(), 8}});
   std::vector<float> out(2);
-  expect_error([&] { SafetensorsCheckpoint::open(p).read_fp32("ids", {2}, out.data()); }, p,
+  expect_config_error([&] { SafetensorsCheckpoint::open(p).read_fp32("ids", {2}, out.data()); }, p,
                "tensor 'ids': dtype I32 is not a floating-point type");
 }
 

@@ -12,6 +12,8 @@
 
 #include <unistd.h>
 
+#include "common/errors.hpp"
+
 namespace thetad::test {
 
 // A fresh directory under the system temp dir, removed at scope exit.
@@ -40,6 +42,19 @@ inline std::string read_file(const std::string& path) {
   std::ostringstream os;
   os << in.rdbuf();
   return os.str();
+}
+
+// Expects `f` to throw ConfigError whose message names `file` and contains `what`.
+template <typename F>
+void expect_config_error(F&& f, const std::string& file, const std::string& what) {
+  try {
+    f();
+    ADD_FAILURE() << "no ConfigError; expected one about '" << what << "'";
+  } catch (const ConfigError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find(file), std::string::npos) << msg;
+    EXPECT_NE(msg.find(what), std::string::npos) << msg;
+  }
 }
 
 inline bool have_python() { return std::filesystem::exists("/usr/bin/python3"); }
