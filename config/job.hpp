@@ -188,6 +188,12 @@ struct OffloadConfig {
   // "auto" (as many as the device's free memory holds after set-up, less the margin that
   // device_cache_mb auto keeps; none on the CPU).
   std::string shared_device_layers = "0";
+  // stream: of the streamed layers, the lowest N are updated on the device within each step, their
+  // Adam moments streamed in and back out with their values (12 B per parameter each way), the
+  // others by the host's CPU AdamW (4 B of gradient out, 28 B through host memory): a count, or
+  // "auto" (from the PCIe and CPU AdamW bandwidths measured at start-up, so that both end
+  // together; none on the CPU).
+  std::string shared_split_layers = "auto";
   // The device cache of whole task groups with their Adam state (updated on the device while
   // cached): "auto" (GPUs: the device memory free after set-up, less a margin; none on the CPU)
   // or a size in MiB (0 = none).
@@ -213,6 +219,11 @@ struct OffloadConfig {
   size_t host_limit_bytes() const { return mib_to_bytes(host_limit_mb); }
   bool device_cache_auto() const { return device_cache_mb == "auto"; }
   bool shared_device_layers_auto() const { return shared_device_layers == "auto"; }
+  bool shared_split_layers_auto() const { return shared_split_layers == "auto"; }
+  // The count of shared_split_layers (after validation; "auto" is resolved on the device: 0 here).
+  int64_t shared_split_layer_count() const {
+    return shared_split_layers_auto() ? 0 : std::strtoll(shared_split_layers.c_str(), nullptr, 10);
+  }
   // The count of shared_device_layers (after validation; "auto" is resolved on the device: 0 here).
   int64_t shared_device_layer_count() const {
     return shared_device_layers_auto() ? 0 : std::strtoll(shared_device_layers.c_str(), nullptr, 10);

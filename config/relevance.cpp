@@ -76,6 +76,7 @@ void warn_irrelevant(const Job& job, Diagnostics& diag) {
       {"offload.cpu_threads", job.offload.enabled || stream, "offload.enabled is false and offload.shared is resident"},
       {"offload.shared_prefetch_layers", stream, "offload.shared is resident"},
       {"offload.shared_device_layers", stream, "offload.shared is resident"},
+      {"offload.shared_split_layers", stream, "offload.shared is resident"},
       {"offload.h2d_dtype", job.offload.enabled || stream, "offload.enabled is false and offload.shared is resident"},
       {"checkpoint.async", !job.checkpoint.dir.empty(), "checkpoint.dir is empty (no checkpoints)"},
       {"optimizer.betas", job.optimizer.kind != OptimizerKind::Sgd, "optimizer.kind is sgd"},

@@ -199,6 +199,7 @@ const std::vector<Field> kFields = {
     THETAD_ENUM_FIELD("offload", "shared", offload.shared),
     THETAD_FIELD("offload", "shared_prefetch_layers", Int, offload.shared_prefetch_layers, true),
     THETAD_FIELD("offload", "shared_device_layers", String, offload.shared_device_layers, true),
+    THETAD_FIELD("offload", "shared_split_layers", String, offload.shared_split_layers, true),
     THETAD_ENUM_FIELD("offload", "h2d_dtype", offload.h2d_dtype),
     THETAD_ENUM_FIELD("offload", "host_groups", offload.host_groups),
     THETAD_ENUM_FIELD("offload", "uncached_update", offload.uncached_update),

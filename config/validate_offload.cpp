@@ -19,13 +19,18 @@ void validate_shared(const Job& j, Diagnostics& d) {
   if (o.shared_prefetch_layers < 1)
     fail("offload.shared_prefetch_layers", "must be >= 1, got " + std::to_string(o.shared_prefetch_layers));
   // "auto" or a whole number (YAML gives it to the string key as written).
+  for (const auto& [key, value] : {std::pair<const char*, const std::string*>{"offload.shared_device_layers",
+                                                                              &o.shared_device_layers},
+                                   {"offload.shared_split_layers", &o.shared_split_layers}}) {
+    const std::string& v = *value;
+    char* end = nullptr;
+    const long long count = std::strtoll(v.c_str(), &end, 10);
+    if (v != "auto" && (v.empty() || end != v.c_str() + v.size()))
+      fail(key, "expected auto or a whole number of layers, got \"" + v + "\"");
+    else if (v != "auto" && count < 0)
+      fail(key, "must be >= 0, got " + v);
+  }
   const std::string& dl = o.shared_device_layers;
-  char* end = nullptr;
-  const long long count = std::strtoll(dl.c_str(), &end, 10);
-  if (dl != "auto" && (dl.empty() || end != dl.c_str() + dl.size()))
-    fail("offload.shared_device_layers", "expected auto or a whole number of layers, got \"" + dl + "\"");
-  else if (dl != "auto" && count < 0)
-    fail("offload.shared_device_layers", "must be >= 0, got " + dl);
   if (o.shared != SharedMode::Stream || d.bad("offload.shared") || d.unknown_word("offload.shared")) return;
   // Only multitask_mlp's trunk is built of layers the store can stream (trunk.<i>.weight/bias,
   // one store group each); the other models keep Θ on the device.
@@ -52,6 +57,14 @@ void validate_shared(const Job& j, Diagnostics& d) {
          "keeps " + dl + " trunk layers on the device, but the trunk has " +
              std::to_string(layers) + " layers (model.trunk_layers), so nothing would stream: at most " +
              std::to_string(layers - 1) + ", or set offload.shared to resident",
+         "offload.shared");
+  if (o.shared_device_layer_count() + o.shared_split_layer_count() > layers && !d.bad("model.trunk_layers") &&
+      !d.bad("offload.shared_device_layers"))
+    fail("offload.shared_split_layers",
+         "updates " + o.shared_split_layers + " streamed layers on the device, but the trunk has " +
+             std::to_string(layers) + " layers (model.trunk_layers) of which " + dl +
+             " stay on the device (offload.shared_device_layers): at most " +
+             std::to_string(std::max<int64_t>(0, layers - o.shared_device_layer_count())),
          "offload.shared");
   // The host store steps Adam/AdamW per layer; clipping by Θ's norm would need the norm across
   // the layers (and their owners) before any layer's step.

@@ -39,15 +39,18 @@ ParamStore::ParamStore(const StoreOptions& opts, std::vector<GroupShape> groups,
   THETAD_CHECK(schedule_ != nullptr, InternalError, "ParamStore needs a schedule");
   try {
     alloc_slots();
+    alloc_update_lines();
     lines_ = std::make_unique<CacheLines>(core_, std::move(groups_used_at));
   } catch (const CommError&) {
     // A rank that never came to an agreement (TimeoutError) or failed in it: the job is on its
     // way out (exit 3), and the arena's collective free would wait for that rank forever.
     free_slots();
+    update_lines_.reset();
     HostArena::abandon_on_destruction();
     throw;
   } catch (...) {  // no destructor runs
     free_slots();
+    update_lines_.reset();
     throw;
   }
   const size_t units = core_.plan.units.size();
@@ -85,6 +88,46 @@ void ParamStore::alloc_slots() {
   core_.plane.agree(error, {"offload: the agreement on the device slots"});
 }
 
+// Like the slots: every rank learns whether all got their update lines.
+void ParamStore::alloc_update_lines() {
+  if (core_.opts.update_lines <= 0) return;
+  size_t numel = 0;
+  for (size_t gi = 0; gi < core_.plan.index.size(); ++gi)
+    if (core_.held[gi]) numel = std::max(numel, core_.plan.group_numel[gi]);
+  std::exception_ptr error;
+  try {
+    update_lines_ = std::make_unique<UpdateLines>(core_, core_.opts.update_lines, numel);
+  } catch (...) {
+    error = std::current_exception();
+  }
+  core_.plane.agree(error, {"offload: the agreement on the update lines"});
+  if (!update_lines_) return;
+  THETAD_LOG(info, "offload") << "parameter store: " << update_lines_->lines() << " update lines of "
+                              << mib(update_lines_->bytes() / static_cast<size_t>(update_lines_->lines()))
+                              << " MiB (a group with its Adam state, updated on the device within a step)";
+}
+
+float* ParamStore::load_for_update(int group, bool order_compute) {
+  core_.updates->rethrow_error();
+  THETAD_CHECK(update_lines_, InternalError, "offload: load_for_update on a store without update lines");
+  return update_lines_->load(core_.held_index(group), order_compute);
+}
+
+void ParamStore::order_update(int group) { update_lines_->order(core_.held_index(group)); }
+
+void ParamStore::updated_on_device(int group) {
+  core_.updates->rethrow_error();
+  const size_t gi = core_.held_index(group);
+  core_.expected[gi] += 1;  // every device copy of the group is now stale; the flush publishes this update
+  update_lines_->flush(gi);
+}
+
+UpdateBandwidths ParamStore::update_bandwidths() {
+  THETAD_CHECK(update_lines_, InternalError, "offload: update_bandwidths on a store without update lines");
+  return core_.agreed_bandwidths(update_lines_->scratch(), update_lines_->line_numel(),
+                                 "offload: the agreement on the measured bandwidths (the trunk's split)");
+}
+
 void ParamStore::free_slots() noexcept {
   for (void* p : slot_mem_) core_.device.free(p);
   for (void* p : slot_stage_) core_.device.free(p);
@@ -119,6 +162,7 @@ ParamStore::~ParamStore() {
     }
   }
   lines_.reset();  // waits for the lines' copies
+  update_lines_.reset();
   free_slots();
   // core_'s arena (collective MPI_Win_free) goes with the members.
 }
@@ -246,6 +290,7 @@ void ParamStore::prefetch_for(int64_t step) {
 void ParamStore::release_step(int64_t step) {
   core_.updates->rethrow_error();
   begin_step(step);
+  if (update_lines_) update_lines_->release_all();
   if (pinned_.empty()) return;
   const Fence done = core_.device.record_compute();
   for (int u : pinned_) {

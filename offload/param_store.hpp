@@ -47,6 +47,7 @@
 #include "offload/store_core.hpp"
 #include "offload/store_lines.hpp"
 #include "offload/store_plan.hpp"
+#include "offload/update_lines.hpp"
 
 namespace thetad::offload {
 
@@ -140,6 +141,25 @@ class ParamStore {
   // Waits until this rank's queued optimizer steps are done (TimeoutError after timeout_s).
   void wait_idle();
 
+  // The update lines (StoreOptions::update_lines, update_lines.hpp): a group updated on the
+  // device within a step instead of by its owner's CPU AdamW. load_for_update: its values, m and
+  // v in a line (device memory: m at update_line_numel() floats after the values, v after m),
+  // the compute stream ordered after them. updated_on_device, every rank, once the caller's
+  // device AdamW of the line is queued on the compute stream: counts the update (in place of
+  // step_group) and the owner copies the line back to the arena.
+  // `order_compute` false: a prefetch (see acquire); order_update(group) before compute reads it.
+  // update_room(): whether a prefetch would leave a line for the group about to be updated.
+  float* load_for_update(int group, bool order_compute = true);
+  void order_update(int group);
+  bool update_room() const { return update_lines_ && update_lines_->free_lines() > 1; }
+  bool in_update_line(int group) const { return update_lines_ && update_lines_->holds(core_.index_of(group)); }
+  size_t update_line_numel() const { return update_lines_ ? update_lines_->line_numel() : 0; }
+  size_t update_line_bytes() const { return update_lines_ ? update_lines_->bytes() : 0; }
+  void updated_on_device(int group);
+  // The PCIe and CPU AdamW bandwidths, probed on an update line and agreed over the ranks
+  // (collective; the split's inputs).
+  UpdateBandwidths update_bandwidths();
+
   // Checkpoints: copy out the group's current values (null pointers are skipped).
   void read_group(int group, float* params, float* exp_avg, float* exp_avg_sq);
   // The group's parameters where they live (the arena), once its pending update landed:
@@ -160,6 +180,7 @@ class ParamStore {
   void begin_step(int64_t step);
   void copy_in(int unit, int slot);
   void alloc_slots();
+  void alloc_update_lines();
   void free_slots() noexcept;
   void push(size_t gi, size_t offset, const float* src, size_t numel, const Fence& after);
 
@@ -178,6 +199,7 @@ class ParamStore {
   Fence last_push_;                              // the latest of them (one in-order stream)
   std::map<int64_t, std::vector<int>> schedule_cache_;
   std::unique_ptr<CacheLines> lines_;           // the device cache (goes before core_)
+  std::unique_ptr<UpdateLines> update_lines_;   // StoreOptions::update_lines (goes before core_)
   std::vector<float> scratch_;                  // group_params of a cached group
   size_t scratch_entry_ = SIZE_MAX;             // whose values scratch_ holds
   uint64_t scratch_version_ = 0;                // at which update count

@@ -7,6 +7,7 @@
 
 #include "comm/mpi/mpi_communicator.hpp"
 #include "common/errors.hpp"
+#include "offload/bandwidth_probe.hpp"
 #include "offload/util.hpp"
 
 namespace thetad::offload {
@@ -66,6 +67,37 @@ Fence StoreCore::copy_split(bool to_device, char* dst, const char* src, size_t b
     done += len;
   }
   return last;
+}
+
+Fence StoreCore::load_part(size_t gi, char* line, size_t line_numel, int part, const Fence& after) {
+  const size_t bytes = arena->entry(gi).numel * sizeof(float);
+  const float* parts[3] = {arena->params(gi), arena->exp_avg(gi), arena->exp_avg_sq(gi)};
+  const Fence done = copy_split(true, line + static_cast<size_t>(part) * line_numel * sizeof(float),
+                                reinterpret_cast<const char*>(parts[part]), bytes, after);
+  count([&](StoreStats& s) { s.h2d_bytes += bytes; });
+  return done;
+}
+
+Fence StoreCore::flush_line(size_t gi, const char* line, size_t line_numel, const Fence& after) {
+  if (!arena->is_owner(gi)) return after;
+  const size_t bytes = arena->entry(gi).numel * sizeof(float);
+  float* parts[3] = {arena->params(gi), arena->exp_avg(gi), arena->exp_avg_sq(gi)};
+  std::vector<Fence> copies;
+  for (size_t k = 0; k < 3; ++k)
+    copies.push_back(copy_split(false, reinterpret_cast<char*>(parts[k]), line + k * line_numel * sizeof(float), bytes, after));
+  const Fence last = copies.back();
+  last_d2h = last;
+  updates->submit_publish(gi, std::move(copies), expected[gi]);
+  count([&](StoreStats& s) { s.d2h_bytes += 3 * bytes; });
+  return last;
+}
+
+UpdateBandwidths StoreCore::agreed_bandwidths(void* device_buf, size_t numel, const char* what) {
+  updates->wait_idle();        // the CPU AdamW of the step before is not measured against
+  device.host_wait(last_d2h);  // nor are its copies
+  UpdateBandwidths bw = probe_bandwidths(device, device_buf, numel);
+  const std::vector<double> v = plane.min(std::vector<double>{bw.h2d, bw.d2h, bw.cpu_adam}, {what, now});
+  return {v[0], v[1], v[2]};
 }
 
 }  // namespace thetad::offload

@@ -56,6 +56,9 @@ struct StoreOptions {
   // more than any step uses) become transit lines, through which such a group's values and Adam
   // state are streamed for a step and updated by the caller's device AdamW, as a cached group's.
   UncachedUpdate uncached_update = UncachedUpdate::Host;
+  // Lines of 3 x the largest group for groups updated on the device within a step, their Adam
+  // state streamed in and back out (update_lines.hpp; the streamed trunk's split). 0: none.
+  int64_t update_lines = 0;
 };
 
 struct StoreStats {
@@ -93,6 +96,18 @@ struct StoreCore {
   // One copy between the device and the arena, split where the arena's pinned chunks end (a copy
   // across a chunk boundary would not count as pinned). Returns the last part's completion.
   Fence copy_split(bool to_device, char* dst, const char* src, size_t bytes, const Fence& after);
+  // A line: device memory holding a group's values, m and v, `line_numel` floats apart (the
+  // device cache's lines, the streamed trunk's update lines).
+  // Copies part `part` (0 values, 1 m, 2 v) of entry gi from the arena into the line, after
+  // `after`; counts the bytes.
+  Fence load_part(size_t gi, char* line, size_t line_numel, int part, const Fence& after);
+  // The line back to the arena: the owner copies values, m and v after `after` (the line's last
+  // device update) and publishes update expected[gi] once they landed (the host's other ranks
+  // wait for that as for a CPU update). Returns the last copy's completion (`after` elsewhere).
+  Fence flush_line(size_t gi, const char* line, size_t line_numel, const Fence& after);
+  // The PCIe and CPU AdamW bandwidths (probe_bandwidths on `device_buf`, a free line of at least
+  // `numel` floats), the lowest of each over the job's ranks so that all decide alike. Collective.
+  UpdateBandwidths agreed_bandwidths(void* device_buf, size_t numel, const char* what);
   // Adds to the stats under their lock (the update queue's thread reads them too).
   template <typename F>
   void count(F&& f) {

@@ -8,7 +8,6 @@
 #include "common/errors.hpp"
 #include "common/log.hpp"
 #include "common/test_hooks.hpp"
-#include "offload/bandwidth_probe.hpp"
 #include "offload/util.hpp"
 
 namespace thetad::offload {
@@ -125,13 +124,9 @@ void CacheLines::alloc() {
 // offload.uncached_update: auto, at its first choice (every rank at the same place()): this
 // rank's bandwidths, then the lowest of each over the job's ranks, so that all choose alike.
 UpdateBandwidths CacheLines::measure_bandwidths() {
-  core_.updates->wait_idle();              // the CPU AdamW of the step before is not measured against
-  core_.device.host_wait(core_.last_d2h);  // nor are its copies
   // The last line is a transit line, and no group was streamed before the first choice.
-  UpdateBandwidths bw = probe_bandwidths(core_.device, line_mem_.back(), line_numel_);
-  const std::vector<double> v =
-      core_.plane.min(std::vector<double>{bw.h2d, bw.d2h, bw.cpu_adam}, {"offload: the agreement on the measured bandwidths", core_.now});
-  bw = {v[0], v[1], v[2]};
+  const UpdateBandwidths bw =
+      core_.agreed_bandwidths(line_mem_.back(), line_numel_, "offload: the agreement on the measured bandwidths");
   THETAD_LOG(info, "offload") << "uncached groups (offload.uncached_update: auto), measured at step " << core_.now
                               << " on groups of " << line_numel_ << " parameters: PCIe " << bw.h2d / 1e9
                               << " GB/s to the device, " << bw.d2h / 1e9 << " GB/s back, CPU AdamW "
@@ -204,11 +199,8 @@ void CacheLines::order_state() {
 void CacheLines::load_line(size_t gi, int line, LineWait wait) {
   (void)core_.held_index(core_.plan.index.group_of(gi));
   core_.wait_final(gi);
-  const size_t bytes = core_.arena->entry(gi).numel * sizeof(float);
   const auto l = static_cast<size_t>(line);
-  const Fence values = core_.copy_split(true, static_cast<char*>(line_mem_[l]),
-                                        reinterpret_cast<const char*>(core_.arena->params(gi)), bytes, line_free_[l]);
-  core_.count([&](StoreStats& s) { s.h2d_bytes += bytes; });
+  const Fence values = core_.load_part(gi, static_cast<char*>(line_mem_[l]), line_numel_, 0, line_free_[l]);
   if (wait == LineWait::values_now) {
     core_.device.compute_wait(values);
     return;
@@ -223,17 +215,10 @@ void CacheLines::load_line(size_t gi, int line, LineWait wait) {
 // The group's Adam state (m, v) into its line after its values: the compute stream waits for it
 // at order_state().
 void CacheLines::load_state(size_t gi, int line) {
-  const size_t bytes = core_.arena->entry(gi).numel * sizeof(float);
   const auto l = static_cast<size_t>(line);
-  char* dst = static_cast<char*>(line_mem_[l]);
-  const float* parts[2] = {core_.arena->exp_avg(gi), core_.arena->exp_avg_sq(gi)};
-  for (size_t k = 0; k < 2; ++k)
-    state_loaded_[l] = core_.copy_split(true, dst + (k + 1) * line_numel_ * sizeof(float),
-                                        reinterpret_cast<const char*>(parts[k]), bytes, line_free_[l]);
-  core_.count([&](StoreStats& s) {
-    s.h2d_bytes += 2 * bytes;
-    s.cache_loads += 1;
-  });
+  for (int part : {1, 2})
+    state_loaded_[l] = core_.load_part(gi, static_cast<char*>(line_mem_[l]), line_numel_, part, line_free_[l]);
+  core_.count([&](StoreStats& s) { s.cache_loads += 1; });
 }
 
 // A reader of the line outside the compute stream (a checkpoint, resume) waits for its load
@@ -267,23 +252,10 @@ void CacheLines::drop(size_t gi) {
 // after the compute queued so far (its last device update) and publishes the updates it had on
 // the device once the copies landed; the host's other ranks wait for that as for a CPU update.
 void CacheLines::flush_line(size_t gi, int line) {
+  const auto l = static_cast<size_t>(line);
   const Fence after = core_.device.record_compute();
-  line_free_[static_cast<size_t>(line)] = after;
-  if (!core_.arena->is_owner(gi)) return;
-  const size_t bytes = core_.arena->entry(gi).numel * sizeof(float);
-  const char* src = static_cast<const char*>(line_mem_[static_cast<size_t>(line)]);
-  float* parts[3] = {core_.arena->params(gi), core_.arena->exp_avg(gi), core_.arena->exp_avg_sq(gi)};
-  std::vector<Fence> copies;
-  for (size_t k = 0; k < 3; ++k)
-    copies.push_back(core_.copy_split(false, reinterpret_cast<char*>(parts[k]),
-                                      src + k * line_numel_ * sizeof(float), bytes, after));
-  line_free_[static_cast<size_t>(line)] = copies.back();
-  core_.last_d2h = copies.back();
-  core_.updates->submit_publish(gi, std::move(copies), core_.expected[gi]);
-  core_.count([&](StoreStats& s) {
-    s.d2h_bytes += 3 * bytes;
-    s.cache_flushes += 1;
-  });
+  line_free_[l] = core_.flush_line(gi, static_cast<const char*>(line_mem_[l]), line_numel_, after);
+  if (core_.arena->is_owner(gi)) core_.count([&](StoreStats& s) { s.cache_flushes += 1; });
 }
 
 }  // namespace thetad::offload

@@ -90,6 +90,31 @@ if point threads; then
       --set steps=10 --set offload.shared=stream --set offload.cpu_threads="$th"
   done
 fi
+# Issue 38 (point split): the optimizer split between the host's CPU AdamW and the device's, on
+# trunks of several widths and depths (STREAM_SPLIT_SHAPES="6144x12 4096x24 8192x8", WIDTHxLAYERS,
+# batch 1024, activations offloaded), every layer streamed: no split (today's), the balanced split
+# (auto), every layer split, the device layers of shared_device_layers: auto alone and with the
+# split, all-resident, and FSDP2 with CPU offload on the first shape.
+if point split; then
+  first=1
+  for shape in ${STREAM_SPLIT_SHAPES:-6144x12 4096x24 8192x8}; do
+    w=${shape%x*} n=${shape#*x}
+    S=("${REF[@]}" --set model.input_dim="$w" --set model.hidden="$w" --set model.trunk_layers="$n"
+       --set offload.activations=true --set steps="${STREAM_SPLIT_STEPS:-40}")
+    thetad "split_${shape}_resident" 90 "${S[@]}"
+    thetad "split_${shape}_none" 120 "${S[@]}" --set offload.shared=stream --set offload.shared_split_layers=0
+    thetad "split_${shape}_auto" 120 "${S[@]}" --set offload.shared=stream --set offload.shared_split_layers=auto
+    thetad "split_${shape}_all" 120 "${S[@]}" --set offload.shared=stream --set offload.shared_split_layers="$n"
+    thetad "split_${shape}_devauto" 120 "${S[@]}" --set offload.shared=stream --set offload.shared_device_layers=auto \
+      --set offload.shared_split_layers=0
+    thetad "split_${shape}_devauto_auto" 120 "${S[@]}" --set offload.shared=stream --set offload.shared_device_layers=auto
+    if [ "$first" = 1 ]; then
+      fsdp "split_${shape}_fsdp2_cpu_offload" 150 --input-dim "$w" --hidden "$w" --trunk-layers "$n" --batch 1024 \
+        --steps 8 --offload cpu --activations save_on_cpu
+      first=0
+    fi
+  done
+fi
 # The host-bandwidth bound of the reference trunk's streamed step tested where it predicts the
 # opposite (point heavy): at batch 4096 compute (about 4x batch 1024's) exceeds the streamed
 # step's host bound, so the streamed step should equal the all-resident one.

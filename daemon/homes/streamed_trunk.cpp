@@ -9,6 +9,7 @@
 #include "common/log.hpp"
 #include "daemon/core/job_options.hpp"
 #include "offload/thread_pool.hpp"
+#include "offload/update_split.hpp"
 
 namespace thetad::daemon {
 
@@ -38,6 +39,7 @@ StreamedTrunk::StreamedTrunk(const config::Job& job, ParamGroups& groups, const 
   written_.assign(n, 0);
   pushed_.assign(n, 0);
   stepped_.assign(n, 0);
+  split_grad_.assign(n, {nullptr, nullptr});
   sum_.resize(n);
 }
 
@@ -72,6 +74,8 @@ void StreamedTrunk::build(comm::Engine& engine, const Schedule& schedule, int ra
   // AdamW (the store's transit lines are θ[t]'s: offload.uncached_update).
   o.cache_bytes = device_cache_bytes();
   o.uncached_update = offload::UncachedUpdate::Host;
+  // The split's lines: the layer being updated, the ones prefetched for it, one still going out.
+  o.update_lines = wants_split() ? prefetch_ + 2 : 0;
   const int L = layers();
   const auto all_layers = [L](int64_t) {
     std::vector<int> all;
@@ -82,7 +86,11 @@ void StreamedTrunk::build(comm::Engine& engine, const Schedule& schedule, int ra
     store_ = std::make_unique<offload::ParamStore>(o, shapes, *device, all_layers, MPI_COMM_WORLD, all_layers);
   } catch (const ConfigError& e) {
     throw ConfigError(job_.source + ": offload.shared: stream: Θ's host store (" + std::to_string(L) +
-                      " trunk layers, " + std::to_string(groups_.numel(0) * 4) + " bytes of parameters): " + e.what());
+                      " trunk layers, " + std::to_string(groups_.numel(0) * 4) + " bytes of parameters" +
+                      (o.update_lines > 0 ? ", and update lines for offload.shared_split_layers: " +
+                                                job_.offload.shared_split_layers
+                                          : std::string()) +
+                      "): " + e.what());
   }
   const int64_t want = job_.offload.shared_device_layer_count();  // auto asked for what fits
   if (store_->cache().cache_lines() < want)  // the fewest any rank could allocate: every rank throws
@@ -91,6 +99,7 @@ void StreamedTrunk::build(comm::Engine& engine, const Schedule& schedule, int ra
                       std::to_string(store_->cache().cache_line_bytes()) + " per layer: values and Adam moments), but the " +
                       "device had room for " + std::to_string(store_->cache().cache_lines()) + "; lower it");
   if (!job_.offload.enabled) offload::ThreadPool::configure(store_->cpu_threads());
+  resolve_split();
   store_->init_all([this](int g, float* dst) {
     torch::NoGradGuard no_grad;  // thread-local: this runs on the store's threads
     const Layer& l = layer_params_[static_cast<size_t>(g - 1)];
@@ -110,7 +119,41 @@ void StreamedTrunk::build(comm::Engine& engine, const Schedule& schedule, int ra
   THETAD_LOG(info, "offload") << "Θ streamed: " << L << " trunk layers, " << store_->plan().slots << " device slots of "
                               << store_->plan().slot_bytes << " bytes (prefetch " << prefetch_ << "), host arena "
                               << store_->arena().bytes() << " bytes; " << store_->cache().cache_lines()
-                              << " layers kept on the device (" << store_->stats().cache_line_bytes << " bytes)";
+                              << " layers kept on the device (" << store_->stats().cache_line_bytes << " bytes); "
+                              << split_ << " streamed layers updated on the device (offload.shared_split_layers: "
+                              << job_.offload.shared_split_layers << ", " << store_->update_line_bytes()
+                              << " bytes of update lines)";
+}
+
+// A count asks for it anywhere (the CPU build too: its tests compare the paths); auto on GPUs.
+bool StreamedTrunk::wants_split() const {
+  return job_.offload.shared_split_layer_count() > 0 || (job_.offload.shared_split_layers_auto() && plane_.gpu());
+}
+
+// auto: the balanced count of offload/update_split.hpp at the bandwidths measured now (the same
+// on every rank), over the streamed layers, lowest first.
+void StreamedTrunk::resolve_split() {
+  const int64_t streamed = layers() - device_layers();
+  if (!job_.offload.shared_split_layers_auto()) {
+    split_ = std::min(job_.offload.shared_split_layer_count(), streamed);
+    return;
+  }
+  if (!wants_split()) return;
+  std::vector<size_t> numel;
+  for (int64_t l = device_layers(); l < layers(); ++l)
+    numel.push_back(layer_params_[static_cast<size_t>(l)].w_numel + layer_params_[static_cast<size_t>(l)].b_numel);
+  const offload::UpdateBandwidths bw = store_->update_bandwidths();
+  const bool bf16 = job_.offload.h2d_dtype == config::H2dDtype::Bf16;
+  split_ = static_cast<int64_t>(offload::balanced_split(numel, bw, bf16));
+  const offload::SplitTimes none = offload::split_times(numel, 0, bw, bf16),
+                            chosen = offload::split_times(numel, static_cast<size_t>(split_), bw, bf16);
+  THETAD_LOG(info, "offload") << "offload.shared_split_layers auto: " << split_ << " of " << streamed
+                              << " streamed layers updated on the device (PCIe " << bw.h2d / 1e9 << " GB/s in, "
+                              << bw.d2h / 1e9 << " GB/s out, CPU AdamW " << bw.cpu_adam / 1e9
+                              << " GB/s): per step to the device, back, CPU AdamW " << none.h2d_s * 1e3 << ", "
+                              << none.d2h_s * 1e3 << ", " << none.cpu_s * 1e3 << " ms with none, "
+                              << chosen.h2d_s * 1e3 << ", " << chosen.d2h_s * 1e3 << ", " << chosen.cpu_s * 1e3
+                              << " ms with " << split_;
 }
 
 size_t StreamedTrunk::device_cache_bytes() const { return static_cast<size_t>(device_layers()) * line_bytes(); }
@@ -128,9 +171,11 @@ int64_t StreamedTrunk::device_layers() const {
   if (device_layers_ >= 0) return device_layers_;
   device_layers_ = job_.offload.shared_device_layer_count();
   if (!job_.offload.shared_device_layers_auto() || !plane_.gpu()) return device_layers_;
-  const size_t avail =
+  size_t avail =
       offload::auto_cache_bytes(
           *offload::make_cuda_device(plane_.device.index(), plane_.compute_stream, plane_.device_sharers));
+  const size_t update_lines = wants_split() ? static_cast<size_t>(prefetch_ + 2) * line_bytes() : 0;
+  avail = avail > update_lines ? avail - update_lines : 0;  // the split's lines come first
   device_layers_ = std::min<int64_t>(layers() - 1, static_cast<int64_t>(avail / line_bytes()));
   THETAD_LOG(info, "offload") << "offload.shared_device_layers auto: " << device_layers_ << " of " << layers()
                               << " trunk layers fit in the device's free memory less the margin (" << (avail >> 20)
@@ -149,6 +194,7 @@ void StreamedTrunk::start_window(int64_t step, const WindowSettings& w) {
   store_->place(step);  // step 0: the device's layers are loaded into their lines
   std::fill(pushed_.begin(), pushed_.end(), 0);
   std::fill(stepped_.begin(), stepped_.end(), 0);
+  std::fill(split_grad_.begin(), split_grad_.end(), std::array<const float*, 2>{nullptr, nullptr});
   // The previous step's copies of Θ's buckets to the host read memory this step's backward
   // rewrites (on the compute stream); they started during that step's backward.
   store_->compute_after_pushes();
@@ -190,11 +236,22 @@ std::pair<torch::Tensor, torch::Tensor> StreamedTrunk::acquire(int layer, bool b
     ++forwards_[static_cast<size_t>(layer)];
     reached_ = true;
   }
+  if (backward && trained_)  // the split's layers: their lines come in while backward reaches them
+    for (int64_t k = 0; k <= prefetch_; ++k) prefetch_update_line(layer - static_cast<int>(k));
   const Layer& l = layer_params_[static_cast<size_t>(layer)];
   const auto opts = torch::TensorOptions().dtype(torch::kFloat32).device(plane_.device);
   float* base = layer_on_device(layer) ? store_->cache().cached_params(layer + 1) : slot_[static_cast<size_t>(layer)];
   return {torch::from_blob(base, groups_[l.w].tensor.sizes(), opts),
           torch::from_blob(base + l.w_numel, groups_[l.b].tensor.sizes(), opts)};
+}
+
+void StreamedTrunk::prefetch_update_line(int layer) {
+  if (layer < 0 || !split_now(layer) || store_->in_update_line(layer + 1) || !store_->update_room()) return;
+  const int64_t t_us = Timeline::now_us();
+  store_->load_for_update(layer + 1, /*order_compute=*/false);
+  if (timeline_)
+    timeline_->record(Lane::h2d, "update line Θ layer " + std::to_string(layer), t_us, Timeline::now_us() - t_us,
+                      {{"layer", int64_t(layer)}});
 }
 
 void StreamedTrunk::release(int layer) {
@@ -252,13 +309,13 @@ void StreamedTrunk::on_bucket_launch(int b, int contributors, comm::Work& work, 
     return;
   }
   work.block_stream(d2h, engine_->communicator().default_timeout());
-  push_bucket(b, data, contributors > 0);  // -1: counts unknown, whether Θ is stepped is not
+  push_bucket(b, data, contributors > 0, &work);  // -1: counts unknown, whether Θ is stepped is not
 }
 
 void StreamedTrunk::after_reduce() {
   const bool trained = engine_->contributors()[0] != 0;
   for (const auto& [b, data] : deferred_)
-    if (trained) push_bucket(b, data, true);
+    if (trained) push_bucket(b, data, true, nullptr);
   deferred_.clear();
 }
 
@@ -266,14 +323,27 @@ void StreamedTrunk::after_reduce() {
 // gradient is then all pushed is stepped at once where the settings are known (`trained`: Θ is
 // stepped this window), so that the CPU AdamW of the last layers runs while backward reaches the
 // first ones and the next forward finds layer 0 updated sooner. Every rank counts alike.
-void StreamedTrunk::push_bucket(int b, const float* data, bool trained) {
+//
+// A layer of the split (trained, settings known) is not pushed: once both its gradients are
+// reduced, the device AdamW steps it in its update line (the compute stream ordered after the
+// bucket's allreduce).
+void StreamedTrunk::push_bucket(int b, const float* data, bool trained, comm::Work* work) {
   const comm::BucketPlan& plan = engine_->plan();
   const comm::Bucket& bucket = plan.buckets[static_cast<size_t>(b)];
   const int64_t t_us = Timeline::now_us();
+  bool compute_waits = false;
   for (size_t k = 0; k < bucket.params.size(); ++k) {
     const int p = bucket.params[k];
     const int layer = layer_of_[static_cast<size_t>(p)];
     if (layer_on_device(layer)) continue;  // its gradient stays in the bucket for the device AdamW
+    if (trained && split_now(layer)) {
+      if (work && !compute_waits) work->block_stream(plane_.compute_stream, engine_->communicator().default_timeout());
+      compute_waits = true;
+      auto& grads = split_grad_[static_cast<size_t>(layer)];
+      grads[p == layer_params_[static_cast<size_t>(layer)].w ? 0 : 1] = data + bucket.offsets[k];
+      if (grads[0] && grads[1]) update_split_layer(layer);
+      continue;
+    }
     if (store_->owns(layer + 1))
       store_->push_grad_range(layer + 1, offset_in_layer(p), data + bucket.offsets[k],
                               plan.params[static_cast<size_t>(p)].numel);
@@ -282,6 +352,34 @@ void StreamedTrunk::push_bucket(int b, const float* data, bool trained) {
   if (timeline_)
     timeline_->record(Lane::d2h, "gradient Θ bucket " + std::to_string(b), t_us, Timeline::now_us() - t_us,
                       {{"bytes", int64_t(bucket.numel * sizeof(float))}});
+}
+
+// The layer's values and moments in its update line (prefetched, or loaded now), the device AdamW
+// over them and its reduced gradients in Θ's buckets, then the line back to the host.
+void StreamedTrunk::update_split_layer(int layer) {
+  const int64_t t_us = Timeline::now_us();
+  const Layer& lp = layer_params_[static_cast<size_t>(layer)];
+  const auto& grads = split_grad_[static_cast<size_t>(layer)];
+  plane_.on_compute_stream([&] {
+    torch::NoGradGuard no_grad;
+    float* line = store_->load_for_update(layer + 1);  // the compute stream waits for it
+    const size_t n = store_->update_line_numel();
+    const LineTensors& views = line_views_->of(layer + 1, {lp.w, lp.b}, [this](int p) { return offset_in_layer(p); },
+                                               line, line + n, line + 2 * n);
+    const auto opts = torch::TensorOptions().dtype(torch::kFloat32).device(plane_.device);
+    AdamOperands ops;
+    ops.params = views.params;
+    ops.exp_avg = views.exp_avg;
+    ops.exp_avg_sq = views.exp_avg_sq;
+    ops.grads = {torch::from_blob(const_cast<float*>(grads[0]), groups_[lp.w].tensor.sizes(), opts),
+                 torch::from_blob(const_cast<float*>(grads[1]), groups_[lp.b].tensor.sizes(), opts)};
+    adam_.step(ops, *early_, /*clip_norm=*/0);
+  });
+  store_->updated_on_device(layer + 1);
+  stepped_[static_cast<size_t>(layer)] = 1;
+  if (timeline_)
+    timeline_->record(Lane::compute, "adam Θ layer " + std::to_string(layer) + " (update line)", t_us,
+                      Timeline::now_us() - t_us, {{"layer", int64_t(layer)}});
 }
 
 void StreamedTrunk::step_layer(int layer, const offload::AdamHyper& h) {
@@ -343,7 +441,7 @@ void StreamedTrunk::add_stats(StepRecord& rec) {
 HomeMemory StreamedTrunk::device_memory() const {
   const offload::StoreStats st = store_->stats();
   HomeMemory m;
-  m.lines = static_cast<int64_t>(st.device_slot_bytes + st.cache_line_bytes);
+  m.lines = static_cast<int64_t>(st.device_slot_bytes + st.cache_line_bytes + store_->update_line_bytes());
   return m;
 }
 

@@ -12,13 +12,21 @@
 // layer 0 first while its gradient lands last: on the device its update is a kernel, not a CPU
 // pass behind the rest of the queue; the upper layers' CPU updates run during that forward.
 //
-// Θ's device memory: (prefetch + 2) layer slots for the weights, no Adam moments, plus N lines;
-// the reduced gradient keeps Θ's resident buckets (same buckets, same sums: bitwise the resident
-// result).
+// offload.shared_split_layers: of the streamed layers, the lowest S are updated on the device
+// within each step (the split of the optimizer work, offload/update_split.hpp): as its reduced
+// gradient lands, such a layer's values and Adam moments come into one of the store's update
+// lines (prefetched during backward), the device AdamW steps it there, and the line goes back to
+// the host arena on the D2H stream; the host's CPU AdamW steps the others. Where the step's update
+// is not known before backward, every streamed layer takes the CPU path that step.
+//
+// Θ's device memory: (prefetch + 2) layer slots for the weights, no Adam moments, plus N lines
+// and, with a split, (prefetch + 2) update lines; the reduced gradient keeps Θ's resident buckets
+// (same buckets, same sums: bitwise the resident result).
 #pragma once
 
 #include <torch/torch.h>
 
+#include <array>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -56,6 +64,8 @@ class StreamedTrunk final : public GroupHome, public LayerWeights {
   size_t device_cache_bytes() const;
   // How many of the lowest layers stay on the device (offload.shared_device_layers, auto resolved).
   int64_t device_layers() const;
+  // How many streamed layers are updated on the device (offload.shared_split_layers; after build).
+  int64_t split_layers() const { return split_; }
   const char* kind() const override { return "streamed trunk"; }
   // Θ keeps its resident buckets (copied into on a window's first backward: overwrite).
   comm::GradMemory grad_memory(int g) const override {
@@ -120,11 +130,19 @@ class StreamedTrunk final : public GroupHome, public LayerWeights {
   };
   int unit(int layer) const { return store_->plan().units_of(layer + 1).at(0); }
   bool layer_on_device(int layer) const { return store_->cache().cached(layer + 1); }
+  // Updated on the device through an update line this step (the split).
+  bool split_now(int layer) const {
+    return early_ && layer >= device_layers_ && layer < device_layers_ + split_;
+  }
+  bool wants_split() const;
+  void resolve_split();
+  void prefetch_update_line(int layer);
+  void update_split_layer(int layer);
   size_t offset_in_layer(int p) const;
   size_t line_bytes() const;  // one device layer's values and Adam moments (the largest layer's)
   void hold(int layer, bool order);
   void commit(int layer);
-  void push_bucket(int b, const float* data, bool trained);
+  void push_bucket(int b, const float* data, bool trained, comm::Work* work);
   void step_layer(int layer, const offload::AdamHyper& h);
   void step_on_device(const AdamSettings& s);
 
@@ -152,6 +170,8 @@ class StreamedTrunk final : public GroupHome, public LayerWeights {
   std::vector<uint8_t> written_;     // per layer: its bucket region got a gradient this window
   std::vector<int> pushed_;          // per layer: parameters whose reduced gradient was pushed this window
   std::vector<uint8_t> stepped_;     // per layer: its update submitted this window
+  int64_t split_ = 0;                // offload.shared_split_layers, resolved
+  std::vector<std::array<const float*, 2>> split_grad_;  // per layer: its reduced W and b gradients (split)
   std::optional<AdamSettings> early_;  // this window's settings, if known before backward
   std::vector<std::pair<torch::Tensor, torch::Tensor>> sum_;  // per layer: this backward's sum
   std::vector<std::pair<int, const float*>> deferred_;  // host device: buckets pushed after the reduce
