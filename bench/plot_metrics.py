@@ -3,7 +3,8 @@
 
     /usr/bin/python3 bench/plot_metrics.py runs/demo/metrics.jsonl [-o OUTDIR]
 
-Writes loss_per_task.png (loss of each task over steps), step_time.png (the phases of each
+Writes loss_per_task.png (loss of each task over steps: rank 0's records hold the loss of every
+task any rank trained in the step; the number of tasks drawn is noted on stderr), step_time.png (the phases of each
 step stacked, averaged over the ranks present) and bytes.png (cumulative bytes allreduced vs
 pruned). Needs matplotlib (Debian: python3-matplotlib).
 
@@ -100,6 +101,7 @@ def plot_loss(records, out):
     fig.tight_layout()
     fig.savefig(os.path.join(out, "loss_per_task.png"), dpi=120)
     plt.close(fig)
+    return sorted(per_task)
 
 
 def plot_step_time(records, out):
@@ -165,7 +167,9 @@ def main(argv=None):
     out = args.outdir or os.path.dirname(os.path.abspath(args.metrics))
     os.makedirs(out, exist_ok=True)
     records = read_records(args.metrics)
-    plot_loss(records, out)
+    tasks = plot_loss(records, out)
+    if tasks:  # rank 0's records hold every rank's tasks (all_ranks files: that rank's own)
+        print(f"plot_metrics: loss_per_task.png: {len(tasks)} task(s), {tasks[0]}..{tasks[-1]}", file=sys.stderr)
     plot_step_time(records, out)
     plot_bytes(records, out)
     for name in ("loss_per_task.png", "step_time.png", "bytes.png"):

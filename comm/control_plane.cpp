@@ -227,4 +227,31 @@ bool ControlPlane::AnyFlag::get() {
   return *flag_ > 0;
 }
 
+ControlPlane::Gathered ControlPlane::post_gather(std::vector<int64_t> words, const CollectiveTag& what) {
+  Gathered g;
+  g.timeout_ = timeout_;
+  g.buffers_ = std::make_shared<Gathered::Buffers>();
+  g.buffers_->recv.resize(words.size() * static_cast<size_t>(size()));
+  g.buffers_->send = std::move(words);
+  if (!g.buffers_->send.empty())
+    g.work_ = comm_->allgather(g.buffers_->send.data(), g.buffers_->recv.data(), g.buffers_->send.size(),
+                               DType::i64, what);
+  return g;
+}
+
+ControlPlane::Gathered::~Gathered() {
+  if (work_ && !work_->is_completed()) new std::shared_ptr<Buffers>(std::move(buffers_));  // left allocated
+}
+
+bool ControlPlane::Gathered::ready() const { return !work_ || work_->is_completed(); }
+
+const std::vector<int64_t>& ControlPlane::Gathered::get() {
+  THETAD_CHECK(buffers_, InternalError, "ControlPlane::Gathered::get: nothing was posted");
+  if (work_) {
+    work_->wait(timeout_);
+    work_.reset();
+  }
+  return buffers_->recv;
+}
+
 }  // namespace thetad::comm

@@ -83,6 +83,33 @@ class ControlPlane {
   };
   AnyFlag post_any(bool flag, const CollectiveTag& what);
 
+  // Every rank's words, rank by rank, without blocking: post_gather() sends this rank's (every
+  // rank passes as many), get() (later) returns size() x words.size() of them. Small per-step
+  // records (the step's per-task losses to rank 0's metrics) that ride beside other agreements.
+  class Gathered {
+   public:
+    Gathered() = default;
+    Gathered(Gathered&&) = default;
+    Gathered& operator=(Gathered&&) = delete;
+    // Still in flight (an error unwound the caller): its buffers stay allocated (see AnyFlag).
+    ~Gathered();
+    bool posted() const { return work_ != nullptr || buffers_ != nullptr; }
+    // Whether get() would return at once.
+    bool ready() const;
+    // Blocks (bounded by the plane's timeout); rethrows the collective's failure.
+    const std::vector<int64_t>& get();
+
+   private:
+    friend class ControlPlane;
+    struct Buffers {
+      std::vector<int64_t> send, recv;
+    };
+    WorkPtr work_;
+    std::chrono::milliseconds timeout_{0};
+    std::shared_ptr<Buffers> buffers_;
+  };
+  Gathered post_gather(std::vector<int64_t> words, const CollectiveTag& what);
+
  private:
   // Every rank's values, rank by rank (size() x values.size()).
   std::vector<int64_t> gather(const std::vector<int64_t>& values, const CollectiveTag& what);

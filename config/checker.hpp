@@ -12,6 +12,7 @@
 #include "config/job.hpp"
 #include "config/limits.hpp"
 #include "config/load_options.hpp"
+#include "config/loader.hpp"
 #include "config/schema.hpp"
 #include "config/validate.hpp"
 
@@ -26,6 +27,12 @@ class Checker {
  public:
   Checker(const Job& job, const LoadOptions& opts, Diagnostics& d)
       : j_(job), opts_(opts), d_(d) {}
+
+  // The parameter counts of the built-in models, as model() finds them (param_counts).
+  ParamCounts counts() {
+    model();
+    return counts_;
+  }
 
   void run() {
     required();
@@ -132,11 +139,13 @@ class Checker {
   void slots_cover_step();
   void activations();
   void shards();
-  void offload_sizes(double per_task, double tasks_total);
+  // Also keeps the counts (counts()).
+  void offload_sizes(double shared, double per_task, double tasks_total);
 
   const Job& j_;
   const LoadOptions& opts_;
   Diagnostics& d_;
+  ParamCounts counts_;
 };
 
 }  // namespace thetad::config::detail

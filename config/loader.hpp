@@ -44,6 +44,15 @@ std::string fingerprint(const Job& job);
 // and log.file need {rank}. Throws JobError naming the job file and the key.
 void check_world(const Job& job, int world_size);
 
+// A built-in model's parameter counts (elements), found from its keys as validation finds them
+// (config/validate_model.cpp; nothing allocated): Θ, the largest θ[t] and every θ[t] together.
+// `known` is false for torchscript, and where a key is out of its range.
+struct ParamCounts {
+  bool known = false;
+  double shared = 0, per_task = 0, tasks_total = 0;
+};
+ParamCounts param_counts(const Job& job);
+
 // Expands "{rank}" and "{job}" in a path.
 std::string expand_path(const std::string& path, const Job& job, int rank);
 

@@ -173,3 +173,12 @@ void validate(const Job& job, const LoadOptions& opts, Diagnostics& diag) {
 }
 
 }  // namespace thetad::config::detail
+
+namespace thetad::config {
+
+ParamCounts param_counts(const Job& job) {
+  detail::Diagnostics diag("param_counts");
+  return detail::Checker(job, LoadOptions{}, diag).counts();
+}
+
+}  // namespace thetad::config

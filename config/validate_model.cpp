@@ -117,7 +117,7 @@ void Checker::transformer() {
   // An upper bound for both architectures (llama: no positions, a third MLP matrix, kv <= heads).
   const double shared = 2 * double(m.vocab) * d + double(m.seq_len) * d + L * (4 * d * d + 3 * d * ff + 4 * d) + 2 * d;
   const double total = shared + double(m.tasks) * L * per_layer_lora;
-  offload_sizes(L * per_layer_lora, double(m.tasks) * L * per_layer_lora);
+  offload_sizes(shared, L * per_layer_lora, double(m.tasks) * L * per_layer_lora);
   if (total > kMaxModelParams)
     fail(culprit({"model.tasks", "model.d_model", "model.layers", "model.vocab", "model.d_ff", "lora.rank"}),
          "the parameters of transformer add up to " + num(total) + " elements (" + fp32_size(total) + "): " +
@@ -237,7 +237,7 @@ void Checker::model_size() {
   const double tasks_total = m.kind == ModelKind::ExtremeClassifier ? double(m.classes) * (H + 1)
                                                                     : double(m.tasks) * per_task;
   const double total = shared + tasks_total;
-  offload_sizes(per_task, tasks_total);
+  offload_sizes(shared, per_task, tasks_total);
   if (total > kMaxModelParams) {
     const std::string key = m.kind == ModelKind::ExtremeClassifier
                                 ? culprit({"model.classes", "model.hidden"})

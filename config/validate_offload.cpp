@@ -117,7 +117,8 @@ void Checker::offload() {
 // the largest task group (its parameters and Adam m and v, 12 bytes each), and a host arena of
 // every task group (16 bytes per parameter: values, m, v, the gradient's landing area) above
 // host_limit_mb. `per_task`: the largest task group's parameters; `tasks_total`: all of them.
-void Checker::offload_sizes(double per_task, double tasks_total) {
+void Checker::offload_sizes(double shared, double per_task, double tasks_total) {
+  counts_ = {true, shared, per_task, tasks_total};
   const OffloadConfig& o = j_.offload;
   if (!o.enabled || !ok("offload.enabled") || per_task <= 0) return;
   const std::string& v = o.device_cache_mb;

@@ -17,6 +17,7 @@
 #include "common/log.hpp"
 #include "common/text.hpp"
 #include "config/loader.hpp"
+#include "daemon/core/memory_estimate.hpp"
 #include "daemon/core/stop_agreement.hpp"
 #include "daemon/train/trainer.hpp"
 #include "daemon/version.hpp"
@@ -27,8 +28,9 @@ const char* kUsage =
     "usage: thetad run JOB.yaml [--set key.path=value ...] [--no-resume] [--log-level LEVEL]\n"
     "       thetad validate JOB.yaml [--set key.path=value ...]\n"
     "       thetad version\n"
-    "exit codes: 0 done, 2 bad job or input, 3 communication failure or lost peer,\n"
-    "            4 stopped by a signal (checkpointed if checkpoint.dir is set), 1 anything else\n";
+    "exit codes: 0 done, 2 bad job or input (a job that cannot fit this host's memory too),\n"
+    "            3 communication failure or lost peer, 4 stopped by a signal (checkpointed if\n"
+    "            checkpoint.dir is set), 1 anything else (out of memory while running too)\n";
 
 struct Args {
   std::string command;
@@ -121,6 +123,16 @@ void report_faults() {
   for (int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGILL}) std::signal(sig, on_fault);
 }
 
+// The host memory the job needs at least (its ranks on this host, lower bound), against what the
+// host has available: exit 2 naming the sizes before anything is allocated. A CUDA build counts
+// the resident groups as device memory (they are, where a GPU is found).
+void check_memory(const thetad::config::Job& job, int local_ranks, const std::string& where) {
+  using namespace thetad::daemon;
+  const HostMemoryNeed need =
+      host_memory_need(job, thetad::config::param_counts(job), local_ranks, thetad::torch_has_cuda());
+  check_host_memory(job, need, host_memory_available(), where);
+}
+
 int cmd_run(const Args& a) {
   // First: a stop asked for during start-up (a launcher's SIGTERM after Ctrl-C or preemption)
   // is honoured at the first step, with a checkpoint and exit 4, instead of killing the rank.
@@ -154,7 +166,10 @@ int cmd_run(const Args& a) {
                              << place.node << " of " << place.nodes
                              << (place.simulated ? " (simulated)" : "") << ", node-local rank "
                              << world.local_rank << " of " << world.local_size;
+    thetad::log::check_file();  // a log.file that takes no line (a full disk) stops the run now
+    check_memory(job, world.local_size, "this node (" + std::to_string(world.local_size) + " rank(s))");
     code = thetad::daemon::run_worker(job, thetad::daemon::RunOptions{a.resume});
+    thetad::log::check_file();  // the run's last lines (the final hash) too
   } catch (const std::exception& e) {
     code = thetad::exit_code_for(e);
     THETAD_LOG(error, "thetad") << e.what();
@@ -182,6 +197,7 @@ int main(int argc, char** argv) {
     }
     if (args.command == "validate") {
       thetad::config::Job job = load(args);
+      check_memory(job, 1, "this host (counted for one rank)");
       std::cout << thetad::config::to_yaml(job);
       return thetad::kExitOk;
     }

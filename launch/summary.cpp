@@ -3,6 +3,7 @@
 
 #include <dirent.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
@@ -72,21 +73,35 @@ std::map<int, RankRecord> load_records(const std::string& log_dir) {
 
 namespace {
 
-// Names the node of lost rank `rank` and which of its ranks are gone (killed, or no exit
-// record): a whole node lost shows as all its ranks.
+// Names the node of lost rank `rank`, the ranks of it that died (`rank`, and any other whose
+// exit record shows a death by a signal: a whole node lost) and, apart from them, the ranks of
+// it that ended because of that (no exit record: mpirun/srun killed their wrappers; or an exit
+// of their own, such as 3 or 4). Ranks that finished (exit 0) are only members.
 void report_lost_node(const SummaryInput& in, int rank, Verdict& v) {
   auto it = in.ranks.find(rank);
   if (it == in.ranks.end() || it->second.node.empty()) return;
   const std::string& node = it->second.node;
-  std::string members, lost;
+  std::vector<int> members, lost{rank}, stopped;
   for (int r = 0; r < in.ranks_total; ++r) {
     auto m = in.ranks.find(r);
     if (m == in.ranks.end() || m->second.node != node) continue;
-    members += (members.empty() ? "" : ",") + std::to_string(r);
-    if (!m->second.has_exit || m->second.code > 128) lost += (lost.empty() ? "" : ",") + std::to_string(r);
+    members.push_back(r);
+    if (r == rank) continue;
+    const RankRecord& rec = m->second;
+    if (rec.has_exit && rec.code > 128) lost.push_back(r);
+    else if (!rec.has_exit || rec.code != 0) stopped.push_back(r);
   }
-  v.lines.push_back((in.simulated ? "simulated node " : "node ") + node + " lost ranks " + lost +
-                    " (its ranks: " + members + "); log: " + in.log_dir + "/node-" + node + ".log");
+  std::sort(lost.begin(), lost.end());
+  const auto list = [](const std::vector<int>& ranks) {
+    std::string out = ranks.size() == 1 ? "rank " : "ranks ";
+    for (size_t i = 0; i < ranks.size(); ++i) out += (i ? "," : "") + std::to_string(ranks[i]);
+    return out;
+  };
+  std::string line = (in.simulated ? "simulated node " : "node ") + node + " lost " + list(lost);
+  if (!stopped.empty()) line += "; " + list(stopped) + " stopped because of it";
+  std::string all;
+  for (int r : members) all += (all.empty() ? "" : ",") + std::to_string(r);
+  v.lines.push_back(line + " (its ranks: " + all + "); log: " + in.log_dir + "/node-" + node + ".log");
 }
 
 }  // namespace

@@ -24,6 +24,7 @@
 #include "common/log.hpp"
 #include "offload/cpu_adam.hpp"
 #include "offload/device.hpp"
+#include "offload/meminfo.hpp"
 #include "offload/thread_pool.hpp"
 #include "offload/util.hpp"
 
@@ -36,19 +37,6 @@ static_assert(std::atomic<uint64_t>::is_always_lock_free,
 constexpr size_t kPage = 4096;
 
 size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
-
-// MemAvailable from /proc/meminfo in bytes; 0 when unknown.
-uint64_t mem_available_bytes() {
-  std::ifstream in("/proc/meminfo");
-  std::string key;
-  uint64_t kb = 0;
-  std::string unit;
-  while (in >> key >> kb) {
-    std::getline(in, unit);
-    if (key == "MemAvailable:") return kb * 1024;
-  }
-  return 0;
-}
 
 // Runs fn(i) for i in [0, n) on up to `threads` threads (a pool of its own: the arena's loops
 // run at startup and shutdown, not on the CPU Adam pool); the first exception is rethrown.
@@ -67,6 +55,18 @@ size_t group_bytes(size_t numel, size_t stride, bool bf16_params) {
 }
 
 }  // namespace
+
+uint64_t mem_available_bytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  uint64_t kb = 0;
+  std::string unit;
+  while (in >> key >> kb) {
+    std::getline(in, unit);
+    if (key == "MemAvailable:") return kb * 1024;
+  }
+  return 0;
+}
 
 size_t HostArena::required_bytes(const std::vector<ArenaEntry>& entries, bool bf16_params) {
   size_t total = round_up(entries.size() * kAlign, kPage);

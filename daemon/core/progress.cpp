@@ -1,6 +1,7 @@
 // The progress line (see progress.hpp).
 #include "daemon/core/progress.hpp"
 
+#include <algorithm>
 #include <iomanip>
 #include <sstream>
 
@@ -29,7 +30,10 @@ void Progress::finished(const StepRecord& rec) {
   std::ostringstream os;
   os << "step " << step + 1 << "/" << job_.steps << " | " << std::fixed << std::setprecision(0)
      << (elapsed > 0 ? samples_ / elapsed : 0) << " samples/s | loss " << std::setprecision(4) << rec.loss;
-  for (const auto& [t, l] : rec.task_loss) os << " t" << t << "=" << l;
+  // Every rank's tasks (rank 0's record gathers them); a step of many tasks shows the first ones.
+  const size_t shown = std::min(rec.task_loss.size(), kProgressTasks);
+  for (size_t i = 0; i < shown; ++i) os << " t" << rec.task_loss[i].task << "=" << rec.task_loss[i].loss;
+  if (shown < rec.task_loss.size()) os << " (+" << rec.task_loss.size() - shown << " tasks: metrics.path)";
   os << " | ETA " << std::setprecision(1) << eta << " s | pruned " << std::setprecision(2)
      << bytes_pruned_ / 1e6 << " MB";
   THETAD_LOG(info, "train") << os.str();

@@ -1,5 +1,7 @@
-// The progress line of rank 0 ("step 40/200 | 5120 samples/s | loss 0.3125 t0=0.31 | ETA 12.0 s
-// | pruned 1.20 MB"), at most every log.progress_every_s seconds and at the last step.
+// The progress line of rank 0 ("step 40/200 | 5120 samples/s | loss 0.3125 t0=0.31 t1=0.29 | ETA
+// 12.0 s | pruned 1.20 MB"), at most every log.progress_every_s seconds and at the last step:
+// rank 0's loss and the loss of each task any rank trained in the step (the first
+// kProgressTasks of them).
 #pragma once
 
 #include <chrono>
@@ -9,6 +11,8 @@
 #include "daemon/core/metrics.hpp"
 
 namespace thetad::daemon {
+
+constexpr size_t kProgressTasks = 16;
 
 class Progress {
  public:

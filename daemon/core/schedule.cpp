@@ -181,6 +181,19 @@ StepPlan Schedule::plan(int64_t step, int rank) const {
   return p;
 }
 
+int64_t Schedule::max_tasks_per_plan() const {
+  int64_t most = num_tasks_;  // all, alternate: every task
+  if (kind_ == Kind::RoundRobin || kind_ == Kind::Weighted) most = std::min<int64_t>(tasks_per_rank_, num_tasks_);
+  if (kind_ == Kind::PerRank) {
+    most = 0;
+    for (std::vector<int> list : per_rank_) {  // sorted at create(); a task listed twice is one
+      list.erase(std::unique(list.begin(), list.end()), list.end());
+      most = std::max<int64_t>(most, static_cast<int64_t>(list.size()));
+    }
+  }
+  return most;
+}
+
 std::vector<int> Schedule::tasks_at(int64_t step, int rank) const {
   check_args(step, rank);
   std::vector<int> tasks;

@@ -37,6 +37,9 @@ class Schedule {
   // This rank's batch composition and groups at `step` (step >= 0, 0 <= rank < world).
   StepPlan plan(int64_t step, int rank) const;
 
+  // The most tasks plan() gives one rank at any one step (the room of per-step records).
+  int64_t max_tasks_per_plan() const;
+
   // Just plan(step, rank).tasks, without the row split and group vectors.
   std::vector<int> tasks_at(int64_t step, int rank) const;
 

@@ -9,8 +9,10 @@
 #endif
 
 #include "common/errors.hpp"
+#include "common/log.hpp"
 #include "common/poll.hpp"
 #include "config/loader.hpp"
+#include "daemon/core/task_losses.hpp"
 
 namespace thetad::daemon {
 
@@ -27,8 +29,9 @@ PendingStep::PendingStep(int64_t step, int rank) : marks(std::make_unique<Device
 }
 PendingStep::~PendingStep() = default;
 
-StepRecorder::StepRecorder(const config::Job& job, const DataPlane& plane, int rank)
-    : job_(job), plane_(plane), rank_(rank) {}
+StepRecorder::StepRecorder(const config::Job& job, const DataPlane& plane, comm::ControlPlane& ctrl,
+                           size_t max_task_losses)
+    : job_(job), plane_(plane), ctrl_(ctrl), max_task_losses_(max_task_losses), rank_(ctrl.rank()) {}
 
 void StepRecorder::start(int64_t start_step) {
   // A resumed run appends to its metrics, a fresh one starts the file anew.
@@ -51,11 +54,12 @@ void StepRecorder::mark(PendingStep& p, Phase phase) const {
 }
 
 void StepRecorder::queue_losses(PendingStep& p, const torch::Tensor& total,
-                                const std::vector<std::pair<int, torch::Tensor>>& task_losses) const {
+                                const std::vector<TaskLossTensor>& task_losses) const {
   std::vector<torch::Tensor> ls{total.reshape({})};
-  for (const auto& [task, l] : task_losses) {
-    ls.push_back(l.reshape({}));
-    p.tasks.push_back(task);
+  for (const TaskLossTensor& t : task_losses) {
+    ls.push_back(t.loss.reshape({}));
+    p.tasks.push_back(t.task);
+    p.rows.push_back(t.rows);
   }
   torch::Tensor packed = torch::stack(ls).to(torch::kFloat32);
 #if THETAD_TORCH_CUDA
@@ -70,7 +74,7 @@ void StepRecorder::queue_losses(PendingStep& p, const torch::Tensor& total,
   p.losses = packed.contiguous();
 }
 
-void StepRecorder::finish(PendingStep& p, const std::function<void(StepRecord&)>& before_write) {
+void StepRecorder::finish(PendingStep& p, const std::function<void(StepRecord&)>& before_write, bool gather) {
   if (p.written) return;
   StepRecord& rec = p.rec;
 #if THETAD_TORCH_CUDA
@@ -96,7 +100,20 @@ void StepRecorder::finish(PendingStep& p, const std::function<void(StepRecord&)>
 #endif
   const float* l = p.losses.data_ptr<float>();
   rec.loss = l[0];
-  for (size_t i = 0; i < p.tasks.size(); ++i) rec.task_loss.push_back({p.tasks[i], l[i + 1]});
+  std::vector<TaskRows> mine;
+  for (size_t i = 0; i < p.tasks.size(); ++i) mine.push_back({p.tasks[i], p.rows[i], l[i + 1]});
+  rec.task_loss = merge_task_losses(mine);
+  // Every rank's tasks to rank 0 (the others wait for it too: a collective of every rank).
+  comm::ControlPlane::Gathered all =
+      gather && ctrl_.size() > 1
+          ? ctrl_.post_gather(pack_task_losses(mine, max_task_losses_), {"allgather of the step's task losses", rec.step, -1})
+          : comm::ControlPlane::Gathered();
+  // `wait` false (an error unwinds): only what already arrived, never a wait on ranks maybe gone.
+  const auto add_others = [&](bool wait) {
+    if (!all.posted() || (!wait && !all.ready())) return;
+    const std::vector<int64_t>& words = all.get();
+    if (rank_ == 0) rec.task_loss = merge_task_losses(unpack_task_losses(words, ctrl_.size(), max_task_losses_));
+  };
   // step_ms and the device memory come with the record (the trainer's, at the step's end on the host).
   const auto write = [&] {
     p.written = true;
@@ -106,10 +123,16 @@ void StepRecorder::finish(PendingStep& p, const std::function<void(StepRecord&)>
   try {
     if (before_write) before_write(rec);
   } catch (...) {
+    try {
+      add_others(false);
+    } catch (...) {  // the error already unwinding is the one to report
+    }
     write();  // the step ran: its record says so (nonfinite: 1), then the error stops the run
     throw;
   }
+  add_others(true);
   write();
+  log::check_file();  // like the metrics: a log.file that cannot be written stops the run
 }
 
 RecordOnError::RecordOnError(StepRecorder& recorder, const std::unique_ptr<PendingStep>& pending)
@@ -118,7 +141,7 @@ RecordOnError::RecordOnError(StepRecorder& recorder, const std::unique_ptr<Pendi
 RecordOnError::~RecordOnError() {
   if (std::uncaught_exceptions() <= uncaught_ || !pending_ || pending_->written) return;
   try {
-    recorder_.finish(*pending_);
+    recorder_.finish(*pending_, {}, /*gather=*/false);
   } catch (...) {  // the error already unwinding is the one to report
   }
 }

@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "comm/control_plane.hpp"
 #include "config/job.hpp"
 #include "daemon/core/metrics.hpp"
 #include "daemon/core/progress.hpp"
@@ -24,12 +25,20 @@ namespace thetad::daemon {
 // Phases of a step, marked on the compute stream; a mark's time is charged to its phase.
 enum class Phase : int { start, forward, backward, comm, optimizer };
 
+// One task's loss in one micro-step of this rank, still on the device.
+struct TaskLossTensor {
+  int task = 0;
+  int64_t rows = 0;
+  torch::Tensor loss;
+};
+
 struct PendingStep {
   struct DeviceMarks;
   PendingStep(int64_t step, int rank);
   ~PendingStep();
   StepRecord rec;
   std::vector<int> tasks;   // the task of each entry of losses after the first
+  std::vector<int64_t> rows;  // and its rows
   torch::Tensor losses;     // host float32: the step's loss, then the task losses
   std::unique_ptr<DeviceMarks> marks;  // GPUs: phase events and the losses' copy event
   bool written = false;     // its metrics record is out (finish ran)
@@ -37,25 +46,32 @@ struct PendingStep {
 
 class StepRecorder {
  public:
-  StepRecorder(const config::Job& job, const DataPlane& plane, int rank);
+  // `ctrl` gathers every rank's per-task losses to rank 0; a rank uses at most `max_task_losses`
+  // (task, micro-step) entries in a step.
+  StepRecorder(const config::Job& job, const DataPlane& plane, comm::ControlPlane& ctrl, size_t max_task_losses);
   // Opens the metrics file (appending when the run resumed) and starts the progress clock.
   void start(int64_t start_step);
   // Marks the end of a phase on the compute stream (GPUs; nothing elsewhere).
   void mark(PendingStep& p, Phase phase) const;
   // Starts the copy of the step's losses to the host.
-  void queue_losses(PendingStep& p, const torch::Tensor& total,
-                    const std::vector<std::pair<int, torch::Tensor>>& task_losses) const;
+  void queue_losses(PendingStep& p, const torch::Tensor& total, const std::vector<TaskLossTensor>& task_losses) const;
   // Waits for the step's device work (bounded by comm.timeout_s, never forever), fills in its
   // losses and device times, writes its metrics and the progress line.
   // `before_write` sees the finished record (losses read) before it goes to the metrics; if it
   // throws (a non-finite stop), the record is written first, then the error goes on. A step
   // already written is not written again.
-  void finish(PendingStep& p, const std::function<void(StepRecord&)>& before_write = {});
+  // Every rank's per-task losses of the step reach rank 0's record (task_loss) through one
+  // allgather on the control plane, posted before `before_write` (whose loss check it rides
+  // beside) and waited for after it. `gather` false (an error unwinding, peers maybe gone): this
+  // rank's own tasks only, nothing posted.
+  void finish(PendingStep& p, const std::function<void(StepRecord&)>& before_write = {}, bool gather = true);
   Progress& progress() { return *progress_; }
 
  private:
   const config::Job& job_;
   const DataPlane& plane_;
+  comm::ControlPlane& ctrl_;
+  const size_t max_task_losses_;
   const int rank_;
   std::unique_ptr<MetricsWriter> metrics_;
   std::unique_ptr<Progress> progress_;

@@ -7,11 +7,14 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <iomanip>
 #include <memory>
+#include <new>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "comm/bootstrap.hpp"
@@ -82,7 +85,7 @@ class Trainer {
   std::unique_ptr<StepRecorder> recorder_;
   std::unique_ptr<MemoryBreakdown> memory_;
   bool declared_ = true;                      // comm.active: declared (else discovered)
-  std::vector<std::pair<int, torch::Tensor>> task_losses_;  // read once per step (one sync)
+  std::vector<TaskLossTensor> task_losses_;  // read once per step (one sync)
   torch::Tensor loss_total_;
   int64_t step_queued_ = -1;                 // the last step whose update is queued
   int64_t nonfinite_checked_ = -1;           // the last step whose loss was checked (on every rank)
@@ -106,7 +109,9 @@ void Trainer::build() {
   homes_->build(*engine_, *schedule_, world_.rank);
   hooks_ = std::make_unique<GradHooks>(*groups_, *engine_, data_, homes_->grad_memory());
   state_ = std::make_unique<RunState>(job_, world_, *plane_, *groups_, *homes_);
-  recorder_ = std::make_unique<StepRecorder>(job_, data_, world_.rank);
+  // A rank's (task, micro-step) losses of one step: the most tasks of a plan with a row each.
+  const int64_t per_micro = std::min(schedule_->max_tasks_per_plan(), job_.data.batch_per_rank);
+  recorder_ = std::make_unique<StepRecorder>(job_, data_, *plane_, static_cast<size_t>(per_micro * job_.accumulate_steps));
   memory_ = std::make_unique<MemoryBreakdown>(data_);
 }
 
@@ -196,7 +201,7 @@ torch::Tensor Trainer::forward(int64_t micro, const StepPlan& plan, PendingStep&
     Batch b = batches_->batch(micro, world_.rank, world_.size, task, rows);
     torch::Tensor l = model_->loss(b, task, mix_seed(job_.seed, 0x5a3b1e, static_cast<uint64_t>(micro),
                                                      static_cast<uint64_t>(world_.rank) * 1000003u + task));
-    task_losses_.push_back({task, l.detach()});
+    task_losses_.push_back({task, rows, l.detach()});
     torch::Tensor weighted = l * (double(rows) / double(rows_in_window));
     total = total.defined() ? total + weighted : weighted;
   }
@@ -429,10 +434,44 @@ int Trainer::run() {
 
 }  // namespace
 
+namespace {
+
+// An allocation that failed, as one line (exit 1): LibTorch's own messages carry its C++ frames
+// ("Exception raised from ... frame #0 ..."), which tell a user nothing.
+std::string one_line(std::string text) {
+  for (char& c : text)
+    if (c == '\n' || c == '\r') c = ' ';
+  return text;
+}
+
+[[noreturn]] void rethrow_allocation_failure() {
+  const char* hint = " (see docs/configuration.md, \"Memory\")";
+  try {
+    throw;
+  } catch (const c10::OutOfMemoryError& e) {
+    throw Error("out of device memory: " + one_line(e.what_without_backtrace()) + hint);
+  } catch (const c10::Error& e) {
+    const std::string m = e.what_without_backtrace();
+    if (m.find("can't allocate memory") != std::string::npos || m.find("not enough memory") != std::string::npos)
+      throw Error("out of host memory: " + one_line(m) + hint);
+    throw InternalError("LibTorch: " + one_line(m));
+  } catch (const std::bad_alloc& e) {
+    throw Error(std::string("out of host memory (") + e.what() + ")" + hint);
+  }
+}
+
+}  // namespace
+
 int run_worker(const config::Job& job, const RunOptions& opts) {
   Trainer t(job, opts);
   try {
-    return t.run();
+    try {
+      return t.run();
+    } catch (const c10::Error&) {
+      rethrow_allocation_failure();
+    } catch (const std::bad_alloc&) {
+      rethrow_allocation_failure();
+    }
   } catch (...) {
     // The job is about to be aborted (main): the trainer's destructor must not wait in the
     // collective free of the host's shared window for ranks that may never join it, before

@@ -1,5 +1,5 @@
 // The control plane's agreements that carry values (run with 3 ranks): the element-wise min and
-// max of int64 and double vectors, and the NCCL bootstrap's id exchange, whose bytes travel with
+// max of int64 and double vectors, the non-blocking gather, and the NCCL bootstrap's id exchange, whose bytes travel with
 // no NCCL (a stalled rank: tests/offload/stalled_agreement.sh).
 #include <gtest/gtest.h>
 
@@ -44,6 +44,23 @@ TEST(ControlPlaneValues, MinAndMaxOfDoublesExact) {
   EXPECT_EQ(hi[1], std::numeric_limits<double>::denorm_min() * p.size());
   EXPECT_EQ(hi[2], std::nextafter(1.0, 2.0));
   EXPECT_EQ(hi[3], 0.0);
+}
+
+// post_gather: every rank's words, rank by rank, whatever was posted in between.
+TEST(ControlPlaneValues, GatherWithoutBlocking) {
+  ControlPlane p = plane();
+  const int64_t r = p.rank(), n = p.size();
+  ControlPlane::Gathered g = p.post_gather({r, -r, int64_t{1} << (40 + r)}, {"test gather"});
+  EXPECT_TRUE(g.posted());
+  EXPECT_EQ(p.max(std::vector<int64_t>{r}, {"test max between"})[0], n - 1);
+  const std::vector<int64_t>& all = g.get();
+  ASSERT_EQ(all.size(), static_cast<size_t>(3 * n));
+  for (int64_t q = 0; q < n; ++q) {
+    EXPECT_EQ(all[3 * q], q);
+    EXPECT_EQ(all[3 * q + 1], -q);
+    EXPECT_EQ(all[3 * q + 2], int64_t{1} << (40 + q));
+  }
+  EXPECT_TRUE(g.ready());
 }
 
 TEST(BootstrapId, RootsBytesReachEveryRank) {

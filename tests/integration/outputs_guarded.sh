@@ -2,7 +2,8 @@
 # Issue 36, items 4 and 5: a running job notices that its checkpoint.dir was removed (exit 1
 # naming it, the directory not recreated without its lock); a second job on the same metrics.path
 # is refused (exit 2 naming the holder) and the first one's records survive whole; a metrics file
-# inside checkpoint.dir is refused before anything starts.
+# inside checkpoint.dir is refused before anything starts; a log.file that takes no line
+# (/dev/full) ends the run with exit 1 naming it, as a metrics file that cannot be written does.
 source "$(dirname "$0")/lib.sh"
 thetad=$1
 job=$HERE/jobs/small.yaml
@@ -45,4 +46,10 @@ expect_code 2 inside "$thetad" run "$job" --no-resume --set checkpoint.dir="$WOR
   --set metrics.path="$WORK/c2/metrics.jsonl"
 expect_in inside "metrics.path: '$WORK/c2/metrics.jsonl' lies inside checkpoint.dir"
 [ ! -e "$WORK/c2" ] && pass "nothing written" || fail "something written: $(ls -a "$WORK/c2")"
+
+# A log that cannot be written: exit 1 at once naming the file, on stderr; as a metrics file.
+expect_code 1 devfull_log "$thetad" run "$job" --no-resume --set steps=5 --set log.file=/dev/full
+expect_in devfull_log "/dev/full: writing the log failed \(log.file\): No space left on device"
+expect_code 1 devfull_metrics "$thetad" run "$job" --no-resume --set steps=5 --set metrics.path=/dev/full
+expect_in devfull_metrics "/dev/full: writing metrics failed"
 finish

@@ -182,7 +182,9 @@ TEST(Summary, FirstFailureByTimeAndLostWrapper) {
   v = summarize(in);
   EXPECT_EQ(v.code, 3);
   EXPECT_NE(v.lines[0].find("rank 2 lost (signal 9, SIGKILL)"), std::string::npos);
-  EXPECT_NE(v.lines[1].find("node n0 lost ranks 2 (its ranks: 0,1,2)"), std::string::npos);
+  EXPECT_NE(v.lines[1].find("node n0 lost rank 2; ranks 0,1 stopped because of it (its ranks: 0,1,2)"),
+            std::string::npos)
+      << v.lines[1];
 }
 
 TEST(Summary, OrderOfEndsNamesTheCauseNotMpirunsCleanup) {
@@ -209,6 +211,15 @@ TEST(Summary, OrderOfEndsNamesTheCauseNotMpirunsCleanup) {
   in.closed_order = {1, 0};
   v = summarize(in);
   EXPECT_NE(v.lines[0].find("rank 1 lost (signal 9, SIGKILL)"), std::string::npos);
+  // Issue 36: the node lost rank 1 only; rank 0 was stopped because of it.
+  EXPECT_NE(v.lines[1].find("simulated node 0 lost rank 1; rank 0 stopped because of it (its ranks: 0,1)"),
+            std::string::npos)
+      << v.lines[1];
+  // The same with rank 0's wrapper killed by mpirun's cleanup (no exit record).
+  in.ranks[0] = {false, 0, 0, true, "0"};
+  v = summarize(in);
+  EXPECT_NE(v.lines[1].find("simulated node 0 lost rank 1; rank 0 stopped because of it"), std::string::npos)
+      << v.lines[1];
 }
 
 TEST(Summary, StopAndNeverRan) {
