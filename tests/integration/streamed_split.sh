@@ -32,7 +32,7 @@ split np2_bf16 2 3 --set precision=bf16 --set data.tasks_per_rank=2
 split np2_prefetch2 2 5 --set offload.shared_prefetch_layers=2
 expect_in np2_devlayers_split "2 layers kept on the device .*; 2 streamed layers updated on the device"
 # auto on the CPU: none (no PCIe to balance); a count asks for the lines anywhere.
-expect_code 0 auto_cpu run 1 --set offload.shared=stream
+expect_code 0 auto_cpu run 1 --set offload.shared=stream --set offload.shared_split_layers=auto
 expect_in auto_cpu "0 streamed layers updated on the device \(offload.shared_split_layers: auto, 0 bytes"
 
 # The split's layers are stepped on the device every step (theta_device_steps), their gradients no
