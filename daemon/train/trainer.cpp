@@ -90,6 +90,7 @@ class Trainer {
   int64_t step_queued_ = -1;                 // the last step whose update is queued
   int64_t nonfinite_checked_ = -1;           // the last step whose loss was checked (on every rank)
   int64_t nonfinite_steps_ = 0;               // train.on_nonfinite: skip_step / warn, for the log
+  Clock::time_point setup_start_;             // build() after the data plane: the set-up logged at the first step
 };
 
 void Trainer::build() {
@@ -103,6 +104,7 @@ void Trainer::build() {
   if (!job_.timeline.path.empty())
     timeline_ = std::make_unique<Timeline>(config::expand_path(job_.timeline.path, job_, world_.rank), world_.rank);
   schedule_ = Schedule::create(job_, world_.size);
+  setup_start_ = Clock::now();  // after the device's and NCCL's initialisation (open_data_plane)
   build_model();
   build_engine();
   // Before the hooks: the host stores move their groups' data to device placeholders.
@@ -352,6 +354,9 @@ void Trainer::record_engine_stats(StepRecord& rec) {
 int Trainer::run() {
   build();
   const int64_t start_step = state_->resume(opts_.resume);
+  THETAD_LOG(info, "train") << "set-up to the first step: " << std::fixed << std::setprecision(2)
+                            << ms_since(setup_start_) / 1000
+                            << " s (model, engine, stores, resume; not the device's and NCCL's initialisation)";
   recorder_->start(start_step);
   if (start_step == job_.steps) {
     THETAD_LOG(info, "train") << "job " << job_.name << " is already complete: resumed at step " << start_step
