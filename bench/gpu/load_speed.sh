@@ -45,6 +45,17 @@ for _ in 1 2 3; do
   if [ -z "$best" ] || awk -v s="$s" -v b="$best" 'BEGIN { exit !(s < b) }'; then best=$s; fi
 done
 echo "cat > /dev/null (best of 3): $(rate "$BYTES" "$best")" | tee "$OUT/summary.txt"
+# The host's rate of writing the same bytes into fresh memory (first touch): the floor of any
+# load into new host memory (the CPU build's parameters; a GPU load writes device memory instead).
+"$PY" - "$BYTES" <<'PY' | tee -a "$OUT/summary.txt"
+import sys, time
+import numpy as np
+n = int(sys.argv[1])
+t = time.perf_counter()
+np.empty(n, np.uint8).fill(1)
+s = time.perf_counter() - t
+print("fresh host memory, first touch: %.3f GB in %.3f s: %.2f GB/s" % (n / 1e9, s, n / 1e9 / s))
+PY
 
 load_job() {  # PRECISION: a one-step job on the base (the frozen base; one tiny adapter)
   cat <<YAML
@@ -73,7 +84,7 @@ if [ "$TASKS" -gt 0 ]; then
 job: export-speed
 seed: 1
 steps: $(( (TASKS + 99) / 100 ))
-model: {kind: transformer, layers: 1, d_model: 16, heads: 2, d_ff: 32, vocab: 32, seq_len: 8, tasks: $TASKS, train_shared: false}
+model: {kind: transformer, arch: llama, layers: 1, d_model: 16, heads: 2, d_ff: 32, vocab: 32, seq_len: 8, tasks: $TASKS, train_shared: false}
 lora: {rank: 2, alpha: 4, targets: [q, v]}
 data: {kind: synthetic, batch_per_rank: 100, schedule: round_robin, tasks_per_rank: 100}
 export: {adapters_dir: "$OUT/adapters/{task}"}
