@@ -43,20 +43,24 @@ MPI=(mpirun -np 1 --oversubscribe --bind-to none --mca btl self,vader,tcp --mca 
 # Built-in shapes. mlp: input = hidden = output width, trunk/head layers, tasks (one per step,
 # round_robin), batch rows, init of the peer (exact: thetad's values, so the losses agree; fast:
 # the same distribution drawn on the GPU, for the large ones). lora: the transformer of
-# bench/jobs/lora-transformer.yaml (8 layers here), 2 adapters per step, frozen base. Steps: every
-# task is used at least 3 times; the first `warmup` steps are left out of the windows.
+# bench/jobs/lora-transformer.yaml (8 layers here), 2 adapters per step, frozen base. llama: the
+# Llama architecture (model.arch: llama) against Hugging Face transformers + peft
+# (bench/peer/peft_llama.py; not in the default order: bench/gpu/llama_peft.sh runs it). Steps:
+# every task is used at least 3 times; the first `warmup` steps are left out of the windows.
 declare -A SHAPES=(
   [mlp_w1024_t24_fp32]="kind=mlp hidden=1024 trunk=8 head=2 tasks=24 batch=256 precision=fp32 init=exact steps=130"
   [mlp_w4096_t24_fp32]="kind=mlp hidden=4096 trunk=8 head=2 tasks=24 batch=256 precision=fp32 init=exact steps=130"
   [mlp_w4096_t24_bf16]="kind=mlp hidden=4096 trunk=8 head=2 tasks=24 batch=256 precision=bf16 init=exact steps=130"
   [mlp_w8192_t12_bf16]="kind=mlp hidden=8192 trunk=4 head=2 tasks=12 batch=256 precision=bf16 init=fast steps=110"
   [mlp_d1024_t1024_fp32]="kind=mlp hidden=1024 trunk=4 head=2 tasks=1024 batch=256 precision=fp32 init=fast steps=3090"
+  [llama_d2048_l16_t64_bf16]="kind=llama layers=16 d_model=2048 heads=16 kv_heads=4 d_ff=5632 vocab=32000 seq_len=512 tasks=64 rank=16 batch=8 tpr=2 frozen=1 precision=bf16 targets=q,k,v,o,gate,up,down steps=140"
   [lora_t48_bf16]="kind=lora layers=8 d_model=2048 heads=16 d_ff=8192 vocab=32000 seq_len=512 tasks=48 rank=16 batch=8 tpr=2 frozen=1 precision=bf16 steps=110"
   [lora_t48_fp32]="kind=lora layers=8 d_model=2048 heads=16 d_ff=8192 vocab=32000 seq_len=512 tasks=48 rank=16 batch=8 tpr=2 frozen=1 precision=fp32 steps=110"
 )
 ORDER="mlp_w1024_t24_fp32 mlp_w4096_t24_fp32 mlp_w4096_t24_bf16 mlp_w8192_t12_bf16 lora_t48_bf16 lora_t48_fp32 mlp_d1024_t1024_fp32"
 DEFAULTS="kind=mlp hidden=4096 trunk=8 head=2 tasks=16 batch=256 precision=fp32 init=exact steps=130 warmup=10 window=20
-          layers=8 d_model=2048 heads=16 d_ff=8192 vocab=32000 seq_len=512 rank=16 tpr=2 frozen=1"
+          layers=8 d_model=2048 heads=16 kv_heads=0 d_ff=8192 vocab=32000 seq_len=512 rank=16 tpr=2 frozen=1
+          targets=q,k,v,o"
 CPU_DIMS="hidden=32 trunk=2 tasks=3 steps=50 warmup=5 window=5 layers=1 d_model=32 heads=2 d_ff=64 vocab=64 seq_len=16 rank=4 batch=8 init=exact"
 
 log() { printf '[plain %4ds] %s\n' "$(( $(date +%s) - START ))" "$*"; }
@@ -82,9 +86,11 @@ job_yaml() {  # the thetad job of the current shape on stdout
     echo "data: {kind: synthetic, batch_per_rank: $(spec batch), schedule: round_robin, tasks_per_rank: 1, noise: 0.01}"
     echo "optimizer: {kind: adamw, lr: 1.0e-3, betas: [0.9, 0.999], eps: 1.0e-8, weight_decay: 0.01}"
   else
-    echo "model: {kind: transformer, layers: $(spec layers), d_model: $(spec d_model), heads: $(spec heads), d_ff: $(spec d_ff), vocab: $(spec vocab), seq_len: $(spec seq_len),"
+    local arch=""
+    [ "$(spec kind)" = llama ] && arch="arch: llama, kv_heads: $(spec kv_heads), tie_embeddings: false, "
+    echo "model: {kind: transformer, ${arch}layers: $(spec layers), d_model: $(spec d_model), heads: $(spec heads), d_ff: $(spec d_ff), vocab: $(spec vocab), seq_len: $(spec seq_len),"
     echo "        tasks: $(spec tasks), train_shared: $([ "$(spec frozen)" = 1 ] && echo false || echo true)}"
-    echo "lora: {rank: $(spec rank), alpha: 32, targets: [q, k, v, o]}"
+    echo "lora: {rank: $(spec rank), alpha: 32, targets: [$(spec targets)]}"
     echo "data: {kind: synthetic, batch_per_rank: $(spec batch), schedule: round_robin, tasks_per_rank: $(spec tpr), noise: 0.01}"
     echo "optimizer: {kind: adamw, lr: 1.0e-4, weight_decay: 0.0}"
   fi
@@ -102,9 +108,14 @@ peer_args() {  # the peer's command-line options of the current shape
     echo --model multitask "${common[@]}" --input-dim "$h" --hidden "$h" --output-dim "$h" \
          --trunk-layers "$(spec trunk)" --head-layers "$(spec head)" --init "$(spec init)" --seed 1234
   else
-    echo --model lora "${common[@]}" --layers "$(spec layers)" --d-model "$(spec d_model)" --heads "$(spec heads)" \
-         --d-ff "$(spec d_ff)" --vocab "$(spec vocab)" --seq-len "$(spec seq_len)" --rank "$(spec rank)" --alpha 32 \
-         --targets q,k,v,o --tasks-per-rank "$(spec tpr)" --lr 1e-4 --seed 1234 "$([ "$(spec frozen)" = 1 ] && echo --frozen-base)"
+    local shape=(--layers "$(spec layers)" --d-model "$(spec d_model)" --heads "$(spec heads)" --d-ff "$(spec d_ff)"
+                 --vocab "$(spec vocab)" --seq-len "$(spec seq_len)" --rank "$(spec rank)" --alpha 32
+                 --targets "$(spec targets)" --tasks-per-rank "$(spec tpr)" --lr 1e-4 --seed 1234)
+    if [ "$(spec kind)" = llama ]; then
+      echo --model peft-llama "${common[@]}" "${shape[@]}" --kv-heads "$(spec kv_heads)"
+    else
+      echo --model lora "${common[@]}" "${shape[@]}" "$([ "$(spec frozen)" = 1 ] && echo --frozen-base)"
+    fi
   fi
 }
 

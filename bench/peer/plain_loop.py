@@ -4,8 +4,10 @@ no process group: eager forward/backward, optimizer.zero_grad(set_to_none=True),
 where available (torch >= 2 on CUDA; else foreach), which creates Adam state lazily and skips
 parameters without a gradient. --model multitask is ddp_multitask.py's model, init, data,
 round_robin schedule and loss (thetad's multitask_mlp); --model lora is ddp_lora_transformer.py's
-(--frozen-base, --precision bf16 = autocast). Every other option is that peer's own (same names,
-same defaults), parsed by it; the DDP-only ones (--backend, --bucket-cap-mb, ...) are ignored.
+(--frozen-base, --precision bf16 = autocast); --model peft-llama is peft_llama.py's (Hugging Face
+transformers' Llama in bf16, frozen, a peft LoRA adapter per task). Every other option is that
+peer's own (same names, same defaults), parsed by it; the DDP-only ones (--backend,
+--bucket-cap-mb, ...) are ignored.
 
     python3 bench/peer/plain_loop.py --model multitask --tasks 24 --steps 130 --out r.json
     python3 bench/peer/plain_loop.py --model lora --frozen-base --precision bf16 --tasks 48 ...
@@ -35,7 +37,7 @@ from peer_common import WindowClock, make_adamw, memory_fields, window_summary  
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                 epilog="Other options: those of ddp_multitask.py / ddp_lora_transformer.py.")
-    p.add_argument("--model", choices=["multitask", "lora"])
+    p.add_argument("--model", choices=["multitask", "lora", "peft-llama"])
     p.add_argument("--window", type=int, default=20, help="steps per timing window")
     p.add_argument("--timing", choices=["host", "cuda-events"], default="host")
     p.add_argument("--no-fused", action="store_true", help="AdamW foreach instead of fused")
@@ -65,16 +67,30 @@ def multitask_setup(a, device):
     return step, model, list(model.parameters()), kw
 
 
-def lora_setup(a, device):
-    model, trained = lora.build_model(a, device)
-
+def lora_step(module, a, device):
+    """The step function of a LoRA peer: module([(task, x)]) -> logits per task (step_loss)."""
     def step(s, opt):
         opt.zero_grad(set_to_none=True)
-        loss, tasks = lora.step_loss(model, a, s, 0, 1, device)
+        loss, tasks = lora.step_loss(module, a, s, 0, 1, device)
         loss.backward()
         opt.step()
         return loss, tasks
-    return step, model, trained, dict(lr=a.lr)
+    return step
+
+
+def lora_setup(a, device):
+    model, trained = lora.build_model(a, device)
+    return lora_step(model, a, device), model, trained, dict(lr=a.lr)
+
+
+def model_of(name):
+    """(the module whose parse_args reads the model's options, its setup function)."""
+    if name == "multitask":
+        return mt, multitask_setup
+    if name == "lora":
+        return lora, lora_setup
+    import peft_llama  # transformers and peft: only where they are used
+    return peft_llama, peft_llama.setup
 
 
 def train(own, a, result):
@@ -87,7 +103,7 @@ def train(own, a, result):
         result["gpu"] = torch.cuda.get_device_name()
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     t0 = time.perf_counter()
-    step, model, trained, kw = (multitask_setup if own.model == "multitask" else lora_setup)(a, device)
+    step, model, trained, kw = model_of(own.model)[1](a, device)
     opt, result["optimizer"] = make_adamw(trained, device, fused=not own.no_fused, **kw)
     result["total_params"] = sum(p.numel() for p in model.parameters())
     result["trained_params"] = sum(p.numel() for p in trained)
@@ -118,7 +134,7 @@ def train(own, a, result):
 
 
 def run(own, rest):
-    a = (mt if own.model == "multitask" else lora).parse_args(rest)
+    a = model_of(own.model)[0].parse_args(rest)
     result = {"peer": "pytorch-plain-" + own.model, "model": own.model, "torch": torch.__version__, "device": a.device,
               "window": own.window, "timing": own.timing,
               "config": {k: v for k, v in vars(a).items() if k != "out"},

@@ -181,6 +181,25 @@ uint16_t st_fp32_to_bf16(float f) {
   return static_cast<uint16_t>(bits >> 16);
 }
 
+void st_to_bf16(const std::string& dtype, const void* src, size_t n, uint16_t* dst, const std::string& where) {
+  const auto* p = static_cast<const unsigned char*>(src);
+  if (dtype == "BF16") {
+    std::memcpy(dst, p, n * 2);
+    return;
+  }
+  if (dtype != "F32" && dtype != "F16")
+    throw ConfigError(where + ": dtype " + dtype + " is not a floating-point type thetad reads (F32, BF16, F16)");
+  // Through float32 in blocks (aligned local buffers; the mapped bytes may be unaligned).
+  constexpr size_t kBlock = 1024;
+  float wide[kBlock];
+  const size_t item = dtype == "F32" ? 4 : 2;
+  for (size_t b = 0; b < n; b += kBlock) {
+    const size_t m = std::min(kBlock, n - b);
+    st_to_fp32(dtype, p + item * b, m, wide, where);
+    for (size_t i = 0; i < m; ++i) dst[b + i] = st_fp32_to_bf16(wide[i]);
+  }
+}
+
 SafetensorsFile SafetensorsFile::open(const std::string& path) {
   SafetensorsFile f;
   f.map_ = MappedFile::open(path);
@@ -256,6 +275,11 @@ const StTensor& SafetensorsCheckpoint::tensor(const std::string& name) const {
 const std::string& SafetensorsCheckpoint::file_of(const std::string& name) const {
   const auto it = where_.find(name);
   return it == where_.end() ? path_ : files_[it->second.first]->path();
+}
+
+const void* SafetensorsCheckpoint::data(const std::string& name) const {
+  const StTensor& t = tensor(name);
+  return files_[where_.at(name).first]->bytes(t);
 }
 
 void SafetensorsCheckpoint::read_fp32(const std::string& name, const std::vector<int64_t>& expect, float* dst) const {

@@ -53,6 +53,10 @@ std::string st_shape_string(const std::vector<int64_t>& shape);
 void st_to_fp32(const std::string& dtype, const void* src, size_t n, float* dst, const std::string& where);
 // float32 to bf16 bits, rounding to nearest even (NaN stays NaN).
 uint16_t st_fp32_to_bf16(float f);
+// Converts n elements of F32, BF16 or F16 to bf16 bits: BF16 copied, the others rounded to nearest
+// even from their float32 value (what LibTorch's cast of that float32 gives, NaN aside).
+// Throws ConfigError naming `where` for another dtype.
+void st_to_bf16(const std::string& dtype, const void* src, size_t n, uint16_t* dst, const std::string& where);
 
 // One mapped .safetensors file. Move-only; unmaps on destruction.
 class SafetensorsFile {
@@ -89,6 +93,8 @@ class SafetensorsCheckpoint {
   // The tensor as float32 into dst (numel elements); `expect` its shape (ConfigError naming the
   // file, the tensor and both shapes when different).
   void read_fp32(const std::string& name, const std::vector<int64_t>& expect, float* dst) const;
+  // The tensor's bytes in the map (tensor(name).dtype, little-endian, any alignment).
+  const void* data(const std::string& name) const;
 
  private:
   std::string path_;
@@ -110,5 +116,10 @@ struct StWriteTensor {
 // Throws InternalError on an inconsistent tensor, Error on an I/O failure.
 void write_safetensors(const std::string& path, const std::vector<StWriteTensor>& tensors,
                        const std::map<std::string, std::string>& metadata = {});
+// The same bytes at `path` itself (no temporary name, no rename), fsynced when `sync`: for
+// writers that make many files durable at once (the adapter export: one syncfs, then renames).
+// A failure removes the file.
+void write_safetensors_file(const std::string& path, const std::vector<StWriteTensor>& tensors,
+                            const std::map<std::string, std::string>& metadata, bool sync);
 
 }  // namespace thetad::daemon

@@ -26,8 +26,8 @@ void write_all(int fd, const char* p, size_t n, const std::string& path) {
 
 }  // namespace
 
-void write_safetensors(const std::string& path, const std::vector<StWriteTensor>& tensors,
-                       const std::map<std::string, std::string>& metadata) {
+void write_safetensors_file(const std::string& path, const std::vector<StWriteTensor>& tensors,
+                            const std::map<std::string, std::string>& metadata, bool sync) {
   nlohmann::json header = nlohmann::json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   size_t offset = 0;
@@ -44,20 +44,29 @@ void write_safetensors(const std::string& path, const std::vector<StWriteTensor>
   char len[8];
   for (int i = 0; i < 8; ++i) len[i] = static_cast<char>((uint64_t(text.size()) >> (8 * i)) & 0xff);
 
-  const std::string tmp = path + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw Error(tmp + ": cannot create: " + std::strerror(errno));
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw Error(path + ": cannot create: " + std::strerror(errno));
   try {
-    write_all(fd, len, 8, tmp);
-    write_all(fd, text.data(), text.size(), tmp);
-    for (const StWriteTensor& t : tensors) write_all(fd, static_cast<const char*>(t.data), t.nbytes, tmp);
-    if (::fsync(fd) != 0) throw Error(tmp + ": fsync: " + std::strerror(errno));
+    write_all(fd, len, 8, path);
+    write_all(fd, text.data(), text.size(), path);
+    for (const StWriteTensor& t : tensors) write_all(fd, static_cast<const char*>(t.data), t.nbytes, path);
+    if (sync && ::fsync(fd) != 0) throw Error(path + ": fsync: " + std::strerror(errno));
   } catch (...) {
     ::close(fd);
-    ::unlink(tmp.c_str());
+    ::unlink(path.c_str());
     throw;
   }
-  ::close(fd);
+  if (::close(fd) != 0) {
+    const int e = errno;
+    ::unlink(path.c_str());
+    throw Error(path + ": close: " + std::strerror(e));
+  }
+}
+
+void write_safetensors(const std::string& path, const std::vector<StWriteTensor>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  const std::string tmp = path + ".tmp";
+  write_safetensors_file(tmp, tensors, metadata, /*sync=*/true);
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
     const int e = errno;
     ::unlink(tmp.c_str());

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "common/errors.hpp"
+#include "daemon/models/precision.hpp"
 
 namespace thetad::daemon {
 
@@ -112,11 +113,11 @@ GroupState ResidentHome::state(int g) {
   for (int p : groups_.members[static_cast<size_t>(g)]) {
     const auto i = static_cast<size_t>(p);
     st.names.push_back(groups_[p].name);
-    st.params.push_back(groups_[p].tensor);
+    st.params.push_back(fp32_values(groups_[p].tensor));  // a bf16-held frozen base: widened on the host
     // A group never updated (a frozen base, a task not trained yet) has no moments: zeros.
     const bool has = exp_avg_[i].defined();
-    st.exp_avg.push_back(has ? exp_avg_[i] : torch::zeros_like(groups_[p].tensor));
-    st.exp_avg_sq.push_back(has ? exp_avg_sq_[i] : torch::zeros_like(groups_[p].tensor));
+    st.exp_avg.push_back(has ? exp_avg_[i] : torch::zeros_like(st.params.back()));
+    st.exp_avg_sq.push_back(has ? exp_avg_sq_[i] : torch::zeros_like(st.params.back()));
   }
   return st;
 }

@@ -3,6 +3,11 @@
 
 #include <ATen/Parallel.h>
 
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <iomanip>
+
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -33,6 +38,40 @@ void check(const SafetensorsCheckpoint& ck, const std::string& name, const Named
     throw ConfigError(ck.file_of(name) + ": " + what + ": tensor '" + name + "' is " + t.dtype + ", not F32, BF16 or F16");
 }
 
+// Elements [first, first + count) of the file's tensor `name` into parameter p (float32, or bf16:
+// a frozen base held so): converted straight into a host parameter; onto a device from the map
+// itself where the file holds p's dtype (no conversion, no host copy), else through a host buffer.
+void read_range(const SafetensorsCheckpoint& ck, const std::string& name, NamedParam& p, int64_t first, int64_t count) {
+  const StTensor& t = ck.tensor(name);
+  const char* src = static_cast<const char*>(ck.data(name)) + static_cast<size_t>(first) * st_itemsize(t.dtype);
+  const std::string where = ck.file_of(name) + ": tensor '" + name + "'";
+  const bool bf16 = p.tensor.scalar_type() == torch::kBFloat16;
+  THETAD_CHECK(bf16 || p.tensor.scalar_type() == torch::kFloat32, InternalError, "parameter ", p.name, " is ",
+               p.tensor.scalar_type(), ", neither float32 nor bf16");
+  const auto convert = [&](void* dst) {
+    if (bf16) st_to_bf16(t.dtype, src, static_cast<size_t>(count), static_cast<uint16_t*>(dst), where);
+    else st_to_fp32(t.dtype, src, static_cast<size_t>(count), static_cast<float*>(dst), where);
+  };
+  torch::NoGradGuard no_grad;
+  torch::Tensor flat = p.tensor.detach().view({-1}).narrow(0, first, count);
+  if (p.tensor.is_cpu() && p.tensor.is_contiguous()) {
+    convert(flat.data_ptr());
+    return;
+  }
+  const auto dtype = p.tensor.scalar_type();
+  const bool same = t.dtype == (bf16 ? "BF16" : "F32");
+  if (same && reinterpret_cast<uintptr_t>(src) % p.tensor.element_size() == 0) {
+    flat.copy_(torch::from_blob(const_cast<char*>(src), {count}, dtype));
+    return;
+  }
+  torch::Tensor host = torch::empty({count}, dtype);
+  convert(host.data_ptr());
+  flat.copy_(host);
+}
+
+// Pieces of at most this many elements: the threads share the large tensors too.
+constexpr int64_t kPieceElems = int64_t{4} << 20;
+
 }  // namespace
 
 void assign_from(const std::shared_ptr<const SafetensorsCheckpoint>& ck, const std::string& name, NamedParam& p,
@@ -42,14 +81,11 @@ void assign_from(const std::shared_ptr<const SafetensorsCheckpoint>& ck, const s
     p.init = [ck, name](torch::Tensor& dst) { ck->read_fp32(name, dst.sizes().vec(), dst.data_ptr<float>()); };
     return;
   }
-  torch::NoGradGuard no_grad;
-  const bool direct = p.tensor.is_cpu() && p.tensor.is_contiguous() && p.tensor.scalar_type() == torch::kFloat32;
-  torch::Tensor dst = direct ? p.tensor : torch::empty(p.tensor.sizes(), torch::kFloat32);
-  ck->read_fp32(name, dst.sizes().vec(), dst.data_ptr<float>());
-  if (!direct) p.tensor.copy_(dst);
+  read_range(*ck, name, p, 0, p.tensor.numel());
 }
 
 void load_safetensors_weights(const config::Job& job, TaskModel& model) {
+  const auto t0 = std::chrono::steady_clock::now();
   const std::string& path = job.model.init_from;
   auto ck = std::make_shared<const SafetensorsCheckpoint>(SafetensorsCheckpoint::open(path));
   std::map<std::string, NamedParam*> by_name;
@@ -80,12 +116,30 @@ void load_safetensors_weights(const config::Job& job, TaskModel& model) {
                         p.name + ", shape " + st_shape_string(p.tensor.sizes().vec()) + ")");
     }
   }
-  // Shapes and dtypes first (one pass, nothing written), then converted in parallel over
-  // parameters (each a pass over its mapped bytes).
-  for (auto& [p, name] : now) check(*ck, name, *p, "model.init_from");
-  at::parallel_for(0, static_cast<int64_t>(now.size()), 1, [&](int64_t b, int64_t e) {
-    torch::NoGradGuard no_grad;
-    for (int64_t i = b; i < e; ++i) assign_from(ck, now[static_cast<size_t>(i)].second, *now[static_cast<size_t>(i)].first, "model.init_from");
+  // Shapes and dtypes first (one pass, nothing written), then read in parallel over pieces of
+  // the parameters (each a pass over its mapped bytes); lazily built ones read when they are filled.
+  struct Piece {
+    NamedParam* p;
+    const std::string* name;
+    int64_t first, count;
+  };
+  std::vector<Piece> pieces;
+  double bytes = 0;
+  for (auto& [p, name] : now) {
+    check(*ck, name, *p, "model.init_from");
+    if (p->init) {
+      assign_from(ck, name, *p, "model.init_from");
+      continue;
+    }
+    const int64_t n = p->tensor.numel();
+    for (int64_t first = 0; first < n; first += kPieceElems) pieces.push_back({p, &name, first, std::min(kPieceElems, n - first)});
+    bytes += double(n) * double(st_itemsize(ck->tensor(name).dtype));
+  }
+  at::parallel_for(0, static_cast<int64_t>(pieces.size()), 1, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      const Piece& piece = pieces[static_cast<size_t>(i)];
+      read_range(*ck, *piece.name, *piece.p, piece.first, piece.count);
+    }
   });
   if (!extra.empty()) {
     std::string list;
@@ -94,7 +148,10 @@ void load_safetensors_weights(const config::Job& job, TaskModel& model) {
                               << " tensors name no parameter of the model and are ignored: " << list
                               << (extra.size() > 8 ? ", ..." : "");
   }
-  THETAD_LOG(info, "train") << "model.init_from: " << source.size() << " parameters from " << path;
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  THETAD_LOG(info, "train") << "model.init_from: " << source.size() << " parameters from " << path << " ("
+                            << std::fixed << std::setprecision(3) << bytes / 1e9 << " GB read in " << s << " s: "
+                            << std::setprecision(2) << bytes / 1e9 / std::max(s, 1e-9) << " GB/s)";
 }
 
 }  // namespace thetad::daemon

@@ -17,6 +17,7 @@
 #include "daemon/models/initial_weights.hpp"
 #include "daemon/models/model.hpp"
 #include "daemon/models/param_builder.hpp"
+#include "daemon/models/precision.hpp"
 #include "daemon/models/transformer.hpp"
 #include "daemon/models/trunk_layer.hpp"
 
@@ -39,7 +40,7 @@ class MultitaskMlp : public TaskModel {
   MultitaskMlp(const config::Job& job, torch::Device device, bool lazy) {
     const auto& m = job.model;
     num_tasks_ = static_cast<int>(m.tasks);
-    ParamBuilder pb(init_seed(job), device, params_, lazy);
+    ParamBuilder pb(job, device, params_, lazy);
     int64_t dim = m.input_dim;
     for (int64_t i = 0; i < m.trunk_layers; ++i) {
       trunk_.push_back(make_linear(pb, "trunk." + std::to_string(i), 0, dim, m.hidden));
@@ -86,7 +87,7 @@ class MultitaskAdapter : public TaskModel {
   MultitaskAdapter(const config::Job& job, torch::Device device, bool lazy) {
     const auto& m = job.model;
     num_tasks_ = static_cast<int>(m.tasks);
-    ParamBuilder pb(init_seed(job), device, params_, lazy);
+    ParamBuilder pb(job, device, params_, lazy);
     in_ = make_linear(pb, "embed", 0, m.input_dim, m.hidden);
     int64_t blocks = std::max<int64_t>(m.trunk_layers, 1);
     for (int64_t i = 0; i < blocks; ++i) {
@@ -269,7 +270,7 @@ class ExtremeClassifier : public TaskModel {
       : negatives_(job.model.negatives_per_step), sharded_(job.offload.shard_mb > 0) {
     const auto& m = job.model;
     num_tasks_ = static_cast<int>(m.tasks);
-    ParamBuilder pb(init_seed(job), device, params_, lazy);
+    ParamBuilder pb(job, device, params_, lazy);
     int64_t dim = m.input_dim;
     for (int64_t i = 0; i < std::max<int64_t>(m.trunk_layers, 1); ++i) {
       encoder_.push_back(make_linear(pb, "encoder." + std::to_string(i), 0, dim, m.hidden));
@@ -421,11 +422,26 @@ std::unique_ptr<TaskModel> build_model(const config::Job& job, torch::Device dev
                       " has no model");
 }
 
+// A frozen base in bf16 (frozen_base_in_bf16): says what the base holds how, once loaded.
+void log_frozen_base(const config::Job& job, TaskModel& model) {
+  if (!frozen_base_in_bf16(job)) return;
+  int64_t bf16_bytes = 0, fp32_bytes = 0;
+  for (NamedParam& p : model.params()) {
+    if (p.group != 0) continue;
+    (p.tensor.scalar_type() == torch::kBFloat16 ? bf16_bytes : fp32_bytes) += p.tensor.numel() * p.tensor.element_size();
+  }
+  THETAD_LOG(info, "train") << "frozen base held in bf16 (precision: bf16, model.train_shared: false): "
+                            << bf16_bytes / 1e6 << " MB in bf16, " << fp32_bytes / 1e6
+                            << " MB kept in float32 (read outside autocast's casts)";
+}
+
 }  // namespace
 
 std::unique_ptr<TaskModel> make_model(const config::Job& job, torch::Device device, bool lazy_tasks) {
   std::unique_ptr<TaskModel> model = build_model(job, device, lazy_tasks);
   load_initial_weights(job, *model);
+  hold_embedding_in_bf16(job, *model);
+  log_frozen_base(job, *model);
   return model;
 }
 

@@ -19,6 +19,7 @@
 #include "common/errors.hpp"
 #include "config/job.hpp"
 #include "daemon/models/model.hpp"
+#include "daemon/models/precision.hpp"
 
 namespace thetad::daemon::detail {
 
@@ -43,13 +44,19 @@ inline uint64_t init_seed(const config::Job& job) {
 
 // Linear layer weights: U(-1/sqrt(in), 1/sqrt(in)) like torch.nn.Linear, drawn on the CPU from
 // a generator of their own so every rank (and every device) gets the same values.
+// Held as `dtype` (bf16: the float32 draw rounded, as autocast's cast would round it).
 inline torch::Tensor uniform_param(std::vector<int64_t> sizes, double bound, uint64_t seed,
-                            torch::Device device) {
+                            torch::Device device, torch::ScalarType dtype = torch::kFloat32) {
   auto gen = generator(seed);
   auto t = torch::empty(sizes, torch::kFloat32);
   t.uniform_(-bound, bound, gen);
-  return t.to(device).set_requires_grad(true);
+  return t.to(device, dtype).set_requires_grad(true);
 }
+
+// How forward reads a parameter of Θ: only through autocast's casts (linear, matmul, addmm), so
+// that a frozen base may hold it in bf16 (frozen_base_in_bf16), or otherwise (float32 always;
+// a model may hold one it reads widened in bf16 where its values are bf16 already).
+enum class Read { any, autocast };
 
 // Helper that registers parameters with names and groups. On the CPU (the host store builds
 // every θ[t] there) the values are drawn when the builder goes out of scope, in parallel over
@@ -59,8 +66,9 @@ inline torch::Tensor uniform_param(std::vector<int64_t> sizes, double bound, uin
 // placeholders with an init function (NamedParam::init) that draws the same values later.
 class ParamBuilder {
  public:
-  ParamBuilder(uint64_t seed, torch::Device device, std::vector<NamedParam>& out, bool lazy = false)
-      : seed_(seed), device_(device), out_(out), lazy_(lazy && device.is_cpu()) {}
+  ParamBuilder(const config::Job& job, torch::Device device, std::vector<NamedParam>& out, bool lazy = false)
+      : seed_(init_seed(job)), device_(device), out_(out), lazy_(lazy && device.is_cpu()),
+        base_bf16_(frozen_base_in_bf16(job)), shared_from_file_(!job.model.init_from.empty()) {}
   ParamBuilder(const ParamBuilder&) = delete;
   ParamBuilder& operator=(const ParamBuilder&) = delete;
   ~ParamBuilder() {
@@ -68,27 +76,37 @@ class ParamBuilder {
       torch::NoGradGuard no_grad;  // thread-local: in-place fills of leaves that require grad
       for (int64_t i = b; i < e; ++i) {
         Deferred& d = deferred_[static_cast<size_t>(i)];
-        d.tensor.uniform_(-d.bound, d.bound, generator(d.seed));
+        if (d.tensor.scalar_type() == torch::kFloat32) {
+          d.tensor.uniform_(-d.bound, d.bound, generator(d.seed));
+          continue;
+        }
+        d.tensor.copy_(torch::empty(d.tensor.sizes(), torch::kFloat32).uniform_(-d.bound, d.bound, generator(d.seed)));
       }
     });
   }
+  // Linear's weight and bias: read by addmm only (Linear, trunk_layer).
   torch::Tensor linear_w(const std::string& name, int group, int64_t in, int64_t out) {
-    return add(name + ".weight", group, {out, in}, 1.0 / std::sqrt(double(in)));
+    return add(name + ".weight", group, {out, in}, 1.0 / std::sqrt(double(in)), Read::autocast);
   }
   torch::Tensor linear_b(const std::string& name, int group, int64_t in, int64_t out) {
-    return add(name + ".bias", group, {out}, 1.0 / std::sqrt(double(in)));
+    return add(name + ".bias", group, {out}, 1.0 / std::sqrt(double(in)), Read::autocast);
   }
-  torch::Tensor add(const std::string& name, int group, std::vector<int64_t> sizes, double bound) {
+  torch::Tensor add(const std::string& name, int group, std::vector<int64_t> sizes, double bound, Read read = Read::any) {
     const uint64_t seed = next_seed(group);
     if (lazy_ && group > 0)
       return put(name, group, placeholder(sizes),
                  [bound, seed](torch::Tensor& d) { d.uniform_(-bound, bound, generator(seed)); });
+    const auto dtype = group == 0 && read == Read::autocast && base_bf16_ ? torch::kBFloat16 : torch::kFloat32;
     torch::Tensor t;
-    if (device_.is_cpu()) {
-      t = torch::empty(sizes, torch::kFloat32).set_requires_grad(true);
+    if (group == 0 && shared_from_file_) {
+      // model.init_from gives every shared parameter (a missing one is exit 2): nothing to draw
+      // (a 1 B-parameter base drawn and then overwritten would cost seconds of start-up).
+      t = torch::empty(sizes, torch::TensorOptions().dtype(dtype).device(device_)).set_requires_grad(true);
+    } else if (device_.is_cpu()) {
+      t = torch::empty(sizes, dtype).set_requires_grad(true);
       deferred_.push_back({t, bound, seed});
     } else {
-      t = uniform_param(std::move(sizes), bound, seed, device_);
+      t = uniform_param(std::move(sizes), bound, seed, device_, dtype);
     }
     return put(name, group, t);
   }
@@ -135,6 +153,8 @@ class ParamBuilder {
   torch::Device device_;
   std::vector<NamedParam>& out_;
   bool lazy_;
+  bool base_bf16_;         // frozen_base_in_bf16: Θ's Read::autocast parameters are held in bf16
+  bool shared_from_file_;  // model.init_from: Θ's values come from the file, not drawn
   std::map<int, int> counts_;
 };
 

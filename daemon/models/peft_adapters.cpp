@@ -3,6 +3,7 @@
 
 #include <ATen/Parallel.h>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -82,17 +83,45 @@ std::string peft_name_of(const std::string& name) {
   return peft_lora_name(std::stol(parts[2]), parts[3], parts[4] == "a");
 }
 
+// `text` at `path` (not synced: publish makes it durable); a failure removes it.
 void write_text(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw Error(tmp + ": cannot create: " + std::strerror(errno));
-  const bool ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size()) && ::fsync(fd) == 0;
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw Error(path + ": cannot create: " + std::strerror(errno));
+  const bool ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
   const int e = errno;
-  ::close(fd);
-  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
-    ::unlink(tmp.c_str());
+  if (::close(fd) != 0 || !ok) {
+    ::unlink(path.c_str());
     throw Error(path + ": cannot write: " + std::strerror(ok ? errno : e));
   }
+}
+
+// syncfs on the filesystem of each directory (one call per filesystem).
+void sync_filesystems(const std::vector<std::string>& dirs) {
+  std::set<dev_t> done;
+  for (const std::string& dir : dirs) {
+    struct stat st {};
+    if (::stat(dir.c_str(), &st) != 0 || !done.insert(st.st_dev).second) continue;
+    const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    const bool ok = fd >= 0 && ::syncfs(fd) == 0;
+    const int e = errno;
+    if (fd >= 0) ::close(fd);
+    if (!ok) throw Error(dir + ": export.adapters_dir: syncfs: " + std::strerror(e));
+  }
+}
+
+// Makes the adapters written under temporary names durable and puts them in place: their data
+// synced (one syncfs per filesystem), then the renames, then synced again (the renames). Two
+// syncs for any number of adapters, where a fsync per file made 10,000 adapters 20,000 journal
+// commits; a crash leaves every adapter's files whole, old or new (as fsync and rename per file).
+void publish(const std::vector<std::string>& dirs) {
+  sync_filesystems(dirs);
+  for (const std::string& dir : dirs)
+    for (const char* name : {kWeights, kConfig}) {
+      const std::string path = dir + "/" + name;
+      if (std::rename((path + ".tmp").c_str(), path.c_str()) != 0)
+        throw Error(path + ": export.adapters_dir: cannot rename " + path + ".tmp into place: " + std::strerror(errno));
+    }
+  sync_filesystems(dirs);
 }
 
 }  // namespace
@@ -154,7 +183,7 @@ AdapterExport::AdapterExport(const config::Job& job, const ParamGroups& groups)
   }
 }
 
-void AdapterExport::write(int64_t task, const GroupState& st) const {
+std::string AdapterExport::write(int64_t task, const GroupState& st) const {
   const std::string dir = adapter_dir(job_.export_.adapters_dir, job_, task);
   std::error_code ec;
   fs::create_directories(dir, ec);
@@ -165,7 +194,7 @@ void AdapterExport::write(int64_t task, const GroupState& st) const {
     tensors.push_back({peft_name_of(st.names[k]), "F32", t.sizes().vec(), t.data_ptr(),
                        static_cast<size_t>(t.numel()) * sizeof(float)});
   }
-  write_safetensors(dir + "/" + kWeights, tensors, {{"format", "pt"}});
+  write_safetensors_file(dir + "/" + kWeights + ".tmp", tensors, {{"format", "pt"}}, /*sync=*/false);
   std::vector<std::string> modules;
   for (const std::string& t : job_.lora.targets) modules.push_back(module_word(t));
   const json config = {
@@ -183,7 +212,8 @@ void AdapterExport::write(int64_t task, const GroupState& st) const {
       {"base_model_name_or_path", job_.export_.base_model.empty() ? job_.model.init_from : job_.export_.base_model},
       {"revision", nullptr},
   };
-  write_text(dir + "/" + kConfig, config.dump(2) + "\n");
+  write_text(dir + "/" + kConfig + ".tmp", config.dump(2) + "\n");
+  return dir;
 }
 
 int AdapterExport::write_changed(int rank, int world, const std::vector<int64_t>& group_steps,
@@ -195,8 +225,10 @@ int AdapterExport::write_changed(int rank, int world, const std::vector<int64_t>
     if (group_steps[g] != 0 && group_steps[g] != written_at_[g]) due.push_back(static_cast<int>(g));
   }
   // Read on this thread (where the groups live), written in parallel a batch at a time so that
-  // the copies held stay small whatever the number of tasks.
+  // the copies held stay small whatever the number of tasks; made durable and put in place
+  // together at the end (publish).
   constexpr size_t kBatch = 64;
+  std::vector<std::string> dirs(due.size());
   for (size_t first = 0; first < due.size(); first += kBatch) {
     std::vector<GroupState> batch;
     for (size_t i = first; i < std::min(due.size(), first + kBatch); ++i) {
@@ -211,11 +243,13 @@ int AdapterExport::write_changed(int rank, int world, const std::vector<int64_t>
     at::parallel_for(0, static_cast<int64_t>(batch.size()), 1, [&](int64_t b, int64_t e) {
       for (int64_t i = b; i < e; ++i) {
         const GroupState& st = batch[static_cast<size_t>(i)];
-        if (!st.initial) write(st.group - 1, st);
+        if (!st.initial) dirs[first + static_cast<size_t>(i)] = write(st.group - 1, st);
       }
     });
-    for (const GroupState& st : batch) written_at_[static_cast<size_t>(st.group)] = group_steps[static_cast<size_t>(st.group)];
   }
+  dirs.erase(std::remove(dirs.begin(), dirs.end(), std::string()), dirs.end());
+  publish(dirs);
+  for (int g : due) written_at_[static_cast<size_t>(g)] = group_steps[static_cast<size_t>(g)];
   if (!due.empty()) {
     THETAD_LOG(info, "train") << "export.adapters_dir: " << due.size() << " adapters written in " << std::fixed
                               << std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() << " s";

@@ -33,12 +33,15 @@ class AdapterExport {
   AdapterExport(const config::Job& job, const ParamGroups& groups);
   // Writes the adapter of each task t with t % world == rank whose group's step count differs
   // from the one it was last written at (untrained adapters are never written); state(g) reads
-  // group g where it lives. Returns how many it wrote. Error on an I/O failure.
+  // group g where it lives. Every file is written under a temporary name, then all are synced at
+  // once (syncfs) and renamed into place (and synced again). Returns how many it wrote. Error on
+  // an I/O failure.
   int write_changed(int rank, int world, const std::vector<int64_t>& group_steps,
                     const std::function<GroupState(int)>& state);
 
  private:
-  void write(int64_t task, const GroupState& st) const;
+  // The task's two files under temporary names, not synced; returns its directory.
+  std::string write(int64_t task, const GroupState& st) const;
   const config::Job& job_;
   std::vector<int64_t> written_at_;  // per group: its step count when last written (0: never)
 };

@@ -64,4 +64,16 @@ std::optional<torch::ScalarType> active_autocast_dtype(torch::DeviceType type) {
   return autocast_dtype(type);
 }
 
+bool frozen_base_in_bf16(const config::Job& job) {
+  // A TorchScript model's forward is its own: nothing says which of its parameters reach autocast
+  // only. Streamed Θ lives in a float32 host store of its own.
+  return job.precision == config::Precision::Bf16 && !job.model.train_shared &&
+         job.offload.shared == config::SharedMode::Resident && job.model.kind != config::ModelKind::Torchscript;
+}
+
+torch::Tensor fp32_values(const torch::Tensor& t) {
+  if (t.scalar_type() == torch::kFloat32) return t;
+  return t.detach().to(torch::kCPU).to(torch::kFloat32);
+}
+
 }  // namespace thetad::daemon

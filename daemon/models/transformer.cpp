@@ -12,6 +12,7 @@
 #include "common/errors.hpp"
 
 #include "daemon/models/param_builder.hpp"
+#include "daemon/models/precision.hpp"
 
 namespace thetad::daemon {
 namespace {
@@ -52,14 +53,16 @@ class Transformer : public TaskModel {
     const std::array<std::pair<int64_t, int64_t>, kTargets> shapes = {
         std::pair{d, d}, std::pair{kv, d}, std::pair{kv, d}, std::pair{d, d},
         std::pair{ff, d}, std::pair{ff, d}, std::pair{d, ff}};
-    ParamBuilder pb(init_seed(job), device, params_, lazy);
+    ParamBuilder pb(job, device, params_, lazy);
     const auto matrix = [&](const std::string& n, Block& b, int k) {
       const auto [out, in] = shapes[static_cast<size_t>(k)];
       b.w[static_cast<size_t>(k)] = pb.add(n + kParamNames[static_cast<size_t>(k)] + ".weight", 0, {out, in},
-                                           1.0 / std::sqrt(double(in)));
+                                           1.0 / std::sqrt(double(in)), Read::autocast);
     };
     // Token (gpt2: and position) embeddings: std 0.02 as GPT-2 (uniform of the same deviation).
     const double emb = 0.02 * std::sqrt(3.0);
+    // Read by index (widened to float32 there) and, tied, as the output layer's matmul: held in
+    // bf16 only where that is exact (hold_embedding_in_bf16).
     embed_ = pb.add("embed.weight", 0, {m_.vocab, d}, emb);
     if (!llama_) pos_ = pb.add("pos.weight", 0, {m_.seq_len, d}, emb);
     for (int64_t i = 0; i < m_.layers; ++i) {
@@ -79,7 +82,7 @@ class Transformer : public TaskModel {
     }
     lnf_w_ = pb.add_filled("ln_f.weight", 0, {d}, 1.0);
     if (!llama_) lnf_b_ = pb.add_filled("ln_f.bias", 0, {d}, 0.0);
-    head_ = m_.tie_embeddings ? embed_ : pb.add("lm_head.weight", 0, {m_.vocab, d}, 1.0 / std::sqrt(double(d)));
+    head_ = m_.tie_embeddings ? embed_ : pb.add("lm_head.weight", 0, {m_.vocab, d}, 1.0 / std::sqrt(double(d)), Read::autocast);
     lora_.resize(static_cast<size_t>(m_.tasks));
     for (int64_t t = 0; t < m_.tasks; ++t) {
       const int g = static_cast<int>(t) + 1;
@@ -105,7 +108,8 @@ class Transformer : public TaskModel {
   torch::Tensor forward(const torch::Tensor& x, int task) override {
     const int64_t rows = x.size(0), seq = x.size(1), d = m_.d_model;
     // The residual stream stays float32 (bf16 only inside the matmuls under autocast).
-    torch::Tensor h = embed_.index_select(0, x.reshape({-1})).view({rows, seq, d});
+    // (A frozen base may hold the embedding in bf16, where that is exact: widened here.)
+    torch::Tensor h = embed_.index_select(0, x.reshape({-1})).to(torch::kFloat32).view({rows, seq, d});
     if (!llama_) h = h + pos_.narrow(0, 0, seq);
     const auto& adapters = lora_.at(static_cast<size_t>(task));
     for (size_t i = 0; i < blocks_.size(); ++i) {
@@ -209,6 +213,16 @@ class Transformer : public TaskModel {
 
 std::unique_ptr<TaskModel> make_transformer(const config::Job& job, torch::Device device, bool lazy_tasks) {
   return std::make_unique<Transformer>(job, device, lazy_tasks);
+}
+
+void hold_embedding_in_bf16(const config::Job& job, TaskModel& model) {
+  if (!frozen_base_in_bf16(job) || job.model.kind != config::ModelKind::Transformer) return;
+  torch::NoGradGuard no_grad;
+  for (NamedParam& p : model.params()) {
+    if (p.group != 0 || p.name != "embed.weight" || p.tensor.scalar_type() != torch::kFloat32) continue;
+    torch::Tensor held = p.tensor.detach().to(torch::kBFloat16);
+    if (held.to(torch::kFloat32).equal(p.tensor.detach())) p.tensor.set_data(held);  // the model's handle too
+  }
 }
 
 }  // namespace thetad::daemon

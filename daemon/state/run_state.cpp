@@ -14,6 +14,7 @@
 #include "common/stopwatch.hpp"
 #include "config/loader.hpp"
 #include "daemon/core/job_options.hpp"
+#include "daemon/models/precision.hpp"
 #include "offload/thread_pool.hpp"
 
 namespace thetad::daemon {
@@ -311,7 +312,7 @@ uint64_t RunState::params_hash() {
     if (const float* v = homes_.of(p.group).host_values(static_cast<int>(i))) {
       per[i] = bytes_hash(v, bytes, basis);  // hashed where it lives: no copy of θ (T = 384: 52 GB)
     } else {
-      torch::Tensor c = p.tensor.detach().cpu().contiguous();
+      torch::Tensor c = fp32_values(p.tensor.detach()).cpu().contiguous();  // a bf16-held base: widened
       per[i] = bytes_hash(c.data_ptr(), bytes, basis);
     }
     ++i;

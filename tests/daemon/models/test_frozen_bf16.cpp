@@ -1,0 +1,175 @@
+// A frozen base held in bf16 (precision: bf16, model.train_shared: false; issue 34.2) against the
+// same base held in float32 under autocast, on the CPU: the same losses and adapter gradients and
+// values, bitwise, over several steps and tasks (Llama with untied and tied embeddings, from
+// random values, from a float32 and from a bf16 safetensors file; the MLP's frozen trunk through
+// trunk_layer), at half the bytes for every matrix autocast reads.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "config/loader.hpp"
+#include "daemon/core/safetensors.hpp"
+#include "daemon/models/model.hpp"
+#include "daemon/models/precision.hpp"
+
+namespace thetad::daemon {
+namespace {
+
+const std::string kLlama =
+    "job: frozen\nseed: 7\nsteps: 4\nprecision: bf16\n"
+    "model: {kind: transformer, arch: llama, layers: 2, d_model: 32, heads: 4, kv_heads: 2, d_ff: 48, vocab: 40, "
+    "seq_len: 12, tasks: 3}\n"
+    "lora: {rank: 2, alpha: 4, targets: [q, k, v, o, gate, up, down]}\n"
+    "data: {kind: synthetic, batch_per_rank: 4, schedule: round_robin, noise: 0.05}\n";
+const std::string kMlp =
+    "job: frozen\nseed: 7\nsteps: 4\nprecision: bf16\n"
+    "model: {kind: multitask_mlp, input_dim: 12, hidden: 24, trunk_layers: 3, head_layers: 2, tasks: 3}\n"
+    "data: {kind: synthetic, batch_per_rank: 6, schedule: round_robin}\n";
+
+config::Job job_of(const std::string& yaml, bool frozen, std::vector<std::string> sets = {}) {
+  config::LoadOptions lo;
+  lo.overrides = std::move(sets);
+  lo.overrides.push_back(std::string("model.train_shared=") + (frozen ? "false" : "true"));
+  return config::load_job_from_string(yaml, "frozen.yaml", lo);
+}
+
+int64_t base_bytes(TaskModel& m) {
+  int64_t n = 0;
+  for (const NamedParam& p : m.params())
+    if (p.group == 0) n += p.tensor.numel() * static_cast<int64_t>(p.tensor.element_size());
+  return n;
+}
+
+// Trains both models' task parameters side by side (SGD on the adapters, the base frozen in both
+// as the worker freezes it) and expects every loss and task gradient to be the same bits.
+void expect_same_training(const config::Job& held_bf16, const config::Job& held_fp32) {
+  ASSERT_TRUE(frozen_base_in_bf16(held_bf16));
+  ASSERT_FALSE(frozen_base_in_bf16(held_fp32));
+  auto a = make_model(held_bf16, torch::kCPU), b = make_model(held_fp32, torch::kCPU);
+  auto data = make_data(held_bf16, *a, torch::kCPU);
+  auto& pa = a->params();
+  auto& pb = b->params();
+  ASSERT_EQ(pa.size(), pb.size());
+  for (size_t i = 0; i < pa.size(); ++i) {
+    if (pa[i].group != 0) continue;
+    pa[i].tensor.requires_grad_(false);
+    pb[i].tensor.requires_grad_(false);
+    // The values the bf16 base holds are what autocast's cast of the float32 one gives, and read
+    // back (checkpoints, the hash) widened exactly.
+    const torch::Tensor want = pa[i].tensor.scalar_type() == torch::kBFloat16
+                                   ? pb[i].tensor.detach().to(torch::kBFloat16).to(torch::kFloat32)
+                                   : pb[i].tensor.detach();
+    EXPECT_TRUE(fp32_values(pa[i].tensor).equal(want)) << pa[i].name;
+    EXPECT_EQ(fp32_values(pa[i].tensor).scalar_type(), torch::kFloat32);
+  }
+  for (int64_t step = 0; step < held_bf16.steps; ++step) {
+    for (int task = 0; task < a->num_tasks(); ++task) {
+      const Batch batch = data->batch(step, 0, 1, task, held_bf16.data.batch_per_rank);
+      torch::Tensor la, lb;
+      {
+        const AutocastScope autocast(held_bf16.precision, torch::kCPU);
+        la = a->loss(batch, task, 11);
+        lb = b->loss(batch, task, 11);
+      }
+      la.backward();
+      lb.backward();
+      ASSERT_TRUE(la.equal(lb)) << "step " << step << " task " << task << ": " << la.item<float>() << " vs "
+                                << lb.item<float>();
+      torch::NoGradGuard no_grad;
+      for (size_t i = 0; i < pa.size(); ++i) {
+        if (pa[i].group != task + 1) continue;
+        ASSERT_TRUE(pa[i].tensor.grad().defined()) << pa[i].name;
+        ASSERT_TRUE(pa[i].tensor.grad().equal(pb[i].tensor.grad())) << pa[i].name << " at step " << step;
+        pa[i].tensor.sub_(pa[i].tensor.grad() * 0.05);
+        pb[i].tensor.sub_(pb[i].tensor.grad() * 0.05);
+        pa[i].tensor.mutable_grad() = torch::Tensor();
+        pb[i].tensor.mutable_grad() = torch::Tensor();
+      }
+    }
+  }
+  for (size_t i = 0; i < pa.size(); ++i)
+    if (pa[i].group > 0) EXPECT_TRUE(pa[i].tensor.equal(pb[i].tensor)) << pa[i].name;
+}
+
+TEST(FrozenBaseBf16, LlamaSameBitsHalfTheMatrices) {
+  for (const char* tie : {"false", "true"}) {
+    const std::vector<std::string> sets{std::string("model.tie_embeddings=") + tie};
+    const config::Job held = job_of(kLlama, true, sets), full = job_of(kLlama, false, sets);
+    expect_same_training(held, full);
+    // Every matrix autocast reads is bf16 (half its float32 bytes); random embeddings and the
+    // norms stay float32.
+    auto a = make_model(held, torch::kCPU), b = make_model(full, torch::kCPU);
+    int64_t matrices = 0;
+    for (size_t i = 0; i < a->params().size(); ++i) {
+      const NamedParam& p = a->params()[i];
+      if (p.group != 0) continue;
+      const bool matrix = p.name.find(".attn.") != std::string::npos || p.name.find(".mlp.") != std::string::npos ||
+                          p.name == "lm_head.weight";
+      EXPECT_EQ(p.tensor.scalar_type(), matrix ? torch::kBFloat16 : torch::kFloat32) << p.name;
+      if (matrix) matrices += p.tensor.numel() * 4;
+    }
+    EXPECT_GT(matrices, base_bytes(*b) / 2);
+    EXPECT_EQ(base_bytes(*a), base_bytes(*b) - matrices / 2) << "tie_embeddings " << tie;
+  }
+}
+
+// A base from safetensors: float32 tensors are rounded as autocast rounds them; bf16 tensors (a
+// Hugging Face bf16 checkpoint) are taken as they are, the embedding included: the whole base
+// but its norms in half the bytes.
+TEST(FrozenBaseBf16, FromSafetensors) {
+  const auto dir = std::filesystem::temp_directory_path() / ("thetad_frozen_bf16_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  auto source = make_model(job_of(kLlama, false), torch::kCPU);
+  std::vector<torch::Tensor> keep;
+  std::vector<StWriteTensor> f32, bf16;
+  for (const NamedParam& p : source->params()) {
+    if (p.group != 0) continue;
+    const torch::Tensor v = p.tensor.detach().contiguous(), r = v.to(torch::kBFloat16);
+    keep.push_back(v);
+    keep.push_back(r);
+    f32.push_back({p.name, "F32", v.sizes().vec(), v.data_ptr(), static_cast<size_t>(v.nbytes())});
+    bf16.push_back({p.name, "BF16", r.sizes().vec(), r.data_ptr(), static_cast<size_t>(r.nbytes())});
+  }
+  write_safetensors((dir / "f32.safetensors").string(), f32);
+  write_safetensors((dir / "bf16.safetensors").string(), bf16);
+  for (const char* file : {"f32.safetensors", "bf16.safetensors"}) {
+    const std::vector<std::string> sets{"model.init_from=" + (dir / file).string()};
+    const config::Job held = job_of(kLlama, true, sets), full = job_of(kLlama, false, sets);
+    expect_same_training(held, full);
+    auto a = make_model(held, torch::kCPU), b = make_model(full, torch::kCPU);
+    int64_t norms = 0;
+    for (const NamedParam& p : a->params())
+      if (p.group == 0 && p.tensor.scalar_type() == torch::kFloat32) norms += p.tensor.nbytes();
+    const bool exact = std::string(file) == "bf16.safetensors";
+    EXPECT_EQ(a->params().front().tensor.scalar_type(), exact ? torch::kBFloat16 : torch::kFloat32) << file;
+    if (exact) EXPECT_EQ(base_bytes(*a) - norms / 2, base_bytes(*b) / 2) << "all but the norms halve";
+  }
+  std::filesystem::remove_all(dir);
+}
+
+// The MLP's frozen trunk runs through trunk_layer (its own autocast casts, weights and biases).
+TEST(FrozenBaseBf16, MlpTrunkSameBits) {
+  const config::Job held = job_of(kMlp, true), full = job_of(kMlp, false);
+  expect_same_training(held, full);
+  auto a = make_model(held, torch::kCPU), b = make_model(full, torch::kCPU);
+  EXPECT_EQ(base_bytes(*a) * 2, base_bytes(*b));
+}
+
+// Anything else keeps float32: a trained base, fp32 or tf32 compute, Θ streamed from the host.
+TEST(FrozenBaseBf16, OnlyWhereSafe) {
+  EXPECT_FALSE(frozen_base_in_bf16(job_of(kLlama, false)));
+  EXPECT_FALSE(frozen_base_in_bf16(job_of(kLlama, true, {"precision=fp32"})));
+  config::Job streamed = job_of(kMlp, true);
+  streamed.offload.shared = config::SharedMode::Stream;
+  EXPECT_FALSE(frozen_base_in_bf16(streamed));
+  auto m = make_model(job_of(kLlama, true, {"precision=tf32"}), torch::kCPU);
+  for (const NamedParam& p : m->params()) EXPECT_EQ(p.tensor.scalar_type(), torch::kFloat32) << p.name;
+}
+
+}  // namespace
+}  // namespace thetad::daemon
