@@ -14,6 +14,7 @@
 #include <torch/torch.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -26,6 +27,7 @@
 #include "config/job.hpp"
 #include "daemon/core/manifest.hpp"
 #include "daemon/models/param_groups.hpp"
+#include "daemon/state/checkpoint_plan.hpp"
 
 namespace thetad::daemon {
 
@@ -69,8 +71,13 @@ struct CheckpointWriter {
   int rank = 0, world = 1;
   std::string job_name, job_hash;
   int64_t keep = 3;
-  std::vector<int64_t> group_bytes;  // per group: bytes of its parameters and moments (the shard plan)
+  std::vector<int64_t> group_bytes;  // per group: bytes of its parameters and moments
+  // What is written, what shared (checkpoint_plan.hpp); publish_files (rank 0) fills in the
+  // written files' checksums, which the next checkpoint's manifest takes for the files it shares.
+  std::shared_ptr<CheckpointPlan> plan;
   ManifestLayout layout;             // the parameters' layout (checkpoint_layout), in the manifest
+  InitFromPrint init_from;           // model.init_from's fingerprint, where a group relies on it
+  std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();  // for the log
   std::function<void()> barrier;
   std::function<bool(bool)> all_ok;
 };
@@ -113,10 +120,10 @@ using HostFloats = std::vector<float, UninitAllocator<float>>;
 // the trainer's whole stall), their room in the host vectors left unfilled until the writer
 // thread copies them in (fill_staged) and drops the clones, shard by shard.
 struct ShardValues {
-  size_t index = 0;  // in plan_shards(group_bytes)
+  size_t index = 0;  // in the plan's manifest.files
   std::string file;
   HostFloats param, exp_avg, exp_avg_sq;
-  std::vector<int64_t> offsets, steps;
+  std::vector<int64_t> groups, offsets, steps;
   struct Staged {
     int vec = 0;    // 0 param, 1 exp_avg, 2 exp_avg_sq
     size_t at = 0;  // where its values go in that vector
@@ -158,10 +165,15 @@ class CheckpointReader {
   // Group g's state: by name (formats 1 and 2), or (format 3) with no names and one flat tensor
   // each of parameters and moments, in the group's flat layout (ParamGroups::offset).
   GroupState load_group(int group) const;
+  // The groups in the order that reads each file once (format 4: by file; else 0, 1, ...).
+  std::vector<int> load_order() const;
   const Manifest& manifest() const { return manifest_; }
 
  private:
   GroupState load_shard_group(int group) const;
+  GroupState load_linked_group(int group) const;
+  void read_shard(const c10::impl::GenericDict& dict, const std::string& file, bool with_groups) const;
+  GroupState slice(GroupState st, size_t i, const std::string& file) const;
   GroupState load_group_file(int group) const;
   c10::impl::GenericDict load_file(const std::string& name, bool has_checksum, uint64_t checksum) const;
   at::Tensor tensor(const c10::impl::GenericDict& dict, const std::string& key, const std::string& file) const;
@@ -169,13 +181,21 @@ class CheckpointReader {
   void check_state(const std::string& file, const GroupState& st) const;
   CheckpointInfo ckpt_;
   Manifest manifest_;
-  struct Shard {  // the shard read last (format 3), checked
+  struct Shard {  // the shard read last (formats 3 and 4), checked
     int64_t index = -1;
     at::Tensor param, exp_avg, exp_avg_sq;
-    std::vector<int64_t> offsets, steps;
+    std::vector<int64_t> groups, offsets, steps;  // groups: format 4
   };
   mutable Shard shard_;
 };
+
+// model.init_from's fingerprint (manifest.hpp's InitFromPrint): a file's size and mtime, a
+// directory's regular files' sizes summed and the newest mtime. Error naming it where unreadable.
+InitFromPrint init_from_print(const std::string& path);
+// A format-4 checkpoint whose Θ is model.init_from's (never trained, not stored): the job's
+// model.init_from must be that path with the same fingerprint. ConfigError naming the file and
+// group 0 otherwise (resume would start from other values than the run had).
+void check_init_from(const Manifest& m, const std::string& job_init_from, const std::string& ckpt_path);
 
 // A loaded group in the model's terms: its parameters' names, shapes and order as `groups` has
 // them. Tensors by name are checked by name and shape (formats 1 and 2); a shard's flat values
