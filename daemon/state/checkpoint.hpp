@@ -1,14 +1,19 @@
 // Checkpoints: a directory per step, `step-00000040/` with manifest.json (daemon/core/manifest.hpp:
-// a checksum per file) and the groups packed into shard files (`shard-00000.pt`, each a dict of
-// tensors that Python's torch.load reads; at most kShardMaxGroups groups or kShardMaxBytes
-// each, so a million tasks make ~129 files, not a million). Written under a temporary name, the
-// shards shared round-robin among the ranks, each file synced to disk, and renamed (then the
-// rename synced) once all have finished, so a directory named step-* is always complete, also after a
-// crash of the machine. Keep-N pruning runs after that and never removes the new checkpoint.
-// A group whose values a shard does not hold (zero of them, step count 0, where the model's group
-// has values) is at its initial values, which the model draws from the job: a task group that the
-// host arena does not hold (offload.host_groups: scheduled) is written so, 10,000 untouched
-// adapters cost no bytes. Resume leaves such a group as the fresh model has it.
+// format 4, a checksum per file) and the groups' values in files (`shard-00007.pt`, each a dict of
+// tensors that Python's torch.load reads, with the groups it holds; at most kShardMaxGroups
+// groups or kFileMaxBytes each, Θ in files of its own). Incremental: a checkpoint writes Θ (if it
+// trained) and the groups whose step count changed since the newest complete checkpoint (this
+// run's last, or the one resumed from); the files holding the other groups are that checkpoint's,
+// hard-linked into the new directory (copied where links fail), so every directory is complete
+// and verifiable on its own and `keep` may remove any of them (checkpoint_plan.hpp decides; a
+// mostly stale file is rewritten). Written under a temporary name, the new files shared
+// round-robin among the ranks, each synced to disk, the shared ones linked and the directory
+// renamed by rank 0 (then the rename synced) once all have finished, so a directory named step-*
+// is always complete, also after a crash of the machine. Keep-N pruning runs after that and
+// never removes the new checkpoint. A group at its initial values (never held:
+// offload.host_groups: scheduled) costs no bytes, and Θ that model.init_from gave and that never
+// trained is not stored (the manifest fingerprints the file; resume checks it). Resume leaves
+// such groups as the fresh model has them. Formats 1 to 3 are still read.
 #pragma once
 
 #include <torch/torch.h>

@@ -41,8 +41,8 @@ if /usr/bin/python3 -c 'import torch' 2>/dev/null; then
 import torch, json, sys
 sys.path.insert(0, '$HERE')
 from ckpt_groups import load
-d = torch.load('$WORK/full/step-00000030/shard-00000.pt')
 m = json.load(open('$WORK/full/step-00000030/manifest.json'))
+d = torch.load('$WORK/full/step-00000030/' + m['files'][0]['file'])
 assert m['step'] == 30 and m['world_size'] == 2 and m['groups'] == 5, m
 assert sorted(d) == ['exp_avg', 'exp_avg_sq', 'groups', 'offsets', 'param', 'steps'], sorted(d)
 g = load('$WORK/full/step-00000030')
