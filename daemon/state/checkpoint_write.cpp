@@ -253,9 +253,17 @@ uint64_t write_pickled(const fs::path& path, const ShardValues& v) {
   pickler.stop();
   WordHash hash;
   DurableFile out(path);
+  // A failed write is never reported to the zip writer: it would throw, and throw again from
+  // its destructor, which finishes the archive (std::terminate). The callback pretends from then
+  // on, and the failure (errno kept in `out`) is raised once the writer is gone.
+  std::string failed;
   {
     caffe2::serialize::PyTorchStreamWriter zip([&](const void* p, size_t n) -> size_t {
-      if (!out.write(static_cast<const char*>(p), n)) return 0;  // the writer throws; `out` keeps errno
+      if (!failed.empty()) return n;
+      if (!out.write(static_cast<const char*>(p), n)) {
+        failed = "write failed";
+        return n;
+      }
       hash.add(static_cast<const char*>(p), n);
       return n;
     });
@@ -267,9 +275,10 @@ uint64_t write_pickled(const fs::path& path, const ShardValues& v) {
       zip.writeRecord("data.pkl", pkl.data(), pkl.size());
       zip.writeEndOfFile();
     } catch (const c10::Error& e) {
-      out.fail(e.what_without_backtrace());
+      if (failed.empty()) failed = e.what_without_backtrace();
     }
   }
+  if (!failed.empty()) out.fail(failed);
   out.commit();
   return hash.value();
 }
