@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cstdio>
 #include <iomanip>
+#include <limits>
+#include <set>
 #include <sstream>
 
 #include "common/errors.hpp"
@@ -14,6 +16,8 @@
 
 namespace thetad::daemon {
 namespace {
+
+constexpr int64_t kMaxGroups = int64_t{1} << 21;  // model.tasks <= 2^20, plus Θ
 
 std::string hex16(uint64_t v) {
   std::ostringstream os;
@@ -131,6 +135,81 @@ ManifestLayout parse_layout(const Reader& r, const YAML::Node& node) {
   return l;
 }
 
+// Format 4's "groups", "files", "runs" and "init_from": every file named once by a fixed pattern
+// (never a path) and used by a run; runs in group order covering every group once.
+void parse_files(const Reader& r, const YAML::Node& root, Manifest& m) {
+  m.num_groups = r.integer(root, "groups", 1, kMaxGroups);
+  const YAML::Node files = root["files"];
+  if (!files || !files.IsSequence()) r.fail("files", "missing or not a list");
+  if (files.size() > static_cast<size_t>(kMaxGroups)) r.fail("files", "more files than groups can fill");
+  std::set<std::string> names;
+  for (size_t i = 0; i < files.size(); ++i) {
+    const YAML::Node& n = files[i];
+    const std::string where = "files[" + std::to_string(i) + "].";
+    if (!n.IsMap()) r.fail("files[" + std::to_string(i) + "]", "not an object");
+    ManifestFile f;
+    f.file = r.text(n, "file", where);
+    int64_t number = 0;
+    if (!parse_file_name(f.file, &number)) r.fail(where + "file", "'" + f.file + "' is not shard-NNNNN.pt");
+    if (!names.insert(f.file).second) r.fail(where + "file", "'" + f.file + "' listed twice");
+    f.bytes = r.integer(n, "bytes", 0, int64_t{1} << 50, where);
+    if (f.bytes % 12 != 0) r.fail(where + "bytes", std::to_string(f.bytes) + " is not 12 bytes per value");
+    const std::string h = r.text(n, "fnv1a64", where);
+    if (!is_hex16(h)) r.fail(where + "fnv1a64", "'" + h + "' is not 16 hex digits");
+    f.fnv1a64 = std::stoull(h, nullptr, 16);
+    for (const auto& key : n) {
+      const std::string k = key.first.as<std::string>("");
+      if (k != "file" && k != "bytes" && k != "fnv1a64") r.fail(where + k, "unknown key");
+    }
+    m.files.push_back(f);
+  }
+  const YAML::Node runs = root["runs"];
+  if (!runs || !runs.IsSequence()) r.fail("runs", "missing or not a list");
+  std::vector<uint8_t> used(m.files.size(), 0);
+  int64_t next = 0;  // the first group the next run must hold
+  bool init_from = false;
+  for (size_t i = 0; i < runs.size(); ++i) {
+    const std::string where = "runs[" + std::to_string(i) + "]";
+    const YAML::Node& n = runs[i];
+    if (!n.IsSequence() || n.size() != 3) r.fail(where, "not [first, count, file]");
+    YAML::Node v;
+    v["first"] = n[0];
+    v["count"] = n[1];
+    v["file"] = n[2];
+    ManifestRun run;
+    run.first = r.integer(v, "first", 0, kMaxGroups, where + ".");
+    if (run.first != next) r.fail(where + ".first", std::to_string(run.first) + " where the runs before end at " +
+                                                         std::to_string(next) + " (runs hold the groups in order, each once)");
+    run.count = r.integer(v, "count", 1, kMaxGroups, where + ".");
+    if (run.first + run.count > m.num_groups)
+      r.fail(where + ".count", "groups " + std::to_string(run.first) + ".." + std::to_string(run.first + run.count - 1) +
+                                   " beyond groups: " + std::to_string(m.num_groups));
+    run.file = r.integer(v, "file", kRunInitFrom, static_cast<int64_t>(m.files.size()) - 1, where + ".");
+    if (run.file >= 0) used[static_cast<size_t>(run.file)] = 1;
+    init_from |= run.file == kRunInitFrom;
+    next = run.first + run.count;
+    m.runs.push_back(run);
+  }
+  if (next != m.num_groups)
+    r.fail("runs", "hold groups 0.." + std::to_string(next - 1) + " of groups: " + std::to_string(m.num_groups));
+  for (size_t i = 0; i < used.size(); ++i)
+    if (!used[i]) r.fail("files[" + std::to_string(i) + "]", "'" + m.files[i].file + "' holds no group of the runs");
+  if (const YAML::Node p = root["init_from"]) {
+    if (!p.IsMap()) r.fail("init_from", "not an object");
+    m.init_from.present = true;
+    m.init_from.path = r.text(p, "path", "init_from.");
+    if (m.init_from.path.empty() || m.init_from.path.size() > 4096) r.fail("init_from.path", "empty or longer than 4096 characters");
+    m.init_from.size = r.integer(p, "size", 0, int64_t{1} << 60, "init_from.");
+    m.init_from.mtime_ns = r.integer(p, "mtime_ns", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max(), "init_from.");
+    for (const auto& key : p) {
+      const std::string k = key.first.as<std::string>("");
+      if (k != "path" && k != "size" && k != "mtime_ns") r.fail("init_from." + k, "unknown key");
+    }
+  }
+  if (init_from != m.init_from.present)
+    r.fail("init_from", init_from ? "missing where a run is of model.init_from (-2)" : "present where no run is of model.init_from");
+}
+
 }  // namespace
 
 void check_shard_index(const ManifestShard& sh, int64_t values, const std::vector<int64_t>& offsets,
@@ -188,12 +267,73 @@ size_t shard_of(const Manifest& m, int64_t group) {
   return static_cast<size_t>(it - m.shards.begin()) - 1;
 }
 
+const ManifestRun& run_of(const Manifest& m, int64_t group) {
+  const auto it = std::upper_bound(m.runs.begin(), m.runs.end(), group,
+                                   [](int64_t g, const ManifestRun& r) { return g < r.first; });
+  return *(it - 1);
+}
+
+bool parse_file_name(const std::string& name, int64_t* n) {
+  const size_t digits = name.size() - std::min(name.size(), sizeof("shard-.pt") - 1);
+  if (name.rfind("shard-", 0) != 0 || digits < 5 || digits > 9 || name.compare(name.size() - 3, 3, ".pt") != 0)
+    return false;
+  int64_t v = 0;
+  for (size_t i = 6; i < 6 + digits; ++i) {
+    if (name[i] < '0' || name[i] > '9') return false;
+    v = v * 10 + (name[i] - '0');
+  }
+  if (n) *n = v;
+  return name == shard_file_name(v);  // one spelling per number: no leading zeros beyond five digits
+}
+
+void check_file_index(const ManifestFile& f, int64_t values, const std::vector<int64_t>& groups,
+                      const std::vector<int64_t>& offsets, const std::vector<int64_t>& steps, int64_t num_groups,
+                      int64_t checkpoint_step, const std::string& file) {
+  const auto damaged = [&](const std::string& what) {
+    throw ConfigError(file + ": " + what + " (the checkpoint is damaged; use --no-resume or another checkpoint.dir)");
+  };
+  const int64_t count = static_cast<int64_t>(groups.size());
+  if (count < 1 || count > kShardMaxGroups) damaged("key 'groups': " + std::to_string(count) + " groups");
+  for (size_t i = 0; i < groups.size(); ++i)
+    if (groups[i] < 0 || groups[i] >= num_groups || (i > 0 && groups[i] <= groups[i - 1]))
+      damaged("key 'groups': " + std::to_string(groups[i]) + " out of order or outside 0.." + std::to_string(num_groups - 1));
+  if (static_cast<int64_t>(offsets.size()) != count + 1) damaged("key 'offsets' is not int64 [" + std::to_string(count + 1) + "]");
+  if (static_cast<int64_t>(steps.size()) != count) damaged("key 'steps' is not int64 [" + std::to_string(count) + "]");
+  for (size_t i = 0; i + 1 < offsets.size(); ++i)
+    if (offsets[i] > offsets[i + 1]) damaged("key 'offsets' decreases");
+  if (offsets.front() != 0 || offsets.back() != values)
+    damaged("key 'offsets' does not span 'param' (" + std::to_string(values) + " values)");
+  if (values < 0 || values > f.bytes / 12 || values * 12 != f.bytes)
+    damaged(std::to_string(values) + " values where manifest.json says " + std::to_string(f.bytes) + " bytes (12 per value)");
+  for (size_t i = 0; i < steps.size(); ++i)
+    if (steps[i] < 0 || steps[i] > checkpoint_step)
+      damaged("key 'steps': group " + std::to_string(groups[i]) + ": step count " + std::to_string(steps[i]) +
+              " outside 0.." + std::to_string(checkpoint_step) + " (the checkpoint's step)");
+}
+
 std::string manifest_json(const Manifest& m) {
   std::ostringstream os;
   os << "{\n  \"format\": " << json_string(m.format) << ",\n  \"job\": " << json_string(m.job)
      << ",\n  \"job_hash\": " << json_string(m.job_hash) << ",\n  \"step\": " << m.step
      << ",\n  \"world_size\": " << m.world_size;
   if (m.format == kManifestFormat) {
+    os << ",\n  \"groups\": " << m.num_groups << ",\n  \"files\": [";
+    for (size_t i = 0; i < m.files.size(); ++i) {
+      const ManifestFile& f = m.files[i];
+      os << (i ? ",\n    " : "\n    ") << "{\"file\": " << json_string(f.file) << ", \"bytes\": " << f.bytes
+         << ", \"fnv1a64\": \"" << hex16(f.fnv1a64) << "\"}";
+    }
+    os << "\n  ],\n  \"runs\": [";
+    for (size_t i = 0; i < m.runs.size(); ++i)
+      os << (i ? ", " : "") << "[" << m.runs[i].first << ", " << m.runs[i].count << ", " << m.runs[i].file << "]";
+    os << "]";
+    if (m.init_from.present)
+      os << ",\n  \"init_from\": {\"path\": " << json_string(m.init_from.path) << ", \"size\": " << m.init_from.size
+         << ", \"mtime_ns\": " << m.init_from.mtime_ns << "}";
+    os << layout_json(m.layout) << "\n}\n";
+    return os.str();
+  }
+  if (m.format == kManifestFormatV3) {
     os << ",\n  \"groups\": " << m.num_groups << ",\n  \"shards\": [";
     for (size_t i = 0; i < m.shards.size(); ++i) {
       const ManifestShard& s = m.shards[i];
@@ -225,9 +365,11 @@ Manifest parse_manifest(const std::string& text, const std::string& path) {
   if (!root.IsMap()) r.fail("manifest", "not a JSON object");
   Manifest m;
   m.format = r.text(root, "format");
-  if (m.format != kManifestFormat && m.format != kManifestFormatV2 && m.format != kManifestFormatV1)
+  if (m.format != kManifestFormat && m.format != kManifestFormatV3 && m.format != kManifestFormatV2 &&
+      m.format != kManifestFormatV1)
     r.fail("format", "'" + m.format + "' is not a format this release reads (" + kManifestFormat + ")");
-  const bool sharded = m.format == kManifestFormat;
+  const bool linked = m.format == kManifestFormat;
+  const bool sharded = m.format == kManifestFormatV3;
   const bool checksums = m.format != kManifestFormatV1;
   m.job = r.text(root, "job");
   if (!config::is_job_name(m.job)) r.fail("job", "'" + m.job + "' is not a job name");
@@ -235,7 +377,6 @@ Manifest parse_manifest(const std::string& text, const std::string& path) {
   if (!is_hex16(m.job_hash)) r.fail("job_hash", "'" + m.job_hash + "' is not 16 hex digits");
   m.step = r.integer(root, "step", 0, int64_t{1} << 62);
   m.world_size = r.integer(root, "world_size", 1, int64_t{1} << 24);
-  constexpr int64_t kMaxGroups = int64_t{1} << 21;  // model.tasks <= 2^20, plus Θ
   if (sharded) {
     m.num_groups = r.integer(root, "groups", 1, kMaxGroups);
     const YAML::Node shards = root["shards"];
@@ -269,9 +410,10 @@ Manifest parse_manifest(const std::string& text, const std::string& path) {
     if (next != m.num_groups)
       r.fail("shards", "hold groups 0.." + std::to_string(next - 1) + " of groups: " + std::to_string(m.num_groups));
   }
-  const YAML::Node groups = sharded ? YAML::Node() : root["groups"];
-  if (!sharded && (!groups || !groups.IsSequence())) r.fail("groups", "missing or not a list");
-  for (size_t i = 0; !sharded && i < groups.size(); ++i) {
+  if (linked) parse_files(r, root, m);
+  const YAML::Node groups = sharded || linked ? YAML::Node() : root["groups"];
+  if (!sharded && !linked && (!groups || !groups.IsSequence())) r.fail("groups", "missing or not a list");
+  for (size_t i = 0; !sharded && !linked && i < groups.size(); ++i) {
     const YAML::Node& g = groups[i];
     const std::string where = "groups[" + std::to_string(i) + "].";
     if (!g.IsMap()) r.fail("groups[" + std::to_string(i) + "]", "not an object");
@@ -289,13 +431,13 @@ Manifest parse_manifest(const std::string& text, const std::string& path) {
     }
     m.groups.push_back(mg);
   }
-  if (!sharded) m.num_groups = static_cast<int64_t>(m.groups.size());
+  if (!sharded && !linked) m.num_groups = static_cast<int64_t>(m.groups.size());
   if (const YAML::Node layout = root["layout"]) m.layout = parse_layout(r, layout);
   for (const auto& key : root) {
     const std::string k = key.first.as<std::string>("");
     if (k != "format" && k != "job" && k != "job_hash" && k != "step" && k != "world_size" && k != "groups" &&
-        k != "layout" &&
-        !(sharded && k == "shards"))
+        k != "layout" && !(sharded && k == "shards") &&
+        !(linked && (k == "files" || k == "runs" || k == "init_from")))
       r.fail(k, "unknown key");
   }
   return m;

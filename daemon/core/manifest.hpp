@@ -13,10 +13,13 @@
 
 namespace thetad::daemon {
 
-// "thetad-checkpoint-3": groups packed into shard files (a bounded number of files however many
-// tasks), a checksum per shard. "thetad-checkpoint-2" (a file per group, a checksum each) and
+// "thetad-checkpoint-4": groups packed into shard files, each group mapped to the file that holds
+// its current values (`runs`), so that a checkpoint shares the files of unchanged groups with the
+// one before it (hard links: checkpoint.hpp); a checksum per file. "thetad-checkpoint-3" (shards
+// of consecutive groups), "thetad-checkpoint-2" (a file per group, a checksum each) and
 // "thetad-checkpoint-1" (a file per group, no checksums) are still read.
-constexpr const char* kManifestFormat = "thetad-checkpoint-3";
+constexpr const char* kManifestFormat = "thetad-checkpoint-4";
+constexpr const char* kManifestFormatV3 = "thetad-checkpoint-3";
 constexpr const char* kManifestFormatV2 = "thetad-checkpoint-2";
 constexpr const char* kManifestFormatV1 = "thetad-checkpoint-1";
 
@@ -25,6 +28,9 @@ constexpr const char* kManifestFormatV1 = "thetad-checkpoint-1";
 // small enough for torch.load and for the ranks to share the writing.
 constexpr int64_t kShardMaxGroups = 8192;
 constexpr int64_t kShardMaxBytes = int64_t{64} << 20;
+// Format 4's files: fewer and larger (a full checkpoint of 32 GB is ~128 files; the writes are
+// large and sequential), still bounded for torch.load and for sharing the writing among ranks.
+constexpr int64_t kFileMaxBytes = int64_t{256} << 20;
 
 struct ManifestGroup {     // formats 1 and 2
   int group = 0;
@@ -40,6 +46,35 @@ struct ManifestShard {     // format 3: groups first .. first + count - 1
   uint64_t fnv1a64 = 0;    // FNV-1a 64 of the file's bytes
 };
 
+struct ManifestFile {      // format 4: one file of the directory (written now or shared)
+  std::string file;        // shard-NNNNN.pt (5 to 9 digits), each name once
+  int64_t bytes = 0;       // bytes of the values it holds (parameters and moments, 12 per value),
+                           // stale groups' included: what makes a mostly stale file be rewritten
+  uint64_t fnv1a64 = 0;    // FNV-1a 64 of the file's bytes
+};
+
+// Format 4: groups first .. first + count - 1 have their values in files[file], or hold none.
+constexpr int64_t kRunInitial = -1;   // at their initial values (checkpoint.hpp)
+constexpr int64_t kRunInitFrom = -2;  // as model.init_from gives them (never trained; `init_from`)
+struct ManifestRun {
+  int64_t first = 0;
+  int64_t count = 0;
+  int64_t file = kRunInitial;
+};
+
+// Format 4: the model.init_from a checkpoint relies on (kRunInitFrom groups): its path and a
+// fingerprint (a file's size and mtime; a directory's regular files' sizes summed and newest
+// mtime), compared at resume.
+struct InitFromPrint {
+  bool present = false;
+  std::string path;
+  int64_t size = 0;
+  int64_t mtime_ns = 0;
+  bool operator==(const InitFromPrint& o) const {
+    return present == o.present && path == o.path && size == o.size && mtime_ns == o.mtime_ns;
+  }
+};
+
 struct Manifest {
   std::string format = kManifestFormat;
   std::string job;
@@ -49,6 +84,9 @@ struct Manifest {
   int64_t num_groups = 0;
   std::vector<ManifestGroup> groups;  // formats 1 and 2: group g at index g
   std::vector<ManifestShard> shards;  // format 3: in group order, covering 0..num_groups-1 once
+  std::vector<ManifestFile> files;    // format 4: every file the checkpoint uses
+  std::vector<ManifestRun> runs;      // format 4: in group order, covering 0..num_groups-1 once
+  InitFromPrint init_from;            // format 4, where a run is kRunInitFrom
   ManifestLayout layout;  // "layout" (any format; absent before this release): see layout.hpp
 };
 
@@ -67,6 +105,20 @@ size_t shard_of(const Manifest& m, int64_t group);
 // the key otherwise. (Torch-free, fuzzed with the manifest: tests/fuzz/fuzz_shard_index.cpp.)
 void check_shard_index(const ManifestShard& sh, int64_t values, const std::vector<int64_t>& offsets,
                        const std::vector<int64_t>& steps, int64_t checkpoint_step, const std::string& file);
+
+// Format 4: the run holding group g (g must be in range).
+const ManifestRun& run_of(const Manifest& m, int64_t group);
+// Whether `name` is a format-4 file name (shard-NNNNN.pt, 5 to 9 digits); its number in `*n`.
+bool parse_file_name(const std::string& name, int64_t* n);
+
+// A format-4 file's index as its file holds it ("groups": the groups it holds, ascending, stale
+// ones included; "offsets": where each starts, and the end; "steps": each one's optimizer steps),
+// checked against its manifest entry `f` (12 bytes per value), the length of its value tensors
+// `values`, the manifest's group count and the checkpoint's step. ConfigError naming `file` and
+// the key otherwise. (Torch-free, fuzzed: tests/fuzz/fuzz_shard_index.cpp.)
+void check_file_index(const ManifestFile& f, int64_t values, const std::vector<int64_t>& groups,
+                      const std::vector<int64_t>& offsets, const std::vector<int64_t>& steps, int64_t num_groups,
+                      int64_t checkpoint_step, const std::string& file);
 
 // "group-0003.pt".
 std::string group_file_name(int group);

@@ -1,19 +1,25 @@
 // Checkpoints: a directory per step, `step-00000040/` with manifest.json (daemon/core/manifest.hpp:
-// a checksum per file) and the groups packed into shard files (`shard-00000.pt`, each a dict of
-// tensors that Python's torch.load reads; at most kShardMaxGroups groups or kShardMaxBytes
-// each, so a million tasks make ~129 files, not a million). Written under a temporary name, the
-// shards shared round-robin among the ranks, each file synced to disk, and renamed (then the
-// rename synced) once all have finished, so a directory named step-* is always complete, also after a
-// crash of the machine. Keep-N pruning runs after that and never removes the new checkpoint.
-// A group whose values a shard does not hold (zero of them, step count 0, where the model's group
-// has values) is at its initial values, which the model draws from the job: a task group that the
-// host arena does not hold (offload.host_groups: scheduled) is written so, 10,000 untouched
-// adapters cost no bytes. Resume leaves such a group as the fresh model has it.
+// format 4, a checksum per file) and the groups' values in files (`shard-00007.pt`, each a dict of
+// tensors that Python's torch.load reads, with the groups it holds; at most kShardMaxGroups
+// groups or kFileMaxBytes each, Θ in files of its own). Incremental: a checkpoint writes Θ (if it
+// trained) and the groups whose step count changed since the newest complete checkpoint (this
+// run's last, or the one resumed from); the files holding the other groups are that checkpoint's,
+// hard-linked into the new directory (copied where links fail), so every directory is complete
+// and verifiable on its own and `keep` may remove any of them (checkpoint_plan.hpp decides; a
+// mostly stale file is rewritten). Written under a temporary name, the new files shared
+// round-robin among the ranks, each synced to disk, the shared ones linked and the directory
+// renamed by rank 0 (then the rename synced) once all have finished, so a directory named step-*
+// is always complete, also after a crash of the machine. Keep-N pruning runs after that and
+// never removes the new checkpoint. A group at its initial values (never held:
+// offload.host_groups: scheduled) costs no bytes, and Θ that model.init_from gave and that never
+// trained is not stored (the manifest fingerprints the file; resume checks it). Resume leaves
+// such groups as the fresh model has them. Formats 1 to 3 are still read.
 #pragma once
 
 #include <torch/torch.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -26,6 +32,7 @@
 #include "config/job.hpp"
 #include "daemon/core/manifest.hpp"
 #include "daemon/models/param_groups.hpp"
+#include "daemon/state/checkpoint_plan.hpp"
 
 namespace thetad::daemon {
 
@@ -69,8 +76,13 @@ struct CheckpointWriter {
   int rank = 0, world = 1;
   std::string job_name, job_hash;
   int64_t keep = 3;
-  std::vector<int64_t> group_bytes;  // per group: bytes of its parameters and moments (the shard plan)
+  std::vector<int64_t> group_bytes;  // per group: bytes of its parameters and moments
+  // What is written, what shared (checkpoint_plan.hpp); publish_files (rank 0) fills in the
+  // written files' checksums, which the next checkpoint's manifest takes for the files it shares.
+  std::shared_ptr<CheckpointPlan> plan;
   ManifestLayout layout;             // the parameters' layout (checkpoint_layout), in the manifest
+  InitFromPrint init_from;           // model.init_from's fingerprint, where a group relies on it
+  std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();  // for the log
   std::function<void()> barrier;
   std::function<bool(bool)> all_ok;
 };
@@ -113,10 +125,10 @@ using HostFloats = std::vector<float, UninitAllocator<float>>;
 // the trainer's whole stall), their room in the host vectors left unfilled until the writer
 // thread copies them in (fill_staged) and drops the clones, shard by shard.
 struct ShardValues {
-  size_t index = 0;  // in plan_shards(group_bytes)
+  size_t index = 0;  // in the plan's manifest.files
   std::string file;
   HostFloats param, exp_avg, exp_avg_sq;
-  std::vector<int64_t> offsets, steps;
+  std::vector<int64_t> groups, offsets, steps;
   struct Staged {
     int vec = 0;    // 0 param, 1 exp_avg, 2 exp_avg_sq
     size_t at = 0;  // where its values go in that vector
@@ -158,10 +170,15 @@ class CheckpointReader {
   // Group g's state: by name (formats 1 and 2), or (format 3) with no names and one flat tensor
   // each of parameters and moments, in the group's flat layout (ParamGroups::offset).
   GroupState load_group(int group) const;
+  // The groups in the order that reads each file once (format 4: by file; else 0, 1, ...).
+  std::vector<int> load_order() const;
   const Manifest& manifest() const { return manifest_; }
 
  private:
   GroupState load_shard_group(int group) const;
+  GroupState load_linked_group(int group) const;
+  void read_shard(const c10::impl::GenericDict& dict, const std::string& file, bool with_groups) const;
+  GroupState slice(GroupState st, size_t i, const std::string& file) const;
   GroupState load_group_file(int group) const;
   c10::impl::GenericDict load_file(const std::string& name, bool has_checksum, uint64_t checksum) const;
   at::Tensor tensor(const c10::impl::GenericDict& dict, const std::string& key, const std::string& file) const;
@@ -169,13 +186,21 @@ class CheckpointReader {
   void check_state(const std::string& file, const GroupState& st) const;
   CheckpointInfo ckpt_;
   Manifest manifest_;
-  struct Shard {  // the shard read last (format 3), checked
+  struct Shard {  // the shard read last (formats 3 and 4), checked
     int64_t index = -1;
     at::Tensor param, exp_avg, exp_avg_sq;
-    std::vector<int64_t> offsets, steps;
+    std::vector<int64_t> groups, offsets, steps;  // groups: format 4
   };
   mutable Shard shard_;
 };
+
+// model.init_from's fingerprint (manifest.hpp's InitFromPrint): a file's size and mtime, a
+// directory's regular files' sizes summed and the newest mtime. Error naming it where unreadable.
+InitFromPrint init_from_print(const std::string& path);
+// A format-4 checkpoint whose Θ is model.init_from's (never trained, not stored): the job's
+// model.init_from must be that path with the same fingerprint. ConfigError naming the file and
+// group 0 otherwise (resume would start from other values than the run had).
+void check_init_from(const Manifest& m, const std::string& job_init_from, const std::string& ckpt_path);
 
 // A loaded group in the model's terms: its parameters' names, shapes and order as `groups` has
 // them. Tensors by name are checked by name and shape (formats 1 and 2); a shard's flat values

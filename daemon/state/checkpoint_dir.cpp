@@ -4,18 +4,22 @@
 #include <fcntl.h>
 #include <ftw.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
+#include <limits>
 #include <regex>
 #include <sstream>
 
+#include "comm/bucket_plan.hpp"
 #include "common/errors.hpp"
 #include "common/log.hpp"
 #include "daemon/state/checkpoint.hpp"
@@ -34,27 +38,71 @@ std::string step_name(int64_t step) {
   throw Error("checkpoint: " + what + " " + p.string() + ": " + std::strerror(errno));
 }
 
-void write_file_durable(const fs::path& path, const std::vector<char>& bytes) {
-  fs::path part = path;
-  part += ".part";
-  const int fd = ::open(part.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) io_error("cannot write", part);
-  size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      ::close(fd);
-      io_error("short write to", part);
+DurableFile::DurableFile(const fs::path& path) : path_(path), part_(fs::path(path) += ".part") {
+  fd_ = ::open(part_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd_ < 0) io_error("cannot write", part_);
+}
+
+DurableFile::~DurableFile() {
+  if (fd_ < 0) return;
+  ::close(fd_);
+  ::unlink(part_.c_str());
+}
+
+bool DurableFile::write(const char* p, size_t n) {
+  while (n > 0) {
+    const ssize_t k = ::write(fd_, p, n);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) {
+      errno_ = k < 0 ? errno : ENOSPC;
+      return false;
     }
-    done += static_cast<size_t>(n);
+    p += k;
+    n -= static_cast<size_t>(k);
   }
-  if (::fsync(fd) != 0) {
-    ::close(fd);
-    io_error("cannot sync", part);
+  return true;
+}
+
+void DurableFile::fail(const std::string& what) {
+  if (errno_ == 0) throw Error("checkpoint: cannot write " + part_.string() + ": " + what);
+  errno = errno_;
+  io_error("short write to", part_);
+}
+
+void DurableFile::commit() {
+  if (::fsync(fd_) != 0) io_error("cannot sync", part_);
+  const int fd = fd_;
+  fd_ = -1;
+  if (::close(fd) != 0) {
+    ::unlink(part_.c_str());
+    io_error("cannot close", part_);
   }
-  if (::close(fd) != 0) io_error("cannot close", part);
-  fs::rename(part, path);
+  fs::rename(part_, path_);
+}
+
+void write_file_durable(const fs::path& path, const std::vector<char>& bytes) {
+  DurableFile f(path);
+  if (!f.write(bytes.data(), bytes.size())) f.fail("");
+  f.commit();
+}
+
+bool link_or_copy(const fs::path& from, const fs::path& to, uint64_t fnv1a64w) {
+  if (::link(from.c_str(), to.c_str()) == 0) return true;
+  const int err = errno;
+  if (err != EXDEV && err != EPERM && err != EMLINK && err != ENOTSUP && err != EOPNOTSUPP && err != ENOSYS) {
+    errno = err;
+    io_error("cannot link the unchanged groups' file", from);
+  }
+  static std::atomic<bool> said{false};
+  if (!said.exchange(true))
+    THETAD_LOG(warn, "ckpt") << "cannot hard-link " << from.string() << " into the new checkpoint (" << std::strerror(err)
+                             << "): files of unchanged groups are copied instead (checkpoints then cost their full size)";
+  const std::vector<char> bytes = read_bytes(from);
+  if (comm::fnv1a64_words(bytes.data(), bytes.size()) != fnv1a64w)
+    throw Error("checkpoint: " + from.string() + " no longer matches its checksum; it is not copied into the new "
+                "checkpoint (the newest complete checkpoint is damaged)");
+  write_file_durable(to, bytes);
+  return false;
 }
 
 void sync_dir(const fs::path& dir) {
@@ -191,6 +239,28 @@ std::optional<CheckpointInfo> find_latest_checkpoint(const std::string& dir) {
                       best->path + " out of " + dir + " to resume from the one before it, or start anew with "
                       "--no-resume");
   return best;
+}
+
+InitFromPrint init_from_print(const std::string& path) {
+  const auto stamp = [&](const fs::path& p, InitFromPrint& f) {
+    struct stat st {};
+    if (::stat(p.c_str(), &st) != 0) io_error("cannot read model.init_from", p);
+    f.mtime_ns = std::max<int64_t>(f.mtime_ns, int64_t{st.st_mtim.tv_sec} * 1000000000 + st.st_mtim.tv_nsec);
+    return st;
+  };
+  InitFromPrint f;
+  f.present = true;
+  f.path = path;
+  f.mtime_ns = std::numeric_limits<int64_t>::min();
+  const struct stat st = stamp(path, f);
+  if (!S_ISDIR(st.st_mode)) {
+    f.size = st.st_size;
+    return f;
+  }
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(path, ec))
+    if (e.is_regular_file(ec)) f.size += static_cast<int64_t>(stamp(e.path(), f).st_size);
+  return f;
 }
 
 std::string checkpoint_path(const std::string& dir, int64_t step) { return (fs::path(dir) / step_name(step)).string(); }

@@ -21,6 +21,30 @@ int64_t step_of(const fs::path& p);
 // Writes the file under path.part, on disk (fsync) before it takes its name: a crash leaves the
 // old contents or the new ones, never a torn file.
 void write_file_durable(const fs::path& path, const std::vector<char>& bytes);
+// A file written in pieces under path.part, then synced and renamed (as write_file_durable):
+// a crash leaves the old contents or the new ones. Removed (.part) unless committed.
+class DurableFile {
+ public:
+  explicit DurableFile(const fs::path& path);
+  ~DurableFile();
+  DurableFile(const DurableFile&) = delete;
+  DurableFile& operator=(const DurableFile&) = delete;
+  // False on an error (errno kept for fail).
+  bool write(const char* p, size_t n);
+  // Error "checkpoint: short write to <path.part>: <strerror>" (a write failed) or `what`.
+  [[noreturn]] void fail(const std::string& what);
+  void commit();  // fsync, close, rename
+
+ private:
+  fs::path path_, part_;
+  int fd_ = -1;
+  int errno_ = 0;
+};
+// Shares `from` (a file of the newest complete checkpoint) as `to`: a hard link, or where the
+// filesystem refuses one (EXDEV, EPERM, no links), a durable copy whose bytes are checked
+// against `fnv1a64w` (comm::fnv1a64_words) first, said once per process in the log. Returns
+// whether it linked. Error naming `from` where it cannot be read (removed since).
+bool link_or_copy(const fs::path& from, const fs::path& to, uint64_t fnv1a64w);
 // A directory's entries (creations, renames) on disk.
 void sync_dir(const fs::path& dir);
 // Removes `p` with everything under it; a missing `p` is no error (io_error otherwise). Not

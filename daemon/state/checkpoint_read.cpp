@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <algorithm>
 #include <filesystem>
 #include <iomanip>
 #include <map>
@@ -94,7 +95,8 @@ c10::impl::GenericDict CheckpointReader::load_file(const std::string& name, bool
   const fs::path file = fs::path(ckpt_.path) / name;  // a fixed name: parse_manifest allows no path
   const std::vector<char> bytes = read_bytes(file);
   if (has_checksum) {
-    const uint64_t sum = comm::fnv1a64(bytes.data(), bytes.size());
+    const bool words = manifest_.format == kManifestFormat;  // format 4: over 64-bit words
+    const uint64_t sum = words ? comm::fnv1a64_words(bytes.data(), bytes.size()) : comm::fnv1a64(bytes.data(), bytes.size());
     if (sum != checksum) {
       std::ostringstream os;
       os << "checksum " << std::hex << std::setw(16) << std::setfill('0') << sum << " where manifest.json says "
@@ -127,7 +129,90 @@ at::Tensor CheckpointReader::tensor(const c10::impl::GenericDict& dict, const st
 
 GroupState CheckpointReader::load_group(int group) const {
   THETAD_CHECK(group >= 0 && group < manifest_.num_groups, InternalError, "no group ", group, " in ", ckpt_.path);
+  if (manifest_.format == kManifestFormat) return load_linked_group(group);
   return manifest_.shards.empty() ? load_group_file(group) : load_shard_group(group);
+}
+
+std::vector<int> CheckpointReader::load_order() const {
+  std::vector<int> order(static_cast<size_t>(manifest_.num_groups));
+  for (size_t g = 0; g < order.size(); ++g) order[g] = static_cast<int>(g);
+  if (manifest_.format != kManifestFormat) return order;
+  // A file read once for all its groups: the groups by file (the initial ones first), then in order.
+  std::vector<int64_t> file(order.size());
+  for (const ManifestRun& r : manifest_.runs)
+    std::fill(file.begin() + r.first, file.begin() + r.first + r.count, r.file);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return file[static_cast<size_t>(a)] < file[static_cast<size_t>(b)]; });
+  return order;
+}
+
+// The file's dict as a shard: float32 values, int64 index keys (ConfigError naming the file).
+void CheckpointReader::read_shard(const c10::impl::GenericDict& dict, const std::string& file, bool with_groups) const {
+  const auto values = [&](const char* key) {
+    at::Tensor t = tensor(dict, key, file);
+    if (t.dim() != 1 || t.scalar_type() != at::kFloat) throw damaged(file, std::string("key '") + key + "' is not float32 [n]");
+    return t;
+  };
+  const auto index = [&](const char* key) {
+    const at::Tensor t = tensor(dict, key, file);
+    if (t.dim() != 1 || t.scalar_type() != at::kLong) throw damaged(file, std::string("key '") + key + "' is not int64 [n]");
+    const at::Tensor c = t.contiguous();
+    return std::vector<int64_t>(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
+  };
+  shard_.param = values("param");
+  shard_.exp_avg = values("exp_avg");
+  shard_.exp_avg_sq = values("exp_avg_sq");
+  shard_.offsets = index("offsets");
+  shard_.steps = index("steps");
+  shard_.groups = with_groups ? index("groups") : std::vector<int64_t>();
+  const int64_t n = shard_.param.numel();
+  if (shard_.exp_avg.numel() != n || shard_.exp_avg_sq.numel() != n)
+    throw damaged(file, "keys 'param', 'exp_avg' and 'exp_avg_sq' differ in length");
+}
+
+// Format 4: the group's slice of the file its run names (shared with older checkpoints or not:
+// checked against this manifest's checksum all the same), the file read and checked once.
+GroupState CheckpointReader::load_linked_group(int group) const {
+  const ManifestRun& run = run_of(manifest_, group);
+  GroupState st;
+  st.group = group;
+  if (run.file < 0) {  // initial, or model.init_from's (checked by check_init_from)
+    st.initial = true;
+    return st;
+  }
+  const ManifestFile& f = manifest_.files[static_cast<size_t>(run.file)];
+  const std::string where = (fs::path(ckpt_.path) / f.file).string();
+  if (shard_.index != run.file) {
+    shard_ = {};
+    try {  // a damaged file says which group it holds (a file shared by several checkpoints)
+      read_shard(load_file(f.file, true, f.fnv1a64), f.file, true);
+      check_file_index(f, shard_.param.numel(), shard_.groups, shard_.offsets, shard_.steps, manifest_.num_groups,
+                       ckpt_.step, where);
+    } catch (const ConfigError& e) {
+      shard_ = {};
+      throw ConfigError(std::string(e.what()) + "; it holds group " + std::to_string(group) +
+                        (run.count > 1 || run.first != group ? " and others" : ""));
+    }
+    shard_.index = run.file;
+  }
+  const auto it = std::lower_bound(shard_.groups.begin(), shard_.groups.end(), group);
+  if (it == shard_.groups.end() || *it != group)
+    throw damaged(f.file, "group " + std::to_string(group) + " is not in it, where manifest.json says it is");
+  return slice(st, static_cast<size_t>(it - shard_.groups.begin()), f.file);
+}
+
+// Group `st.group`'s values at position i of the shard read last, checked.
+GroupState CheckpointReader::slice(GroupState st, size_t i, const std::string& file) const {
+  const int64_t a = shard_.offsets[i], len = shard_.offsets[i + 1] - a;
+  st.params = {shard_.param.narrow(0, a, len)};
+  // Training on from NaN or Inf would only spread it: refused before any step.
+  if (!all_finite(st.params[0]))
+    throw ConfigError((fs::path(ckpt_.path) / file).string() + ": group " + std::to_string(st.group) +
+                      ": parameters hold NaN or Inf (resume from an earlier checkpoint, or start anew with --no-resume)");
+  st.exp_avg = {shard_.exp_avg.narrow(0, a, len)};
+  st.exp_avg_sq = {shard_.exp_avg_sq.narrow(0, a, len)};
+  st.steps = shard_.steps[i];
+  check_state(file, st);
+  return st;
 }
 
 // Format 3: the group's slice of its shard, the shard read and checked once for all its groups
@@ -138,43 +223,14 @@ GroupState CheckpointReader::load_shard_group(int group) const {
   const ManifestShard& sh = manifest_.shards[s];
   if (shard_.index != static_cast<int64_t>(s)) {
     shard_ = {};
-    const c10::impl::GenericDict dict = load_file(sh.file, true, sh.fnv1a64);
-    const auto values = [&](const char* key) {
-      at::Tensor t = tensor(dict, key, sh.file);
-      if (t.dim() != 1 || t.scalar_type() != at::kFloat) throw damaged(sh.file, std::string("key '") + key + "' is not float32 [n]");
-      return t;
-    };
-    shard_.param = values("param");
-    shard_.exp_avg = values("exp_avg");
-    shard_.exp_avg_sq = values("exp_avg_sq");
-    const at::Tensor offsets = tensor(dict, "offsets", sh.file), steps = tensor(dict, "steps", sh.file);
-    if (offsets.dim() != 1 || offsets.scalar_type() != at::kLong)
-      throw damaged(sh.file, "key 'offsets' is not int64 [" + std::to_string(sh.count + 1) + "]");
-    if (steps.dim() != 1 || steps.scalar_type() != at::kLong)
-      throw damaged(sh.file, "key 'steps' is not int64 [" + std::to_string(sh.count) + "]");
-    const int64_t n = shard_.param.numel();
-    if (shard_.exp_avg.numel() != n || shard_.exp_avg_sq.numel() != n)
-      throw damaged(sh.file, "keys 'param', 'exp_avg' and 'exp_avg_sq' differ in length");
-    const at::Tensor offs = offsets.contiguous(), stps = steps.contiguous();
-    shard_.offsets.assign(offs.data_ptr<int64_t>(), offs.data_ptr<int64_t>() + offs.numel());
-    shard_.steps.assign(stps.data_ptr<int64_t>(), stps.data_ptr<int64_t>() + stps.numel());
-    check_shard_index(sh, n, shard_.offsets, shard_.steps, ckpt_.step, (fs::path(ckpt_.path) / sh.file).string());
+    read_shard(load_file(sh.file, true, sh.fnv1a64), sh.file, false);
+    check_shard_index(sh, shard_.param.numel(), shard_.offsets, shard_.steps, ckpt_.step,
+                      (fs::path(ckpt_.path) / sh.file).string());
     shard_.index = static_cast<int64_t>(s);
   }
-  const size_t i = static_cast<size_t>(group - sh.first);
-  const int64_t a = shard_.offsets[i], len = shard_.offsets[i + 1] - a;
   GroupState st;
   st.group = group;
-  st.params = {shard_.param.narrow(0, a, len)};
-  // Training on from NaN or Inf would only spread it: refused before any step.
-  if (!all_finite(st.params[0]))
-    throw ConfigError((fs::path(ckpt_.path) / sh.file).string() + ": group " + std::to_string(group) +
-                      ": parameters hold NaN or Inf (resume from an earlier checkpoint, or start anew with --no-resume)");
-  st.exp_avg = {shard_.exp_avg.narrow(0, a, len)};
-  st.exp_avg_sq = {shard_.exp_avg_sq.narrow(0, a, len)};
-  st.steps = shard_.steps[i];
-  check_state(sh.file, st);
-  return st;
+  return slice(st, static_cast<size_t>(group - sh.first), sh.file);
 }
 
 // Formats 1 and 2: a file per group, tensors by name.
@@ -206,6 +262,25 @@ GroupState CheckpointReader::load_group_file(int group) const {
   return st;
 }
 
+void check_init_from(const Manifest& m, const std::string& job_init_from, const std::string& ckpt_path) {
+  if (!m.init_from.present) return;
+  const std::string what = ckpt_path + "/manifest.json: group 0 (the shared parameters) is model.init_from's " +
+                           m.init_from.path + ", not stored in the checkpoint: ";
+  const std::string advice = " (restore that file, or start anew with --no-resume)";
+  if (job_init_from != m.init_from.path)
+    throw ConfigError(what + "this job's model.init_from is '" + job_init_from + "'" + advice);
+  InitFromPrint now;
+  try {
+    now = init_from_print(job_init_from);
+  } catch (const std::exception& e) {
+    throw ConfigError(what + e.what() + advice);
+  }
+  if (!(now == m.init_from))
+    throw ConfigError(m.init_from.path + ": changed since the checkpoint " + ckpt_path + " relied on it for group 0 (size " +
+                      std::to_string(m.init_from.size) + " -> " + std::to_string(now.size) + ", mtime_ns " +
+                      std::to_string(m.init_from.mtime_ns) + " -> " + std::to_string(now.mtime_ns) + ")" + advice);
+}
+
 ManifestLayout checkpoint_layout(const config::Job& job, const ParamGroups& groups) {
   LayoutBuilder b(job);
   for (int g = 0; g < groups.num_groups(); ++g)
@@ -217,6 +292,7 @@ ManifestLayout checkpoint_layout(const config::Job& job, const ParamGroups& grou
 }
 
 GroupState in_model_layout(const GroupState& loaded, const ParamGroups& groups, int g, const std::string& where) {
+  if (loaded.initial) return loaded;  // format 4's initial and model.init_from groups
   if (loaded.names.empty()) {
     const int64_t n = groups.numel(g);
     if (loaded.params.size() == 1 && loaded.params[0].numel() == 0 && n > 0 && loaded.steps == 0) {

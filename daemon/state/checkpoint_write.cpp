@@ -2,6 +2,8 @@
 // (rank 0 makes the temporary directory), snapshot (the rank's shards copied out of training
 // state), write (pickle, write and fsync: any thread, no collective), publish (every rank agrees,
 // rank 0 writes the manifest and renames). See checkpoint.hpp for the layout and protocol.
+#include <caffe2/serialize/inline_container.h>
+#include <torch/csrc/jit/serialization/pickler.h>
 #include <torch/serialize.h>
 
 #if THETAD_TORCH_CUDA
@@ -15,9 +17,11 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <filesystem>
 #include <fstream>
+#include <iomanip>
 #include <sstream>
 #include <thread>
 
@@ -28,6 +32,7 @@
 #include "daemon/core/manifest.hpp"
 #include "daemon/state/checkpoint.hpp"
 #include "daemon/state/checkpoint_files.hpp"
+#include "daemon/state/checkpoint_plan.hpp"
 
 namespace thetad::daemon {
 namespace {
@@ -91,15 +96,19 @@ void check_finite(const CheckpointWriter& w, FiniteChecks& c) {
 
 // Copies one shard's groups into `out` (its vectors keep their capacity from the last time):
 // "param", "exp_avg" and "exp_avg_sq" (float32, the groups' values one after the other, each
-// group in its flat layout: parameters in registration order), "offsets" (int64 [count + 1],
-// where each group starts) and "steps" (int64 [count]). Never a checkpoint of non-finite
+// group in its flat layout: parameters in registration order), "groups" (int64 [count], which
+// groups, ascending), "offsets" (int64 [count + 1], where each group starts) and "steps" (int64
+// [count]). Never a checkpoint of non-finite
 // parameters: it would become the newest and, with keep, replace the last good one (the write
 // fails on every rank, exit 1, and its temporary directory goes). Staged (device) parameters
 // are checked in check_finite, after the shard.
-void snapshot_shard(const CheckpointWriter& w, const ManifestShard& shard, size_t index,
-                    const std::function<GroupState(int)>& group_state, ShardValues& out, FiniteChecks& checks) {
-  out.index = index;
-  out.file = shard.file;
+void snapshot_shard(const CheckpointWriter& w, size_t k, const std::function<GroupState(int)>& group_state,
+                    ShardValues& out, FiniteChecks& checks) {
+  const CheckpointPlan& plan = *w.plan;
+  const std::vector<int64_t>& groups = plan.written_groups[k];
+  out.index = plan.written[k];
+  out.file = plan.manifest.files[out.index].file;
+  out.groups = groups;
   out.param.clear();
   out.exp_avg.clear();
   out.exp_avg_sq.clear();
@@ -109,8 +118,7 @@ void snapshot_shard(const CheckpointWriter& w, const ManifestShard& shard, size_
   // Sized once (group_bytes: 3 floats per value): growing by doubling copied and faulted in
   // twice the memory, seconds for 100 MB on a loaded 2-core machine.
   int64_t values = 0;
-  for (int64_t g = shard.first; g < shard.first + shard.count; ++g)
-    values += w.group_bytes[static_cast<size_t>(g)] / (3 * int64_t{sizeof(float)});
+  for (int64_t g : groups) values += w.group_bytes[static_cast<size_t>(g)] / (3 * int64_t{sizeof(float)});
   HostFloats* vecs[3] = {&out.param, &out.exp_avg, &out.exp_avg_sq};
   for (auto* v : vecs) v->reserve(static_cast<size_t>(values));
   // Test aid (tests/integration/async_checkpoint.sh): host tensors staged too (cloned on the
@@ -155,7 +163,7 @@ void snapshot_shard(const CheckpointWriter& w, const ManifestShard& shard, size_
     checks.host_bytes += c.numel() * int64_t{sizeof(float)};
     return {};
   };
-  for (int64_t g = shard.first; g < shard.first + shard.count; ++g) {
+  for (int64_t g : groups) {
     const GroupState st = group_state(static_cast<int>(g));
     if (st.initial) {  // zero values and step count 0: at its initial values (checkpoint.hpp)
       out.offsets.push_back(static_cast<int64_t>(out.param.size()));
@@ -194,9 +202,37 @@ void fill_staged(ShardValues& v) {
   v.staged.clear();
 }
 
-// A shard's values as one torch.load-able dict of five tensors (a tensor per parameter would
-// make a million tiny tasks millions of records, minutes to write).
-std::vector<char> pickle_shard(const ShardValues& v) {
+// FNV-1a 64 over 64-bit words (comm::fnv1a64_words) of bytes that come in pieces of any length.
+class WordHash {
+ public:
+  void add(const char* p, size_t n) {
+    while (n > 0 && have_ > 0 && have_ < 8) {  // complete a word begun by the last piece
+      carry_[have_++] = *p++;
+      --n;
+      if (have_ == 8) {
+        h_ = comm::fnv1a64_words(carry_, 8, h_);
+        have_ = 0;
+      }
+    }
+    const size_t whole = n / 8 * 8;
+    h_ = comm::fnv1a64_words(p, whole, h_);
+    std::memcpy(carry_, p + whole, n - whole);
+    have_ = n - whole;
+  }
+  uint64_t value() const { return comm::fnv1a64(carry_, have_, h_); }
+
+ private:
+  uint64_t h_ = comm::fnv1a64("", 0);
+  char carry_[8] = {};
+  size_t have_ = 0;
+};
+
+// A shard's values as one torch.load-able dict of six tensors (a tensor per parameter would
+// make a million tiny tasks millions of records, minutes to write), written straight from the
+// host vectors into the file as the zip container is built (torch::pickle_save would first copy
+// the whole file into a growing vector: a second pass over memory and its page faults, a third of
+// the write's time), the checksum taken on the way. Returns the checksum.
+uint64_t write_pickled(const fs::path& path, const ShardValues& v) {
   // from_blob: the dict's tensors view the vectors, which outlive the pickling below. The
   // pickler only reads them.
   const auto view = [](const auto& vec, at::ScalarType type) {
@@ -207,9 +243,44 @@ std::vector<char> pickle_shard(const ShardValues& v) {
   dict.insert("param", view(v.param, at::kFloat));
   dict.insert("exp_avg", view(v.exp_avg, at::kFloat));
   dict.insert("exp_avg_sq", view(v.exp_avg_sq, at::kFloat));
+  dict.insert("groups", view(v.groups, at::kLong));
   dict.insert("offsets", view(v.offsets, at::kLong));
   dict.insert("steps", view(v.steps, at::kLong));
-  return torch::pickle_save(c10::IValue(dict));
+  std::vector<char> pkl;
+  torch::jit::Pickler pickler([&](const char* p, size_t n) { pkl.insert(pkl.end(), p, p + n); });
+  pickler.protocol();
+  pickler.pushIValue(c10::IValue(dict));
+  pickler.stop();
+  WordHash hash;
+  DurableFile out(path);
+  // A failed write is never reported to the zip writer: it would throw, and throw again from
+  // its destructor, which finishes the archive (std::terminate). The callback pretends from then
+  // on, and the failure (errno kept in `out`) is raised once the writer is gone.
+  std::string failed;
+  {
+    caffe2::serialize::PyTorchStreamWriter zip([&](const void* p, size_t n) -> size_t {
+      if (!failed.empty()) return n;
+      if (!out.write(static_cast<const char*>(p), n)) {
+        failed = "write failed";
+        return n;
+      }
+      hash.add(static_cast<const char*>(p), n);
+      return n;
+    });
+    try {
+      size_t i = 0;
+      for (const at::Tensor& t : pickler.tensorData()) {  // as torch::jit::writeArchiveAndTensors does
+        zip.writeRecord("data/" + std::to_string(i++), t.storage().data(), t.storage().nbytes());
+      }
+      zip.writeRecord("data.pkl", pkl.data(), pkl.size());
+      zip.writeEndOfFile();
+    } catch (const c10::Error& e) {
+      if (failed.empty()) failed = e.what_without_backtrace();
+    }
+  }
+  if (!failed.empty()) out.fail(failed);
+  out.commit();
+  return hash.value();
 }
 
 // Test aids, read only here (docs/configuration.md, tests/integration/async_checkpoint.sh):
@@ -233,9 +304,7 @@ uint64_t write_shard(const CheckpointWriter& w, ShardValues& v, const std::atomi
   test_hooks(w, file, cancel);
   if (cancel && cancel->load()) throw Error("checkpoint of step " + std::to_string(w.step) + ": write cancelled");
   fill_staged(v);
-  const std::vector<char> bytes = pickle_shard(v);
-  write_file_durable(file, bytes);
-  return comm::fnv1a64(bytes.data(), bytes.size());
+  return write_pickled(file, v);
 }
 
 // "shard fnv1a64" per line: rank 0 puts them in the manifest. (The test aids apply here too: a
@@ -263,13 +332,12 @@ void begin_checkpoint(const CheckpointWriter& w, WriteStatus& st) {
 
 void snapshot_share(const CheckpointWriter& w, const std::function<GroupState(int)>& group_state,
                     CheckpointShare& share, WriteStatus& st) {
-  const std::vector<ManifestShard> shards = plan_shards(w.group_bytes);
   size_t n = 0;
   FiniteChecks checks;
   try {
-    for (size_t s = static_cast<size_t>(w.rank); s < shards.size(); s += static_cast<size_t>(w.world), ++n) {
+    for (size_t k = static_cast<size_t>(w.rank); k < w.plan->written.size(); k += static_cast<size_t>(w.world), ++n) {
       if (share.shards.size() <= n) share.shards.emplace_back();
-      snapshot_shard(w, shards[s], s, group_state, share.shards[n], checks);
+      snapshot_shard(w, k, group_state, share.shards[n], checks);
     }
     check_finite(w, checks);
   } catch (const std::exception& e) {
@@ -323,30 +391,44 @@ void agree_checkpoint(const CheckpointWriter& w, const WriteStatus& st, const ch
 // is on disk, then the rename itself synced.
 void publish_files(const CheckpointWriter& w) {
   const fs::path root(w.dir), tmp = tmp_dir(w), final_dir = root / step_name(w.step);
-  const std::vector<ManifestShard> shards = plan_shards(w.group_bytes);
-  Manifest m;
+  const CheckpointPlan& plan = *w.plan;
+  Manifest m = plan.manifest;
   m.job = w.job_name;
   m.job_hash = w.job_hash;
   m.step = w.step;
   m.world_size = w.world;
-  m.num_groups = static_cast<int>(w.group_bytes.size());
-  m.shards = shards;
   m.layout = w.layout;
-  std::vector<uint8_t> summed(shards.size(), 0);
+  m.init_from = w.init_from;
+  std::vector<uint8_t> summed(m.files.size(), 0);
   for (int r = 0; r < w.world; ++r) {  // every rank's checksums, then its part file goes
     const fs::path part = tmp / checksum_part(r);
     std::ifstream in(part);
-    size_t sh = 0;
+    size_t f = 0;
     uint64_t sum = 0;
-    while (in >> sh >> sum) {
-      THETAD_CHECK(sh < shards.size(), InternalError, part.string(), ": shard ", sh);
-      m.shards[sh].fnv1a64 = sum;
-      summed[sh] = 1;
+    while (in >> f >> sum) {
+      THETAD_CHECK(f < m.files.size(), InternalError, part.string(), ": file ", f);
+      m.files[f].fnv1a64 = sum;
+      summed[f] = 1;
     }
     fs::remove(part);
   }
-  for (size_t sh = 0; sh < shards.size(); ++sh)
-    THETAD_CHECK(summed[sh], InternalError, "checkpoint: no checksum for ", shards[sh].file);
+  int64_t written = 0, shared = 0, written_files = 0, shared_files = 0;
+  for (size_t f : plan.written) {
+    THETAD_CHECK(summed[f], InternalError, "checkpoint: no checksum for ", m.files[f].file);
+    written += static_cast<int64_t>(fs::file_size(tmp / m.files[f].file));
+    ++written_files;
+  }
+  // The files of unchanged groups: the newest complete checkpoint's, shared (hard links; a copy
+  // where the filesystem has none), their checksums its manifest's.
+  for (size_t f = 0; f < m.files.size(); ++f) {
+    if (summed[f]) continue;
+    const fs::path from = fs::path(plan.prev_dir) / m.files[f].file;
+    const bool linked = link_or_copy(from, tmp / m.files[f].file, m.files[f].fnv1a64);
+    const auto bytes = static_cast<int64_t>(fs::file_size(tmp / m.files[f].file));
+    (linked ? shared : written) += bytes;
+    ++(linked ? shared_files : written_files);
+  }
+  for (size_t f : plan.written) w.plan->manifest.files[f].fnv1a64 = m.files[f].fnv1a64;
   const std::string s = manifest_json(m);
   write_file_durable(tmp / "manifest.json", std::vector<char>(s.begin(), s.end()));
   sync_dir(tmp);
@@ -354,6 +436,12 @@ void publish_files(const CheckpointWriter& w) {
   fs::rename(tmp, final_dir);
   sync_dir(root);
   prune(root, w.step, w.keep);
+  const double s_taken = std::chrono::duration<double>(std::chrono::steady_clock::now() - w.started).count();
+  THETAD_LOG(info, "ckpt") << "checkpoint step " << w.step << ": wrote " << std::fixed << std::setprecision(1)
+                           << written / 1e6 << " MB in " << written_files << " files, linked " << shared / 1e6
+                           << " MB in " << shared_files << " files, " << std::setprecision(2) << s_taken << " s"
+                           << (plan.compacted_files ? " (" + std::to_string(plan.compacted_files) +
+                                                          " mostly stale files rewritten)" : std::string());
 }
 
 std::string publish_checkpoint(const CheckpointWriter& w, WriteStatus st) {
@@ -373,14 +461,13 @@ std::string write_checkpoint(const CheckpointWriter& w, const std::function<Grou
   WriteStatus st;
   begin_checkpoint(w, st);
   if (st.ok) try {
-    const std::vector<ManifestShard> shards = plan_shards(w.group_bytes);
     std::ostringstream sums;
     ShardValues v;
     FiniteChecks checks;
-    for (size_t s = static_cast<size_t>(w.rank); s < shards.size(); s += static_cast<size_t>(w.world)) {
-      snapshot_shard(w, shards[s], s, group_state, v, checks);
+    for (size_t k = static_cast<size_t>(w.rank); k < w.plan->written.size(); k += static_cast<size_t>(w.world)) {
+      snapshot_shard(w, k, group_state, v, checks);
       check_finite(w, checks);
-      sums << s << " " << write_shard(w, v, nullptr) << "\n";
+      sums << v.index << " " << write_shard(w, v, nullptr) << "\n";
     }
     write_sums(w, sums.str(), nullptr);
   } catch (const std::exception& e) {

@@ -134,12 +134,16 @@ int64_t RunState::resume(bool resume) {
     throw ConfigError(ckpt.path + ": the newest checkpoint is of step " + std::to_string(step) + ", past steps: " +
                       std::to_string(job_.steps) + " of this job; nothing would run (raise steps above " +
                       std::to_string(step) + " to train on, or start anew with --no-resume)");
-  for (int g = 0; g < groups_.num_groups(); ++g) {
+  check_init_from(reader.manifest(), job_.model.init_from, ckpt.path);
+  for (int g : reader.load_order()) {
     const GroupState st = in_model_layout(reader.load_group(g), groups_, g, ckpt.path);
     homes_.group_steps()[static_cast<size_t>(g)] = st.steps;
     if (st.initial) continue;  // never updated: the fresh model and store hold its initial values
     homes_.of(g).restore(g, st);
   }
+  // The next checkpoint shares this one's files of groups that did not change (format 4 only:
+  // an older one is written whole once).
+  if (reader.manifest().format == kManifestFormat) last_ = plan_of_read(reader.manifest(), ckpt.path, homes_.group_steps());
   THETAD_LOG(info, "ckpt") << "resumed from " << ckpt.path << " at step " << ckpt.step;
   return ckpt.step;
 }
@@ -177,10 +181,19 @@ CheckpointWriter RunState::writer(int64_t completed) {
   w.job_hash = model_hash(job_);
   w.keep = job_.checkpoint.keep;
   w.layout = checkpoint_layout(job_, groups_);
+  const std::vector<int64_t>& steps = homes_.group_steps();
+  std::vector<GroupSource> source;
   for (int g = 0; g < groups_.num_groups(); ++g) {
     const bool initial = homes_.of(g).initial(g);  // no values written
     w.group_bytes.push_back(initial ? 0 : groups_.numel(g) * 3 * int64_t{sizeof(float)});
+    // Θ from model.init_from (all of it comes from the file) and never trained: the file holds it.
+    const bool from_file = g == 0 && !job_.model.init_from.empty() && steps[0] == 0;
+    source.push_back(initial ? GroupSource::initial : from_file ? GroupSource::init_from : GroupSource::values);
   }
+  auto plan = std::make_shared<CheckpointPlan>(plan_checkpoint(last_.get(), w.group_bytes, steps, source));
+  plan->dir = checkpoint_path(w.dir, completed);
+  if (!source.empty() && source[0] == GroupSource::init_from) w.init_from = init_from_print(job_.model.init_from);
+  w.plan = std::move(plan);
   w.barrier = [this, completed] { plane_.barrier({"checkpoint barrier", completed, -1}); };
   w.all_ok = [this, completed](bool ok) {
     return plane_.all_ok(ok, {"allreduce of the checkpoint status", completed, -1});
@@ -194,8 +207,14 @@ void RunState::checkpoint(int64_t completed, bool last) {
   const auto t0 = Clock::now();
   const CheckpointWriter w = writer(completed);
   const auto group_state = [&](int g) { return state(g); };
-  if (!job_.checkpoint.async || last) {
+  // The run's final checkpoint overlaps the final hash: the snapshot, then rank 0 hashes the
+  // parameters while the files are written. Only where the snapshot's second host copy is small
+  // or accepted (checkpoint.async); all ranks decide alike (the plan is the same everywhere).
+  const bool overlap_hash = last && completed == job_.steps &&
+                            (job_.checkpoint.async || w.plan->written_bytes <= kOverlapMaxBytes * world_.size);
+  if ((!job_.checkpoint.async || last) && !overlap_hash) {
     const std::string path = write_checkpoint(w, group_state);
+    last_ = w.plan;
     if (world_.rank == 0) {
       THETAD_LOG(info, "ckpt") << "checkpoint written: " << path << " (synchronous: the trainer stalled " << std::fixed
                                << std::setprecision(1) << ms_since(t0) << " ms)";
@@ -220,6 +239,18 @@ void RunState::checkpoint(int64_t completed, bool last) {
   }
   inflight_ = std::make_unique<CheckpointInFlight>(w, std::move(share), ms_since(t0));
   inflight_->abandon_wait = comm_timeout(job_);
+  if (!overlap_hash) return;
+  if (world_.rank == 0) {
+    const auto t_hash = Clock::now();
+    final_hash_ = params_hash();
+    THETAD_LOG(info, "ckpt") << "final params hash computed while the final checkpoint was written (" << std::fixed
+                             << std::setprecision(1) << ms_since(t_hash) / 1000 << " s)";
+  }
+  finish_checkpoint(completed);  // the run's last checkpoint is published before it returns
+  if (world_.rank == 0) {
+    THETAD_LOG(info, "ckpt") << "final checkpoint and hash: the trainer stalled " << std::fixed << std::setprecision(1)
+                             << ms_since(t0) << " ms";
+  }
 }
 
 void RunState::warm_up_checkpoints(int64_t completed) {
@@ -292,6 +323,7 @@ void RunState::advance_checkpoint(int64_t step, bool wait) {
                              << f.writer().step << "; written and published in the background in " << f.write_ms()
                              << " ms, complete after step " << step + 1 << ")";
   }
+  last_ = f.writer().plan;
   spare_ = f.take_share();
   inflight_.reset();
 }
@@ -299,6 +331,7 @@ void RunState::advance_checkpoint(int64_t step, bool wait) {
 // FNV-1a over the parameters' own hashes (bytes_hash of each one's values, in registration order),
 // so that parameters can be hashed apart, in parallel where their values are drawn again.
 uint64_t RunState::params_hash() {
+  if (final_hash_) return *final_hash_;  // computed beside the final checkpoint: nothing changed since
   const uint64_t basis = comm::fnv1a64("", 0);
   std::vector<uint64_t> per(groups_.size());
   const InitialHashes initial(homes_, groups_);

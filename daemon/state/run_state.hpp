@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "comm/bootstrap.hpp"
@@ -54,7 +55,8 @@ class RunState {
   // "parameter 'name' of group g", or "" where all are finite. Read where each group lives; a
   // pass over the parameters, so only after a non-finite loss (to say what is non-finite).
   std::string first_nonfinite_param(int first, int stride);
-  // FNV-1a over every parameter's bytes in registration order, read where each lives.
+  // FNV-1a over every parameter's bytes in registration order, read where each lives. After the
+  // run's final checkpoint, the hash rank 0 computed while writing it.
   uint64_t params_hash();
   // issue 35 (export.adapters_dir): at the run's end (`last`) and, with export.at_checkpoints, at
   // every checkpoint step, each rank writes its share of the adapters trained since the last
@@ -68,6 +70,12 @@ class RunState {
   std::unique_ptr<CheckpointInFlight> inflight_;  // the asynchronous checkpoint being written
   std::unique_ptr<CheckpointShare> spare_;         // the last one's snapshot buffers, reused
   std::unique_ptr<CheckpointDirLock> lock_;  // rank 0: checkpoint.dir is this run's
+  // The newest complete checkpoint's plan (this run's or the one resumed from): the next one
+  // shares its files of unchanged groups.
+  std::shared_ptr<const CheckpointPlan> last_;
+  std::optional<uint64_t> final_hash_;  // rank 0: computed while the final checkpoint was written
+  // The final checkpoint overlaps the hash where each rank's snapshot copies at most this much.
+  static constexpr int64_t kOverlapMaxBytes = int64_t{2} << 30;
   const config::Job& job_;
   const comm::WorldInfo world_;
   comm::ControlPlane& plane_;

@@ -1,7 +1,8 @@
 // libFuzzer target: parse_manifest (the checkpoint manifest resume reads first) on arbitrary
 // bytes. It may only return a manifest or throw ConfigError; an accepted manifest must name
-// only its own files (group files of formats 1 and 2, shard files of format 3), each once and
-// in order, its shards must cover its groups exactly (shard_of finds each shard's groups in it),
+// only its own files (group files of formats 1 and 2, shard files of formats 3 and 4), each once
+// and in order, its shards (format 3) or runs (format 4: each naming a listed file, initial, or
+// model.init_from with its fingerprint) must cover its groups exactly (shard_of and run_of find them),
 // and it must print back to text that parses again to the same manifest, its layout (the keys,
 // names and shapes resume compares, issue 36) included, and compare equal to itself. Anything else (a
 // sanitizer report, another exception) is a bug.
@@ -33,6 +34,27 @@ void check(const Manifest& m) {
     next += s.count;
   }
   if (!m.shards.empty() && next != m.num_groups) std::abort();
+  // Format 4: files named by the pattern (never a path), each once; runs cover the groups in
+  // order, each naming a listed file or initial / init_from (with its fingerprint).
+  for (size_t i = 0; i < m.files.size(); ++i) {
+    if (!thetad::daemon::parse_file_name(m.files[i].file, nullptr) || m.files[i].file.find('/') != std::string::npos ||
+        m.files[i].bytes % 12 != 0)
+      std::abort();
+    for (size_t j = 0; j < i; ++j)
+      if (m.files[j].file == m.files[i].file) std::abort();
+  }
+  next = 0;
+  bool init_from = false;
+  for (const auto& r : m.runs) {
+    if (r.first != next || r.count < 1 || r.file < thetad::daemon::kRunInitFrom ||
+        r.file >= static_cast<int64_t>(m.files.size()))
+      std::abort();
+    if (&thetad::daemon::run_of(m, r.first) != &r || &thetad::daemon::run_of(m, r.first + r.count - 1) != &r) std::abort();
+    init_from |= r.file == thetad::daemon::kRunInitFrom;
+    next += r.count;
+  }
+  if (!m.runs.empty() && next != m.num_groups) std::abort();
+  if (init_from != m.init_from.present) std::abort();
 }
 
 }  // namespace
@@ -48,6 +70,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       std::abort();
     for (size_t i = 0; i < m.shards.size(); ++i)
       if (again.shards[i].fnv1a64 != m.shards[i].fnv1a64 || again.shards[i].count != m.shards[i].count) std::abort();
+    if (again.files.size() != m.files.size() || again.runs.size() != m.runs.size() || !(again.init_from == m.init_from))
+      std::abort();
+    for (size_t i = 0; i < m.files.size(); ++i)
+      if (again.files[i].file != m.files[i].file || again.files[i].bytes != m.files[i].bytes ||
+          again.files[i].fnv1a64 != m.files[i].fnv1a64)
+        std::abort();
+    for (size_t i = 0; i < m.runs.size(); ++i)
+      if (again.runs[i].first != m.runs[i].first || again.runs[i].count != m.runs[i].count ||
+          again.runs[i].file != m.runs[i].file)
+        std::abort();
     const auto& a = m.layout;
     const auto& b = again.layout;
     if (a.present != b.present || a.keys != b.keys || a.digest != b.digest || a.groups.size() != b.groups.size())

@@ -4,7 +4,10 @@
 // every input reaches the checks behind it. Bytes: step, first, count, values (int64 each), then
 // count + 1 offsets and count steps (int64; missing ones read as short arrays). check_shard_index
 // may only accept or throw ConfigError; an accepted index must cut [0, values) into count ranges
-// in order, with step counts within 0..step. Anything else is a bug.
+// in order, with step counts within 0..step. An odd `first` reads the input as a format-4 file's
+// index instead (check_file_index: `first` the manifest's group count, `count` groups read after
+// the steps, the manifest's bytes 12 x values): an accepted one also holds count groups,
+// ascending, within the group count. Anything else is a bug.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -36,6 +39,23 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const int64_t n = count > 0 && count < 4096 ? count : 4;  // how many to read (the arrays' real sizes)
   for (int64_t i = 0, v = 0; i <= n && next(v); ++i) offsets.push_back(v);
   for (int64_t i = 0, v = 0; i < n && next(v); ++i) steps.push_back(v);
+  if (first & 1) {  // format 4
+    std::vector<int64_t> groups;
+    for (int64_t i = 0, v = 0; i < n && next(v); ++i) groups.push_back(v);
+    thetad::daemon::ManifestFile f{"shard-00000.pt", values > 0 && values < (int64_t{1} << 40) ? values * 12 : 0, 0};
+    try {
+      thetad::daemon::check_file_index(f, values, groups, offsets, steps, first, step, "fuzz/shard-00000.pt");
+    } catch (const thetad::ConfigError&) {
+      return 0;
+    }
+    if (groups.empty() || offsets.size() != groups.size() + 1 || steps.size() != groups.size()) std::abort();
+    for (size_t i = 0; i < groups.size(); ++i)
+      if (groups[i] < 0 || groups[i] >= first || (i > 0 && groups[i] <= groups[i - 1])) std::abort();
+    if (offsets.front() != 0 || offsets.back() != values || values * 12 != f.bytes) std::abort();
+    for (int64_t s : steps)
+      if (s < 0 || s > step) std::abort();
+    return 0;
+  }
   try {
     thetad::daemon::check_shard_index(sh, values, offsets, steps, step, "fuzz/shard-00000.pt");
   } catch (const thetad::ConfigError&) {

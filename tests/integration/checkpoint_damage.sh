@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Checkpoints trust nothing (issue 19, classes 3, 5 and 8): a checkpoint whose files were damaged
 # (flipped bytes, truncated, empty, a directory, a key missing inside) or whose manifest lies
-# (unknown format, another step, a file path out of the directory, unknown keys, shards that do
-# not cover the groups) stops
+# (unknown format, another step, a file path out of the directory, unknown keys, runs that do
+# not cover the groups or name a file without the group) stops
 # resume with exit 2 naming the file and the key, before any step; every manifest carries a
 # checksum per file; checkpoint.dir that is a file is refused before step 0; a second job on a
 # checkpoint.dir in use is refused naming the holder.
@@ -14,53 +14,71 @@ run() { mpirun "${MPIRUN_FLAGS[@]}" -np 2 "$thetad" run "$job" --set steps=4 "$@
 
 expect_code 0 good run --set checkpoint.dir="$WORK/good" --no-resume
 ck=$WORK/good/step-00000004
-$py - "$ck/manifest.json" <<'PY' && pass "manifest: format 3, the groups in one shard file with its checksum" || fail "manifest"
+$py - "$ck/manifest.json" <<'PY' && pass "manifest: format 4, Θ and the task groups in a file each, with checksums" || fail "manifest"
 import json, sys
 m = json.load(open(sys.argv[1]))
-assert m["format"] == "thetad-checkpoint-3", m["format"]
-assert m["groups"] == 5 and len(m["shards"]) == 1 and m["shards"][0]["count"] == 5, m
+assert m["format"] == "thetad-checkpoint-4", m["format"]
+assert m["groups"] == 5 and [f["file"] for f in m["files"]] == ["shard-00000.pt", "shard-00001.pt"], m
+assert m["runs"] == [[0, 1, 0], [1, 4, 1]], m["runs"]
 import torch
 d = torch.load(sys.argv[1].replace("manifest.json", "shard-00000.pt"))
-assert sorted(d) == ["exp_avg", "exp_avg_sq", "offsets", "param", "steps"], sorted(d)
-assert d["offsets"].tolist() == [0, 1600, 1633, 1666, 1699, 1732] and d["param"].numel() == 1732, d["offsets"]
-assert all(len(s["fnv1a64"]) == 16 for s in m["shards"]), m["shards"]
+assert sorted(d) == ["exp_avg", "exp_avg_sq", "groups", "offsets", "param", "steps"], sorted(d)
+assert d["offsets"].tolist() == [0, 1600] and d["groups"].tolist() == [0], d["offsets"]
+t = torch.load(sys.argv[1].replace("manifest.json", "shard-00001.pt"))
+assert t["offsets"].tolist() == [0, 33, 66, 99, 132] and t["groups"].tolist() == [1, 2, 3, 4], t["offsets"]
+assert all(len(f["fnv1a64"]) == 16 and f["bytes"] == 12 * n for f, n in zip(m["files"], (1600, 132))), m["files"]
 PY
-[ "$(ls "$ck")" = "$(printf 'manifest.json\nshard-00000.pt')" ] && pass "checkpoint: a manifest and one shard file" \
+[ "$(ls "$ck")" = "$(printf 'manifest.json\nshard-00000.pt\nshard-00001.pt')" ] && pass "checkpoint: a manifest and two files" \
   || fail "checkpoint files: $(ls "$ck" | tr '\n' ' ')"
 cp -r "$WORK/good" "$WORK/good_copy"; rm -f "$WORK/good_copy/.lock"
 expect_code 0 resume_good run --set checkpoint.dir="$WORK/good_copy" --set steps=5
 expect_in resume_good "resumed from .*step-00000004 at step 4"
-# A format-2 checkpoint (a file per group, as earlier releases wrote) still resumes.
-cp -r "$WORK/good" "$WORK/v2"; rm -f "$WORK/v2/.lock"
-$py - "$WORK/v2/step-00000004" <<'PY'
+# Format-3 (shards of consecutive groups) and format-2 (a file per group) checkpoints, as earlier
+# releases wrote, still resume.
+for v in 2 3; do
+cp -r "$WORK/good" "$WORK/v$v"; rm -f "$WORK/v$v/.lock"
+HERE=$HERE $py - "$WORK/v$v/step-00000004" "$v" <<'PY'
 import json, os, sys, torch
+sys.path.insert(0, os.environ["HERE"])
+from ckpt_groups import load
 os.chdir(sys.argv[1])
 m = json.load(open('manifest.json'))
-shard = torch.load('shard-00000.pt')
+groups = load('.')
+for f in m['files']:
+    os.remove(f['file'])
+for k in ('files', 'runs'):
+    del m[k]
+if sys.argv[2] == '3':
+    d = {k: torch.cat([groups[g][k] for g in range(5)]) for k in ('param', 'exp_avg', 'exp_avg_sq')}
+    d['steps'] = torch.tensor([groups[g]['steps'] for g in range(5)])
+    d['offsets'] = torch.tensor([0] + [sum(groups[h]['param'].numel() for h in range(g + 1)) for g in range(5)])
+    torch.save(d, 'shard-00000.pt')
+    m.update(format='thetad-checkpoint-3', shards=[{'file': 'shard-00000.pt', 'first': 0, 'count': 5}])
+    json.dump(m, open('manifest.json', 'w'))
+    sys.exit(0)
 # The small job's parameters per group, in the flat layout's order.
 layout = [[('trunk.0.weight', (32, 16)), ('trunk.0.bias', (32,)), ('trunk.1.weight', (32, 32)), ('trunk.1.bias', (32,))]]
 layout += [[('heads.%d.0.weight' % t, (1, 32)), ('heads.%d.0.bias' % t, (1,))] for t in range(4)]
-groups = []
+entries = []
 for g, params in enumerate(layout):
-    d, at = {'steps': shard['steps'][g].clone()}, int(shard['offsets'][g])
+    d, at = {'steps': torch.tensor(groups[g]['steps'])}, 0
     for name, shape in params:
         n = torch.Size(shape).numel()
         for key in ('param', 'exp_avg', 'exp_avg_sq'):
-            d[key + '/' + name] = shard[key][at:at + n].reshape(shape).clone()
+            d[key + '/' + name] = groups[g][key][at:at + n].reshape(shape).clone()
         at += n
-    assert at == int(shard['offsets'][g + 1])
+    assert at == groups[g]['param'].numel()
     torch.save(d, 'group-%04d.pt' % g)
-    groups.append({'group': g, 'file': 'group-%04d.pt' % g})
-os.remove('shard-00000.pt')
-del m['shards']
-m.update(format='thetad-checkpoint-2', groups=groups)
+    entries.append({'group': g, 'file': 'group-%04d.pt' % g})
+m.update(format='thetad-checkpoint-2', groups=entries)
 json.dump(m, open('manifest.json', 'w'))
 PY
-$py "$HERE/rechecksum.py" "$WORK/v2/step-00000004"
-expect_code 0 resume_v2 run --set checkpoint.dir="$WORK/v2" --set steps=5
-expect_in resume_v2 "resumed from .*step-00000004 at step 4"
-h_v2=$(final_hash "$WORK/resume_v2.log"); h_v3=$(final_hash "$WORK/resume_good.log")
-[ -n "$h_v2" ] && [ "$h_v2" = "$h_v3" ] && pass "format 2 resumes to the same parameters" || fail "format 2: $h_v2 vs $h_v3"
+$py "$HERE/rechecksum.py" "$WORK/v$v/step-00000004"
+expect_code 0 resume_v$v run --set checkpoint.dir="$WORK/v$v" --set steps=5
+expect_in resume_v$v "resumed from .*step-00000004 at step 4"
+h_old=$(final_hash "$WORK/resume_v$v.log"); h_v4=$(final_hash "$WORK/resume_good.log")
+[ -n "$h_old" ] && [ "$h_old" = "$h_v4" ] && pass "format $v resumes to the same parameters" || fail "format $v: $h_old vs $h_v4"
+done
 
 # damaged NAME 'PATTERN' SHELL-CODE: a copy of the good checkpoint, damaged by SHELL-CODE (run in
 # the copy's step directory); resume must exit 2 with PATTERN in its error.
@@ -80,12 +98,16 @@ damaged empty "$g: checksum .*\\(0 bytes\\)" ": > $g"
 damaged directory "$g: not a regular file" "rm $g && mkdir $g"
 damaged missing_file "$g: missing" "rm $g"
 damaged bad_format "manifest.json: format: 'thetad-checkpoint-9' is not a format" \
-  "sed -i 's/thetad-checkpoint-3/thetad-checkpoint-9/' manifest.json"
+  "sed -i 's/thetad-checkpoint-4/thetad-checkpoint-9/' manifest.json"
 damaged other_step "manifest.json: step: 7 but the directory is of step 4" "sed -i 's/\"step\": 4/\"step\": 7/' manifest.json"
-damaged path_escape "manifest.json: shards\\[0\\].file: '../../../etc/passwd' is not shard-00000.pt" \
+damaged path_escape "manifest.json: files\\[0\\].file: '../../../etc/passwd' is not shard-NNNNN.pt" \
   "sed -i 's#\"shard-00000.pt\"#\"../../../etc/passwd\"#' manifest.json"
-damaged shards_short "manifest.json: shards: hold groups 0..3 of groups: 5" \
-  "sed -i 's/\"count\": 5/\"count\": 4/' manifest.json"
+damaged runs_short "manifest.json: runs: hold groups 0..3 of groups: 5" \
+  "sed -i 's/\\[1, 4, 1\\]/[1, 3, 1]/' manifest.json"
+damaged run_file "manifest.json: runs\\[1\\].file: 7 is outside \\[-2, 1\\]" \
+  "sed -i 's/\\[1, 4, 1\\]/[1, 4, 7]/' manifest.json"
+damaged group_not_in_file "shard-00000.pt: group 1 is not in it, where manifest.json says it is" \
+  "sed -i 's/\\[\\[0, 1, 0\\], \\[1, 4, 1\\]\\]/[[0, 2, 0], [2, 3, 1]]/' manifest.json"
 damaged unknown_key "manifest.json: extra: unknown key" "sed -i 's/\"format\"/\"extra\": 1, \"format\"/' manifest.json"
 damaged not_json "manifest.json: manifest: not valid JSON" "echo '{\"format\": [' > manifest.json"
 # A key missing inside a group file whose checksum was made to match: the file and key named.

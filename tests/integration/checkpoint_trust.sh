@@ -20,7 +20,7 @@ expect_code 2 newest_damaged run --set steps=8 --set checkpoint.keep=2 --set che
 expect_in newest_damaged "step-00000006/manifest.json: missing: the newest checkpoint in .* is damaged"
 expect_in newest_damaged "move .*step-00000006 out of"
 if grep -q "resumed from" "$WORK/newest_damaged.log"; then fail "resumed past the damaged checkpoint"; fi
-[ -d "$WORK/a/step-00000006" ] && [ -f "$WORK/a/step-00000004/manifest.json" ] && [ -f "$WORK/a/step-00000006/shard-00000.pt" ] \
+[ -d "$WORK/a/step-00000006" ] && [ -f "$WORK/a/step-00000004/manifest.json" ] && [ -n "$(ls "$WORK"/a/step-00000006/shard-*.pt)" ] \
   && pass "both checkpoints kept" || fail "a checkpoint went: $(ls "$WORK/a")"
 
 # Moved away as the message says: the run resumes from the one before.
@@ -38,27 +38,28 @@ expect_in prune_damaged "step-00000002 is not a complete checkpoint .*checkpoint
 if ls -a "$WORK/b" | grep -q '^\.tmp-'; then fail "temporary directories left: $(ls -a "$WORK/b")"; else pass "no temporary directories left"; fi
 
 # Hand-edited state with a recomputed checksum.
-expect_code 0 base_c run --no-resume --set steps=4 --set checkpoint.dir="$WORK/c"
-# edit NAME PYTHON-STATEMENT PATTERN: applies the statement to the shard `d`, rechecksums, resumes.
+expect_code 0 base_c run --no-resume --set steps=4 --set checkpoint.every_steps=4 --set checkpoint.dir="$WORK/c"
+# edit NAME FILE PYTHON-STATEMENT PATTERN: applies the statement to the file's dict `d` (shard-00000.pt
+# holds Θ, shard-00001.pt the 4 task groups), rechecksums, resumes.
 edit() {
-  local name=$1 stmt=$2 pattern=$3
+  local name=$1 file=$2 stmt=$3 pattern=$4
   rm -rf "$WORK/$name" && cp -r "$WORK/c" "$WORK/$name" && rm -f "$WORK/$name/.lock"
-  $py - "$WORK/$name/step-00000004/shard-00000.pt" "$stmt" <<'PY'
+  $py - "$WORK/$name/step-00000004/$file" "$stmt" <<'PY'
 import sys, torch
 d = torch.load(sys.argv[1])
 exec(sys.argv[2])
 torch.save(d, sys.argv[1])
 PY
   $py "$HERE/rechecksum.py" "$WORK/$name/step-00000004"
-  local before; before=$(md5sum < "$WORK/$name/step-00000004/shard-00000.pt")
+  local before; before=$(md5sum < "$WORK/$name/step-00000004/$file")
   expect_code 2 "$name" run --set steps=6 --set checkpoint.dir="$WORK/$name"
   expect_in "$name" "$pattern"
-  [ "$(md5sum < "$WORK/$name/step-00000004/shard-00000.pt")" = "$before" ] && pass "$name: shard unchanged" \
+  [ "$(md5sum < "$WORK/$name/step-00000004/$file")" = "$before" ] && pass "$name: shard unchanged" \
     || fail "$name: shard changed"
 }
-edit neg_sq "d['exp_avg_sq'][1700] = -1.0" \
-  "shard-00000.pt: group 4: exp_avg_sq value [0-9]+ is -1.0+, where second moments are finite and >= 0"
-edit nan_m "d['exp_avg'][3] = float('nan')" "shard-00000.pt: group 0: exp_avg value 3 is nan, where moments are finite"
-edit steps_neg "d['steps'][2] = -5" "shard-00000.pt: key 'steps': group 2: step count -5 outside 0..4"
-edit steps_huge "d['steps'][0] = 2**62" "shard-00000.pt: key 'steps': group 0: step count 4611686018427387904 outside 0..4"
+edit neg_sq shard-00001.pt "d['exp_avg_sq'][100] = -1.0" \
+  "shard-00001.pt: group 4: exp_avg_sq value [0-9]+ is -1.0+, where second moments are finite and >= 0"
+edit nan_m shard-00000.pt "d['exp_avg'][3] = float('nan')" "shard-00000.pt: group 0: exp_avg value 3 is nan, where moments are finite"
+edit steps_neg shard-00001.pt "d['steps'][1] = -5" "shard-00001.pt: key 'steps': group 2: step count -5 outside 0..4"
+edit steps_huge shard-00000.pt "d['steps'][0] = 2**62" "shard-00000.pt: key 'steps': group 0: step count 4611686018427387904 outside 0..4"
 finish

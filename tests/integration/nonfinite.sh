@@ -75,12 +75,12 @@ expect_code 0 good run --set steps=2 --set checkpoint.dir="$WORK/nan"
 $py - "$WORK/nan/step-00000002" <<'PY'
 import torch, sys, os
 os.chdir(sys.argv[1])
-g = 'shard-00000.pt'
+g = 'shard-00001.pt'  # the task groups' file (Θ has shard-00000.pt to itself): group 1 first
 d = torch.load(g)
-d['param'][int(d['offsets'][1])] = float('nan')
+d['param'][int(d['offsets'][0])] = float('nan')
 torch.save(d, g)
 PY
 $py "$HERE/rechecksum.py" "$WORK/nan/step-00000002"
 expect_code 2 resume_nan mpirun "${MPIRUN_FLAGS[@]}" -np 2 "$thetad" run "$job" --set steps=3 --set checkpoint.dir="$WORK/nan"
-expect_in resume_nan "shard-00000.pt: group 1: parameters hold NaN or Inf"
+expect_in resume_nan "shard-00001.pt: group 1: parameters hold NaN or Inf"
 finish

@@ -1,0 +1,27 @@
+"""A format-4 checkpoint's groups, for the tests' Python checks: group -> {"param", "exp_avg",
+"exp_avg_sq": float32 [n], "steps": int, "file": name} through manifest.json's runs (initial
+groups are absent)."""
+import json
+import os
+
+import torch
+
+
+def load(step_dir):
+    m = json.load(open(os.path.join(step_dir, "manifest.json")))
+    assert m["format"] == "thetad-checkpoint-4", m["format"]
+    files, out = {}, {}
+    for first, count, f in m["runs"]:
+        if f < 0:
+            continue
+        name = m["files"][f]["file"]
+        if name not in files:
+            files[name] = torch.load(os.path.join(step_dir, name))
+        d = files[name]
+        held = d["groups"].tolist()
+        for g in range(first, first + count):
+            i = held.index(g)
+            lo, hi = int(d["offsets"][i]), int(d["offsets"][i + 1])
+            out[g] = {k: d[k][lo:hi] for k in ("param", "exp_avg", "exp_avg_sq")}
+            out[g].update(steps=int(d["steps"][i]), file=name)
+    return out
