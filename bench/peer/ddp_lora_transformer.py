@@ -207,5 +207,18 @@ def main(argv=None):
     return 0
 
 
+def lora_step(module, a, device):
+    """The step function of a one-GPU LoRA peer (bench/peer/plain_loop.py, peft_llama.py):
+    module([(task, x)]) -> logits per task (step_loss)."""
+    def step(s, opt):
+        opt.zero_grad(set_to_none=True)
+        loss, tasks = step_loss(module, a, s, 0, 1, device)
+        loss.backward()
+        opt.step()
+        return loss, tasks
+    return step
+
+
 if __name__ == "__main__":
     sys.exit(main())
+

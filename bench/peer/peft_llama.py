@@ -27,7 +27,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import plain_loop  # noqa: E402
+import ddp_lora_transformer as lora  # noqa: E402
 
 HF_TARGETS = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj",
               "gate": "gate_proj", "up": "up_proj", "down": "down_proj"}
@@ -119,12 +119,8 @@ def setup(a, device):
             activate(task)
             outs.append(model(input_ids=x, use_cache=False).logits)
         return outs
-    return plain_loop.lora_step(forward, a, device), model, trained, dict(lr=a.lr, weight_decay=0.0)
-
-
-def main(argv=None):
-    return plain_loop.main(["--model", "peft-llama"] + (sys.argv[1:] if argv is None else argv))
+    return lora.lora_step(forward, a, device), model, trained, dict(lr=a.lr, weight_decay=0.0)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit("run it through bench/peer/plain_loop.py --model peft-llama (bench/gpu/llama_peft.sh)")

@@ -67,20 +67,9 @@ def multitask_setup(a, device):
     return step, model, list(model.parameters()), kw
 
 
-def lora_step(module, a, device):
-    """The step function of a LoRA peer: module([(task, x)]) -> logits per task (step_loss)."""
-    def step(s, opt):
-        opt.zero_grad(set_to_none=True)
-        loss, tasks = lora.step_loss(module, a, s, 0, 1, device)
-        loss.backward()
-        opt.step()
-        return loss, tasks
-    return step
-
-
 def lora_setup(a, device):
     model, trained = lora.build_model(a, device)
-    return lora_step(model, a, device), model, trained, dict(lr=a.lr)
+    return lora.lora_step(model, a, device), model, trained, dict(lr=a.lr)
 
 
 def model_of(name):
