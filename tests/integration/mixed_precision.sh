@@ -60,13 +60,19 @@ same_hash "bf16 extreme classifier (row shards): offload on == off bitwise" xc_o
 run_np mlp_h2d_bf16 2 "$small" "${bf[@]}" --set model.tasks=6 --set offload.enabled=true --set offload.h2d_dtype=bf16
 same_hash "bf16 mlp: bf16 copies == fp32 copies bitwise" mlp_offload_true mlp_h2d_bf16
 /usr/bin/python3 - "$WORK/mlp_offload_true.jsonl" "$WORK/mlp_h2d_bf16.jsonl" <<'PY' \
-  && pass "offload.h2d_dtype bf16: half the host->device bytes of fp32 at every step" || fail "h2d bytes"
+  && pass "offload.h2d_dtype bf16: half the host->device bytes of fp32 (per step within one step's copies)" || fail "h2d bytes"
 import json, sys
 fp32, bf16 = ([json.loads(l) for l in open(p)] for p in sys.argv[1:])
 assert len(fp32) == len(bf16) == 20
-assert sum(r["h2d_bytes"] for r in fp32) > 0
-for a, b in zip(fp32, bf16):
-    assert b["h2d_bytes"] * 2 == a["h2d_bytes"], (a["step"], a["h2d_bytes"], b["h2d_bytes"])
+a, b = ([r["h2d_bytes"] for r in rs] for rs in (fp32, bf16))
+assert sum(a) > 0
+# A prefetch is counted in the step during which its copy is issued, which the host's timing
+# decides (under load one landed in step 6 of one run and step 7 of the other): compare each
+# run's bytes so far, which may differ by one step's copies at most.
+run_a = run_b = 0
+for step, (x, y) in enumerate(zip(a, b)):
+    run_a, run_b = run_a + x, run_b + 2 * y
+    assert abs(run_a - run_b) <= max(a), (step, a, b)
 PY
 for h2d in bf16 fp32; do
   run_np "adapter_h2d_$h2d" 2 "$small" "${bf[@]}" --set model.kind=multitask_adapter --set model.adapter_rank=4 \
