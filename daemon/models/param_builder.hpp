@@ -15,6 +15,7 @@
 #include <cmath>
 #include <exception>
 #include <mutex>
+#include <system_error>
 #include <thread>
 #include <map>
 #include <string>
@@ -87,7 +88,13 @@ class ParamBuilder {
       }
     };
     std::vector<std::thread> pool;
-    for (size_t t = 1; t < threads; ++t) pool.emplace_back(work);
+    for (size_t t = 1; t < threads; ++t) {
+      try {
+        pool.emplace_back(work);
+      } catch (const std::system_error&) {  // no room for another thread (ulimit -v): fewer draw
+        break;
+      }
+    }
     work();
     for (std::thread& t : pool) t.join();
     if (error && std::uncaught_exceptions() == 0) std::rethrow_exception(error);
