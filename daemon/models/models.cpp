@@ -14,6 +14,7 @@
 #include "common/text.hpp"
 #include "daemon/core/input_path.hpp"
 #include "daemon/models/chunked_softmax.hpp"
+#include "daemon/models/fused_cross_entropy.hpp"
 #include "daemon/models/initial_weights.hpp"
 #include "daemon/models/model.hpp"
 #include "daemon/models/param_builder.hpp"
@@ -465,7 +466,7 @@ torch::Tensor TaskModel::loss(const Batch& batch, int task, uint64_t sample_seed
 }
 
 torch::Tensor next_token_loss(const torch::Tensor& logits, const torch::Tensor& next) {
-  return task_loss(LossKind::cross_entropy, logits.reshape({-1, logits.size(-1)}), next.reshape({-1}));
+  return fused_cross_entropy(logits.reshape({-1, logits.size(-1)}), next.reshape({-1}));
 }
 
 torch::Tensor task_loss(LossKind kind, const torch::Tensor& out, const torch::Tensor& y) {
