@@ -107,6 +107,12 @@ class Transformer : public TaskModel {
   // x: int64 token ids [rows, seq]; logits [rows, seq, vocab].
   torch::Tensor forward(const torch::Tensor& x, int task) override {
     const int64_t rows = x.size(0), seq = x.size(1), d = m_.d_model;
+    // The rotary tables are no parameters: a model built on the host for a host store (offload)
+    // has its Θ moved to the device by the store, not these. They follow the tokens once.
+    if (llama_ && cos_.device() != x.device()) {
+      cos_ = cos_.to(x.device());
+      sin_ = sin_.to(x.device());
+    }
     // The residual stream stays float32 (bf16 only inside the matmuls under autocast).
     // (A frozen base may hold the embedding in bf16, where that is exact: widened here.)
     torch::Tensor h = embed_.index_select(0, x.reshape({-1})).to(torch::kFloat32).view({rows, seq, d});

@@ -12,7 +12,8 @@
 #     mantissa: per-step losses differ by ~0.5%, and training must not drift away from fp32's);
 #  6. the trunk streamed from the host (offload.shared: stream, its two lowest layers on the
 #     device, activations offloaded, θ[t] offloaded) matches all-resident within float tolerance
-#     (the host's and the device's AdamW round differently), with prefetch 1 and 2 bitwise equal.
+#     (the host's and the device's AdamW round differently), with prefetch 1 and 2 bitwise equal;
+#  7. a Llama with its adapters offloaded matches all-resident within float tolerance.
 # (The CPU reference cannot be the yardstick here: synthetic batches are drawn on the device.)
 #   gpu_train.sh THETAD
 source "$(dirname "$0")/lib.sh"
@@ -107,6 +108,19 @@ compare "streamed trunk (device layers auto) vs all-resident on the GPU" \
   "$WORK/trunk_resident/ckpt" "$WORK/trunk_stream_auto/ckpt"
 expect_in trunk_stream_auto "offload.shared_device_layers auto: 4 of 5 trunk layers fit"
 expect_in trunk_stream_auto "4 layers kept on the device"
+
+# A Llama (rotary tables: tensors that are no parameters) with its adapters in the host store: a
+# model built on the host for a store must bring its tables to the device with the tokens. Same
+# parameters as all-resident within float tolerance.
+llama() {  # llama NAME extra-sets...
+  local name=$1; shift
+  expect_code 0 "$name" mpirun "${MPIRUN_FLAGS[@]}" -x NCCL_NVLS_ENABLE=0 -np "$np" "$thetad" run "$HERE/jobs/transformer.yaml" \
+    --no-resume --set comm.backend=nccl --set model.arch=llama --set model.heads=4 --set model.kv_heads=2 \
+    --set 'lora.targets=[q,v,gate]' --set checkpoint.dir="$WORK/$name/ckpt" "$@"
+}
+llama llama_resident
+llama llama_offload --set offload.enabled=true --set offload.device_slots=2
+compare "Llama with its adapters offloaded vs all-resident on the GPU" "$WORK/llama_resident/ckpt" "$WORK/llama_offload/ckpt"
 
 bf=(--set steps=200 --set data.batch_per_rank=64)
 run loss_fp32 "${bf[@]}" --set metrics.path="$WORK/loss_fp32.jsonl"
