@@ -27,17 +27,25 @@ const auto count = format_count;
 // token embedding, the untied output layer, q k v o and the MLP; no norms, biases or positions),
 // what of them forward reads through autocast's casts (all but the token embedding), and one
 // task's LoRA adapters (r x (in + out) per targeted matrix; k and v narrower under llama's GQA).
+// The other models' casts: their layers' matrices, not their biases (addmm does not keep a bias
+// for backward): Θ's layers have hidden biases each, a head's output rows one per row of at least
+// min(hidden, input_dim) weights.
 struct Sizes {
-  double shared = 0, shared_cast = 0, per_task = 0, smallest_task = 0, tasks_total = 0;
+  double shared = 0, shared_cast = 0, per_task = 0, smallest_task = 0, tasks_total = 0, task_cast = 1;
 };
 
 Sizes sizes_of(const config::Job& job, const config::ParamCounts& c) {
-  Sizes s{c.shared, c.shared, c.per_task, 0, c.tasks_total};
   const config::ModelConfig& m = job.model;
+  const double H = double(m.hidden), in = double(std::min(m.hidden, m.input_dim));
+  const double layers = double(m.kind == config::ModelKind::MultitaskAdapter ? 1 + 2 * std::max<int64_t>(m.trunk_layers, 1)
+                               : m.kind == config::ModelKind::ExtremeClassifier ? std::max<int64_t>(m.trunk_layers, 1)
+                                                                                : m.trunk_layers);
+  Sizes s{c.shared, std::max(0.0, c.shared - layers * H), c.per_task, 0, c.tasks_total, in / (in + 1)};
   // Task groups may differ in size (the extreme classifier's slices by a row): the others hold
   // at most per_task each, so the smallest holds at least what they leave of the total.
   s.smallest_task = std::max(0.0, c.tasks_total - double(m.tasks - 1) * c.per_task);
   if (m.kind != config::ModelKind::Transformer) return s;
+  s.task_cast = 1;  // LoRA's matrices have no biases
   const bool llama = m.arch == config::ModelArch::Llama;
   const double d = double(m.d_model), ff = double(m.d_ff), L = double(m.layers), V = double(m.vocab);
   const double kv = llama && m.kv_heads > 0 && m.heads > 0 ? d * double(m.kv_heads) / double(m.heads) : d;
@@ -232,7 +240,7 @@ DeviceMemoryNeed device_memory_need(const config::Job& job, const config::ParamC
     add("the gradient pool" + of_first + count(used) + " task group(s) on this rank", used * s.per_task, 4, gkey);
   if (bf16 && !row_chunked(job))
     add("bf16 copies for backward of a micro-step's " + count(trained) + " trained task group(s)",
-        trained * s.smallest_task, 2, gkey);
+        trained * std::floor(s.smallest_task * s.task_cast), 2, gkey);
 
   std::string later = "activations, workspace, the CUDA context and NCCL's buffers";
   if (o.enabled)
