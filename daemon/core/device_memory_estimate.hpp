@@ -1,9 +1,6 @@
-// What one rank needs of its device's memory before the model is built: a lower bound from the
-// model keys (config::param_counts, and the transformer's shapes) and the placement keys, made of
-// what set-up allocates (resident values, gradient buckets, the stores' slots and lines) and what
-// the first step surely adds (the gradient pool of its groups, their Adam moments, the bf16 copies
-// autocast keeps for backward). What is sized later or as far as the device allows is not counted.
-// A job whose bound exceeds the device's free memory is refused: exit 2 naming the key and sizes.
+// The device memory one rank needs at least, from the model and placement keys, before the model
+// is built: what set-up allocates and the first step surely adds (not what is sized later or as far
+// as the device allows); a job over the device's free memory is exit 2 naming the key and sizes.
 #pragma once
 
 #include <cstdint>
