@@ -120,9 +120,10 @@ void add_streamed_trunk(const config::Job& job, const Sizes& s, std::vector<Devi
   const bool bf16 = o.h2d_dtype == config::H2dDtype::Bf16;
   const double slot_bytes = slots * (layer * 4 + (bf16 ? layer * 2 + 2 : 0));
   terms.push_back({"Θ's layer slots " + format_bytes(slot_bytes) + " (" + count(slots) + " x " +
-                       format_bytes(layer * 4) + ": offload.shared_prefetch_layers + 2)",
+                       format_bytes(layer * 4) + (bf16 ? ", with their bf16 staging" : "") +
+                       ": offload.shared_prefetch_layers + 2)",
                    static_cast<int64_t>(slot_bytes), "offload.shared_prefetch_layers"});
-  terms.push_back({"Θ's gradient buckets " + format_bytes(s.shared * 4) + " (" + count(s.shared) + " parameters)",
+  terms.push_back({"Θ's gradient buckets " + format_bytes(s.shared * 4) + " (" + count(s.shared) + " x 4 B)",
                    static_cast<int64_t>(s.shared * 4), shared_key(job)});
   const double line = 12 * layer;  // a layer's values, m and v
   if (const int64_t n = o.shared_device_layer_count(); n > 0)
