@@ -30,6 +30,20 @@ int checkpoint_enospc_rank() { return static_cast<int>(env_int("THETAD_TEST_CHEC
 
 bool checkpoint_stage_host() { return env_int("THETAD_TEST_CHECKPOINT_STAGE_HOST", 0) != 0; }
 
+bool device_memory(int64_t* free_bytes, int64_t* total_bytes) {
+  const char* v = std::getenv("THETAD_TEST_DEVICE_MEMORY");
+  if (!v || !*v) return false;
+  char* end = nullptr;
+  const double free_mib = std::strtod(v, &end);
+  if (end == v || *end != '/') return false;
+  const char* rest = end + 1;
+  const double total_mib = std::strtod(rest, &end);
+  if (end == rest || *end != '\0' || !(free_mib >= 0) || !(total_mib >= free_mib) || total_mib > 1e12) return false;
+  *free_bytes = static_cast<int64_t>(free_mib * 1048576.0);
+  *total_bytes = static_cast<int64_t>(total_mib * 1048576.0);
+  return true;
+}
+
 void stall_at(StallPoint point, int rank) {
   const char* v = std::getenv("THETAD_TEST_STALL");
   if (!v || !*v) return;

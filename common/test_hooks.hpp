@@ -21,6 +21,12 @@ int checkpoint_enospc_rank();
 // them), so that the CPU build runs the staged path. false when unset or 0.
 bool checkpoint_stage_host();
 
+// THETAD_TEST_DEVICE_MEMORY=<free MiB>/<total MiB>: the device memory check before the model is
+// built (daemon/core/device_memory_estimate) sees this much free and total device memory instead
+// of the GPU's, and runs on CPU ranks too, so that CPU CI reaches the refusal. false (and nothing
+// set) when unset or malformed.
+bool device_memory(int64_t* free_bytes, int64_t* total_bytes);
+
 // Where a rank can be made to stall before an agreement of every rank.
 enum class StallPoint {
   nccl_id_exchange,  // "nccl_id_exchange": before the NCCL bootstrap's unique-id exchange

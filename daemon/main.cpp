@@ -17,6 +17,7 @@
 #include "common/log.hpp"
 #include "common/text.hpp"
 #include "config/loader.hpp"
+#include "daemon/core/device_memory_estimate.hpp"
 #include "daemon/core/memory_estimate.hpp"
 #include "daemon/core/stop_agreement.hpp"
 #include "daemon/train/trainer.hpp"
@@ -28,7 +29,7 @@ const char* kUsage =
     "usage: thetad run JOB.yaml [--set key.path=value ...] [--no-resume] [--log-level LEVEL]\n"
     "       thetad validate JOB.yaml [--set key.path=value ...]\n"
     "       thetad version\n"
-    "exit codes: 0 done, 2 bad job or input (a job that cannot fit this host's memory too),\n"
+    "exit codes: 0 done, 2 bad job or input (a job that cannot fit this host's or device's memory too),\n"
     "            3 communication failure or lost peer, 4 stopped by a signal (checkpointed if\n"
     "            checkpoint.dir is set), 1 anything else (out of memory while running too)\n";
 
@@ -133,6 +134,23 @@ void check_memory(const thetad::config::Job& job, int local_ranks, const std::st
   check_host_memory(job, need, host_memory_available(), where);
 }
 
+// validate: the device memory one rank needs at least, said on stderr where it matters (a CUDA
+// build, or the test aid) and checked only against THETAD_TEST_DEVICE_MEMORY: validate needs no
+// device (thetad run checks each rank's own once it has one).
+void report_device_memory(const thetad::config::Job& job) {
+  using namespace thetad::daemon;
+  int64_t free_bytes = 0, total_bytes = 0;
+  std::string where;
+  const bool aid = device_memory_for_check(-1, nullptr, 1, &free_bytes, &total_bytes, &where);
+  if (!aid && !thetad::torch_has_cuda()) return;
+  const DeviceMemoryNeed need =
+      device_memory_need(job, thetad::config::param_counts(job), first_step_groups(job, 1, 0));
+  if (!need.known) return;
+  if (aid) check_device_memory(job, need, free_bytes, total_bytes, where);
+  std::cerr << "thetad: device memory: the job needs at least " << format_bytes(double(need.total()))
+            << " per rank (counted for one rank): " << need.parts() << " (" << need.not_counted << " on top)\n";
+}
+
 int cmd_run(const Args& a) {
   // First: a stop asked for during start-up (a launcher's SIGTERM after Ctrl-C or preemption)
   // is honoured at the first step, with a checkpoint and exit 4, instead of killing the rank.
@@ -198,6 +216,7 @@ int main(int argc, char** argv) {
     if (args.command == "validate") {
       thetad::config::Job job = load(args);
       check_memory(job, 1, "this host (counted for one rank)");
+      report_device_memory(job);
       std::cout << thetad::config::to_yaml(job);
       return thetad::kExitOk;
     }

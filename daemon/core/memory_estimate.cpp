@@ -21,13 +21,15 @@ std::string format_bytes(double bytes) {
   return buf;
 }
 
-namespace {
-
-std::string count(double v) {
+std::string format_count(double v) {
   char buf[32];
   std::snprintf(buf, sizeof buf, v < 1e6 ? "%.0f" : "%.3g", v);
   return buf;
 }
+
+namespace {
+
+const auto count = format_count;
 
 }  // namespace
 

@@ -38,5 +38,7 @@ void check_host_memory(const config::Job& job, const HostMemoryNeed& need, int64
 
 // "1.50 GiB", "512 MiB", "12 KiB", "10 B".
 std::string format_bytes(double bytes);
+// A count of parameters: "40010", "1.05e+06" (three digits from a million on).
+std::string format_count(double v);
 
 }  // namespace thetad::daemon

@@ -24,6 +24,7 @@
 #include "common/log.hpp"
 #include "common/stopwatch.hpp"
 #include "config/loader.hpp"
+#include "daemon/core/device_memory_estimate.hpp"
 #include "daemon/core/job_options.hpp"
 #include "daemon/core/schedule.hpp"
 #include "daemon/core/stop_agreement.hpp"
@@ -101,6 +102,10 @@ void Trainer::build() {
   plane_ = std::make_unique<comm::ControlPlane>(ctrl_, comm_timeout(job_));
   plane_->check_consistent("job", config::fingerprint(job_));
   data_ = open_data_plane(job_, world_, *plane_, ctrl_);
+  // Before the model is built and anything is written: exit 2 on every rank where a device
+  // cannot hold the job's lower bound.
+  check_job_fits_device(job_, *plane_, world_.size, world_.rank, data_.gpu() ? data_.device.index() : -1,
+                        data_.compute_stream, data_.device_sharers);
   if (!job_.timeline.path.empty())
     timeline_ = std::make_unique<Timeline>(config::expand_path(job_.timeline.path, job_, world_.rank), world_.rank);
   schedule_ = Schedule::create(job_, world_.size);
