@@ -62,7 +62,7 @@ declare -A SHAPES=(
 ORDER="mlp_w1024_t24_fp32 mlp_w4096_t24_fp32 mlp_w4096_t24_bf16 mlp_w8192_t12_bf16 lora_t48_bf16 lora_t48_fp32 mlp_d1024_t1024_fp32"
 DEFAULTS="kind=mlp hidden=4096 trunk=8 head=2 tasks=16 batch=256 precision=fp32 init=exact steps=130 warmup=10 window=20
           layers=8 d_model=2048 heads=16 kv_heads=0 d_ff=8192 vocab=32000 seq_len=512 rank=16 tpr=2 frozen=1
-          targets=q,k,v,o offload=0 cache=auto"
+          targets=q,k,v,o offload=0 cache=auto overlap=true"
 CPU_DIMS="hidden=32 trunk=2 tasks=3 steps=50 warmup=5 window=5 layers=1 d_model=32 heads=2 d_ff=64 vocab=64 seq_len=16 rank=4 batch=8 init=exact"
 
 log() { printf '[plain %4ds] %s\n' "$(( $(date +%s) - START ))" "$*"; }
@@ -86,7 +86,7 @@ job_yaml() {  # the thetad job of the current shape on stdout
     local h; h=$(spec hidden)
     echo "model: {kind: multitask_mlp, input_dim: $h, hidden: $h, output_dim: $h, trunk_layers: $(spec trunk), head_layers: $(spec head), tasks: $(spec tasks)}"
     echo "data: {kind: synthetic, batch_per_rank: $(spec batch), schedule: round_robin, tasks_per_rank: 1, noise: 0.01}"
-    echo "optimizer: {kind: adamw, lr: 1.0e-3, betas: [0.9, 0.999], eps: 1.0e-8, weight_decay: 0.01}"
+    echo "optimizer: {kind: adamw, lr: 1.0e-3, betas: [0.9, 0.999], eps: 1.0e-8, weight_decay: 0.01, overlap: $(spec overlap)}"
   else
     local arch=""
     [ "$(spec kind)" = llama ] && arch="arch: llama, kv_heads: $(spec kv_heads), tie_embeddings: false, "
@@ -94,7 +94,7 @@ job_yaml() {  # the thetad job of the current shape on stdout
     echo "        tasks: $(spec tasks), train_shared: $([ "$(spec frozen)" = 1 ] && echo false || echo true)}"
     echo "lora: {rank: $(spec rank), alpha: 32, targets: [$(spec targets)]}"
     echo "data: {kind: synthetic, batch_per_rank: $(spec batch), schedule: round_robin, tasks_per_rank: $(spec tpr), noise: 0.01}"
-    echo "optimizer: {kind: adamw, lr: 1.0e-4, weight_decay: 0.0}"
+    echo "optimizer: {kind: adamw, lr: 1.0e-4, weight_decay: 0.0, overlap: $(spec overlap)}"
   fi
   echo "comm: {backend: auto, bucket_cap_mb: 25, prune: true, average: contributors, active: declared, timeout_s: 300}"
   # offload=1: the θ[t] (adapters, heads) in thetad's host store with a device cache of `cache` MB

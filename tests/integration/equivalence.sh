@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The gold test: W real ranks under mpirun must end with the parameters of the single-process
 # reference (thetad_reference), for every combination of prune on/off x average contributors/
-# world x declared/discover x six schedules (incl. gradient accumulation and frozen groups); prune on and off must be bitwise identical; with
+# world x declared/discover x six schedules (incl. gradient accumulation and frozen groups); prune
+# on and off must be bitwise identical (so only prune on's run is compared with the reference); with
 # prune on, bytes_allreduced per step must be exactly 4 x (|Θ| + Σ|θ[t]| of active tasks); from 3
 # ranks on, single-contributor buckets must have gone as broadcasts.
 #   equivalence.sh THETAD REFERENCE W
@@ -42,6 +43,9 @@ for sched in one_task_per_rank several_tasks_per_rank task_shared_by_ranks task_
           echo "FAIL $name: thetad run failed"; tail -20 "$dir.log"; fails=$((fails + 1)); continue
         fi
         hash[$prune]=$(grep -o 'final params hash: [0-9a-f]*' "$dir.log" | awk '{print $4}')
+        # prune off is held to prune on's bits below (its final hash), and prune on to the
+        # reference here: a second reference run would add nothing but time.
+        if [ "$prune" = false ]; then echo "ok   $name: ran (its hash is compared with prune on's)"; continue; fi
         if ! out=$("$reference" "$job" --world "$world" "${sets[@]}" --compare "$dir/ckpt" 2>&1); then
           echo "FAIL $name: $out"; fails=$((fails + 1)); continue
         fi
