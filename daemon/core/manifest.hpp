@@ -13,15 +13,20 @@
 
 namespace thetad::daemon {
 
-// "thetad-checkpoint-4": groups packed into shard files, each group mapped to the file that holds
+// "thetad-checkpoint-5": groups packed into shard files, each group mapped to the file that holds
 // its current values (`runs`), so that a checkpoint shares the files of unchanged groups with the
-// one before it (hard links: checkpoint.hpp); a checksum per file. "thetad-checkpoint-3" (shards
+// one before it (hard links: checkpoint.hpp); a checksum per file, of its blocks
+// (file_checksum.hpp), so that the threads writing a file checksum it. "thetad-checkpoint-4" (the
+// same, its checksum FNV-1a 64 over the file's 64-bit words), "thetad-checkpoint-3" (shards
 // of consecutive groups), "thetad-checkpoint-2" (a file per group, a checksum each) and
 // "thetad-checkpoint-1" (a file per group, no checksums) are still read.
-constexpr const char* kManifestFormat = "thetad-checkpoint-4";
+constexpr const char* kManifestFormat = "thetad-checkpoint-5";
+constexpr const char* kManifestFormatV4 = "thetad-checkpoint-4";
 constexpr const char* kManifestFormatV3 = "thetad-checkpoint-3";
 constexpr const char* kManifestFormatV2 = "thetad-checkpoint-2";
 constexpr const char* kManifestFormatV1 = "thetad-checkpoint-1";
+// Formats 4 and 5: files and runs (they differ in the files' checksum only).
+bool has_file_runs(const std::string& format);
 
 // A shard file holds at most this many groups and, unless one group alone is larger, at most
 // this many bytes of parameters and moments: 1,048,577 tiny groups become 129 files; files stay
@@ -46,14 +51,14 @@ struct ManifestShard {     // format 3: groups first .. first + count - 1
   uint64_t fnv1a64 = 0;    // FNV-1a 64 of the file's bytes
 };
 
-struct ManifestFile {      // format 4: one file of the directory (written now or shared)
+struct ManifestFile {      // formats 4 and 5: one file of the directory (written now or shared)
   std::string file;        // shard-NNNNN.pt (5 to 9 digits), each name once
   int64_t bytes = 0;       // bytes of the values it holds (parameters and moments, 12 per value),
                            // stale groups' included: what makes a mostly stale file be rewritten
-  uint64_t fnv1a64 = 0;    // FNV-1a 64 of the file's bytes
+  uint64_t fnv1a64 = 0;    // the file's checksum (format 5: file_checksum.hpp; 4: FNV-1a 64 of its words)
 };
 
-// Format 4: groups first .. first + count - 1 have their values in files[file], or hold none.
+// Formats 4 and 5: groups first .. first + count - 1 have their values in files[file], or hold none.
 constexpr int64_t kRunInitial = -1;   // at their initial values (checkpoint.hpp)
 constexpr int64_t kRunInitFrom = -2;  // as model.init_from gives them (never trained; `init_from`)
 struct ManifestRun {
