@@ -1,6 +1,8 @@
 // Checkpoint file checksums in blocks, and the threads that compute them (file_checksum.hpp).
 #include "daemon/core/file_checksum.hpp"
 
+#include <sched.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstring>
@@ -55,7 +57,14 @@ uint64_t file_checksum(const void* data, size_t n, int threads) {
 
 int checkpoint_threads(int local_ranks) {
   const int cores = static_cast<int>(std::thread::hardware_concurrency());
-  return std::max(1, cores / std::max(1, local_ranks));
+  int mine = cores;
+#ifdef __linux__
+  cpu_set_t set;
+  if (::sched_getaffinity(0, sizeof set, &set) == 0) mine = CPU_COUNT(&set);
+#endif
+  // Bound to some of the cores (mpirun's or Slurm's binding): those are this rank's, and its
+  // threads cannot leave them. Unbound: the node's cores shared among its ranks.
+  return std::max(1, mine > 0 && mine < cores ? mine : cores / std::max(1, local_ranks));
 }
 
 void for_each_index(size_t n, int threads, const std::function<void(size_t)>& fn) {

@@ -33,7 +33,8 @@ class WordHash {
 uint64_t combine_block_hashes(const std::vector<uint64_t>& blocks);
 // The checksum of `n` bytes held in memory, its blocks hashed on up to `threads` threads.
 uint64_t file_checksum(const void* data, size_t n, int threads = 1);
-// The thread count a rank gives its file work: the machine's cores over the node's ranks, at least 1.
+// The thread count a rank gives its file work: the cores it is bound to (its CPU affinity), or
+// where it is not bound, the machine's cores over the node's ranks; at least 1.
 int checkpoint_threads(int local_ranks);
 // Calls fn(i) for i in 0..n-1 on up to `threads` threads (the caller's one of them), each index
 // once; the first exception stops the other threads taking more and is rethrown here.

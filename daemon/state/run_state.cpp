@@ -238,7 +238,8 @@ void RunState::checkpoint(int64_t completed, bool last) {
                              << std::setprecision(1) << begin_ms << " ms, snapshot " << snapshot_ms << " ms ("
                              << std::setprecision(3) << share->staged_bytes / 1e6 << " MB staged on the tensors' device, "
                              << share->host_bytes / 1e6 << " MB copied on the host), agreement " << std::setprecision(1)
-                             << ms_since(t0) - begin_ms - snapshot_ms << " ms";
+                             << ms_since(t0) - begin_ms - snapshot_ms << " ms; files written by " << w.threads
+                             << " threads per rank";
   }
   inflight_ = std::make_unique<CheckpointInFlight>(w, std::move(share), ms_since(t0));
   inflight_->abandon_wait = comm_timeout(job_);

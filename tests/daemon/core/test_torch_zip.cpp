@@ -2,12 +2,14 @@
 // aligned data, zip64 where sizes or offsets need it), CRCs against zlib, the checksum against
 // file_checksum of the bytes, failures and cancellation, and Python's zipfile reading the result.
 #include <fcntl.h>
+#include <sched.h>
 #include <unistd.h>
 #include <zlib.h>
 
 #include <cstring>
 #include <mutex>
 #include <random>
+#include <thread>
 
 #include "comm/bucket_plan.hpp"
 #include "daemon/core/file_checksum.hpp"
@@ -61,6 +63,20 @@ TEST(FileChecksum, BlocksCombinedAndWordHashInPieces) {
   WordHash h;  // pieces of odd lengths give the words hash of the whole
   for (size_t at = 0, n = 1; at < 5000; at += n, n = n * 3 % 17 + 1) h.add(data.data() + at, std::min<size_t>(n, 5000 - at));
   EXPECT_EQ(h.value(), comm::fnv1a64_words(data.data(), 5000));
+}
+
+TEST(FileChecksum, WriterThreadsFromTheCores) {
+  const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  EXPECT_GE(checkpoint_threads(1), 1);
+  EXPECT_LE(checkpoint_threads(1), cores);
+  cpu_set_t set;
+  if (::sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) == cores)
+    EXPECT_EQ(checkpoint_threads(4 * cores), 1);  // unbound, more ranks than cores: one each
+  CPU_ZERO(&set);
+  CPU_SET(0, &set);
+  std::thread([&] {  // a thread bound to one core (as mpirun binds a rank): one thread, whatever the ranks
+    if (::sched_setaffinity(0, sizeof set, &set) == 0 && cores > 1) EXPECT_EQ(checkpoint_threads(1), 1);
+  }).join();
 }
 
 TEST(TorchZip, LayoutAlignsDataAndNamesRecordsUnderArchive) {
