@@ -33,7 +33,7 @@ bool has_file_runs(const std::string& format);
 // small enough for torch.load and for the ranks to share the writing.
 constexpr int64_t kShardMaxGroups = 8192;
 constexpr int64_t kShardMaxBytes = int64_t{64} << 20;
-// Format 4's files: fewer and larger (a full checkpoint of 32 GB is ~128 files; the writes are
+// Formats 4 and 5's files: fewer and larger (a full checkpoint of 32 GB is ~128 files; the writes are
 // large and sequential), still bounded for torch.load and for sharing the writing among ranks.
 constexpr int64_t kFileMaxBytes = int64_t{256} << 20;
 
@@ -67,7 +67,7 @@ struct ManifestRun {
   int64_t file = kRunInitial;
 };
 
-// Format 4: the model.init_from a checkpoint relies on (kRunInitFrom groups): its path and a
+// Formats 4 and 5: the model.init_from a checkpoint relies on (kRunInitFrom groups): its path and a
 // fingerprint (a file's size and mtime; a directory's regular files' sizes summed and newest
 // mtime), compared at resume.
 struct InitFromPrint {
@@ -89,9 +89,9 @@ struct Manifest {
   int64_t num_groups = 0;
   std::vector<ManifestGroup> groups;  // formats 1 and 2: group g at index g
   std::vector<ManifestShard> shards;  // format 3: in group order, covering 0..num_groups-1 once
-  std::vector<ManifestFile> files;    // format 4: every file the checkpoint uses
-  std::vector<ManifestRun> runs;      // format 4: in group order, covering 0..num_groups-1 once
-  InitFromPrint init_from;            // format 4, where a run is kRunInitFrom
+  std::vector<ManifestFile> files;    // formats 4 and 5: every file the checkpoint uses
+  std::vector<ManifestRun> runs;      // formats 4 and 5: in group order, covering 0..num_groups-1 once
+  InitFromPrint init_from;            // formats 4 and 5, where a run is kRunInitFrom
   ManifestLayout layout;  // "layout" (any format; absent before this release): see layout.hpp
 };
 
@@ -111,12 +111,12 @@ size_t shard_of(const Manifest& m, int64_t group);
 void check_shard_index(const ManifestShard& sh, int64_t values, const std::vector<int64_t>& offsets,
                        const std::vector<int64_t>& steps, int64_t checkpoint_step, const std::string& file);
 
-// Format 4: the run holding group g (g must be in range).
+// Formats 4 and 5: the run holding group g (g must be in range).
 const ManifestRun& run_of(const Manifest& m, int64_t group);
-// Whether `name` is a format-4 file name (shard-NNNNN.pt, 5 to 9 digits); its number in `*n`.
+// Whether `name` is a format-4/5 file name (shard-NNNNN.pt, 5 to 9 digits); its number in `*n`.
 bool parse_file_name(const std::string& name, int64_t* n);
 
-// A format-4 file's index as its file holds it ("groups": the groups it holds, ascending, stale
+// A format-4/5 file's index as its file holds it ("groups": the groups it holds, ascending, stale
 // ones included; "offsets": where each starts, and the end; "steps": each one's optimizer steps),
 // checked against its manifest entry `f` (12 bytes per value), the length of its value tensors
 // `values`, the manifest's group count and the checkpoint's step. ConfigError naming `file` and
