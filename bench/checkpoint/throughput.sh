@@ -30,6 +30,8 @@ dd if=/dev/zero of="$dir/bench-dd" bs=16M count=$(( ${mb%.*} / 16 + 1 )) oflag=d
 dd_mbs=$(awk '/copied/ {print $(NF-1), $NF}' "$dir/bench-dd.log")
 rm -f "$dir/bench-dd"
 echo "full checkpoint: $l -> $(awk -v m="$mb" -v s="$secs" 'BEGIN {printf "%.0f", m / s}') MB/s; dd oflag=direct: $dd_mbs"
+# Its two parts: the snapshot (the trainer's stall) and the files' writing, syncing and publishing.
+echo "  of which $(grep -o 'snapshot [0-9.]* ms' "$dir/bench-full.log" | head -1), written $(grep -o 'in the background in [0-9.]* ms' "$dir/bench-full.log" | head -1 | sed 's/.* in //')"
 
 # 2 and 3. 1,024 tasks of d = 256 * SCALE, one task per step: a full checkpoint at step 30, then
 # the final one at step 60 (Θ + the 30 tasks trained since), overlapping the final hash.

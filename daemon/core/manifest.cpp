@@ -311,12 +311,14 @@ void check_file_index(const ManifestFile& f, int64_t values, const std::vector<i
               " outside 0.." + std::to_string(checkpoint_step) + " (the checkpoint's step)");
 }
 
+bool has_file_runs(const std::string& format) { return format == kManifestFormat || format == kManifestFormatV4; }
+
 std::string manifest_json(const Manifest& m) {
   std::ostringstream os;
   os << "{\n  \"format\": " << json_string(m.format) << ",\n  \"job\": " << json_string(m.job)
      << ",\n  \"job_hash\": " << json_string(m.job_hash) << ",\n  \"step\": " << m.step
      << ",\n  \"world_size\": " << m.world_size;
-  if (m.format == kManifestFormat) {
+  if (has_file_runs(m.format)) {
     os << ",\n  \"groups\": " << m.num_groups << ",\n  \"files\": [";
     for (size_t i = 0; i < m.files.size(); ++i) {
       const ManifestFile& f = m.files[i];
@@ -365,10 +367,10 @@ Manifest parse_manifest(const std::string& text, const std::string& path) {
   if (!root.IsMap()) r.fail("manifest", "not a JSON object");
   Manifest m;
   m.format = r.text(root, "format");
-  if (m.format != kManifestFormat && m.format != kManifestFormatV3 && m.format != kManifestFormatV2 &&
+  if (!has_file_runs(m.format) && m.format != kManifestFormatV3 && m.format != kManifestFormatV2 &&
       m.format != kManifestFormatV1)
     r.fail("format", "'" + m.format + "' is not a format this release reads (" + kManifestFormat + ")");
-  const bool linked = m.format == kManifestFormat;
+  const bool linked = has_file_runs(m.format);
   const bool sharded = m.format == kManifestFormatV3;
   const bool checksums = m.format != kManifestFormatV1;
   m.job = r.text(root, "job");

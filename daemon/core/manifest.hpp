@@ -13,22 +13,27 @@
 
 namespace thetad::daemon {
 
-// "thetad-checkpoint-4": groups packed into shard files, each group mapped to the file that holds
+// "thetad-checkpoint-5": groups packed into shard files, each group mapped to the file that holds
 // its current values (`runs`), so that a checkpoint shares the files of unchanged groups with the
-// one before it (hard links: checkpoint.hpp); a checksum per file. "thetad-checkpoint-3" (shards
+// one before it (hard links: checkpoint.hpp); a checksum per file, of its blocks
+// (file_checksum.hpp), so that the threads writing a file checksum it. "thetad-checkpoint-4" (the
+// same, its checksum FNV-1a 64 over the file's 64-bit words), "thetad-checkpoint-3" (shards
 // of consecutive groups), "thetad-checkpoint-2" (a file per group, a checksum each) and
 // "thetad-checkpoint-1" (a file per group, no checksums) are still read.
-constexpr const char* kManifestFormat = "thetad-checkpoint-4";
+constexpr const char* kManifestFormat = "thetad-checkpoint-5";
+constexpr const char* kManifestFormatV4 = "thetad-checkpoint-4";
 constexpr const char* kManifestFormatV3 = "thetad-checkpoint-3";
 constexpr const char* kManifestFormatV2 = "thetad-checkpoint-2";
 constexpr const char* kManifestFormatV1 = "thetad-checkpoint-1";
+// Formats 4 and 5: files and runs (they differ in the files' checksum only).
+bool has_file_runs(const std::string& format);
 
 // A shard file holds at most this many groups and, unless one group alone is larger, at most
 // this many bytes of parameters and moments: 1,048,577 tiny groups become 129 files; files stay
 // small enough for torch.load and for the ranks to share the writing.
 constexpr int64_t kShardMaxGroups = 8192;
 constexpr int64_t kShardMaxBytes = int64_t{64} << 20;
-// Format 4's files: fewer and larger (a full checkpoint of 32 GB is ~128 files; the writes are
+// Formats 4 and 5's files: fewer and larger (a full checkpoint of 32 GB is ~128 files; the writes are
 // large and sequential), still bounded for torch.load and for sharing the writing among ranks.
 constexpr int64_t kFileMaxBytes = int64_t{256} << 20;
 
@@ -46,14 +51,14 @@ struct ManifestShard {     // format 3: groups first .. first + count - 1
   uint64_t fnv1a64 = 0;    // FNV-1a 64 of the file's bytes
 };
 
-struct ManifestFile {      // format 4: one file of the directory (written now or shared)
+struct ManifestFile {      // formats 4 and 5: one file of the directory (written now or shared)
   std::string file;        // shard-NNNNN.pt (5 to 9 digits), each name once
   int64_t bytes = 0;       // bytes of the values it holds (parameters and moments, 12 per value),
                            // stale groups' included: what makes a mostly stale file be rewritten
-  uint64_t fnv1a64 = 0;    // FNV-1a 64 of the file's bytes
+  uint64_t fnv1a64 = 0;    // the file's checksum (format 5: file_checksum.hpp; 4: FNV-1a 64 of its words)
 };
 
-// Format 4: groups first .. first + count - 1 have their values in files[file], or hold none.
+// Formats 4 and 5: groups first .. first + count - 1 have their values in files[file], or hold none.
 constexpr int64_t kRunInitial = -1;   // at their initial values (checkpoint.hpp)
 constexpr int64_t kRunInitFrom = -2;  // as model.init_from gives them (never trained; `init_from`)
 struct ManifestRun {
@@ -62,7 +67,7 @@ struct ManifestRun {
   int64_t file = kRunInitial;
 };
 
-// Format 4: the model.init_from a checkpoint relies on (kRunInitFrom groups): its path and a
+// Formats 4 and 5: the model.init_from a checkpoint relies on (kRunInitFrom groups): its path and a
 // fingerprint (a file's size and mtime; a directory's regular files' sizes summed and newest
 // mtime), compared at resume.
 struct InitFromPrint {
@@ -84,9 +89,9 @@ struct Manifest {
   int64_t num_groups = 0;
   std::vector<ManifestGroup> groups;  // formats 1 and 2: group g at index g
   std::vector<ManifestShard> shards;  // format 3: in group order, covering 0..num_groups-1 once
-  std::vector<ManifestFile> files;    // format 4: every file the checkpoint uses
-  std::vector<ManifestRun> runs;      // format 4: in group order, covering 0..num_groups-1 once
-  InitFromPrint init_from;            // format 4, where a run is kRunInitFrom
+  std::vector<ManifestFile> files;    // formats 4 and 5: every file the checkpoint uses
+  std::vector<ManifestRun> runs;      // formats 4 and 5: in group order, covering 0..num_groups-1 once
+  InitFromPrint init_from;            // formats 4 and 5, where a run is kRunInitFrom
   ManifestLayout layout;  // "layout" (any format; absent before this release): see layout.hpp
 };
 
@@ -106,12 +111,12 @@ size_t shard_of(const Manifest& m, int64_t group);
 void check_shard_index(const ManifestShard& sh, int64_t values, const std::vector<int64_t>& offsets,
                        const std::vector<int64_t>& steps, int64_t checkpoint_step, const std::string& file);
 
-// Format 4: the run holding group g (g must be in range).
+// Formats 4 and 5: the run holding group g (g must be in range).
 const ManifestRun& run_of(const Manifest& m, int64_t group);
-// Whether `name` is a format-4 file name (shard-NNNNN.pt, 5 to 9 digits); its number in `*n`.
+// Whether `name` is a format-4/5 file name (shard-NNNNN.pt, 5 to 9 digits); its number in `*n`.
 bool parse_file_name(const std::string& name, int64_t* n);
 
-// A format-4 file's index as its file holds it ("groups": the groups it holds, ascending, stale
+// A format-4/5 file's index as its file holds it ("groups": the groups it holds, ascending, stale
 // ones included; "offsets": where each starts, and the end; "steps": each one's optimizer steps),
 // checked against its manifest entry `f` (12 bytes per value), the length of its value tensors
 // `values`, the manifest's group count and the checkpoint's step. ConfigError naming `file` and

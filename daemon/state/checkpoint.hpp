@@ -1,5 +1,5 @@
 // Checkpoints: a directory per step, `step-00000040/` with manifest.json (daemon/core/manifest.hpp:
-// format 4, a checksum per file) and the groups' values in files (`shard-00007.pt`, each a dict of
+// format 5, a checksum per file) and the groups' values in files (`shard-00007.pt`, each a dict of
 // tensors that Python's torch.load reads, with the groups it holds; at most kShardMaxGroups
 // groups or kFileMaxBytes each, Θ in files of its own). Incremental: a checkpoint writes Θ (if it
 // trained) and the groups whose step count changed since the newest complete checkpoint (this
@@ -83,6 +83,7 @@ struct CheckpointWriter {
   ManifestLayout layout;             // the parameters' layout (checkpoint_layout), in the manifest
   InitFromPrint init_from;           // model.init_from's fingerprint, where a group relies on it
   std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();  // for the log
+  int threads = 1;  // that write (and checksum) each file: checkpoint_threads (file_checksum.hpp)
   std::function<void()> barrier;
   std::function<bool(bool)> all_ok;
 };
@@ -123,7 +124,8 @@ using HostFloats = std::vector<float, UninitAllocator<float>>;
 // One shard's values as written (checkpoint.hpp's format 3), copied out of training state.
 // Device tensors are staged: cloned on their device at the snapshot (a device-to-device copy,
 // the trainer's whole stall), their room in the host vectors left unfilled until the writer
-// thread copies them in (fill_staged) and drops the clones, shard by shard.
+// threads copy them in block by block as they write the shard's file (fill_staged) and drop the
+// clones once it is written, shard by shard.
 struct ShardValues {
   size_t index = 0;  // in the plan's manifest.files
   std::string file;
@@ -148,7 +150,7 @@ void begin_checkpoint(const CheckpointWriter& w, WriteStatus& st);
 void snapshot_share(const CheckpointWriter& w, const std::function<GroupState(int group)>& group_state,
                     CheckpointShare& share, WriteStatus& st);
 // `cancel` set: stops before the next file (a run that fails elsewhere abandons the write).
-// The staged tensors' values are copied to the host here, a shard before its pickling.
+// The staged tensors' values are copied to the host here, by the threads writing their shard.
 void write_share(const CheckpointWriter& w, CheckpointShare& share, WriteStatus& st,
                  const std::atomic<bool>* cancel);
 void agree_checkpoint(const CheckpointWriter& w, const WriteStatus& st, const char* elsewhere);

@@ -19,9 +19,9 @@
 #include <regex>
 #include <sstream>
 
-#include "comm/bucket_plan.hpp"
 #include "common/errors.hpp"
 #include "common/log.hpp"
+#include "daemon/core/file_checksum.hpp"
 #include "daemon/state/checkpoint.hpp"
 #include "daemon/state/checkpoint_files.hpp"
 
@@ -49,12 +49,17 @@ DurableFile::~DurableFile() {
   ::unlink(part_.c_str());
 }
 
+void DurableFile::keep_errno(int e) {
+  int none = 0;
+  errno_.compare_exchange_strong(none, e);  // the first failure is the one to report
+}
+
 bool DurableFile::write(const char* p, size_t n) {
   while (n > 0) {
     const ssize_t k = ::write(fd_, p, n);
     if (k < 0 && errno == EINTR) continue;
     if (k <= 0) {
-      errno_ = k < 0 ? errno : ENOSPC;
+      keep_errno(k < 0 ? errno : ENOSPC);
       return false;
     }
     p += k;
@@ -63,9 +68,34 @@ bool DurableFile::write(const char* p, size_t n) {
   return true;
 }
 
+bool DurableFile::write_at(const char* p, size_t n, uint64_t offset) {
+  while (n > 0) {
+    const ssize_t k = ::pwrite(fd_, p, n, static_cast<off_t>(offset));
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) {
+      keep_errno(k < 0 ? errno : ENOSPC);
+      return false;
+    }
+    p += k;
+    n -= static_cast<size_t>(k);
+    offset += static_cast<uint64_t>(k);
+  }
+  return true;
+}
+
+void DurableFile::start_writeback(uint64_t offset, uint64_t n) {
+#ifdef __linux__
+  // Only a hint: commit's fsync is what makes the bytes durable, so a failure here is ignored.
+  (void)::sync_file_range(fd_, static_cast<off_t>(offset), static_cast<off_t>(n), SYNC_FILE_RANGE_WRITE);
+#else
+  (void)offset;
+  (void)n;
+#endif
+}
+
 void DurableFile::fail(const std::string& what) {
-  if (errno_ == 0) throw Error("checkpoint: cannot write " + part_.string() + ": " + what);
-  errno = errno_;
+  if (errno_.load() == 0) throw Error("checkpoint: cannot write " + part_.string() + ": " + what);
+  errno = errno_.load();
   io_error("short write to", part_);
 }
 
@@ -86,7 +116,7 @@ void write_file_durable(const fs::path& path, const std::vector<char>& bytes) {
   f.commit();
 }
 
-bool link_or_copy(const fs::path& from, const fs::path& to, uint64_t fnv1a64w) {
+bool link_or_copy(const fs::path& from, const fs::path& to, uint64_t checksum) {
   if (::link(from.c_str(), to.c_str()) == 0) return true;
   const int err = errno;
   if (err != EXDEV && err != EPERM && err != EMLINK && err != ENOTSUP && err != EOPNOTSUPP && err != ENOSYS) {
@@ -98,7 +128,7 @@ bool link_or_copy(const fs::path& from, const fs::path& to, uint64_t fnv1a64w) {
     THETAD_LOG(warn, "ckpt") << "cannot hard-link " << from.string() << " into the new checkpoint (" << std::strerror(err)
                              << "): files of unchanged groups are copied instead (checkpoints then cost their full size)";
   const std::vector<char> bytes = read_bytes(from);
-  if (comm::fnv1a64_words(bytes.data(), bytes.size()) != fnv1a64w)
+  if (file_checksum(bytes.data(), bytes.size(), checkpoint_threads(1)) != checksum)
     throw Error("checkpoint: " + from.string() + " no longer matches its checksum; it is not copied into the new "
                 "checkpoint (the newest complete checkpoint is damaged)");
   write_file_durable(to, bytes);

@@ -3,6 +3,7 @@
 // Internal to daemon/state/ (checkpoint.hpp is the interface).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <filesystem>
 #include <string>
@@ -31,6 +32,12 @@ class DurableFile {
   DurableFile& operator=(const DurableFile&) = delete;
   // False on an error (errno kept for fail).
   bool write(const char* p, size_t n);
+  // n bytes at `offset` (pwrite): any thread, any order; false on an error (the first one's
+  // errno kept for fail).
+  bool write_at(const char* p, size_t n, uint64_t offset);
+  // Starts the writeback of bytes written (sync_file_range, where there is one), so that the
+  // disk is busy while the rest is written and commit's fsync waits for little.
+  void start_writeback(uint64_t offset, uint64_t n);
   // Error "checkpoint: short write to <path.part>: <strerror>" (a write failed) or `what`.
   [[noreturn]] void fail(const std::string& what);
   void commit();  // fsync, close, rename
@@ -38,13 +45,14 @@ class DurableFile {
  private:
   fs::path path_, part_;
   int fd_ = -1;
-  int errno_ = 0;
+  std::atomic<int> errno_{0};
+  void keep_errno(int e);
 };
 // Shares `from` (a file of the newest complete checkpoint) as `to`: a hard link, or where the
 // filesystem refuses one (EXDEV, EPERM, no links), a durable copy whose bytes are checked
-// against `fnv1a64w` (comm::fnv1a64_words) first, said once per process in the log. Returns
-// whether it linked. Error naming `from` where it cannot be read (removed since).
-bool link_or_copy(const fs::path& from, const fs::path& to, uint64_t fnv1a64w);
+// against `checksum` (format 5's, file_checksum.hpp) first, said once per process in the log.
+// Returns whether it linked. Error naming `from` where it cannot be read (removed since).
+bool link_or_copy(const fs::path& from, const fs::path& to, uint64_t checksum);
 // A directory's entries (creations, renames) on disk.
 void sync_dir(const fs::path& dir);
 // Removes `p` with everything under it; a missing `p` is no error (io_error otherwise). Not

@@ -1,5 +1,5 @@
-// Reading checkpoints: the manifest checked once, each shard (format 3) or group file (formats
-// 1 and 2) checked against its checksum before it is unpickled; the model's layout restored
+// Reading checkpoints: the manifest checked once, each file (formats 4 and 5), shard (format 3) or
+// group file (formats 1 and 2) checked against its checksum before it is unpickled; the model's layout restored
 // (checkpoint.hpp).
 #include <torch/serialize.h>
 
@@ -14,6 +14,7 @@
 
 #include "comm/bucket_plan.hpp"
 #include "common/errors.hpp"
+#include "daemon/core/file_checksum.hpp"
 #include "daemon/core/manifest.hpp"
 #include "daemon/state/checkpoint.hpp"
 #include "daemon/state/checkpoint_files.hpp"
@@ -95,8 +96,11 @@ c10::impl::GenericDict CheckpointReader::load_file(const std::string& name, bool
   const fs::path file = fs::path(ckpt_.path) / name;  // a fixed name: parse_manifest allows no path
   const std::vector<char> bytes = read_bytes(file);
   if (has_checksum) {
-    const bool words = manifest_.format == kManifestFormat;  // format 4: over 64-bit words
-    const uint64_t sum = words ? comm::fnv1a64_words(bytes.data(), bytes.size()) : comm::fnv1a64(bytes.data(), bytes.size());
+    // Format 5: of 4 MiB blocks (hashed on the machine's cores); 4: over 64-bit words; 2 and 3: bytes.
+    const std::string& format = manifest_.format;
+    const uint64_t sum = format == kManifestFormat ? file_checksum(bytes.data(), bytes.size(), checkpoint_threads(1))
+                         : format == kManifestFormatV4 ? comm::fnv1a64_words(bytes.data(), bytes.size())
+                                                       : comm::fnv1a64(bytes.data(), bytes.size());
     if (sum != checksum) {
       std::ostringstream os;
       os << "checksum " << std::hex << std::setw(16) << std::setfill('0') << sum << " where manifest.json says "
@@ -129,14 +133,14 @@ at::Tensor CheckpointReader::tensor(const c10::impl::GenericDict& dict, const st
 
 GroupState CheckpointReader::load_group(int group) const {
   THETAD_CHECK(group >= 0 && group < manifest_.num_groups, InternalError, "no group ", group, " in ", ckpt_.path);
-  if (manifest_.format == kManifestFormat) return load_linked_group(group);
+  if (has_file_runs(manifest_.format)) return load_linked_group(group);
   return manifest_.shards.empty() ? load_group_file(group) : load_shard_group(group);
 }
 
 std::vector<int> CheckpointReader::load_order() const {
   std::vector<int> order(static_cast<size_t>(manifest_.num_groups));
   for (size_t g = 0; g < order.size(); ++g) order[g] = static_cast<int>(g);
-  if (manifest_.format != kManifestFormat) return order;
+  if (!has_file_runs(manifest_.format)) return order;
   // A file read once for all its groups: the groups by file (the initial ones first), then in order.
   std::vector<int64_t> file(order.size());
   for (const ManifestRun& r : manifest_.runs)
@@ -169,7 +173,7 @@ void CheckpointReader::read_shard(const c10::impl::GenericDict& dict, const std:
     throw damaged(file, "keys 'param', 'exp_avg' and 'exp_avg_sq' differ in length");
 }
 
-// Format 4: the group's slice of the file its run names (shared with older checkpoints or not:
+// Formats 4 and 5: the group's slice of the file its run names (shared with older checkpoints or not:
 // checked against this manifest's checksum all the same), the file read and checked once.
 GroupState CheckpointReader::load_linked_group(int group) const {
   const ManifestRun& run = run_of(manifest_, group);

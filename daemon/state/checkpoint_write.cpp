@@ -2,7 +2,6 @@
 // (rank 0 makes the temporary directory), snapshot (the rank's shards copied out of training
 // state), write (pickle, write and fsync: any thread, no collective), publish (every rank agrees,
 // rank 0 writes the manifest and renames). See checkpoint.hpp for the layout and protocol.
-#include <caffe2/serialize/inline_container.h>
 #include <torch/csrc/jit/serialization/pickler.h>
 #include <torch/serialize.h>
 
@@ -19,6 +18,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
@@ -30,6 +30,7 @@
 #include "common/log.hpp"
 #include "common/test_hooks.hpp"
 #include "daemon/core/manifest.hpp"
+#include "daemon/core/torch_zip.hpp"
 #include "daemon/state/checkpoint.hpp"
 #include "daemon/state/checkpoint_files.hpp"
 #include "daemon/state/checkpoint_plan.hpp"
@@ -189,51 +190,37 @@ void snapshot_shard(const CheckpointWriter& w, size_t k, const std::function<Gro
   }
 }
 
-// The writer's side of staging: the shard's clones copied into their room in the host vectors
-// (device to host, synchronous on this thread's stream; the clones are complete, check_finite),
-// each clone freed as soon as it is copied.
-void fill_staged(ShardValues& v) {
+// The writer's side of staging, for the bytes [from, from + n) of vector `vec`'s record: the
+// shard's clones that overlap them copied into their room in the host vectors (device to host,
+// synchronous; the clones are complete, check_finite), by the thread that writes those bytes next. `staged` is in order of `at` per vector.
+void fill_staged(ShardValues& v, int vec, uint64_t from, uint64_t n) {
   HostFloats* vecs[3] = {&v.param, &v.exp_avg, &v.exp_avg_sq};
-  for (ShardValues::Staged& s : v.staged) {
-    float* into = vecs[s.vec]->data() + s.at;
-    torch::from_blob(into, {s.values.numel()}, at::kFloat).copy_(s.values.view({-1}));
-    s.values = at::Tensor();
+  const size_t lo = static_cast<size_t>(from / sizeof(float)), hi = static_cast<size_t>((from + n + 3) / sizeof(float));
+  for (const ShardValues::Staged& s : v.staged) {
+    const size_t end = s.at + static_cast<size_t>(s.values.numel());
+    if (s.vec != vec || end <= lo || s.at >= hi) continue;
+    const size_t a = std::max(lo, s.at), b = std::min(hi, end);
+    float* into = vecs[vec]->data() + a;
+#if THETAD_TORCH_CUDA
+    // A pool stream (non-blocking): on the legacy default stream each of a file's many block
+    // copies would wait for the trainer's queued work. The clone is complete (check_finite).
+    std::optional<c10::cuda::CUDAStreamGuard> on;
+    if (s.values.is_cuda()) on.emplace(c10::cuda::getStreamFromPool(false, s.values.device().index()));
+#endif
+    torch::from_blob(into, {static_cast<int64_t>(b - a)}, at::kFloat)
+        .copy_(s.values.view({-1}).narrow(0, static_cast<int64_t>(a - s.at), static_cast<int64_t>(b - a)));
   }
-  v.staged.clear();
 }
 
-// FNV-1a 64 over 64-bit words (comm::fnv1a64_words) of bytes that come in pieces of any length.
-class WordHash {
- public:
-  void add(const char* p, size_t n) {
-    while (n > 0 && have_ > 0 && have_ < 8) {  // complete a word begun by the last piece
-      carry_[have_++] = *p++;
-      --n;
-      if (have_ == 8) {
-        h_ = comm::fnv1a64_words(carry_, 8, h_);
-        have_ = 0;
-      }
-    }
-    const size_t whole = n / 8 * 8;
-    h_ = comm::fnv1a64_words(p, whole, h_);
-    std::memcpy(carry_, p + whole, n - whole);
-    have_ = n - whole;
-  }
-  uint64_t value() const { return comm::fnv1a64(carry_, have_, h_); }
-
- private:
-  uint64_t h_ = comm::fnv1a64("", 0);
-  char carry_[8] = {};
-  size_t have_ = 0;
-};
-
 // A shard's values as one torch.load-able dict of six tensors (a tensor per parameter would
-// make a million tiny tasks millions of records, minutes to write), written straight from the
-// host vectors into the file as the zip container is built (torch::pickle_save would first copy
-// the whole file into a growing vector: a second pass over memory and its page faults, a third of
-// the write's time), the checksum taken on the way. Returns the checksum.
-uint64_t write_pickled(const fs::path& path, const ShardValues& v) {
-  // from_blob: the dict's tensors view the vectors, which outlive the pickling below. The
+// make a million tiny tasks millions of records, minutes to write): the pickle from LibTorch's
+// Pickler, the archive around it laid out and written by daemon/core/torch_zip.hpp straight from
+// the host vectors on `threads` threads, each writing, CRC'ing and checksumming its blocks (a
+// single writer thread that computes the CRC, then the checksum, then writes, is their sum).
+// Staged values are copied to the host by the same threads, block by block. Returns the checksum.
+uint64_t write_pickled(const CheckpointWriter& w, const fs::path& path, ShardValues& v,
+                       const std::atomic<bool>* cancel) {
+  // from_blob: the dict's tensors view the vectors, which outlive the writing below. The
   // pickler only reads them.
   const auto view = [](const auto& vec, at::ScalarType type) {
     return torch::from_blob(const_cast<void*>(static_cast<const void*>(vec.data())),
@@ -251,36 +238,42 @@ uint64_t write_pickled(const fs::path& path, const ShardValues& v) {
   pickler.protocol();
   pickler.pushIValue(c10::IValue(dict));
   pickler.stop();
-  WordHash hash;
-  DurableFile out(path);
-  // A failed write is never reported to the zip writer: it would throw, and throw again from
-  // its destructor, which finishes the archive (std::terminate). The callback pretends from then
-  // on, and the failure (errno kept in `out`) is raised once the writer is gone.
-  std::string failed;
-  {
-    caffe2::serialize::PyTorchStreamWriter zip([&](const void* p, size_t n) -> size_t {
-      if (!failed.empty()) return n;
-      if (!out.write(static_cast<const char*>(p), n)) {
-        failed = "write failed";
-        return n;
-      }
-      hash.add(static_cast<const char*>(p), n);
-      return n;
-    });
-    try {
-      size_t i = 0;
-      for (const at::Tensor& t : pickler.tensorData()) {  // as torch::jit::writeArchiveAndTensors does
-        zip.writeRecord("data/" + std::to_string(i++), t.storage().data(), t.storage().nbytes());
-      }
-      zip.writeRecord("data.pkl", pkl.data(), pkl.size());
-      zip.writeEndOfFile();
-    } catch (const c10::Error& e) {
-      if (failed.empty()) failed = e.what_without_backtrace();
-    }
+  // The records as torch::jit::writeArchiveAndTensors names them ("data/<key>" in the pickle's
+  // order), then the pickle and the format version PyTorch's writer records (3: plain tensors).
+  std::vector<TorchZipRecord> records;
+  std::vector<int> vec_of;  // per record: the host vector it views (0..2), or -1
+  const void* vecs[3] = {v.param.data(), v.exp_avg.data(), v.exp_avg_sq.data()};
+  for (const at::Tensor& t : pickler.tensorData()) {
+    const void* data = t.storage().data();
+    records.push_back({"data/" + std::to_string(records.size()), data, t.storage().nbytes()});
+    const auto* it = std::find(std::begin(vecs), std::end(vecs), data);
+    vec_of.push_back(it == std::end(vecs) || t.storage().nbytes() == 0 ? -1 : static_cast<int>(it - std::begin(vecs)));
   }
-  if (!failed.empty()) out.fail(failed);
+  records.push_back({"data.pkl", pkl.data(), pkl.size()});
+  records.push_back({"version", "3\n", 2});
+  vec_of.resize(records.size(), -1);
+  DurableFile out(path);
+  TorchZipSink sink;
+  sink.threads = w.threads;
+  sink.write_at = [&](const char* p, size_t n, uint64_t off) { return out.write_at(p, n, off); };
+  sink.written = [&](uint64_t off, uint64_t n) { out.start_writeback(off, n); };
+  if (!v.staged.empty())
+    sink.prepare = [&](size_t r, uint64_t from, uint64_t n) {
+      if (vec_of[r] >= 0) fill_staged(v, vec_of[r], from, n);
+    };
+  sink.cancel = cancel;
+  TorchZipResult written;
+  try {
+    written = write_torch_zip(records, sink);
+  } catch (...) {
+    v.staged.clear();  // no write follows: the clones go now
+    throw;
+  }
+  v.staged.clear();  // the clones go once copied
+  if (cancel && cancel->load()) throw Error("checkpoint of step " + std::to_string(w.step) + ": write cancelled");
+  if (!written.ok) out.fail("write failed");
   out.commit();
-  return hash.value();
+  return written.checksum;
 }
 
 // Test aids, read only here (docs/configuration.md, tests/integration/async_checkpoint.sh):
@@ -303,8 +296,7 @@ uint64_t write_shard(const CheckpointWriter& w, ShardValues& v, const std::atomi
   const fs::path file = tmp_dir(w) / v.file;
   test_hooks(w, file, cancel);
   if (cancel && cancel->load()) throw Error("checkpoint of step " + std::to_string(w.step) + ": write cancelled");
-  fill_staged(v);
-  return write_pickled(file, v);
+  return write_pickled(w, file, v, cancel);
 }
 
 // "shard fnv1a64" per line: rank 0 puts them in the manifest. (The test aids apply here too: a

@@ -13,6 +13,7 @@
 #include "common/log.hpp"
 #include "common/stopwatch.hpp"
 #include "config/loader.hpp"
+#include "daemon/core/file_checksum.hpp"
 #include "daemon/core/job_options.hpp"
 #include "daemon/models/precision.hpp"
 #include "offload/thread_pool.hpp"
@@ -141,8 +142,9 @@ int64_t RunState::resume(bool resume) {
     if (st.initial) continue;  // never updated: the fresh model and store hold its initial values
     homes_.of(g).restore(g, st);
   }
-  // The next checkpoint shares this one's files of groups that did not change (format 4 only:
-  // an older one is written whole once).
+  // The next checkpoint shares this one's files of groups that did not change (format 5 only:
+  // the manifest carries its files' checksums over, of format 5's kind; an older one is written
+  // whole once).
   if (reader.manifest().format == kManifestFormat) last_ = plan_of_read(reader.manifest(), ckpt.path, homes_.group_steps());
   THETAD_LOG(info, "ckpt") << "resumed from " << ckpt.path << " at step " << ckpt.step;
   return ckpt.step;
@@ -180,6 +182,7 @@ CheckpointWriter RunState::writer(int64_t completed) {
   w.job_name = job_.name;
   w.job_hash = model_hash(job_);
   w.keep = job_.checkpoint.keep;
+  w.threads = checkpoint_threads(world_.local_size);  // the node's cores shared among its ranks
   w.layout = checkpoint_layout(job_, groups_);
   const std::vector<int64_t>& steps = homes_.group_steps();
   std::vector<GroupSource> source;
@@ -235,7 +238,8 @@ void RunState::checkpoint(int64_t completed, bool last) {
                              << std::setprecision(1) << begin_ms << " ms, snapshot " << snapshot_ms << " ms ("
                              << std::setprecision(3) << share->staged_bytes / 1e6 << " MB staged on the tensors' device, "
                              << share->host_bytes / 1e6 << " MB copied on the host), agreement " << std::setprecision(1)
-                             << ms_since(t0) - begin_ms - snapshot_ms << " ms";
+                             << ms_since(t0) - begin_ms - snapshot_ms << " ms; files written by " << w.threads
+                             << " threads per rank";
   }
   inflight_ = std::make_unique<CheckpointInFlight>(w, std::move(share), ms_since(t0));
   inflight_->abandon_wait = comm_timeout(job_);

@@ -17,7 +17,7 @@ ck=$WORK/good/step-00000004
 $py - "$ck/manifest.json" <<'PY' && pass "manifest: format 4, Θ and the task groups in a file each, with checksums" || fail "manifest"
 import json, sys
 m = json.load(open(sys.argv[1]))
-assert m["format"] == "thetad-checkpoint-4", m["format"]
+assert m["format"] == "thetad-checkpoint-5", m["format"]
 assert m["groups"] == 5 and [f["file"] for f in m["files"]] == ["shard-00000.pt", "shard-00001.pt"], m
 assert m["runs"] == [[0, 1, 0], [1, 4, 1]], m["runs"]
 import torch
@@ -33,9 +33,9 @@ PY
 cp -r "$WORK/good" "$WORK/good_copy"; rm -f "$WORK/good_copy/.lock"
 expect_code 0 resume_good run --set checkpoint.dir="$WORK/good_copy" --set steps=5
 expect_in resume_good "resumed from .*step-00000004 at step 4"
-# Format-3 (shards of consecutive groups) and format-2 (a file per group) checkpoints, as earlier
-# releases wrote, still resume.
-for v in 2 3; do
+# Format-4 (format 5's files, checksummed over words), format-3 (shards of consecutive groups)
+# and format-2 (a file per group) checkpoints, as earlier releases wrote, still resume.
+for v in 2 3 4; do
 cp -r "$WORK/good" "$WORK/v$v"; rm -f "$WORK/v$v/.lock"
 HERE=$HERE $py - "$WORK/v$v/step-00000004" "$v" <<'PY'
 import json, os, sys, torch
@@ -44,6 +44,10 @@ from ckpt_groups import load
 os.chdir(sys.argv[1])
 m = json.load(open('manifest.json'))
 groups = load('.')
+if sys.argv[2] == '4':
+    m['format'] = 'thetad-checkpoint-4'
+    json.dump(m, open('manifest.json', 'w'))
+    sys.exit(0)
 for f in m['files']:
     os.remove(f['file'])
 for k in ('files', 'runs'):
@@ -76,9 +80,13 @@ PY
 $py "$HERE/rechecksum.py" "$WORK/v$v/step-00000004"
 expect_code 0 resume_v$v run --set checkpoint.dir="$WORK/v$v" --set steps=5
 expect_in resume_v$v "resumed from .*step-00000004 at step 4"
-h_old=$(final_hash "$WORK/resume_v$v.log"); h_v4=$(final_hash "$WORK/resume_good.log")
-[ -n "$h_old" ] && [ "$h_old" = "$h_v4" ] && pass "format $v resumes to the same parameters" || fail "format $v: $h_old vs $h_v4"
+h_old=$(final_hash "$WORK/resume_v$v.log"); h_good=$(final_hash "$WORK/resume_good.log")
+[ -n "$h_old" ] && [ "$h_old" = "$h_good" ] && pass "format $v resumes to the same parameters" || fail "format $v: $h_old vs $h_good"
 done
+# The checkpoint written after resuming a format-4 one shares none of its files (their checksums
+# are of format 4's kind): it resumes in turn.
+expect_code 0 resume_after_v4 run --set checkpoint.dir="$WORK/v4" --set steps=6
+expect_in resume_after_v4 "resumed from .*step-00000005 at step 5"
 
 # damaged NAME 'PATTERN' SHELL-CODE: a copy of the good checkpoint, damaged by SHELL-CODE (run in
 # the copy's step directory); resume must exit 2 with PATTERN in its error.
@@ -98,7 +106,7 @@ damaged empty "$g: checksum .*\\(0 bytes\\)" ": > $g"
 damaged directory "$g: not a regular file" "rm $g && mkdir $g"
 damaged missing_file "$g: missing" "rm $g"
 damaged bad_format "manifest.json: format: 'thetad-checkpoint-9' is not a format" \
-  "sed -i 's/thetad-checkpoint-4/thetad-checkpoint-9/' manifest.json"
+  "sed -i 's/thetad-checkpoint-5/thetad-checkpoint-9/' manifest.json"
 damaged other_step "manifest.json: step: 7 but the directory is of step 4" "sed -i 's/\"step\": 4/\"step\": 7/' manifest.json"
 damaged path_escape "manifest.json: files\\[0\\].file: '../../../etc/passwd' is not shard-NNNNN.pt" \
   "sed -i 's#\"shard-00000.pt\"#\"../../../etc/passwd\"#' manifest.json"

@@ -32,7 +32,7 @@ step10, step12, np = sys.argv[1], sys.argv[2], int(sys.argv[3])
 def groups(d):
     """group -> (file, steps) of a checkpoint; every file checked against its manifest's bytes"""
     m = json.load(open(os.path.join(d, "manifest.json")))
-    assert m["format"] == "thetad-checkpoint-4", m["format"]
+    assert m["format"] == "thetad-checkpoint-5", m["format"]
     out = {}
     for first, count, f in m["runs"]:
         for g in range(first, first + count):

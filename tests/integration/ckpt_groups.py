@@ -1,4 +1,4 @@
-"""A format-4 checkpoint's groups, for the tests' Python checks: group -> {"param", "exp_avg",
+"""A format-5 (or 4) checkpoint's groups, for the tests' Python checks: group -> {"param", "exp_avg",
 "exp_avg_sq": float32 [n], "steps": int, "file": name} through manifest.json's runs (initial
 groups are absent)."""
 import json
@@ -9,7 +9,7 @@ import torch
 
 def load(step_dir):
     m = json.load(open(os.path.join(step_dir, "manifest.json")))
-    assert m["format"] == "thetad-checkpoint-4", m["format"]
+    assert m["format"] in ("thetad-checkpoint-5", "thetad-checkpoint-4"), m["format"]
     files, out = {}, {}
     for first, count, f in m["runs"]:
         if f < 0:

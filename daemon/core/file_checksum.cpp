@@ -1,0 +1,99 @@
+// Checkpoint file checksums in blocks, and the threads that compute them (file_checksum.hpp).
+#include "daemon/core/file_checksum.hpp"
+
+#include <sched.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <exception>
+#include <mutex>
+#include <system_error>
+#include <thread>
+
+#include "comm/bucket_plan.hpp"
+
+namespace thetad::daemon {
+
+WordHash::WordHash() : h_(comm::fnv1a64("", 0)) {}
+
+void WordHash::add(const void* data, size_t n) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  while (n > 0 && have_ > 0) {  // complete a word begun by the last piece
+    carry_[have_++] = *p++;
+    --n;
+    if (have_ == 8) {
+      h_ = comm::fnv1a64_words(carry_, 8, h_);
+      have_ = 0;
+    }
+  }
+  if (have_ > 0) return;  // the piece ended inside the word
+  const size_t whole = n / 8 * 8;
+  h_ = comm::fnv1a64_words(p, whole, h_);
+  std::memcpy(carry_, p + whole, n - whole);
+  have_ = n - whole;
+}
+
+uint64_t WordHash::value() const { return comm::fnv1a64(carry_, have_, h_); }
+
+uint64_t combine_block_hashes(const std::vector<uint64_t>& blocks) {
+  // Bytes in little-endian order whatever the host's, so that the checksum is the file's alone.
+  std::vector<unsigned char> bytes(blocks.size() * 8);
+  for (size_t i = 0; i < blocks.size(); ++i)
+    for (int b = 0; b < 8; ++b) bytes[i * 8 + static_cast<size_t>(b)] = static_cast<unsigned char>(blocks[i] >> (8 * b));
+  return comm::fnv1a64(bytes.data(), bytes.size());
+}
+
+uint64_t file_checksum(const void* data, size_t n, int threads) {
+  const size_t blocks = static_cast<size_t>((n + kChecksumBlock - 1) / kChecksumBlock);
+  std::vector<uint64_t> hashes(blocks);
+  const auto* base = static_cast<const char*>(data);
+  for_each_index(blocks, threads, [&](size_t i) {
+    const size_t at = i * kChecksumBlock;
+    hashes[i] = comm::fnv1a64_words(base + at, std::min<size_t>(kChecksumBlock, n - at));
+  });
+  return combine_block_hashes(hashes);
+}
+
+int checkpoint_threads(int local_ranks) {
+  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  int mine = cores;
+#ifdef __linux__
+  cpu_set_t set;
+  if (::sched_getaffinity(0, sizeof set, &set) == 0) mine = CPU_COUNT(&set);
+#endif
+  // Bound to some of the cores (mpirun's or Slurm's binding): those are this rank's, and its
+  // threads cannot leave them. Unbound: the node's cores shared among its ranks.
+  return std::max(1, mine > 0 && mine < cores ? mine : cores / std::max(1, local_ranks));
+}
+
+void for_each_index(size_t n, int threads, const std::function<void(size_t)>& fn) {
+  std::atomic<size_t> next{0};
+  std::atomic<bool> stop{false};
+  std::exception_ptr error;
+  std::mutex error_mutex;
+  const auto work = [&] {
+    for (size_t i; !stop.load(std::memory_order_relaxed) && (i = next.fetch_add(1)) < n;) {
+      try {
+        fn(i);
+      } catch (...) {
+        const std::lock_guard<std::mutex> lock(error_mutex);
+        if (!error) error = std::current_exception();
+        stop = true;
+      }
+    }
+  };
+  const size_t helpers = std::min<size_t>(n, static_cast<size_t>(std::max(1, threads))) - (n > 0 ? 1 : 0);
+  std::vector<std::thread> pool;
+  pool.reserve(helpers);
+  try {
+    for (size_t t = 0; t < helpers; ++t) pool.emplace_back(work);
+  } catch (const std::system_error&) {
+    // No more threads can be made (ulimit -u, -v): the ones made and this one do the work.
+  }
+  work();
+  for (std::thread& t : pool) t.join();
+  if (error) std::rethrow_exception(error);
+}
+
+}  // namespace thetad::daemon

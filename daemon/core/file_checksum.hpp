@@ -1,0 +1,43 @@
+// The checksum of a checkpoint file (format 5, manifest.hpp): FNV-1a 64 over 64-bit words
+// (comm::fnv1a64_words) of each kChecksumBlock bytes of the file, then FNV-1a 64 over those block
+// hashes, so that the threads writing a file's blocks also hash them (torch_zip.hpp). Torch-free.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+namespace thetad::daemon {
+
+// 4 MiB: a 256 MiB file is 64 blocks for the writer threads; small enough that the few blocks
+// holding zip headers, hashed once the CRCs are known, cost little.
+constexpr uint64_t kChecksumBlock = uint64_t{4} << 20;
+
+// FNV-1a 64 over 64-bit words of bytes that come in pieces of any length: equal to
+// comm::fnv1a64_words over the pieces joined.
+class WordHash {
+ public:
+  WordHash();
+  void add(const void* p, size_t n);
+  uint64_t value() const;
+
+ private:
+  uint64_t h_;
+  unsigned char carry_[8] = {};
+  size_t have_ = 0;
+};
+
+// The file checksum from its blocks' hashes (block i: bytes [i, i + 1) * kChecksumBlock), as
+// little-endian 64-bit values hashed with comm::fnv1a64.
+uint64_t combine_block_hashes(const std::vector<uint64_t>& blocks);
+// The checksum of `n` bytes held in memory, its blocks hashed on up to `threads` threads.
+uint64_t file_checksum(const void* data, size_t n, int threads = 1);
+// The thread count a rank gives its file work: the cores it is bound to (its CPU affinity), or
+// where it is not bound, the machine's cores over the node's ranks; at least 1.
+int checkpoint_threads(int local_ranks);
+// Calls fn(i) for i in 0..n-1 on up to `threads` threads (the caller's one of them), each index
+// once; the first exception stops the other threads taking more and is rethrown here.
+void for_each_index(size_t n, int threads, const std::function<void(size_t)>& fn);
+
+}  // namespace thetad::daemon
