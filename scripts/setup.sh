@@ -8,7 +8,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 build=${BUILD_DIR:-$root/build}
 
 packages=(build-essential cmake git pkg-config
-  libtorch-dev libopenmpi-dev openmpi-bin libspdlog-dev libyaml-cpp-dev libgtest-dev nlohmann-json3-dev
+  libtorch-dev libopenmpi-dev openmpi-bin libspdlog-dev libyaml-cpp-dev libgtest-dev nlohmann-json3-dev zlib1g-dev
   python3 python3-torch python3-numpy python3-yaml python3-matplotlib
   clang libclang-rt-14-dev shellcheck ccache)
 missing=()
