@@ -124,9 +124,10 @@ bool link_or_copy(const fs::path& from, const fs::path& to, uint64_t checksum) {
     io_error("cannot link the unchanged groups' file", from);
   }
   static std::atomic<bool> said{false};
-  if (!said.exchange(true))
+  if (!said.exchange(true)) {
     THETAD_LOG(warn, "ckpt") << "cannot hard-link " << from.string() << " into the new checkpoint (" << std::strerror(err)
                              << "): files of unchanged groups are copied instead (checkpoints then cost their full size)";
+  }
   const std::vector<char> bytes = read_bytes(from);
   if (file_checksum(bytes.data(), bytes.size(), checkpoint_threads(1)) != checksum)
     throw Error("checkpoint: " + from.string() + " no longer matches its checksum; it is not copied into the new "
