@@ -139,9 +139,10 @@ void keep_records_before(const std::string& path, int64_t resume_step) {
   if (dropped == 0) return;
   // Lines that are no step record (a torn last line after a crash, text added by hand) go too:
   // said, never silently.
-  if (invalid > 0)
+  if (invalid > 0) {
     THETAD_LOG(warn, "metrics") << path << ": " << invalid << " line(s) that are not step records (the first at line "
                                 << first_invalid << ") dropped with the records of the replayed steps";
+  }
   const std::string tmp = path + ".resume-tmp";
   std::ofstream out(tmp, std::ios::out | std::ios::trunc);
   out << kept;

@@ -23,6 +23,7 @@
 #include <fstream>
 #include <iomanip>
 #include <sstream>
+#include <system_error>
 #include <thread>
 
 #include "comm/bucket_plan.hpp"
@@ -95,6 +96,31 @@ void check_finite(const CheckpointWriter& w, FiniteChecks& c) {
   c.names.clear();
 }
 
+// n floats from `from` into `into`, on up to `threads` threads where n is large: the first
+// snapshot writes memory never touched before, and its page faults, not the copy, are the cost
+// (1.7 s for 3.2 GB on one thread of the GPU host); they are taken in parallel this way.
+void copy_floats(float* into, const float* from, size_t n, int threads) {
+  constexpr size_t kPerThread = size_t{16} << 20;  // 64 MiB: below that one thread is as fast
+  const size_t parts = std::min<size_t>(static_cast<size_t>(std::max(1, threads)), (n + kPerThread - 1) / kPerThread);
+  if (parts <= 1) {
+    std::memcpy(into, from, n * sizeof(float));
+    return;
+  }
+  const size_t per = (n + parts - 1) / parts;
+  std::vector<std::thread> pool;
+  for (size_t k = 1; k < parts; ++k) {
+    const size_t lo = k * per, len = std::min(n, lo + per) - lo;
+    const auto part = [=] { std::memcpy(into + lo, from + lo, len * sizeof(float)); };
+    try {
+      pool.emplace_back(part);
+    } catch (const std::system_error&) {
+      part();  // no thread to be had (a process or memory limit): this one copies it
+    }
+  }
+  std::memcpy(into, from, std::min(n, per) * sizeof(float));
+  for (std::thread& t : pool) t.join();
+}
+
 // Copies one shard's groups into `out` (its vectors keep their capacity from the last time):
 // "param", "exp_avg" and "exp_avg_sq" (float32, the groups' values one after the other, each
 // group in its flat layout: parameters in registration order), "groups" (int64 [count], which
@@ -159,8 +185,9 @@ void snapshot_shard(const CheckpointWriter& w, size_t k, const std::function<Gro
     }
     const at::Tensor c = t.device().is_cpu() && t.scalar_type() == at::kFloat && t.is_contiguous()
                              ? t : t.detach().to(torch::kCPU, torch::kFloat32).contiguous();
-    const float* p = c.data_ptr<float>();
-    v.insert(v.end(), p, p + c.numel());
+    const size_t at = v.size();
+    v.resize(at + static_cast<size_t>(c.numel()));  // uninitialised: copied in below
+    copy_floats(v.data() + at, c.data_ptr<float>(), static_cast<size_t>(c.numel()), w.threads);
     checks.host_bytes += c.numel() * int64_t{sizeof(float)};
     return {};
   };
