@@ -73,9 +73,10 @@ if command -v strace >/dev/null 2>&1; then
   [ "$n" -ge 3 ] && pass "checkpoint files and directories fsynced ($n calls)" || fail "only $n fsync calls"
 fi
 
-# A file of several 4 MiB blocks (Θ of 2 x 1024^2 values: 25 MB), written by several threads at
-# once: a run resumed from it ends bitwise-identical, and torch.load reads the same values.
-big=(--set model.input_dim=1024 --set model.hidden=1024 --set comm.bucket_cap_mb=25 --set checkpoint.every_steps=2)
+# A file of several 4 MiB blocks (Θ of 1024 x 2048 + 2048^2 values: 50 MB), written by several
+# threads at once, its tensors of 8 and 16 MiB copied into the snapshot by several threads: a run
+# resumed from it ends bitwise-identical, and torch.load reads the same values.
+big=(--set model.input_dim=1024 --set model.hidden=2048 --set comm.bucket_cap_mb=25 --set checkpoint.every_steps=2)
 expect_code 0 big4 run 1 --set steps=4 --set checkpoint.dir="$WORK/big4" "${big[@]}" --no-resume
 expect_code 0 big2 run 1 --set steps=2 --set checkpoint.dir="$WORK/big2" "${big[@]}" --no-resume
 expect_code 0 big2to4 run 1 --set steps=4 --set checkpoint.dir="$WORK/big2" "${big[@]}"
