@@ -23,13 +23,13 @@
 #include <fstream>
 #include <iomanip>
 #include <sstream>
-#include <system_error>
 #include <thread>
 
 #include "comm/bucket_plan.hpp"
 #include "common/errors.hpp"
 #include "common/log.hpp"
 #include "common/test_hooks.hpp"
+#include "daemon/core/file_checksum.hpp"
 #include "daemon/core/manifest.hpp"
 #include "daemon/core/torch_zip.hpp"
 #include "daemon/state/checkpoint.hpp"
@@ -107,18 +107,10 @@ void copy_floats(float* into, const float* from, size_t n, int threads) {
     return;
   }
   const size_t per = (n + parts - 1) / parts;
-  std::vector<std::thread> pool;
-  for (size_t k = 1; k < parts; ++k) {
-    const size_t lo = k * per, len = std::min(n, lo + per) - lo;
-    const auto part = [=] { std::memcpy(into + lo, from + lo, len * sizeof(float)); };
-    try {
-      pool.emplace_back(part);
-    } catch (const std::system_error&) {
-      part();  // no thread to be had (a process or memory limit): this one copies it
-    }
-  }
-  std::memcpy(into, from, std::min(n, per) * sizeof(float));
-  for (std::thread& t : pool) t.join();
+  for_each_index(parts, static_cast<int>(parts), [&](size_t k) {
+    const size_t lo = k * per;
+    std::memcpy(into + lo, from + lo, (std::min(n, lo + per) - lo) * sizeof(float));
+  });
 }
 
 // Copies one shard's groups into `out` (its vectors keep their capacity from the last time):
