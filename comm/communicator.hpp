@@ -105,6 +105,11 @@ class Communicator {
   virtual WorkPtr allgather(const void* send, void* recv, size_t count, DType dtype,
                             const CollectiveTag& tag) = 0;
   virtual WorkPtr barrier(const CollectiveTag& tag) = 0;
+  // No collective: a Work that completes once the work queued on the compute stream so far has
+  // (device backends: an event after it on the communication stream; host backends: complete
+  // now, the host computed it). The engine's adopted buckets (a world of one) hand it to their
+  // consumers, which order themselves after the gradients as after a reduction.
+  virtual WorkPtr after_compute(const CollectiveTag& tag);
   // Tears the communicator down so that no call blocks any more (after a timeout or a fatal error).
   virtual void abort(const std::string& why) = 0;
 

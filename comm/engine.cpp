@@ -106,10 +106,16 @@ struct Engine::Impl {
       o.from_root = counts.only_root(bucket.group);
       stats.buckets_broadcast += 1;
     }
-    float* data = buffers.bucket_ptr(b);
-    if (o.from_root < 0 || o.from_root == comm.rank()) buffers.zero_unwritten(b, seen);  // else overwritten
+    const bool adopted = buffers.adopted(bucket.group);
+    float* data = adopted ? nullptr : buffers.bucket_ptr(b);
+    if (adopted) {  // a world of one: its gradients are final; zeros where some rank used the group but none came
+      if (!counts.ready() || counts.counts()[bucket.group] > 0)
+        for (int p : bucket.params) buffers.adopted_grad(p, /*zeros_if_none=*/true);
+    } else if (o.from_root < 0 || o.from_root == comm.rank()) {
+      buffers.zero_unwritten(b, seen);  // else overwritten
+    }
     const auto t0 = Clock::now();
-    works.push_back(comm.allreduce(data, bucket.numel, DType::f32, o));
+    works.push_back(adopted ? comm.after_compute(o.tag) : comm.allreduce(data, bucket.numel, DType::f32, o));
     const auto t1 = Clock::now();
     stats.launch_call_ms += std::chrono::duration<double, std::milli>(t1 - t0).count();
     if (opts.on_launch) {
@@ -159,6 +165,12 @@ Engine::Engine(std::shared_ptr<Communicator> comm, BucketPlan plan, EngineOption
                            << (opts_.prune ? "on" : "off") << ", average "
                            << (opts_.average == Average::contributors ? "contributors" : "world") << ", on the wire "
                            << dtype_name(opts_.wire);
+  int adopted = 0;
+  for (int g = 0; g < plan_.num_groups; ++g) adopted += impl_->buffers.adopted(g) ? 1 : 0;
+  if (adopted > 0) {
+    THETAD_LOG(info, "comm") << "engine: " << adopted << " of " << plan_.num_groups
+                             << " groups' gradients adopted from autograd (a world of one: no buckets, no copies)";
+  }
 }
 
 // An error that unwound a step can leave collectives in flight that still write into the engine's
@@ -185,13 +197,33 @@ size_t Engine::buffer_bytes() const { return impl_->buffers.bytes(); }
 float* Engine::grad(int param) {
   if (param < 0 || param >= static_cast<int>(plan_.param_bucket.size()))
     throw InternalError(detail::concat("no gradient buffer for parameter ", param));
-  if (impl_->buffers.streamed(plan_.params[static_cast<size_t>(param)].group))
+  const int group = plan_.params[static_cast<size_t>(param)].group;
+  if (impl_->buffers.streamed(group))
     throw InternalError(detail::concat("parameter ", param, " is streamed: the caller holds its gradient"));
   if (plan_.param_bucket[param] < 0) {  // no elements: a valid address of nothing
     static float nothing = 0.0f;
     return &nothing;
   }
+  if (impl_->buffers.adopted(group)) {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    return impl_->buffers.adopted_grad(param, /*zeros_if_none=*/true);
+  }
   return bucket_data(plan_.param_bucket[param]) + plan_.param_offset[param];
+}
+
+void Engine::adopt(int param, float* data) {
+  if (param < 0 || param >= static_cast<int>(plan_.param_bucket.size()) ||
+      !impl_->buffers.adopted(plan_.params[static_cast<size_t>(param)].group) || data == nullptr)
+    throw InternalError(detail::concat("adopt: parameter ", param, " is not of an adopted group, or no gradient"));
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->buffers.adopt(param, data);
+}
+
+float* Engine::adopted_grad(int param) const { return impl_->buffers.adopted_grad(param, /*zeros_if_none=*/false); }
+
+size_t Engine::adopted_bytes() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->buffers.adopted_bytes();
 }
 
 void Engine::start_window(int64_t step) {

@@ -58,6 +58,14 @@ enum class GradMemory {
   // The group never has a gradient (a frozen base): its parameters are planned with no
   // elements, so it has no bucket, no memory and no launch. grad(p) is an error.
   none,
+  // A world of one rank only (InternalError otherwise), float32 on the wire: a gradient stays in
+  // the memory autograd made for it, as a plain loop keeps it: no engine memory, no copy into a
+  // bucket and no reduction (one rank's sum is its gradient). The caller gives each parameter's
+  // address with adopt() before its mark_ready (every micro-step: the same address), valid until
+  // the next start_window. A bucket "launches" as Communicator::after_compute (on_launch gets
+  // `data` nullptr and reads adopted_grad); a parameter of a launched bucket whose group some rank
+  // used but that got no gradient reads zeros (engine memory held for the window).
+  adopted,
 };
 
 struct EngineOptions {
@@ -132,8 +140,9 @@ class Engine {
 
   // Where parameter p's gradient lives (float32, plan.params[p].numel elements, in the
   // communicator's memory kind). Stable for the engine's lifetime, except for pooled groups:
-  // there it binds the group to a zeroed pool buffer for the current window if needed. A
-  // parameter without elements gets a valid address that holds none of its gradient.
+  // there it binds the group to a zeroed pool buffer for the current window if needed, and
+  // adopted groups: the adopted address this window (zeros if none came). A parameter without
+  // elements gets a valid address that holds none of its gradient.
   float* grad(int param);
   // Bytes of device/host memory the gradient buffers hold now (fixed buckets + pool).
   size_t buffer_bytes() const;
@@ -150,6 +159,14 @@ class Engine {
   // From the autograd hook after param's gradient has been accumulated. Thread-safe. A
   // parameter without a bucket (no elements in the plan) is ignored.
   void mark_ready(int param);
+  // Adopted groups: param's gradient is at `data` (float32, contiguous, plan.params[param].numel
+  // elements) until the next start_window. Call before mark_ready(param). Thread-safe.
+  void adopt(int param, float* data);
+  // Adopted groups: param's gradient this window, from on_launch (the engine's lock held) or after
+  // finish_backward; nullptr if none was adopted and its bucket has not launched.
+  float* adopted_grad(int param) const;
+  // Bytes of the gradients adopted this window (memory the caller's allocator holds).
+  size_t adopted_bytes() const;
   // Streamed groups: param's whole gradient is at `data` (the communicator's memory kind,
   // plan.params[param].numel floats); `keep` owns that memory (see GradMemory::streamed).
   // Only after begin_sync, once per window. Waits for the count exchange if it has not landed

@@ -24,8 +24,13 @@ GradBuffers::GradBuffers(Communicator& comm, const BucketPlan& plan, const Engin
     const bool own = mode(b.group) == GradMemory::owned || mode(b.group) == GradMemory::overwrite;
     buffers_.push_back(own ? comm_.allocate(b.numel * sizeof(float)) : nullptr);
   }
-  for (int g = 0; g < plan_.num_groups; ++g)
+  for (int g = 0; g < plan_.num_groups; ++g) {
     if (mode(g) == GradMemory::pooled) pool_elems_ = std::max(pool_elems_, group_elems[g]);
+    if (adopted(g) && comm_.size() != 1)
+      throw InternalError(detail::concat("group ", g, " adopts autograd's gradients, which needs a world of one rank, not ",
+                                         comm_.size()));
+  }
+  adopted_.assign(plan_.params.size(), nullptr);
   slot_of_group_.assign(plan_.num_groups, -1);
   dirty_.assign(nb, 0);
   stale_.assign(nb, 0);
@@ -58,6 +63,30 @@ void GradBuffers::start_window() {
   std::fill(ext_keep_.begin(), ext_keep_.end(), nullptr);
   release_held(true);
   held_bytes_ = 0;
+  for (int p : adopted_now_) adopted_[static_cast<size_t>(p)] = nullptr;
+  adopted_now_.clear();
+  adopted_bytes_ = 0;
+  adopted_zeros_.clear();
+}
+
+void GradBuffers::adopt(int param, float* data) {
+  float*& at = adopted_[static_cast<size_t>(param)];
+  if (at == data) return;  // a later micro-step: autograd added into the same tensor
+  if (!at) {
+    adopted_now_.push_back(param);
+    adopted_bytes_ += plan_.params[static_cast<size_t>(param)].numel * sizeof(float);
+  }
+  at = data;
+}
+
+float* GradBuffers::adopted_grad(int param, bool zeros_if_none) {
+  float*& at = adopted_[static_cast<size_t>(param)];
+  if (at || !zeros_if_none) return at;
+  const size_t bytes = plan_.params[static_cast<size_t>(param)].numel * sizeof(float);
+  adopted_zeros_.push_back(comm_.allocate(bytes));  // zero-initialised
+  at = static_cast<float*>(adopted_zeros_.back().get());
+  adopted_now_.push_back(param);
+  return at;
 }
 
 float* GradBuffers::bucket_ptr(int b) {
@@ -66,6 +95,7 @@ float* GradBuffers::bucket_ptr(int b) {
     case GradMemory::streamed: return ext_[b] ? ext_[b] : scratch(b);
     case GradMemory::pooled: return group_base(g) + bucket_offset_[b];
     case GradMemory::none: throw InternalError(detail::concat("bucket ", b, " of group ", g, ", which has no gradient"));
+    case GradMemory::adopted: throw InternalError(detail::concat("bucket ", b, " of group ", g, " has no memory: its gradients are adopted"));
     case GradMemory::owned:
     case GradMemory::overwrite: break;
   }

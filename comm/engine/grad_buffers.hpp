@@ -24,6 +24,7 @@ class GradBuffers {
     return opts_.grad_memory.empty() ? GradMemory::owned : opts_.grad_memory[static_cast<size_t>(group)];
   }
   bool streamed(int group) const { return mode(group) == GradMemory::streamed; }
+  bool adopted(int group) const { return mode(group) == GradMemory::adopted; }
 
   // Bucket b's memory this window: its owned buffer, its slice of its group's pool buffer (bound
   // and zeroed now if needed), or the streamed gradient handed over (else zeroed scratch).
@@ -39,6 +40,13 @@ class GradBuffers {
   // Overwrite groups: before bucket b is reduced, zeroes what no gradient overwrote this window
   // (runs of parameters not `seen`), unless the buffer is already zero.
   void zero_unwritten(int b, const std::vector<uint8_t>& seen);
+
+  // Adopted groups: the caller's gradient of `param` at `data` this window.
+  void adopt(int param, float* data);
+  // Adopted groups: param's gradient, or nullptr (zeros_if_none: zeroed engine memory, held for
+  // the window, becomes its gradient).
+  float* adopted_grad(int param, bool zeros_if_none);
+  size_t adopted_bytes() const { return adopted_bytes_; }
 
   // Streamed bucket b: the caller's gradient at `data`, owned by `keep`.
   void hand_over(int b, float* data, std::shared_ptr<void> keep);
@@ -79,6 +87,12 @@ class GradBuffers {
   };
   std::vector<Held> held_;
   int64_t held_bytes_ = 0;
+  // Adopted groups: per parameter, its gradient this window; the params adopted (to clear them);
+  // zeros given to parameters without one.
+  std::vector<float*> adopted_;
+  std::vector<int> adopted_now_;
+  size_t adopted_bytes_ = 0;
+  std::vector<std::shared_ptr<void>> adopted_zeros_;
 };
 
 }  // namespace thetad::comm::engine_detail

@@ -172,6 +172,12 @@ WorkPtr NcclCommunicator::barrier(const CollectiveTag& t) {
   });
 }
 
+// An empty launch: the communication stream waits for the compute stream, then records the
+// work's event.
+WorkPtr NcclCommunicator::after_compute(const CollectiveTag& t) {
+  return launch(named(t, "after compute"), true, [](ncclComm_t, cudaStream_t) {});
+}
+
 void NcclCommunicator::abort(const std::string& why) {
   core_->abort(why, std::make_exception_ptr(CommError("NCCL communicator was aborted: " + why)));
 }

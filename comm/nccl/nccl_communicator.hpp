@@ -37,6 +37,7 @@ class NcclCommunicator : public Communicator {
   WorkPtr allgather(const void* send, void* recv, size_t count, DType dtype,
                     const CollectiveTag& tag) override;
   WorkPtr barrier(const CollectiveTag& tag) override;
+  WorkPtr after_compute(const CollectiveTag& tag) override;
   void abort(const std::string& why) override;
   void set_compute_stream(void* stream) override;
 

@@ -19,10 +19,13 @@ ResidentHome::ResidentHome(const config::Job& job, const TaskModel& model, Param
 // moments. Row-chunked groups add rows into their .grad: buckets of their own (owned). Θ takes
 // its first gradient of a window by copy (overwrite: no memset per step). θ[t] take theirs in
 // buffers of a pool bound per window to the groups in use (pooled): gradient memory follows the
-// groups one step uses, not T, as a plain loop's does with grads set to None.
+// groups one step uses, not T, as a plain loop's does with grads set to None. In a world of one
+// rank (float32 on the wire) nothing is reduced, so Θ and θ[t] keep autograd's own gradients
+// (adopted): no bucket, no pool, no copy or zeroing pass, and no gradient memory during forward.
 comm::GradMemory ResidentHome::grad_memory(int g) const {
   if (g == 0 && !job_.model.train_shared) return comm::GradMemory::none;
   if (model_.row_chunked(g)) return comm::GradMemory::owned;
+  if (plane_.comm->size() == 1 && job_.comm.grad_dtype != config::GradDtype::Bf16) return comm::GradMemory::adopted;
   return g == 0 ? comm::GradMemory::overwrite : comm::GradMemory::pooled;
 }
 
@@ -87,8 +90,10 @@ void ResidentHome::on_bucket_launch(int b, int contributors, comm::Work& work, f
   if (!adam_.overlap() || !window_->update_known || contributors <= 0) return;
   const comm::Bucket& bucket = engine_->plan().buckets[static_cast<size_t>(b)];
   adam_.step_after(work, window_->for_group(bucket.group), [&](AdamOperands& ops) {
-    for (size_t k = 0; k < bucket.params.size(); ++k)  // on the side stream: first moments too
-      add_operands(bucket.params[k], data + bucket.offsets[k], ops);
+    for (size_t k = 0; k < bucket.params.size(); ++k) {  // on the side stream: first moments too
+      const int p = bucket.params[k];
+      add_operands(p, data ? data + bucket.offsets[k] : engine_->adopted_grad(p), ops);
+    }
   });
   bucket_stepped_[static_cast<size_t>(b)] = 1;
 }

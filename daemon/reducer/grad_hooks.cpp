@@ -19,6 +19,8 @@ GradHooks::GradHooks(ParamGroups& groups, comm::Engine& engine, const DataPlane&
     auto& p = groups_[static_cast<int>(i)].tensor;
     const comm::GradMemory mode = modes.at(static_cast<size_t>(groups_[static_cast<int>(i)].group));
     if (mode == comm::GradMemory::overwrite) overwrite_params_.push_back(static_cast<int>(i));
+    if (mode == comm::GradMemory::adopted) adopted_.push_back(1);
+    else adopted_.push_back(0);
     if (mode != comm::GradMemory::owned && mode != comm::GradMemory::overwrite) continue;
     // Gradients live in the engine's flat bucket buffers: .grad is a view of them.
     views_[i] = torch::from_blob(engine_.grad(static_cast<int>(i)), p.sizes(),
@@ -68,6 +70,10 @@ void GradHooks::rethrow_error() {
 // and .grad becomes the bucket view, which later micro-steps accumulate into.
 void GradHooks::take_grad(int i) {
   auto& p = groups_[i].tensor;
+  if (adopted_[static_cast<size_t>(i)]) {
+    adopt_grad(i);
+    return;
+  }
   if (modes_[static_cast<size_t>(groups_[i].group)] != comm::GradMemory::overwrite) return;
   const torch::Tensor& g = p.grad();
   const torch::Tensor& view = views_[static_cast<size_t>(i)];
@@ -76,8 +82,26 @@ void GradHooks::take_grad(int i) {
   p.mutable_grad() = view;
 }
 
+// A world of one (GradMemory::adopted): autograd's own tensor stays the gradient, as in a plain
+// loop (AccumulateGrad steals backward's result, so no pass copies it; later micro-steps add into
+// it in place); the engine and the optimizer read it where it is.
+void GradHooks::adopt_grad(int i) {
+  auto& p = groups_[i].tensor;
+  if (!p.grad().is_contiguous() || p.grad().scalar_type() != torch::kFloat32)  // not autograd's usual layout
+    p.mutable_grad() = p.grad().to(torch::kFloat32).contiguous();
+  const torch::Tensor& g = p.grad();
+  engine_.adopt(i, g.data_ptr<float>());
+  std::lock_guard<std::mutex> lock(adopted_mu_);
+  if (adopted_now_.empty() || adopted_now_.back() != i) adopted_now_.push_back(i);
+}
+
+// The last window's adopted gradients go now, before forward, as zero_grad(set_to_none) drops
+// a plain loop's: the allocator reuses their memory for this window's activations.
 void GradHooks::start_window() {
   for (int i : overwrite_params_) groups_[i].tensor.mutable_grad().reset();
+  std::lock_guard<std::mutex> lock(adopted_mu_);
+  for (int i : adopted_now_) groups_[i].tensor.mutable_grad().reset();
+  adopted_now_.clear();
 }
 
 void GradHooks::end_window() {

@@ -34,7 +34,8 @@ class GradHooks {
   GradHooks& operator=(const GradHooks&) = delete;
 
   // Before a window's first backward: overwrite groups' .grad is dropped, so autograd gives
-  // each first gradient a tensor of its own, which the hook copies into the bucket.
+  // each first gradient a tensor of its own, which the hook copies into the bucket; adopted
+  // groups' (the last window's gradients) too.
   void start_window();
   // After the window's last backward: .grad is the bucket view again, also where no gradient
   // came (the engine zeroed it there).
@@ -53,6 +54,7 @@ class GradHooks {
   void install();
   void on_gradient(int p);
   void take_grad(int p);
+  void adopt_grad(int p);
   ParamGroups& groups_;
   comm::Engine& engine_;
   const DataPlane& plane_;
@@ -62,6 +64,9 @@ class GradHooks {
   // 10,000 offloaded adapters are 1.28 M parameters that a loop over all of them would pass twice
   // per step.
   std::vector<int> overwrite_params_;
+  std::vector<uint8_t> adopted_;          // per parameter: its group's gradients are autograd's (adopted)
+  std::mutex adopted_mu_;                 // hooks may run on autograd's device threads
+  std::vector<int> adopted_now_;          // parameters adopted since the window started (their .grad is reset next)
   std::vector<uint8_t> requires_grad_;    // per group, current flag
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // keep the hooks alive
   std::unordered_map<const torch::autograd::Node*, int> acc_index_;

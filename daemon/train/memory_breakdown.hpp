@@ -27,15 +27,20 @@ class MemoryBreakdown {
     plane_.reset_allocator_peak();
   }
 
-  // Once the step's work is queued (the host allocates as it queues).
-  void record(const HomeMemory& homes, int64_t grad_bytes, StepRecord& rec) {
+  // Once the step's work is queued (the host allocates as it queues). `grad_bytes`: the engine's
+  // gradient buffers (outside the allocator); `adopted_grad_bytes`: gradients autograd made and
+  // the engine adopted (a world of one), inside the allocator's peak: counted as gradients up to
+  // what the step added, the rest of which is activations and workspace.
+  void record(const HomeMemory& homes, int64_t grad_bytes, int64_t adopted_grad_bytes, StepRecord& rec) {
     if (!plane_.gpu()) return;
     const int64_t step_peak = plane_.allocator_peak_bytes();
+    const int64_t added = step_peak - start_ - (homes.optimizer - start_optimizer_);
+    const int64_t adopted = std::max<int64_t>(0, std::min(adopted_grad_bytes, added));
     rec.mem_params_bytes = homes.params;
-    rec.mem_grads_bytes = grad_bytes;
+    rec.mem_grads_bytes = grad_bytes + adopted;
     rec.mem_optimizer_bytes = homes.optimizer;
     rec.mem_lines_bytes = homes.lines;
-    rec.mem_activations_bytes = step_peak - start_ - (homes.optimizer - start_optimizer_);
+    rec.mem_activations_bytes = added - adopted;
     rec.mem_other_bytes = start_ - homes.params - start_optimizer_;
     rec.mem_step_peak_bytes = step_peak + grad_bytes + homes.lines;
     peak_ = std::max(peak_, rec.mem_step_peak_bytes);

@@ -345,7 +345,8 @@ void Trainer::record_engine_stats(StepRecord& rec) {
   rec.grad_stream_peak_bytes = st.streamed_bytes_peak;
   rec.samples = job_.data.batch_per_rank;
   homes_->add_stats(rec);
-  memory_->record(homes_->device_memory(), static_cast<int64_t>(engine_->buffer_bytes()), rec);
+  memory_->record(homes_->device_memory(), static_cast<int64_t>(engine_->buffer_bytes()),
+                  static_cast<int64_t>(engine_->adopted_bytes()), rec);
   if (act_stash_) {
     const ActivationStats as = act_stash_->step_stats();
     rec.act_offload_bytes = as.d2h_bytes + as.h2d_bytes;

@@ -373,3 +373,19 @@ TEST(Engine, ZeroElementParamsHaveAnAddressAndNoBucket) {
 // marked absent: its bucket reduces zeros from this rank, and the buckets after it launch during
 // "backward", not at finish_backward. Every rank declares every group; rank r has no gradient
 // for the streamed parameters p with (p + r) % 3 == 0, except the first one handed over.
+
+// Adopted gradients (autograd's own tensors, nothing reduced) are for a world of one rank only;
+// under mpirun this world has more, so the engine refuses the plan as a caller's bug. The world
+// of one itself is tested end to end (equivalence_np1: the same bits as the reference).
+TEST(Engine, AdoptedGradientsNeedAWorldOfOne) {
+  const BucketPlan plan = model_plan();
+  EngineOptions o = options(true, Average::contributors);
+  o.grad_memory.assign(static_cast<size_t>(plan.num_groups), GradMemory::overwrite);
+  o.grad_memory[1] = GradMemory::adopted;
+  try {
+    Engine engine(make_mpi_communicator(), plan, o);
+    FAIL() << "no error";
+  } catch (const thetad::InternalError& e) {
+    EXPECT_NE(std::string(e.what()).find("a world of one rank"), std::string::npos) << e.what();
+  }
+}

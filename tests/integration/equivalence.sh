@@ -5,9 +5,14 @@
 # on and off must be bitwise identical (so only prune on's run is compared with the reference); with
 # prune on, bytes_allreduced per step must be exactly 4 x (|Θ| + Σ|θ[t]| of active tasks); from 3
 # ranks on, single-contributor buckets must have gone as broadcasts.
+# With W = 1 the engine adopts autograd's gradients (no buckets, no reduction): the same bits are
+# asked of it, over the six schedules with average contributors and declared groups (the other
+# keys change nothing in a world of one).
 #   equivalence.sh THETAD REFERENCE W
 set -euo pipefail
 thetad=$1 reference=$2 world=$3
+averages="contributors world" actives="declared discover"
+if [ "$world" -eq 1 ]; then averages=contributors actives=declared; fi
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 here=$(cd "$(dirname "$0")" && pwd)
 job=$here/jobs/equiv.yaml
@@ -27,8 +32,8 @@ declare -A schedules=(
 )
 fails=0 runs=0
 for sched in one_task_per_rank several_tasks_per_rank task_shared_by_ranks task_unused accumulate_2 alternate_frozen; do
-  for average in contributors world; do
-    for active in declared discover; do
+  for average in $averages; do
+    for active in $actives; do
       declare -A hash=()
       for prune in true false; do
         name="$sched-$average-$active-prune_$prune"
@@ -77,11 +82,18 @@ fi
 # parameters were checked above); with 2 ranks, never.
 bc=$(/usr/bin/python3 -c '
 import json,sys
-print(sum(json.loads(l)["buckets_broadcast"] for l in open(sys.argv[1])))' "$work/one_task_per_rank-world-declared-prune_true/metrics.jsonl")
+print(sum(json.loads(l)["buckets_broadcast"] for l in open(sys.argv[1])))' "$work/one_task_per_rank-${averages##* }-declared-prune_true/metrics.jsonl")
 if { [ "$world" -ge 3 ] && [ "$bc" -gt 0 ]; } || { [ "$world" -lt 3 ] && [ "$bc" -eq 0 ]; }; then
   echo "ok   buckets sent as broadcasts: $bc (W=$world)"
 else
   echo "FAIL buckets sent as broadcasts: $bc (W=$world)"; fails=$((fails + 1))
+fi
+# A world of one took the adopted path (the engine says so at start-up), the others never.
+adopted=$(grep -c "gradients adopted from autograd" "$work/one_task_per_rank-${averages##* }-declared-prune_true.log" || true)
+if { [ "$world" -eq 1 ] && [ "$adopted" -gt 0 ]; } || { [ "$world" -gt 1 ] && [ "$adopted" -eq 0 ]; }; then
+  echo "ok   adopted gradients: $adopted log lines (W=$world)"
+else
+  echo "FAIL adopted gradients: $adopted log lines (W=$world)"; fails=$((fails + 1))
 fi
 echo "equivalence (W=$world): $runs runs, $fails failures"
 [ "$fails" -eq 0 ]
