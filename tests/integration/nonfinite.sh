@@ -34,6 +34,12 @@ refused=$(grep -oE "the checkpoint of step [0-9]+ is not written" "$WORK/warn_ck
 if [ -n "$last" ] && [ "$((10#${last#step-}))" -lt "${refused:-0}" ]; then pass "warn_ckpt: newest checkpoint $last is older than the refused step $refused"
 else fail "warn_ckpt: newest checkpoint '$last', refused step '$refused'"; fi
 ls "$WORK/warn" | grep -q '^\.tmp-step' && fail "warn_ckpt: a .tmp-step directory was left" || pass "warn_ckpt: no .tmp-step left"
+# The same with the snapshot staged (as on a GPU; the test aid stages host tensors): staged
+# parameters are checked as flat runs, and a failing run still names its non-finite parameter.
+expect_code 1 warn_staged env THETAD_TEST_CHECKPOINT_STAGE_HOST=1 mpirun "${MPIRUN_FLAGS[@]}" -np 2 "$thetad" run \
+  "$job" --no-resume --set steps=8 --set optimizer.lr=1e30 --set train.on_nonfinite=warn \
+  --set checkpoint.dir="$WORK/warn_staged" --set checkpoint.every_steps=1 --set checkpoint.keep=1
+expect_in warn_staged "non-finite parameters after step ([0-9]+): parameter '.*' of group [0-9]+ holds NaN or Inf; the checkpoint of step \\1 is not written"
 
 # Inf in one task's npy targets: only the steps that train it are non-finite, on one rank at a
 # time; skip_step skips them on both ranks, the others train, and every checkpoint is finite.

@@ -1,0 +1,43 @@
+// The snapshot of a checkpoint: a rank's shards copied out of training state (checkpoint.hpp's
+// ShardValues), device tensors staged on their device in a few flat clones, and the finiteness
+// check of what is written. The writer side, fill_staged, copies the clones to the host block by
+// block as the shard's file is written (checkpoint_write.cpp).
+#pragma once
+
+#include <torch/torch.h>
+
+#include <functional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "daemon/state/checkpoint.hpp"
+
+namespace thetad::daemon {
+
+// The finiteness of staged parameters, computed on their device and read once per snapshot,
+// and what staging may still take.
+struct FiniteChecks {
+  struct Run {  // a flat clone of parameters and where each one lies in it
+    at::Tensor values;
+    std::vector<std::tuple<std::string, int64_t, int64_t, int64_t>> params;  // name, group, offset, count
+  };
+  std::vector<at::Tensor> flags;  // bool scalars, one per staged run of parameters
+  std::vector<Run> runs;          // the same runs
+  bool staging = true;  // false once the device's budget is spent or a clone failed: host copies from then on
+  int64_t stage_left = -1;  // bytes staging may still take (-1: not asked yet; one device per rank)
+  int64_t staged_bytes = 0, host_bytes = 0;
+};
+
+// Copies shard k's groups into `out` (its vectors keep their capacity from the last time); see
+// checkpoint_snapshot.cpp. Error for non-finite host parameters.
+void snapshot_shard(const CheckpointWriter& w, size_t k, const std::function<GroupState(int)>& group_state,
+                    ShardValues& out, FiniteChecks& checks);
+// One read of every staged run's flag (the trainer thread's only wait on the device); Error
+// naming the first non-finite parameter.
+void check_finite(const CheckpointWriter& w, FiniteChecks& c);
+// The writer's side of staging: the clones' values of bytes [from, from + n) of vector `vec`
+// (0 param, 1 exp_avg, 2 exp_avg_sq) copied into their room in the host vectors.
+void fill_staged(ShardValues& v, int vec, uint64_t from, uint64_t n);
+
+}  // namespace thetad::daemon
