@@ -72,6 +72,20 @@ TEST(UpdateSplit, ModelReproducesTheMeasuredSteps) {
   }
 }
 
+// StreamedTrunk estimates the compute from FLOPs at a fixed rate: a rate 4x off either way picks
+// a count whose step (under the true compute) is within 3% of the best.
+TEST(UpdateSplit, CountIsRobustToTheComputeEstimate) {
+  for (const Measured& m : kMeasured) {
+    SCOPED_TRACE(std::to_string(m.width) + " x " + std::to_string(m.layers));
+    std::vector<StepModel> truth;
+    const size_t best = fastest_split(bench_trunk(m.width, m.layers, m.resident_ms / 1e3), &truth);
+    for (double off : {0.25, 4.0}) {
+      const size_t k = fastest_split(bench_trunk(m.width, m.layers, off * m.resident_ms / 1e3));
+      EXPECT_LT(truth[k].step_s, 1.03 * truth[best].step_s) << off;
+    }
+  }
+}
+
 // A steady step cannot be shorter than any one resource's work in it, nor than the compute.
 TEST(UpdateSplit, StepIsAtLeastEachResourcesWork) {
   const StepInput in = bench_trunk(4096, 6, 0.03);
