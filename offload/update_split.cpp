@@ -151,13 +151,15 @@ class StepReplay {
       if (x.layer == l) return &x;
     return nullptr;
   }
-  // UpdateLines::load: the ring's next line no layer holds, once its last copy out landed.
+  // UpdateLines::load: the ring's next line no layer holds, once its last copy out landed and the
+  // layer's last update is published.
   Line& load_line(int l) {
     size_t i = next_line_;
     while (lines_[i].layer >= 0) i = (i + 1) % lines_.size();
     next_line_ = (i + 1) % lines_.size();
     Line& x = lines_[i];
     x.layer = l;
+    host_ = std::max(host_, updated_[static_cast<size_t>(l)]);  // wait_final, as acquire
     x.loaded = h2d(std::max(host_, x.free_at), kLineBytes * numel(l));
     return x;
   }
