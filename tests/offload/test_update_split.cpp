@@ -73,7 +73,8 @@ TEST(UpdateSplit, ModelReproducesTheMeasuredSteps) {
 }
 
 // StreamedTrunk estimates the compute from FLOPs at a fixed rate: a rate 4x off either way picks
-// a count whose step (under the true compute) is within 3% of the best.
+// a count whose step (under the true compute) is no slower than none and within 5% of the best
+// (the whole gain on offer on these shapes is ~3%).
 TEST(UpdateSplit, CountIsRobustToTheComputeEstimate) {
   for (const Measured& m : kMeasured) {
     SCOPED_TRACE(std::to_string(m.width) + " x " + std::to_string(m.layers));
@@ -81,7 +82,8 @@ TEST(UpdateSplit, CountIsRobustToTheComputeEstimate) {
     const size_t best = fastest_split(bench_trunk(m.width, m.layers, m.resident_ms / 1e3), &truth);
     for (double off : {0.25, 4.0}) {
       const size_t k = fastest_split(bench_trunk(m.width, m.layers, off * m.resident_ms / 1e3));
-      EXPECT_LT(truth[k].step_s, 1.03 * truth[best].step_s) << off;
+      EXPECT_LT(truth[k].step_s, 1.05 * truth[best].step_s) << off;
+      EXPECT_LE(truth[k].step_s, truth.front().step_s * (1 + 1e-9)) << off;
     }
   }
 }
