@@ -138,11 +138,12 @@ class StepReplay {
       if (s.layer == l) s.pinned = false, s.free_at = compute_;
   }
 
-  // PooledActivationStash::fetch: after the compute queued so far, once its copy out landed.
+  // PooledActivationStash::fetch: after the compute queued so far, once its copy out landed. The
+  // top layer's are still on the device (forward's last, never reaped).
   void fetch(int l) {
     if (l < 0 || act_in_[static_cast<size_t>(l)] >= 0) return;
     const double bytes = in_.layers[static_cast<size_t>(l)].act_bytes;
-    if (bytes <= 0) return void(act_in_[static_cast<size_t>(l)] = 0);
+    if (bytes <= 0 || l == L_ - 1) return void(act_in_[static_cast<size_t>(l)] = 0);
     host_ = std::max(host_, act_out_[static_cast<size_t>(l)]);
     act_in_[static_cast<size_t>(l)] = h2d(compute_, bytes);
   }
