@@ -44,6 +44,7 @@
 #include "daemon/homes/store_home.hpp"
 #include "offload/device.hpp"
 #include "offload/param_store.hpp"
+#include "offload/update_split.hpp"
 
 namespace thetad::daemon {
 
@@ -135,6 +136,7 @@ class StreamedTrunk final : public GroupHome, public LayerWeights {
     return early_ && layer >= device_layers_ && layer < device_layers_ + split_;
   }
   bool wants_split() const;
+  offload::StepInput split_model_input(const offload::UpdateBandwidths& bw) const;
   void resolve_split();
   void prefetch_update_line(int layer);
   void update_split_layer(int layer);
