@@ -64,8 +64,11 @@ struct StepModel {
 
 // The step when the lowest `split` streamed layers are updated through update lines.
 StepModel model_step(const StepInput& in, size_t split);
+// The least gain over no split (a fraction of its step) for which fastest_split splits.
+constexpr double kSplitMargin = 0.25;
 // The count 0 ... layers with the shortest modelled step (the fewest within 1% of it: fewer lines
-// move fewer bytes for the same time); `models`, if given, gets every count's model.
+// move fewer bytes for the same time), or 0 where that step is not kSplitMargin shorter than
+// none's; `models`, if given, gets every count's model.
 size_t fastest_split(const StepInput& in, std::vector<StepModel>* models = nullptr);
 
 }  // namespace thetad::offload

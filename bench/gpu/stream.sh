@@ -94,25 +94,29 @@ fi
 # trunks of several widths and depths (STREAM_SPLIT_SHAPES="6144x12 4096x24 8192x8", WIDTHxLAYERS,
 # batch 1024, activations offloaded), every layer streamed: no split (today's), the balanced split
 # (auto), every layer split, the device layers of shared_device_layers: auto alone and with the
-# split, all-resident, and FSDP2 with CPU offload on the first shape.
+# split, all-resident, and FSDP2 with CPU offload on the first shape (STREAM_SPLIT_RUNS="none auto"
+# makes those runs only).
 if point split; then
   first=1
+  runs=" ${STREAM_SPLIT_RUNS:-resident none auto all devauto devauto_auto fsdp} "  # a subset: the runs to make
+  run() { [[ "$runs" == *" $1 "* ]]; }
   for shape in ${STREAM_SPLIT_SHAPES:-6144x12 4096x24 8192x8}; do
     w=${shape%x*} n=${shape#*x}
     S=("${REF[@]}" --set model.input_dim="$w" --set model.hidden="$w" --set model.trunk_layers="$n"
        --set offload.activations=true --set steps="${STREAM_SPLIT_STEPS:-40}")
-    thetad "split_${shape}_resident" 90 "${S[@]}"
-    thetad "split_${shape}_none" 120 "${S[@]}" --set offload.shared=stream --set offload.shared_split_layers=0
-    thetad "split_${shape}_auto" 120 "${S[@]}" --set offload.shared=stream --set offload.shared_split_layers=auto
-    thetad "split_${shape}_all" 120 "${S[@]}" --set offload.shared=stream --set offload.shared_split_layers="$n"
-    thetad "split_${shape}_devauto" 120 "${S[@]}" --set offload.shared=stream --set offload.shared_device_layers=auto \
-      --set offload.shared_split_layers=0
-    thetad "split_${shape}_devauto_auto" 120 "${S[@]}" --set offload.shared=stream --set offload.shared_device_layers=auto
-    if [ "$first" = 1 ]; then
+    run resident && thetad "split_${shape}_resident" 90 "${S[@]}"
+    run none && thetad "split_${shape}_none" 120 "${S[@]}" --set offload.shared=stream --set offload.shared_split_layers=0
+    run auto && thetad "split_${shape}_auto" 120 "${S[@]}" --set offload.shared=stream --set offload.shared_split_layers=auto
+    run all && thetad "split_${shape}_all" 120 "${S[@]}" --set offload.shared=stream --set offload.shared_split_layers="$n"
+    run devauto && thetad "split_${shape}_devauto" 120 "${S[@]}" --set offload.shared=stream \
+      --set offload.shared_device_layers=auto --set offload.shared_split_layers=0
+    run devauto_auto && thetad "split_${shape}_devauto_auto" 120 "${S[@]}" --set offload.shared=stream \
+      --set offload.shared_device_layers=auto
+    if [ "$first" = 1 ] && run fsdp; then
       fsdp "split_${shape}_fsdp2_cpu_offload" 150 --input-dim "$w" --hidden "$w" --trunk-layers "$n" --batch 1024 \
         --steps 8 --offload cpu --activations save_on_cpu
-      first=0
     fi
+    first=0
   done
 fi
 # The host-bandwidth bound of the reference trunk's streamed step tested where it predicts the

@@ -2,6 +2,7 @@
 // model against the steps measured on an H100 (docs/BENCHMARKS.md, nineteenth session, issue 38).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "offload/update_split.hpp"
@@ -62,8 +63,12 @@ TEST(UpdateSplit, ModelReproducesTheMeasuredSteps) {
     const double none = models.front().step_s * 1e3, all = models.back().step_s * 1e3, chosen = models[k].step_s * 1e3;
     EXPECT_NEAR(none, m.none_ms, 0.15 * m.none_ms);
     EXPECT_NEAR(all, m.all_ms, 0.15 * m.all_ms);
-    // As measured: the balanced count within a few % of none, every layer split far behind both.
-    EXPECT_LT(k, m.layers / 2);
+    // As measured: the best count within a few % of none, every layer split far behind both;
+    // a gain that small is inside the model's error (kSplitMargin), so none is chosen.
+    EXPECT_EQ(k, 0u);
+    EXPECT_NEAR(std::min_element(models.begin(), models.end(), [](const StepModel& a, const StepModel& b) {
+                  return a.step_s < b.step_s;
+                })->step_s * 1e3, none, 0.10 * none);
     EXPECT_NEAR(chosen, none, 0.05 * none);
     EXPECT_GT(all, 1.3 * chosen);
     // The old totals' floor (the longest resource alone) is far below what the step takes.
