@@ -95,7 +95,7 @@ fi
 # batch 1024, activations offloaded), every layer streamed: no split (today's), the balanced split
 # (auto), every layer split, the device layers of shared_device_layers: auto alone and with the
 # split, all-resident, and FSDP2 with CPU offload on the first shape (STREAM_SPLIT_RUNS="none auto"
-# makes those runs only).
+# makes those runs only; STREAM_SPLIT_BATCH=1024 the rows per step).
 if point split; then
   first=1
   runs=" ${STREAM_SPLIT_RUNS:-resident none auto all devauto devauto_auto fsdp} "  # a subset: the runs to make
@@ -103,7 +103,8 @@ if point split; then
   for shape in ${STREAM_SPLIT_SHAPES:-6144x12 4096x24 8192x8}; do
     w=${shape%x*} n=${shape#*x}
     S=("${REF[@]}" --set model.input_dim="$w" --set model.hidden="$w" --set model.trunk_layers="$n"
-       --set offload.activations=true --set steps="${STREAM_SPLIT_STEPS:-40}")
+       --set offload.activations=true --set steps="${STREAM_SPLIT_STEPS:-40}"
+       --set data.batch_per_rank="${STREAM_SPLIT_BATCH:-1024}")
     run resident && thetad "split_${shape}_resident" 90 "${S[@]}"
     run none && thetad "split_${shape}_none" 120 "${S[@]}" --set offload.shared=stream --set offload.shared_split_layers=0
     run auto && thetad "split_${shape}_auto" 120 "${S[@]}" --set offload.shared=stream --set offload.shared_split_layers=auto

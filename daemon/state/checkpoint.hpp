@@ -135,8 +135,14 @@ struct ShardValues {
     int vec = 0;    // 0 param, 1 exp_avg, 2 exp_avg_sq
     size_t at = 0;  // where its values go in that vector
     at::Tensor values;  // float32, contiguous, on the device (finished: see snapshot_share)
+    int64_t pinned_at = -1;  // where its values are in `pinned` (GPUs), or -1
   };
   std::vector<Staged> staged;
+  // GPUs: the staged values go on to pinned host memory at once (one copy per clone, on a copy
+  // stream after the clones), so that the writer threads memcpy them with no driver call each
+  // (a pageable copy per file block, from 16 threads, slowed the trainer's kernel launches).
+  at::Tensor pinned;                   // kept from one checkpoint to the next; grows only
+  std::shared_ptr<void> pinned_ready;  // those copies' completion (an event)
 };
 // A rank's shards: a second host copy of what the rank writes (12 bytes per parameter of its
 // shards). Reused from one checkpoint to the next: the vectors keep their capacity.

@@ -2,6 +2,7 @@
 #include "daemon/state/checkpoint_snapshot.hpp"
 
 #if THETAD_TORCH_CUDA
+#include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -73,6 +74,37 @@ struct PendingRun {
   std::vector<std::tuple<std::string, int64_t, int64_t, int64_t>> params;  // vector 0: name, group, offset, count
   int64_t values = 0;
 };
+
+#if THETAD_TORCH_CUDA
+// The shard's GPU clones copied on to pinned host memory (ShardValues::pinned), on a pool stream
+// after the clones (the trainer's current stream), asynchronously: the trainer does not wait.
+void copy_to_pinned(ShardValues& out) {
+  int64_t total = 0;
+  for (const ShardValues::Staged& s : out.staged)
+    if (s.values.is_cuda()) total += s.values.numel();
+  if (total == 0) return;
+  const c10::Device device = out.staged.front().values.device();
+  if (!out.pinned.defined() || out.pinned.numel() < total)
+    out.pinned = at::empty({total}, at::TensorOptions().dtype(at::kFloat).pinned_memory(true));
+  const c10::cuda::CUDAStream compute = c10::cuda::getCurrentCUDAStream(device.index());
+  const c10::cuda::CUDAStream copies = c10::cuda::getStreamFromPool(false, device.index());
+  at::cuda::CUDAEvent cloned;
+  cloned.record(compute);
+  cloned.block(copies);
+  const c10::cuda::CUDAStreamGuard on(copies);
+  int64_t at = 0;
+  for (ShardValues::Staged& s : out.staged) {
+    if (!s.values.is_cuda()) continue;
+    out.pinned.narrow(0, at, s.values.numel()).copy_(s.values.view({-1}), /*non_blocking=*/true);
+    c10::cuda::CUDACachingAllocator::recordStream(s.values.storage().data_ptr(), copies);
+    s.pinned_at = at;
+    at += s.values.numel();
+  }
+  auto ready = std::make_shared<at::cuda::CUDAEvent>();
+  ready->record(copies);
+  out.pinned_ready = std::move(ready);
+}
+#endif
 
 }  // namespace
 
@@ -211,6 +243,10 @@ void snapshot_shard(const CheckpointWriter& w, size_t k, const std::function<Gro
   // Per vector in order of `at`, as fill_staged expects (runs end in order within a vector).
   std::stable_sort(out.staged.begin(), out.staged.end(),
                    [](const ShardValues::Staged& a, const ShardValues::Staged& b) { return a.vec < b.vec; });
+  out.pinned_ready.reset();
+#if THETAD_TORCH_CUDA
+  copy_to_pinned(out);
+#endif
 }
 
 // One read of every flag: the trainer thread's only wait on the device, and what makes the
@@ -231,8 +267,9 @@ void check_finite(const CheckpointWriter& w, FiniteChecks& c) {
 }
 
 // The writer's side of staging, for the bytes [from, from + n) of vector `vec`'s record: the
-// shard's clones that overlap them copied into their room in the host vectors (device to host,
-// synchronous; the clones are complete, check_finite), by the thread that writes those bytes next. `staged` is in order of `at` per vector.
+// shard's clones that overlap them copied into their room in the host vectors (from pinned memory
+// once their copies there completed; else device to host, synchronous: the clones are complete,
+// check_finite), by the thread that writes those bytes next.
 void fill_staged(ShardValues& v, int vec, uint64_t from, uint64_t n) {
   HostFloats* vecs[3] = {&v.param, &v.exp_avg, &v.exp_avg_sq};
   const size_t lo = static_cast<size_t>(from / sizeof(float)), hi = static_cast<size_t>((from + n + 3) / sizeof(float));
@@ -242,6 +279,11 @@ void fill_staged(ShardValues& v, int vec, uint64_t from, uint64_t n) {
     const size_t a = std::max(lo, s.at), b = std::min(hi, end);
     float* into = vecs[vec]->data() + a;
 #if THETAD_TORCH_CUDA
+    if (s.pinned_at >= 0) {  // on its way to pinned memory since the snapshot: a memcpy once there
+      static_cast<at::cuda::CUDAEvent*>(v.pinned_ready.get())->synchronize();
+      std::memcpy(into, v.pinned.data_ptr<float>() + s.pinned_at + static_cast<int64_t>(a - s.at), (b - a) * sizeof(float));
+      continue;
+    }
     // A pool stream (non-blocking): on the legacy default stream each of a file's many block
     // copies would wait for the trainer's queued work. The clone is complete (check_finite).
     std::optional<c10::cuda::CUDAStreamGuard> on;
