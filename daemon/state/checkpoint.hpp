@@ -146,17 +146,13 @@ struct ShardValues {
 };
 // A rank's shards: a second host copy of what the rank writes (12 bytes per parameter of its
 // shards). Reused from one checkpoint to the next: the vectors keep their capacity.
-struct DeferredFiniteCheck;  // checkpoint_snapshot.hpp
 struct CheckpointShare {
   std::vector<ShardValues> shards;
   int64_t staged_bytes = 0, host_bytes = 0;  // of the last snapshot: cloned on a device / copied on the host
-  // The staged parameters' finiteness, on its way to the host: the writer reads it before the
-  // first file (an asynchronous snapshot does not wait for the device).
-  std::shared_ptr<DeferredFiniteCheck> finite;
 };
 void begin_checkpoint(const CheckpointWriter& w, WriteStatus& st);
 // Copies this rank's shards (device tensors staged on their device, see ShardValues); Error (in
-// st) for non-finite host parameters (staged ones: write_share's, before its first file).
+// st) for non-finite parameters.
 void snapshot_share(const CheckpointWriter& w, const std::function<GroupState(int group)>& group_state,
                     CheckpointShare& share, WriteStatus& st);
 // `cancel` set: stops before the next file (a run that fails elsewhere abandons the write).

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <optional>
 
 #include "common/errors.hpp"
 #include "common/log.hpp"
@@ -248,55 +249,27 @@ void snapshot_shard(const CheckpointWriter& w, size_t k, const std::function<Gro
 #endif
 }
 
-std::shared_ptr<DeferredFiniteCheck> defer_finite_check(FiniteChecks& c) {
-  auto d = std::make_shared<DeferredFiniteCheck>();
-  if (c.flags.empty()) return d;
-  const at::Tensor all = at::stack(c.flags);
-#if THETAD_TORCH_CUDA
-  if (all.is_cuda()) {
-    const c10::cuda::CUDAStream compute = c10::cuda::getCurrentCUDAStream(all.device().index());
-    const c10::cuda::CUDAStream copies = c10::cuda::getStreamFromPool(false, all.device().index());
-    at::cuda::CUDAEvent computed;
-    computed.record(compute);
-    computed.block(copies);
-    const c10::cuda::CUDAStreamGuard on(copies);
-    d->flags = at::empty({all.numel()}, at::TensorOptions().dtype(at::kBool).pinned_memory(true));
-    d->flags.copy_(all, /*non_blocking=*/true);
-    c10::cuda::CUDACachingAllocator::recordStream(all.storage().data_ptr(), copies);
-    auto ready = std::make_shared<at::cuda::CUDAEvent>();
-    ready->record(copies);
-    d->ready = std::move(ready);
+// One read of every flag: the trainer thread's only wait on the device, and what makes the
+// clones complete before the writer thread copies them on whatever stream it has (the flags were
+// computed from the clones, after them, on the trainer's stream). A run that is not finite is
+// searched for its first non-finite parameter (a failing run only).
+void check_finite(const CheckpointWriter& w, FiniteChecks& c) {
+  if (c.flags.empty()) return;
+  const at::Tensor all = at::stack(c.flags).to(torch::kCPU);
+  const bool* ok = all.data_ptr<bool>();
+  for (size_t i = 0; i < c.flags.size(); ++i) {
+    if (ok[i]) continue;
+    for (const auto& [name, g, off, n] : c.runs[i].params)
+      if (!at::isfinite(c.runs[i].values.narrow(0, off, n)).all().item<bool>()) throw non_finite(w, name, g);
   }
-#endif
-  if (!d->flags.defined()) d->flags = all.to(torch::kCPU);
-  d->runs = std::move(c.runs);
   c.flags.clear();
   c.runs.clear();
-  return d;
 }
-
-// The flags were computed from the clones, after them, on the trainer's stream: once they are
-// read, the clones are complete too (the writer's copies of them need no other wait). A run that
-// is not finite is searched for its first non-finite parameter (a failing run only).
-void finish_finite_check(const CheckpointWriter& w, DeferredFiniteCheck& d) {
-  if (!d.flags.defined()) return;
-#if THETAD_TORCH_CUDA
-  if (d.ready) static_cast<at::cuda::CUDAEvent*>(d.ready.get())->synchronize();
-#endif
-  const bool* ok = d.flags.data_ptr<bool>();
-  for (size_t i = 0; i < d.runs.size(); ++i) {
-    if (ok[i]) continue;
-    for (const auto& [name, g, off, n] : d.runs[i].params)
-      if (!at::isfinite(d.runs[i].values.narrow(0, off, n)).all().item<bool>()) throw non_finite(w, name, g);
-  }
-}
-
-void check_finite(const CheckpointWriter& w, FiniteChecks& c) { finish_finite_check(w, *defer_finite_check(c)); }
 
 // The writer's side of staging, for the bytes [from, from + n) of vector `vec`'s record: the
-// shard's clones that overlap them copied into their room in the host vectors, from pinned memory
-// once their copies there completed (GPUs) or from the host clones, by the thread that writes
-// those bytes next.
+// shard's clones that overlap them copied into their room in the host vectors (from pinned memory
+// once their copies there completed; else device to host, synchronous: the clones are complete,
+// check_finite), by the thread that writes those bytes next.
 void fill_staged(ShardValues& v, int vec, uint64_t from, uint64_t n) {
   HostFloats* vecs[3] = {&v.param, &v.exp_avg, &v.exp_avg_sq};
   const size_t lo = static_cast<size_t>(from / sizeof(float)), hi = static_cast<size_t>((from + n + 3) / sizeof(float));
@@ -311,9 +284,13 @@ void fill_staged(ShardValues& v, int vec, uint64_t from, uint64_t n) {
       std::memcpy(into, v.pinned.data_ptr<float>() + s.pinned_at + static_cast<int64_t>(a - s.at), (b - a) * sizeof(float));
       continue;
     }
+    // A pool stream (non-blocking): on the legacy default stream each of a file's many block
+    // copies would wait for the trainer's queued work. The clone is complete (check_finite).
+    std::optional<c10::cuda::CUDAStreamGuard> on;
+    if (s.values.is_cuda()) on.emplace(c10::cuda::getStreamFromPool(false, s.values.device().index()));
 #endif
-    // A host clone (the test aid; every GPU clone went on to pinned memory).
-    std::memcpy(into, s.values.data_ptr<float>() + (a - s.at), (b - a) * sizeof(float));
+    torch::from_blob(into, {static_cast<int64_t>(b - a)}, at::kFloat)
+        .copy_(s.values.view({-1}).narrow(0, static_cast<int64_t>(a - s.at), static_cast<int64_t>(b - a)));
   }
 }
 

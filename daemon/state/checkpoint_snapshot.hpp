@@ -7,7 +7,6 @@
 #include <torch/torch.h>
 
 #include <functional>
-#include <memory>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -34,17 +33,8 @@ struct FiniteChecks {
 // checkpoint_snapshot.cpp. Error for non-finite host parameters.
 void snapshot_shard(const CheckpointWriter& w, size_t k, const std::function<GroupState(int)>& group_state,
                     ShardValues& out, FiniteChecks& checks);
-// Every staged run's finiteness flag on its way to the host (GPUs: a copy to pinned memory on a
-// copy stream after the flags, so that the caller does not wait for the device); `c` is emptied.
-struct DeferredFiniteCheck {
-  at::Tensor flags;              // bool, one per run, on the host once `ready` has completed
-  std::shared_ptr<void> ready;   // GPUs: the copy's completion (an event); else null
-  std::vector<FiniteChecks::Run> runs;
-};
-std::shared_ptr<DeferredFiniteCheck> defer_finite_check(FiniteChecks& c);
-// Waits for the flags; Error naming the first non-finite parameter. Any thread.
-void finish_finite_check(const CheckpointWriter& w, DeferredFiniteCheck& d);
-// Both at once: the synchronous checkpoint's check.
+// One read of every staged run's flag (the trainer thread's only wait on the device); Error
+// naming the first non-finite parameter.
 void check_finite(const CheckpointWriter& w, FiniteChecks& c);
 // The writer's side of staging: the clones' values of bytes [from, from + n) of vector `vec`
 // (0 param, 1 exp_avg, 2 exp_avg_sq) copied into their room in the host vectors.

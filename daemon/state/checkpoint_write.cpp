@@ -168,7 +168,7 @@ void snapshot_share(const CheckpointWriter& w, const std::function<GroupState(in
       if (share.shards.size() <= n) share.shards.emplace_back();
       snapshot_shard(w, k, group_state, share.shards[n], checks);
     }
-    share.finite = defer_finite_check(checks);  // read by write_share: the trainer does not wait here
+    check_finite(w, checks);
   } catch (const std::exception& e) {
     record_failure(st, e);
     for (ShardValues& v : share.shards) v.staged.clear();  // no write follows: the clones go now
@@ -182,8 +182,6 @@ void write_share(const CheckpointWriter& w, CheckpointShare& share, WriteStatus&
                  const std::atomic<bool>* cancel) {
   if (!st.ok) return;
   try {
-    if (share.finite) finish_finite_check(w, *share.finite);
-    share.finite.reset();
     std::ostringstream sums;
     for (ShardValues& v : share.shards) sums << v.index << " " << write_shard(w, v, cancel) << "\n";
     write_sums(w, sums.str(), cancel);
