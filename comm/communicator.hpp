@@ -59,6 +59,8 @@ class Work {
   virtual uint64_t sequence() const { return 0; }
 };
 using WorkPtr = std::shared_ptr<Work>;
+// A Work that is complete from the start (an operation done where it was called).
+WorkPtr completed_work();
 
 struct AllreduceOptions {
   ReduceOp op = ReduceOp::sum;

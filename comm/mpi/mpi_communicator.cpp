@@ -313,6 +313,17 @@ WorkPtr MpiCommunicator::allreduce(void* buf, size_t count, DType dtype, const A
   if (opts.bf16_wire && (dtype != DType::f32 || opts.op != ReduceOp::sum))
     throw InternalError(detail::concat(tag.describe(), ": only float32 sums travel as bfloat16, not a ",
                                        dtype_name(dtype), opts.op == ReduceOp::sum ? " sum" : " max"));
+  if (size_ == 1) {  // a world of one: its own sum, max or broadcast, done here
+    (void)next_sequence();
+    if (opts.bf16_wire) {
+      std::vector<uint16_t> wire(count);
+      to_bf16_scaled(static_cast<float*>(buf), wire.data(), count, static_cast<float>(1.0 / opts.divisor));
+      from_bf16(wire.data(), static_cast<float*>(buf), count);
+    } else if (opts.divisor != 1.0) {
+      divide(buf, count, dtype, opts.divisor);
+    }
+    return completed_work();
+  }
   auto work = new_work(progress_, next_sequence(), tag);
   MpiProgress::Op o;
   o.work = work;
@@ -351,6 +362,11 @@ WorkPtr MpiCommunicator::broadcast(void* buf, size_t count, DType dtype, int roo
   const int n = checked_count(count, tag);
   if (root < 0 || root >= size_)
     throw InternalError(detail::concat(tag.describe(), ": root ", root, " is not a rank"));
+  if (size_ == 1) {  // the root's values are already here
+    (void)next_sequence();
+    (void)n;
+    return completed_work();
+  }
   auto work = new_work(progress_, next_sequence(), tag);
   const MPI_Datatype type = mpi_type(dtype);
   MPI_Comm comm = comm_;
@@ -362,6 +378,11 @@ WorkPtr MpiCommunicator::allgather(const void* send, void* recv, size_t count, D
                                    const CollectiveTag& t) {
   CollectiveTag tag = named(t, "allgather");
   const int n = checked_count(count, tag);
+  if (size_ == 1) {  // the one contribution is the whole result
+    (void)next_sequence();
+    if (count > 0 && send != recv) std::memcpy(recv, send, count * dtype_size(dtype));
+    return completed_work();
+  }
   auto work = new_work(progress_, next_sequence(), tag);
   const MPI_Datatype type = mpi_type(dtype);
   MPI_Comm comm = comm_;
@@ -373,6 +394,10 @@ WorkPtr MpiCommunicator::allgather(const void* send, void* recv, size_t count, D
 
 WorkPtr MpiCommunicator::barrier(const CollectiveTag& t) {
   CollectiveTag tag = named(t, "barrier");
+  if (size_ == 1) {  // nobody to wait for
+    (void)next_sequence();
+    return completed_work();
+  }
   auto work = new_work(progress_, next_sequence(), tag);
   MPI_Comm comm = comm_;
   progress_->submit({work, [=](MPI_Request* req) { return MPI_Ibarrier(comm, req); }, {}});

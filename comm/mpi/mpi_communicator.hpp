@@ -1,6 +1,9 @@
 // The MPI backend of Communicator: host buffers, a private duplicate of a parent communicator,
 // and one progress thread that posts nonblocking collectives in submission order and polls them
-// with MPI_Testsome, so a bucket is reduced while the caller keeps computing.
+// with MPI_Testsome, so a bucket is reduced while the caller keeps computing. In a world of one
+// every collective is computed where it is called and returned complete: no trip through the
+// progress thread (two thread hand-offs each; a one-rank step makes several: the count exchange,
+// the stop and loss agreements).
 //
 // bf16 is supported through user-defined MPI ops (sum, max) that compute in float32 and round to
 // nearest even. i32 with a divisor divides with C++ integer division (truncation).

@@ -10,6 +10,7 @@
 #include "comm/bf16.hpp"
 #include "comm/bootstrap.hpp"
 #include "comm/control_plane.hpp"
+#include "comm/mpi/mpi_communicator.hpp"
 #include "common/errors.hpp"
 
 using namespace thetad::comm;
@@ -299,4 +300,34 @@ TEST(Bootstrap, MpiCheckCarriesTheMpiErrorString) {
     EXPECT_NE(std::string(e.what()).find("MPI error in "), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("MPI_ERR_COUNT"), std::string::npos) << e.what();
   }
+}
+
+// A world of one (a communicator over MPI_COMM_SELF on each rank): every collective is computed
+// where it is called and returned complete, with the same results as the progress thread's path.
+TEST(MpiCommunicator, AWorldOfOneCompletesWhereCalled) {
+  MpiCommunicator self(MPI_COMM_SELF);
+  ASSERT_EQ(self.size(), 1);
+  std::vector<float> v = {2.0f, -6.0f, 3.14159f};
+  AllreduceOptions o;
+  o.divisor = 4;
+  WorkPtr w = self.allreduce(v.data(), v.size(), DType::f32, o);
+  EXPECT_TRUE(w->is_completed());
+  EXPECT_EQ(v, (std::vector<float>{0.5f, -1.5f, 3.14159f / 4}));
+  o.divisor = 1;
+  o.bf16_wire = true;  // still rounded as the wire rounds
+  self.allreduce(v.data(), v.size(), DType::f32, o)->wait(kWait);
+  EXPECT_EQ(v[2], bf16_to_float(float_to_bf16(3.14159f / 4)));
+  std::vector<int32_t> m = {7, -3};
+  AllreduceOptions mx;
+  mx.op = ReduceOp::max;
+  EXPECT_TRUE(self.allreduce(m.data(), m.size(), DType::i32, mx)->is_completed());
+  EXPECT_EQ(m, (std::vector<int32_t>{7, -3}));
+  const std::vector<int64_t> send = {11, 12, 13};
+  std::vector<int64_t> recv(3, 0);
+  EXPECT_TRUE(self.allgather(send.data(), recv.data(), send.size(), DType::i64, {"gather", 0, -1})->is_completed());
+  EXPECT_EQ(recv, send);
+  EXPECT_TRUE(self.broadcast(recv.data(), recv.size(), DType::i64, 0, {"bcast", 0, -1})->is_completed());
+  EXPECT_EQ(recv, send);
+  EXPECT_TRUE(self.barrier({"barrier", 0, -1})->is_completed());
+  EXPECT_THROW(self.broadcast(recv.data(), 1, DType::i64, 1, {"bcast", 0, -1}), thetad::InternalError);
 }
