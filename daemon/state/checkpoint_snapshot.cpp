@@ -72,7 +72,6 @@ struct PendingRun {
   size_t at = 0;  // where the run's values go in the vector
   std::vector<at::Tensor> parts;
   std::vector<std::tuple<std::string, int64_t, int64_t, int64_t>> params;  // vector 0: name, group, offset, count
-  int64_t values = 0;
 };
 
 #if THETAD_TORCH_CUDA
@@ -206,7 +205,6 @@ void snapshot_shard(const CheckpointWriter& w, size_t k, const std::function<Gro
       PendingRun& run = runs[which];
       if (run.parts.empty()) run.at = v.size();
       run.parts.push_back(t.detach());
-      run.values += t.numel();
       v.resize(v.size() + static_cast<size_t>(t.numel()));  // uninitialised: filled by fill_staged
       return true;
     }
@@ -240,9 +238,6 @@ void snapshot_shard(const CheckpointWriter& w, size_t k, const std::function<Gro
     out.steps.push_back(st.steps);
   }
   for (int which = 0; which < 3; ++which) end_run(which);
-  // Per vector in order of `at`, as fill_staged expects (runs end in order within a vector).
-  std::stable_sort(out.staged.begin(), out.staged.end(),
-                   [](const ShardValues::Staged& a, const ShardValues::Staged& b) { return a.vec < b.vec; });
   out.pinned_ready.reset();
 #if THETAD_TORCH_CUDA
   copy_to_pinned(out);
