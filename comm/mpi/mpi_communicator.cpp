@@ -313,7 +313,7 @@ WorkPtr MpiCommunicator::allreduce(void* buf, size_t count, DType dtype, const A
   if (opts.bf16_wire && (dtype != DType::f32 || opts.op != ReduceOp::sum))
     throw InternalError(detail::concat(tag.describe(), ": only float32 sums travel as bfloat16, not a ",
                                        dtype_name(dtype), opts.op == ReduceOp::sum ? " sum" : " max"));
-  if (size_ == 1) {  // a world of one: its own sum, max or broadcast, done here
+  if (done_here()) {  // a world of one: its own sum, max or broadcast, done here
     (void)next_sequence();
     if (opts.bf16_wire) {
       std::vector<uint16_t> wire(count);
@@ -362,7 +362,7 @@ WorkPtr MpiCommunicator::broadcast(void* buf, size_t count, DType dtype, int roo
   const int n = checked_count(count, tag);
   if (root < 0 || root >= size_)
     throw InternalError(detail::concat(tag.describe(), ": root ", root, " is not a rank"));
-  if (size_ == 1) {  // the root's values are already here
+  if (done_here()) {  // the root's values are already here
     (void)next_sequence();
     (void)n;
     return completed_work();
@@ -378,7 +378,7 @@ WorkPtr MpiCommunicator::allgather(const void* send, void* recv, size_t count, D
                                    const CollectiveTag& t) {
   CollectiveTag tag = named(t, "allgather");
   const int n = checked_count(count, tag);
-  if (size_ == 1) {  // the one contribution is the whole result
+  if (done_here()) {  // the one contribution is the whole result
     (void)next_sequence();
     if (count > 0 && send != recv) std::memcpy(recv, send, count * dtype_size(dtype));
     return completed_work();
@@ -394,7 +394,7 @@ WorkPtr MpiCommunicator::allgather(const void* send, void* recv, size_t count, D
 
 WorkPtr MpiCommunicator::barrier(const CollectiveTag& t) {
   CollectiveTag tag = named(t, "barrier");
-  if (size_ == 1) {  // nobody to wait for
+  if (done_here()) {  // nobody to wait for
     (void)next_sequence();
     return completed_work();
   }
@@ -402,6 +402,12 @@ WorkPtr MpiCommunicator::barrier(const CollectiveTag& t) {
   MPI_Comm comm = comm_;
   progress_->submit({work, [=](MPI_Request* req) { return MPI_Ibarrier(comm, req); }, {}});
   return work;
+}
+
+bool MpiCommunicator::done_here() const {
+  // An aborted communicator fails every later collective, a world of one too: those go the
+  // progress thread's way, which fails them with the abort's reason.
+  return size_ == 1 && !progress_->aborted();
 }
 
 void MpiCommunicator::abort(const std::string& why) {

@@ -44,6 +44,9 @@ class MpiCommunicator : public Communicator {
   void zero(void* ptr, size_t bytes) override;
 
  private:
+  // A world of one that has not been aborted: collectives are computed where they are called.
+  bool done_here() const;
+
   MPI_Comm comm_ = MPI_COMM_NULL;
   MPI_Op bf16_sum_ = MPI_OP_NULL;
   MPI_Op bf16_max_ = MPI_OP_NULL;

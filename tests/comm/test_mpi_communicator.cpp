@@ -330,4 +330,8 @@ TEST(MpiCommunicator, AWorldOfOneCompletesWhereCalled) {
   EXPECT_EQ(recv, send);
   EXPECT_TRUE(self.barrier({"barrier", 0, -1})->is_completed());
   EXPECT_THROW(self.broadcast(recv.data(), 1, DType::i64, 1, {"bcast", 0, -1}), thetad::InternalError);
+  // Aborted, a world of one fails its collectives as any other world does.
+  self.abort("a test aborts");
+  EXPECT_THROW(self.allreduce(v.data(), v.size(), DType::f32, o)->wait(kWait), thetad::CommError);
+  EXPECT_THROW(self.barrier({"barrier", 0, -1})->wait(kWait), thetad::CommError);
 }
