@@ -122,6 +122,15 @@ void ParamStore::updated_on_device(int group) {
   update_lines_->flush(gi);
 }
 
+void ParamStore::drop_update_lines() {
+  if (!update_lines_) return;
+  THETAD_CHECK(update_lines_->free_lines() == update_lines_->lines(), InternalError,
+               "offload: update lines dropped while a group is loaded in one");
+  const size_t bytes = update_lines_->bytes();
+  update_lines_.reset();  // waits for the probe's copies
+  THETAD_LOG(info, "offload") << "parameter store: update lines freed (" << mib(bytes) << " MiB)";
+}
+
 UpdateBandwidths ParamStore::update_bandwidths() {
   THETAD_CHECK(update_lines_, InternalError, "offload: update_bandwidths on a store without update lines");
   return core_.agreed_bandwidths(update_lines_->scratch(), update_lines_->line_numel(),

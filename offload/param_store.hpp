@@ -156,6 +156,9 @@ class ParamStore {
   size_t update_line_numel() const { return update_lines_ ? update_lines_->line_numel() : 0; }
   size_t update_line_bytes() const { return update_lines_ ? update_lines_->bytes() : 0; }
   void updated_on_device(int group);
+  // Frees the update lines (a split that chose none: its probe was their only use). Before any
+  // group is loaded into one; the device memory goes back at once.
+  void drop_update_lines();
   // The PCIe and CPU AdamW bandwidths, probed on an update line and agreed over the ranks
   // (collective; the split's inputs).
   UpdateBandwidths update_bandwidths();

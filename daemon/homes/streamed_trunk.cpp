@@ -181,6 +181,7 @@ void StreamedTrunk::resolve_split() {
   const offload::StepInput in = split_model_input(bw);
   std::vector<offload::StepModel> models;
   split_ = static_cast<int64_t>(offload::fastest_split(in, &models));
+  if (split_ == 0) store_->drop_update_lines();  // a split of none needs none: 3 x prefetch + 2 layers' worth
   std::vector<size_t> numel;
   for (const offload::LayerCost& c : in.layers) numel.push_back(c.numel);
   const offload::SplitTimes none = offload::split_times(numel, 0, bw, in.bf16_copies),

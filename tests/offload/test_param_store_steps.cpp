@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -194,5 +195,58 @@ TEST(StoreUpdateOrder, LowestGroupFirstOnceLanded) {
   std::vector<int> expected = owned;
   if (!expected.empty()) std::sort(expected.begin() + 1, expected.end());
   EXPECT_EQ(dev.ran, expected);
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+// A streamed trunk's split that chose no layers (offload.shared_split_layers: auto) gives its
+// update lines back: the device memory they held is freed at once and no group can use them.
+class CountingDevice final : public HostBackedDevice {
+ public:
+  std::string name() const override { return "counting"; }
+  void* alloc(size_t bytes) override {
+    void* p = host_.alloc(bytes);
+    live_[p] = bytes;
+    return p;
+  }
+  void free(void* ptr) noexcept override {
+    live_.erase(ptr);
+    host_.free(ptr);
+  }
+  off::Fence h2d(void* dst, const void* src, size_t bytes, const off::Fence& after) override {
+    return host_.h2d(dst, src, bytes, after);
+  }
+  off::Fence d2h(void* dst, const void* src, size_t bytes, const off::Fence& after) override {
+    return host_.d2h(dst, src, bytes, after);
+  }
+  void compute_wait(const off::Fence&) override {}
+  void host_wait(const off::Fence&) override {}
+  bool done(const off::Fence&) override { return true; }
+  size_t live_bytes() const {
+    size_t n = 0;
+    for (const auto& [p, b] : live_) n += b;
+    return n;
+  }
+
+ private:
+  std::map<void*, size_t> live_;
+};
+
+TEST(StoreUpdateLines, DroppedLinesFreeTheirDeviceMemory) {
+  CountingDevice dev;
+  off::StoreOptions o;
+  o.device_slots = 1;
+  o.prefetch = 0;
+  o.update_lines = 3;
+  off::ParamStore store(o, {{1, 10, 1}, {2, 20, 1}}, dev, [](int64_t) { return std::vector<int>{1}; });
+  const size_t lines = 3 * 3 * 20 * sizeof(float);  // three lines of the largest group's values, m, v
+  ASSERT_EQ(store.update_line_bytes(), lines);
+  EXPECT_TRUE(store.update_room());
+  const size_t before = dev.live_bytes();
+  store.drop_update_lines();
+  EXPECT_EQ(store.update_line_bytes(), 0u);
+  EXPECT_FALSE(store.update_room());
+  EXPECT_EQ(dev.live_bytes() + lines, before);
+  store.drop_update_lines();  // a second time: nothing left to free
+  EXPECT_EQ(dev.live_bytes() + lines, before);
   MPI_Barrier(MPI_COMM_WORLD);
 }
