@@ -11,6 +11,7 @@
 
 #include "common/errors.hpp"
 
+#include "daemon/models/fused_cross_entropy.hpp"
 #include "daemon/models/param_builder.hpp"
 #include "daemon/models/precision.hpp"
 
@@ -106,6 +107,20 @@ class Transformer : public TaskModel {
 
   // x: int64 token ids [rows, seq]; logits [rows, seq, vocab].
   torch::Tensor forward(const torch::Tensor& x, int task) override {
+    return torch::matmul(hidden_states(x, task), head_.t());
+  }
+
+  // Next-token cross-entropy over every position of every row (in float32). A head that needs
+  // no gradient (a frozen base) never makes all the logits at once: linear_cross_entropy.
+  torch::Tensor loss(const Batch& batch, int task, uint64_t sample_seed) override {
+    (void)sample_seed;
+    const torch::Tensor h = hidden_states(batch.x, task);
+    return linear_cross_entropy(h.reshape({-1, h.size(-1)}), head_, batch.y.reshape({-1}));
+  }
+
+ private:
+  // The final norm's output [rows, seq, d_model]: what the output layer multiplies.
+  torch::Tensor hidden_states(const torch::Tensor& x, int task) {
     const int64_t rows = x.size(0), seq = x.size(1), d = m_.d_model;
     // The rotary tables are no parameters: a model built on the host for a host store (offload)
     // has its Θ moved to the device by the store, not these. They follow the tokens once.
@@ -129,16 +144,9 @@ class Transformer : public TaskModel {
                                          : torch::gelu(linear(f, b, ad, kUp));
       h = h + linear(inner, b, ad, kDown);
     }
-    return torch::matmul(norm(h, lnf_w_, lnf_b_), head_.t());
+    return norm(h, lnf_w_, lnf_b_);
   }
 
-  // Next-token cross-entropy over every position of every row (in float32).
-  torch::Tensor loss(const Batch& batch, int task, uint64_t sample_seed) override {
-    (void)sample_seed;
-    return next_token_loss(forward(batch.x, task), batch.y);
-  }
-
- private:
   // In float32 whatever the compute dtype (as autocast does on GPUs, and as Hugging Face's
   // LlamaRMSNorm does): LayerNorm (gpt2) or RMSNorm x / sqrt(mean(x^2) + eps) * w (llama).
   torch::Tensor norm(const torch::Tensor& h, const torch::Tensor& w, const torch::Tensor& b) const {

@@ -1,11 +1,13 @@
 // The fused next-token cross-entropy against LibTorch's cross_entropy on the logits widened to
 // float32 (what it replaces): the loss and the gradient that reaches the matmul making the
 // logits, for chunks of 1, 3 and all rows, float32 and bf16 logits, a scaled loss, and the one
-// tensor it keeps for backward.
+// tensor it keeps for backward; linear_cross_entropy (the output layer's matmul folded in, for a
+// weight that needs no gradient) against the unfused pair.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include "daemon/models/fused_cross_entropy.hpp"
+#include "daemon/models/precision.hpp"
 
 namespace thetad::daemon {
 namespace {
@@ -66,6 +68,54 @@ TEST(FusedCrossEntropy, KeepsOneTensorOfTheLogitsDtypeForBackward) {
   EXPECT_EQ(logits.grad().scalar_type(), torch::kBFloat16);
   // Each row's gradient sums to zero (softmax minus one-hot), up to bf16 rounding.
   EXPECT_LT(logits.grad().to(torch::kFloat32).sum(1).abs().max().item<float>(), 1e-3f);
+}
+
+// The hidden states' gradient and the loss of logits = h W^T with W frozen: through
+// linear_cross_entropy (fused) or the matmul and fused_cross_entropy (the unfused pair), under
+// `precision` (bf16: CPU autocast, as the trainer runs forward).
+Result run_linear(bool fused, config::Precision precision, int64_t chunk, double scale = 1.0, bool train_w = false) {
+  torch::manual_seed(11);
+  const torch::Tensor h = torch::randn({kRows, kHidden}).set_requires_grad(true);
+  const torch::Tensor w = torch::randn({kClasses, kHidden}).set_requires_grad(train_w);
+  const torch::Tensor y = torch::randint(kClasses, {kRows}, torch::kInt64);
+  torch::Tensor loss;
+  {
+    const AutocastScope autocast(precision, torch::Device(torch::kCPU));
+    loss = fused ? linear_cross_entropy(h, w, y, chunk) : fused_cross_entropy(torch::matmul(h, w.t()), y, chunk);
+  }
+  (loss * scale).backward();
+  return {loss.detach(), h.grad(), w.grad()};
+}
+
+TEST(LinearCrossEntropy, MatchesTheUnfusedPairInFloat32) {
+  const Result plain = run_linear(false, config::Precision::Fp32, 0);
+  for (int64_t chunk : {int64_t(1), int64_t(3), int64_t(0)}) {
+    const Result f = run_linear(true, config::Precision::Fp32, chunk);
+    EXPECT_TRUE(torch::allclose(f.loss, plain.loss, 1e-6, 1e-7)) << chunk;
+    EXPECT_TRUE(torch::allclose(f.dh, plain.dh, 1e-5, 1e-7)) << chunk;
+    EXPECT_FALSE(f.dw.defined());
+  }
+  const Result scaled = run_linear(true, config::Precision::Fp32, 4, 0.3), plain_scaled = run_linear(false, config::Precision::Fp32, 4, 0.3);
+  EXPECT_TRUE(torch::allclose(scaled.dh, plain_scaled.dh, 1e-5, 1e-7));
+  EXPECT_FALSE(torch::allclose(scaled.dh, plain.dh, 1e-5, 1e-7));  // the scale reached it
+}
+
+TEST(LinearCrossEntropy, MatchesTheUnfusedPairUnderBf16Autocast) {
+  const Result plain = run_linear(false, config::Precision::Bf16, 0);
+  const Result f = run_linear(true, config::Precision::Bf16, 4);
+  EXPECT_EQ(f.dh.scalar_type(), torch::kFloat32);
+  EXPECT_TRUE(torch::allclose(f.loss, plain.loss, 1e-6, 1e-7));  // the same bf16 logits
+  EXPECT_TRUE(torch::allclose(f.dh, plain.dh, 2e-2, 1e-3));
+  // Not the float32 gradient: the matmuls ran in bf16.
+  EXPECT_FALSE(torch::allclose(f.dh, run_linear(true, config::Precision::Fp32, 4).dh, 1e-5, 1e-7));
+}
+
+TEST(LinearCrossEntropy, AWeightThatNeedsAGradientTakesTheUnfusedPath) {
+  const Result plain = run_linear(false, config::Precision::Fp32, 0, 1.0, /*train_w=*/true);
+  const Result f = run_linear(true, config::Precision::Fp32, 0, 1.0, /*train_w=*/true);
+  ASSERT_TRUE(f.dw.defined());
+  EXPECT_TRUE(torch::equal(f.dw, plain.dw));
+  EXPECT_TRUE(torch::equal(f.dh, plain.dh));
 }
 
 }  // namespace
