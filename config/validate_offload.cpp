@@ -199,15 +199,18 @@ void Checker::slots_cover_step() {
          "offload.enabled");
 }
 
-// Activation offload: the models whose trunk runs through trunk_layer (daemon/models). The
-// others would keep every activation on the device, so the key is refused, not ignored.
+// Activation offload: the models whose trunk runs through trunk_layer, and the transformer's
+// feed-forward activations (daemon/models). The others would keep every activation on the
+// device, so the key is refused, not ignored.
 void Checker::activations() {
   const ModelKind k = j_.model.kind;
-  if (is("model.kind", k, ModelKind::MultitaskMlp) || is("model.kind", k, ModelKind::ExtremeClassifier)) return;
+  if (is("model.kind", k, ModelKind::MultitaskMlp) || is("model.kind", k, ModelKind::ExtremeClassifier) ||
+      is("model.kind", k, ModelKind::Transformer))
+    return;
   const std::string* word = unknown("model.kind");
   fail("offload.activations",
-       "activation offload covers the trunk layers of model.kind multitask_mlp and the encoder of "
-       "extreme_classifier; '" + (word ? *word : to_string(k)) +
+       "activation offload covers the trunk layers of model.kind multitask_mlp, the encoder of "
+       "extreme_classifier and the transformer's feed-forward activations; '" + (word ? *word : to_string(k)) +
            "' keeps its activations on the device (use false)",
        "model.kind");
 }

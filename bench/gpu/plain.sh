@@ -58,11 +58,12 @@ declare -A SHAPES=(
   [llama_d2048_l16_t64_bf16_offload]="kind=llama layers=16 d_model=2048 heads=16 kv_heads=4 d_ff=5632 vocab=32000 seq_len=512 tasks=64 rank=16 batch=8 tpr=2 frozen=1 precision=bf16 targets=q,k,v,o,gate,up,down steps=140 offload=1"
   [lora_t48_bf16]="kind=lora layers=8 d_model=2048 heads=16 d_ff=8192 vocab=32000 seq_len=512 tasks=48 rank=16 batch=8 tpr=2 frozen=1 precision=bf16 steps=110"
   [lora_t48_fp32]="kind=lora layers=8 d_model=2048 heads=16 d_ff=8192 vocab=32000 seq_len=512 tasks=48 rank=16 batch=8 tpr=2 frozen=1 precision=fp32 steps=110"
+  [lora_t48_fp32_act]="kind=lora layers=8 d_model=2048 heads=16 d_ff=8192 vocab=32000 seq_len=512 tasks=48 rank=16 batch=8 tpr=2 frozen=1 precision=fp32 steps=110 act=1"
 )
 ORDER="mlp_w1024_t24_fp32 mlp_w4096_t24_fp32 mlp_w4096_t24_bf16 mlp_w8192_t12_bf16 lora_t48_bf16 lora_t48_fp32 mlp_d1024_t1024_fp32"
 DEFAULTS="kind=mlp hidden=4096 trunk=8 head=2 tasks=16 batch=256 precision=fp32 init=exact steps=130 warmup=10 window=20
           layers=8 d_model=2048 heads=16 kv_heads=0 d_ff=8192 vocab=32000 seq_len=512 rank=16 tpr=2 frozen=1
-          targets=q,k,v,o offload=0 cache=auto overlap=true"
+          targets=q,k,v,o offload=0 cache=auto act=0 overlap=true"
 CPU_DIMS="hidden=32 trunk=2 tasks=3 steps=50 warmup=5 window=5 layers=1 d_model=32 heads=2 d_ff=64 vocab=64 seq_len=16 rank=4 batch=8 init=exact"
 
 log() { printf '[plain %4ds] %s\n' "$(( $(date +%s) - START ))" "$*"; }
@@ -99,8 +100,9 @@ job_yaml() {  # the thetad job of the current shape on stdout
   echo "comm: {backend: auto, bucket_cap_mb: 25, prune: true, average: contributors, active: declared, timeout_s: 300}"
   # offload=1: the θ[t] (adapters, heads) in thetad's host store with a device cache of `cache` MB
   # (issue 35's configuration for many adapters); 0: all-resident (issue 34's comparison).
-  if [ "$(spec offload)" = 1 ]; then echo "offload: {enabled: true, device_cache_mb: $(spec cache)}"
-  else echo "offload: {enabled: false}"; fi
+  # act=1: offload.activations (the trunk layers', the transformer's feed-forward inputs).
+  if [ "$(spec offload)" = 1 ]; then echo "offload: {enabled: true, device_cache_mb: $(spec cache), activations: $([ "$(spec act)" = 1 ] && echo true || echo false)}"
+  else echo "offload: {enabled: false, activations: $([ "$(spec act)" = 1 ] && echo true || echo false)}"; fi
   echo "metrics: {path: \"$DIR/thetad/metrics.jsonl\"}"
   echo "log: {level: info, progress_every_s: 10}"
 }

@@ -85,6 +85,9 @@ class TaskModel {
   virtual bool has_trunk_layers() const { return false; }
   virtual void set_layer_weights(LayerWeights* weights) { (void)weights; }
   virtual void set_activation_stash(ActivationStash* stash) { (void)stash; }
+  // Whether set_activation_stash is used: the trunk layers', or the transformer's feed-forward
+  // activations'.
+  virtual bool stashes_activations() const { return has_trunk_layers(); }
 
  protected:
   int num_tasks_ = 0;

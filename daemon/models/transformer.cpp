@@ -11,6 +11,7 @@
 
 #include "common/errors.hpp"
 
+#include "daemon/models/ffn_activation.hpp"
 #include "daemon/models/fused_cross_entropy.hpp"
 #include "daemon/models/param_builder.hpp"
 #include "daemon/models/precision.hpp"
@@ -103,6 +104,8 @@ class Transformer : public TaskModel {
   }
 
   std::vector<NamedParam>& params() override { return params_; }
+  void set_activation_stash(ActivationStash* stash) override { stash_ = stash; }
+  bool stashes_activations() const override { return true; }
   LossKind loss_kind() const override { return LossKind::cross_entropy; }
 
   // x: int64 token ids [rows, seq]; logits [rows, seq, vocab].
@@ -139,9 +142,10 @@ class Transformer : public TaskModel {
       const torch::Tensor a = norm(h, b.ln1_w, b.ln1_b);
       h = h + linear(attention(linear(a, b, ad, kQ), linear(a, b, ad, kK), linear(a, b, ad, kV)), b, ad, kO);
       const torch::Tensor f = norm(h, b.ln2_w, b.ln2_b);
-      // gpt2: down(gelu(up f)); llama (SwiGLU): down(silu(gate f) * up f).
-      const torch::Tensor inner = llama_ ? torch::silu(linear(f, b, ad, kGate)) * linear(f, b, ad, kUp)
-                                         : torch::gelu(linear(f, b, ad, kUp));
+      // gpt2: down(gelu(up f)); llama (SwiGLU): down(silu(gate f) * up f). Their inputs, d_ff
+      // wide, are what offload.activations sends to the host.
+      const torch::Tensor gate = llama_ ? linear(f, b, ad, kGate) : torch::Tensor();
+      const torch::Tensor inner = ffn_activation(gate, linear(f, b, ad, kUp), static_cast<int>(i), stash_);
       h = h + linear(inner, b, ad, kDown);
     }
     return norm(h, lnf_w_, lnf_b_);
@@ -220,6 +224,7 @@ class Transformer : public TaskModel {
   torch::Tensor embed_, pos_, lnf_w_, lnf_b_, head_, cos_, sin_;
   std::vector<Block> blocks_;
   std::vector<std::vector<std::array<Lora, kTargets>>> lora_;  // [task][layer][target]
+  ActivationStash* stash_ = nullptr;                           // offload.activations
 };
 
 

@@ -131,9 +131,9 @@ void Trainer::build_model() {
                             << ms_since(t_model) / 1000 << " s";
   batches_ = make_data(job_, *model_, data_.device);
   groups_ = std::make_unique<ParamGroups>(model_->params(), static_cast<int>(job_.model.tasks) + 1);
-  if (job_.offload.activations) {  // validation admits only models whose trunk can use it
-    THETAD_CHECK(model_->has_trunk_layers(), InternalError, "offload.activations: model.kind ",
-                 config::to_string(job_.model.kind), " has no trunk layers");
+  if (job_.offload.activations) {  // validation admits only models that can use it
+    THETAD_CHECK(model_->stashes_activations(), InternalError, "offload.activations: model.kind ",
+                 config::to_string(job_.model.kind), " has no activations to stash");
     act_stash_ = make_activation_stash(data_.device, data_.compute_stream);
     act_stash_->set_timeline(timeline_.get());
     model_->set_activation_stash(act_stash_.get());
