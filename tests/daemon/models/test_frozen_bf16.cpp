@@ -93,7 +93,9 @@ void expect_same_training(const config::Job& held_bf16, const config::Job& held_
     }
   }
   for (size_t i = 0; i < pa.size(); ++i)
-    if (pa[i].group > 0) EXPECT_TRUE(pa[i].tensor.equal(pb[i].tensor)) << pa[i].name;
+    if (pa[i].group > 0) {
+      EXPECT_TRUE(pa[i].tensor.equal(pb[i].tensor)) << pa[i].name;
+    }
 }
 
 TEST(FrozenBaseBf16, LlamaSameBitsHalfTheMatrices) {
@@ -147,7 +149,9 @@ TEST(FrozenBaseBf16, FromSafetensors) {
       if (p.group == 0 && p.tensor.scalar_type() == torch::kFloat32) norms += p.tensor.nbytes();
     const bool exact = std::string(file) == "bf16.safetensors";
     EXPECT_EQ(a->params().front().tensor.scalar_type(), exact ? torch::kBFloat16 : torch::kFloat32) << file;
-    if (exact) EXPECT_EQ(base_bytes(*a) - norms / 2, base_bytes(*b) / 2) << "all but the norms halve";
+    if (exact) {
+      EXPECT_EQ(base_bytes(*a) - norms / 2, base_bytes(*b) / 2) << "all but the norms halve";
+    }
   }
   std::filesystem::remove_all(dir);
 }
