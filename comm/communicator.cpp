@@ -68,13 +68,18 @@ namespace {
 // collectives.
 class CompletedWork final : public Work {
  public:
+  explicit CompletedWork(uint64_t sequence) : sequence_(sequence) {}
   bool is_completed() override { return true; }
   void wait(std::chrono::milliseconds) override {}
   double elapsed_ms() const override { return 0.0; }
+  uint64_t sequence() const override { return sequence_; }
+
+ private:
+  uint64_t sequence_;
 };
 }  // namespace
 
-WorkPtr completed_work() { return std::make_shared<CompletedWork>(); }
+WorkPtr completed_work(uint64_t sequence) { return std::make_shared<CompletedWork>(sequence); }
 
 WorkPtr Communicator::after_compute(const CollectiveTag& tag) {
   (void)tag;

@@ -59,8 +59,9 @@ class Work {
   virtual uint64_t sequence() const { return 0; }
 };
 using WorkPtr = std::shared_ptr<Work>;
-// A Work that is complete from the start (an operation done where it was called).
-WorkPtr completed_work();
+// A Work that is complete from the start (an operation done where it was called), carrying its
+// collective's number where it has one (0: none).
+WorkPtr completed_work(uint64_t sequence = 0);
 
 struct AllreduceOptions {
   ReduceOp op = ReduceOp::sum;

@@ -314,7 +314,7 @@ WorkPtr MpiCommunicator::allreduce(void* buf, size_t count, DType dtype, const A
     throw InternalError(detail::concat(tag.describe(), ": only float32 sums travel as bfloat16, not a ",
                                        dtype_name(dtype), opts.op == ReduceOp::sum ? " sum" : " max"));
   if (done_here()) {  // a world of one: its own sum, max or broadcast, done here
-    (void)next_sequence();
+    const uint64_t sequence = next_sequence();
     if (opts.bf16_wire) {
       std::vector<uint16_t> wire(count);
       to_bf16_scaled(static_cast<float*>(buf), wire.data(), count, static_cast<float>(1.0 / opts.divisor));
@@ -322,7 +322,7 @@ WorkPtr MpiCommunicator::allreduce(void* buf, size_t count, DType dtype, const A
     } else if (opts.divisor != 1.0) {
       divide(buf, count, dtype, opts.divisor);
     }
-    return completed_work();
+    return completed_work(sequence);
   }
   auto work = new_work(progress_, next_sequence(), tag);
   MpiProgress::Op o;
@@ -363,9 +363,9 @@ WorkPtr MpiCommunicator::broadcast(void* buf, size_t count, DType dtype, int roo
   if (root < 0 || root >= size_)
     throw InternalError(detail::concat(tag.describe(), ": root ", root, " is not a rank"));
   if (done_here()) {  // the root's values are already here
-    (void)next_sequence();
+    const uint64_t sequence = next_sequence();
     (void)n;
-    return completed_work();
+    return completed_work(sequence);
   }
   auto work = new_work(progress_, next_sequence(), tag);
   const MPI_Datatype type = mpi_type(dtype);
@@ -379,9 +379,9 @@ WorkPtr MpiCommunicator::allgather(const void* send, void* recv, size_t count, D
   CollectiveTag tag = named(t, "allgather");
   const int n = checked_count(count, tag);
   if (done_here()) {  // the one contribution is the whole result
-    (void)next_sequence();
+    const uint64_t sequence = next_sequence();
     if (count > 0 && send != recv) std::memcpy(recv, send, count * dtype_size(dtype));
-    return completed_work();
+    return completed_work(sequence);
   }
   auto work = new_work(progress_, next_sequence(), tag);
   const MPI_Datatype type = mpi_type(dtype);
@@ -395,8 +395,8 @@ WorkPtr MpiCommunicator::allgather(const void* send, void* recv, size_t count, D
 WorkPtr MpiCommunicator::barrier(const CollectiveTag& t) {
   CollectiveTag tag = named(t, "barrier");
   if (done_here()) {  // nobody to wait for
-    (void)next_sequence();
-    return completed_work();
+    const uint64_t sequence = next_sequence();
+    return completed_work(sequence);
   }
   auto work = new_work(progress_, next_sequence(), tag);
   MPI_Comm comm = comm_;

@@ -312,6 +312,7 @@ TEST(MpiCommunicator, AWorldOfOneCompletesWhereCalled) {
   o.divisor = 4;
   WorkPtr w = self.allreduce(v.data(), v.size(), DType::f32, o);
   EXPECT_TRUE(w->is_completed());
+  EXPECT_EQ(w->sequence(), 1u);  // numbered as on any world (timeout and error messages name it)
   EXPECT_EQ(v, (std::vector<float>{0.5f, -1.5f, 3.14159f / 4}));
   o.divisor = 1;
   o.bf16_wire = true;  // still rounded as the wire rounds
