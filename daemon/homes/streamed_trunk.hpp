@@ -21,7 +21,8 @@
 //
 // Θ's device memory: (prefetch + 2) layer slots for the weights, no Adam moments, plus N lines
 // and, with a split, (prefetch + 2) update lines; the reduced gradient keeps Θ's resident buckets
-// (same buckets, same sums: bitwise the resident result).
+// (same buckets, same sums: bitwise the resident result). N and S are resolved once, at build
+// (streamed_placement.cpp).
 #pragma once
 
 #include <torch/torch.h>
