@@ -27,7 +27,6 @@ struct FfnActivationFn : torch::autograd::Function<FfnActivationFn> {
     ctx->saved_data["stash"] = stash_ptr;
     if (stash) {
       ctx->saved_data["ticket"] = stash->put(static_cast<int>(layer), saved);
-      ctx->saved_data["layer"] = layer;
     } else {
       ctx->save_for_backward(saved);
     }
