@@ -316,9 +316,7 @@ WorkPtr MpiCommunicator::allreduce(void* buf, size_t count, DType dtype, const A
   if (done_here()) {  // a world of one: its own sum, max or broadcast, done here
     const uint64_t sequence = next_sequence();
     if (opts.bf16_wire) {
-      std::vector<uint16_t> wire(count);
-      to_bf16_scaled(static_cast<float*>(buf), wire.data(), count, static_cast<float>(1.0 / opts.divisor));
-      from_bf16(wire.data(), static_cast<float*>(buf), count);
+      round_through_bf16_scaled(static_cast<float*>(buf), count, static_cast<float>(1.0 / opts.divisor));
     } else if (opts.divisor != 1.0) {
       divide(buf, count, dtype, opts.divisor);
     }
