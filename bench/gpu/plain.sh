@@ -160,7 +160,9 @@ for entry in ${PLAIN_SHAPES:-$ORDER}; do  # every shape checked before anything 
     case "$KNOWN" in *" ${kv%%=*} "*) ;; *) echo "bench/gpu/plain.sh: PLAIN_SHAPES: unknown key '${kv%%=*}' in '$entry' (known:$KNOWN)" >&2; exit 2 ;; esac
   done
   # shellcheck disable=SC2046,SC2086
-  NAMES+=("$name") SPECS+=("$(resolve $DEFAULTS ${SHAPES[$name]:-} $over $([ "$DEVICE" = cpu ] && echo $CPU_DIMS) ${PLAIN_STEPS:+steps=$PLAIN_STEPS})")
+  # A shape with overrides is its own row (and folder, and job name): NAME_key-value_...
+  label=$name; [ -n "$over" ] && label="${name}_$(echo $over | tr ' =' '_-')"
+  NAMES+=("$label") SPECS+=("$(resolve $DEFAULTS ${SHAPES[$name]:-} $over $([ "$DEVICE" = cpu ] && echo $CPU_DIMS) ${PLAIN_STEPS:+steps=$PLAIN_STEPS})")
 done
 for i in "${!NAMES[@]}"; do
   NAME=${NAMES[$i]} SPEC=${SPECS[$i]} DIR=$OUT/${NAMES[$i]}
