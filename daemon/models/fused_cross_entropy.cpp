@@ -13,7 +13,8 @@ using torch::autograd::variable_list;
 // Rows per chunk: a chunk's float32 logits and probabilities stay within ~64 MiB each, in a
 // whole number of the GEMMs' row tiles. A chunk of 524 rows (32,000 classes) runs 5 tiles of 128
 // rows, the last holding 12: both of a chunk's GEMMs took 13.4 ms per 4,096 rows where 512-row
-// chunks take 11.0 (H100, float32; bench/gpu/ce_chunks.py).
+// chunks take 11.0 and the unfused pair 10.5 (H100, float32; bench/gpu/ce_chunks.py). Chunks of
+// 256 rows hold 63 MiB less at the loss, but the LoRA step's peak is elsewhere (it did not move).
 int64_t chunk_rows(int64_t classes) {
   constexpr int64_t kChunkFloats = int64_t(16) << 20;
   const int64_t fit = std::max<int64_t>(1, kChunkFloats / std::max<int64_t>(1, classes));

@@ -14,7 +14,7 @@ namespace thetad::daemon {
 // for backward it saves one tensor of the logits' shape and dtype (bf16 under autocast) holding
 // (softmax - onehot) / rows, where the unfused loss saves float32 log-probabilities and, in
 // backward, makes two more float32 tensors of that size. Rows are processed in chunks of at
-// most ~64 MiB of float32 so that no float32 copy of all the logits ever exists
+// most ~64 MiB of float32, whole GEMM row tiles, so that no float32 copy of all the logits ever exists
 // (`rows_per_chunk` > 0 sets the chunk instead: the tests).
 torch::Tensor fused_cross_entropy(const torch::Tensor& logits, const torch::Tensor& targets, int64_t rows_per_chunk = 0);
 
