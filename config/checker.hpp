@@ -43,6 +43,7 @@ class Checker {
     offload();
     optimizer();
     one_of("train.on_nonfinite");
+    one_of("train.backward");
     outputs();
   }
 

@@ -29,6 +29,7 @@ enum class HostGroups { All, Scheduled };                     // all | scheduled
 enum class UncachedUpdate { Auto, Host, Device };             // auto | host | device (offload.uncached_update)
 enum class ModelArch { Gpt2, Llama };                         // gpt2 | llama (model.arch)
 enum class TokenDtype { Npy, Uint16, Uint32 };                // npy | uint16 | uint32 (data.token_dtype)
+enum class Backward { Auto, Joint, PerTask };                 // auto | joint | per_task (train.backward)
 
 const std::string& to_string(Precision v);
 const std::string& to_string(GradDtype v);
@@ -47,6 +48,7 @@ const std::string& to_string(HostGroups v);
 const std::string& to_string(UncachedUpdate v);
 const std::string& to_string(ModelArch v);
 const std::string& to_string(TokenDtype v);
+const std::string& to_string(Backward v);
 
 // False (and `out` unchanged) when `word` is not one of the type's YAML words.
 bool from_string(const std::string& word, Precision& out);
@@ -66,6 +68,7 @@ bool from_string(const std::string& word, HostGroups& out);
 bool from_string(const std::string& word, UncachedUpdate& out);
 bool from_string(const std::string& word, ModelArch& out);
 bool from_string(const std::string& word, TokenDtype& out);
+bool from_string(const std::string& word, Backward& out);
 
 // One entry of data.alternate: the groups trained in that step.
 struct AlternateEntry {
@@ -251,6 +254,9 @@ struct OptimizerConfig {
 
 struct TrainConfig {
   NonFinite on_nonfinite = NonFinite::Stop;  // a non-finite loss: stop (exit 1), skip the step, or warn
+  // One backward over the sum of a micro-step's task losses (joint), or one per task (per_task:
+  // one task's graph alive at a time); auto: per_task where Θ takes no gradient and is not streamed.
+  Backward backward = Backward::Auto;
 };
 
 struct CheckpointConfig {

@@ -38,6 +38,7 @@ THETAD_ENUM_WORDS(ModelKind, "multitask_mlp", "multitask_adapter", "extreme_clas
 THETAD_ENUM_WORDS(OptimizerKind, "adamw", "adam", "sgd")
 THETAD_ENUM_WORDS(LrSchedule, "constant", "cosine")
 THETAD_ENUM_WORDS(NonFinite, "stop", "skip_step", "warn")
+THETAD_ENUM_WORDS(Backward, "auto", "joint", "per_task")
 THETAD_ENUM_WORDS(SharedMode, "resident", "stream")
 THETAD_ENUM_WORDS(H2dDtype, "fp32", "bf16")
 THETAD_ENUM_WORDS(HostGroups, "all", "scheduled")
@@ -87,6 +88,7 @@ THETAD_ENUM_API(ModelKind)
 THETAD_ENUM_API(OptimizerKind)
 THETAD_ENUM_API(LrSchedule)
 THETAD_ENUM_API(NonFinite)
+THETAD_ENUM_API(Backward)
 THETAD_ENUM_API(SharedMode)
 THETAD_ENUM_API(ModelArch)
 THETAD_ENUM_API(TokenDtype)
@@ -216,6 +218,7 @@ const std::vector<Field> kFields = {
     THETAD_FIELD("optimizer", "overlap", Bool, optimizer.overlap, true),
 
     THETAD_ENUM_FIELD("train", "on_nonfinite", train.on_nonfinite),
+    THETAD_ENUM_FIELD("train", "backward", train.backward),
 
     THETAD_FIELD("checkpoint", "dir", String, checkpoint.dir, true),
     THETAD_FIELD("checkpoint", "every_steps", Int, checkpoint.every_steps, true),
@@ -256,6 +259,7 @@ const std::map<std::string, std::vector<std::string>> kEnums = {
     {"optimizer.kind", words<OptimizerKind>()},
     {"optimizer.lr_schedule", words<LrSchedule>()},
     {"train.on_nonfinite", words<NonFinite>()},
+    {"train.backward", words<Backward>()},
     {"offload.shared", words<SharedMode>()},
     {"offload.h2d_dtype", words<H2dDtype>()},
     {"offload.host_groups", words<HostGroups>()},

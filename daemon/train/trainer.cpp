@@ -15,6 +15,7 @@
 #include <new>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "comm/bootstrap.hpp"
@@ -57,7 +58,9 @@ class Trainer {
   void build_model();
   void build_engine();
   void train_step(int64_t step, PendingStep& p);
-  torch::Tensor forward(int64_t micro, const StepPlan& plan, PendingStep& p);
+  torch::Tensor forward(int64_t micro, const StepPlan& plan, size_t first, size_t end, PendingStep& p);
+  bool backward_per_task() const;
+  std::vector<std::pair<size_t, size_t>> task_passes(const StepPlan& plan) const;
   void backward(torch::Tensor& total, bool last, const StepPlan& plan, PendingStep& p);
   void finish_reduce(PendingStep& p);
   bool nonfinite(int64_t step, double loss, StepRecord& rec);
@@ -86,6 +89,7 @@ class Trainer {
   std::unique_ptr<StepRecorder> recorder_;
   std::unique_ptr<MemoryBreakdown> memory_;
   bool declared_ = true;                      // comm.active: declared (else discovered)
+  bool per_task_ = false;                     // train.backward resolved: a backward per task
   std::vector<TaskLossTensor> task_losses_;  // read once per step (one sync)
   torch::Tensor loss_total_;
   int64_t step_queued_ = -1;                 // the last step whose update is queued
@@ -120,6 +124,26 @@ void Trainer::build() {
   const int64_t per_micro = std::min(schedule_->max_tasks_per_plan(), job_.data.batch_per_rank);
   recorder_ = std::make_unique<StepRecorder>(job_, data_, *plane_, static_cast<size_t>(per_micro * job_.accumulate_steps));
   memory_ = std::make_unique<MemoryBreakdown>(data_);
+  per_task_ = backward_per_task();
+  if (per_task_ && schedule_->max_tasks_per_plan() > 1) {
+    THETAD_LOG(info, "train") << "train.backward " << config::to_string(job_.train.backward)
+                              << ": a forward and backward per task, one task's graph alive at a time";
+  }
+}
+
+// train.backward: auto takes a pass per task where nothing is shared between the tasks'
+// gradients (Θ frozen), so that the passes only split the work: each task's adapters get the same
+// bits, and the activations of one task, not of all, are alive at once. A trained Θ would
+// accumulate over the passes in another order, and a streamed trunk would stream its layers once
+// per pass: there auto keeps one backward over the sum (per_task still splits, as gradient
+// accumulation over the micro-step's tasks would).
+bool Trainer::backward_per_task() const {
+  switch (job_.train.backward) {
+    case config::Backward::Joint: return false;
+    case config::Backward::PerTask: return true;
+    case config::Backward::Auto: break;
+  }
+  return !job_.model.train_shared && job_.offload.shared != config::SharedMode::Stream;
 }
 
 // With a host store, the model is built on the host and Homes moves the resident groups to the
@@ -176,32 +200,45 @@ void Trainer::train_step(int64_t step, PendingStep& p) {
     const StepPlan plan = schedule_->plan(micro, world_.rank);
     hooks_->set_trained(plan.trained);
     homes_->start_micro(plan);
-    if (declared_) {  // the count exchange starts before forward and overlaps it
-      engine_->declare_active(plan.trained);
-      if (last) engine_->begin_sync();
+    if (declared_) engine_->declare_active(plan.trained);
+    // Passes over the plan's tasks: one, or one per task with rows (train.backward). For the
+    // engine and the homes a pass is what a micro-step is: only the window's final pass syncs.
+    const std::vector<std::pair<size_t, size_t>> passes = task_passes(plan);
+    for (size_t i = 0; i < passes.size(); ++i) {
+      const bool final = last && i + 1 == passes.size();
+      if (declared_ && final) engine_->begin_sync();  // the count exchange overlaps forward
+      torch::Tensor total = forward(micro, plan, passes[i].first, passes[i].second, p);
+      if (!declared_) {  // discovered from the graph, still before backward
+        std::vector<uint8_t> found = hooks_->discover_groups(total);
+        homes_->add_reached(found);  // streamed Θ has no leaves in the graph
+        engine_->declare_active(found);
+        if (final) engine_->begin_sync();
+      }
+      backward(total, final, plan, p);
+      loss_sum = loss_sum.defined() ? loss_sum + total.detach() : total.detach();
     }
-    torch::Tensor total = forward(micro, plan, p);
-    if (!declared_) {  // discovered from the graph, still before backward
-      std::vector<uint8_t> found = hooks_->discover_groups(total);
-      homes_->add_reached(found);  // streamed Θ has no leaves in the graph
-      engine_->declare_active(found);
-      if (last) engine_->begin_sync();
-    }
-    backward(total, last, plan, p);
-    loss_sum = loss_sum.defined() ? loss_sum + total.detach() : total.detach();
   }
   loss_total_ = loss_sum;
 }
 
-// The micro-step's loss: each task's rows through the model, weighted by their share of the
-// window's rows.
-torch::Tensor Trainer::forward(int64_t micro, const StepPlan& plan, PendingStep& p) {
+// [first, end) ranges of plan.tasks, each with rows: all of them at once, or one task each.
+std::vector<std::pair<size_t, size_t>> Trainer::task_passes(const StepPlan& plan) const {
+  if (!per_task_) return {{0, plan.tasks.size()}};
+  std::vector<std::pair<size_t, size_t>> passes;
+  for (size_t i = 0; i < plan.tasks.size(); ++i)
+    if (plan.task_rows[i] > 0) passes.emplace_back(i, i + 1);
+  return passes;
+}
+
+// The loss of the micro-step's tasks [first, end): each task's rows through the model, weighted by
+// their share of the window's rows.
+torch::Tensor Trainer::forward(int64_t micro, const StepPlan& plan, size_t first, size_t end, PendingStep& p) {
   const int64_t fwd_us = Timeline::now_us();
   const auto t0 = Clock::now();
   const int64_t rows_in_window = job_.data.batch_per_rank * job_.accumulate_steps;
   const AutocastScope autocast(job_.precision, data_.device);  // forward only; backward follows its casts
   torch::Tensor total;
-  for (size_t i = 0; i < plan.tasks.size(); ++i) {
+  for (size_t i = first; i < end; ++i) {
     const int task = plan.tasks[i];
     const int64_t rows = plan.task_rows[i];
     if (rows == 0) continue;

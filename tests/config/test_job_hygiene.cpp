@@ -149,5 +149,14 @@ TEST(JobFile, OnNonfiniteIsAPolicy) {
   EXPECT_TRUE(contains(what, "train.on_nonfinite: must be one of stop, skip_step, warn")) << what;
 }
 
+TEST(JobFile, BackwardIsAutoJointOrPerTask) {
+  EXPECT_EQ(load_job_from_string(kMinimal, "job.yaml").train.backward, Backward::Auto);
+  EXPECT_EQ(load_job_from_string(kMinimal + "train: {backward: per_task}\n", "job.yaml").train.backward,
+            Backward::PerTask);
+  const std::string what = error_of(kMinimal + "train: {backward: per-task}\n");
+  EXPECT_TRUE(contains(what, "job.yaml:4:")) << what;
+  EXPECT_TRUE(contains(what, "train.backward: must be one of auto, joint, per_task")) << what;
+}
+
 }  // namespace
 }  // namespace thetad::config
