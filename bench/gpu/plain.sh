@@ -63,7 +63,7 @@ declare -A SHAPES=(
 ORDER="mlp_w1024_t24_fp32 mlp_w4096_t24_fp32 mlp_w4096_t24_bf16 mlp_w8192_t12_bf16 lora_t48_bf16 lora_t48_fp32 mlp_d1024_t1024_fp32"
 DEFAULTS="kind=mlp hidden=4096 trunk=8 head=2 tasks=16 batch=256 precision=fp32 init=exact steps=130 warmup=10 window=20
           layers=8 d_model=2048 heads=16 kv_heads=0 d_ff=8192 vocab=32000 seq_len=512 rank=16 tpr=2 frozen=1
-          targets=q,k,v,o offload=0 cache=auto act=0 overlap=true"
+          targets=q,k,v,o offload=0 cache=auto act=0 overlap=true backward=auto"
 CPU_DIMS="hidden=32 trunk=2 tasks=3 steps=50 warmup=5 window=5 layers=1 d_model=32 heads=2 d_ff=64 vocab=64 seq_len=16 rank=4 batch=8 init=exact"
 
 log() { printf '[plain %4ds] %s\n' "$(( $(date +%s) - START ))" "$*"; }
@@ -103,6 +103,7 @@ job_yaml() {  # the thetad job of the current shape on stdout
   # act=1: offload.activations (the trunk layers', the transformer's feed-forward inputs).
   if [ "$(spec offload)" = 1 ]; then echo "offload: {enabled: true, device_cache_mb: $(spec cache), activations: $([ "$(spec act)" = 1 ] && echo true || echo false)}"
   else echo "offload: {enabled: false, activations: $([ "$(spec act)" = 1 ] && echo true || echo false)}"; fi
+  echo "train: {backward: $(spec backward)}"  # backward=joint|per_task|auto (train.backward)
   echo "metrics: {path: \"$DIR/thetad/metrics.jsonl\"}"
   echo "log: {level: info, progress_every_s: 10}"
 }
