@@ -11,7 +11,7 @@
 #    EVERY=100 (the default) leaves each write 50 steps to finish in its window.
 # and each checkpoint's "wrote ... linked ..." line. Run from the source root:
 #   OUT=/tmp/out bash bench/checkpoint/every_steps.sh BUILD/daemon/thetad
-# STEPS=N (460), FROM=S (60), EVERY=E (100), PAIRS=P (1). INIT_FROM=DIR: the frozen base from a
+# STEPS=N (460), FROM=S (60), EVERY=E (100), PAIRS=P (1), JOB=YAML (the LoRA job). INIT_FROM=DIR: the frozen base from a
 # Hugging Face Llama directory (bench/gpu/write_llama_safetensors.py --layers 16 --heads 16
 # --kv-heads 16 --ff 8192 writes one of the job's sizes): what a user fine-tuning a base does, and
 # then the base is never written (the manifest records its path and fingerprint). Without it the
@@ -20,12 +20,12 @@
 set -u
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 T=$1; d=${OUT:-/tmp/out}/ckcost; mkdir -p $d
-STEPS=${STEPS:-460} FROM=${FROM:-60} EVERY=${EVERY:-100} PAIRS=${PAIRS:-1}
+STEPS=${STEPS:-460} FROM=${FROM:-60} EVERY=${EVERY:-100} PAIRS=${PAIRS:-1} JOB=${JOB:-bench/jobs/lora-transformer.yaml}
 INIT=(); [ -n "${INIT_FROM:-}" ] && INIT=(--set model.init_from="$INIT_FROM")
 for pair in $(seq 1 "$PAIRS"); do
   for every in 0 $EVERY; do
     tag=$every-$pair
-    mpirun -np 1 --bind-to none $T run bench/jobs/lora-transformer.yaml --no-resume --set steps=$STEPS "${INIT[@]}" \
+    mpirun -np 1 --bind-to none $T run "$JOB" --no-resume --set steps=$STEPS "${INIT[@]}" \
       --set checkpoint.every_steps=$every --set checkpoint.dir=/tmp/ckcost-$every --set metrics.path=$d/m$tag.jsonl \
       > $d/log$tag.txt 2>&1 || { echo "every $every (pair $pair) failed"; tail -3 $d/log$tag.txt; }
     python3 - $d/m$tag.jsonl $every $FROM $((STEPS - 2)) $pair $EVERY <<'PY'
