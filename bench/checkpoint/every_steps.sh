@@ -4,8 +4,8 @@
 # and with none, PAIRS times alternately (none, every, none, ...), then per run:
 #  - the sum of step_ms over steps FROM..STEPS-2 (the last step's final checkpoint left out):
 #    between runs, which a host whose speed drifts over minutes blurs (by 5-40% on lent hosts);
-#  - within the run, each checkpoint's window (its step c and the next EVERY/2 - 1) against the
-#    window after it (EVERY/2 steps without a write): the cost of one checkpoint, and as a share
+#  - within the run, each checkpoint's window (the step that takes it and the next EVERY/2 - 1)
+#    against the window after it (EVERY/2 steps without a write): the cost of one checkpoint, and as a share
 #    of 50 steps the cost of a checkpoint every 50 steps. Drift over seconds cancels; the run
 #    without checkpoints shows what the same windows differ by on their own (its control).
 #    EVERY=100 (the default) leaves each write 50 steps to finish in its window.
@@ -39,8 +39,10 @@ half = period // 2
 win = lambda a: sum(r.get(s, 0.0) for s in range(a, a + half))
 starts = [c for c in range(period, hi - period + 2, period) if c >= lo]
 if starts:
-    extra = [win(c) - win(c + half) for c in starts]
-    step = sum(win(c + half) for c in starts) / (half * len(starts))
+    # Checkpoint c is taken at the end of the step recorded as c - 1 (records count from 0): its
+    # stall is in that record.
+    extra = [win(c - 1) - win(c - 1 + half) for c in starts]
+    step = sum(win(c - 1 + half) for c in starts) / (half * len(starts))
     label = 'checkpoint' if every else 'no checkpoint (control)'
     print('  within the run, %s windows at %s: +%s ms against the next %d steps; mean %.1f ms = %.2f%% of 50 steps'
           % (label, starts, ', +'.join('%.0f' % e for e in extra), half, sum(extra) / len(extra),
