@@ -140,22 +140,27 @@ TEST(JobFile, KeysWithoutEffectAreWarnings) {
   EXPECT_TRUE(load_job_from_string(kMinimal, "job.yaml").warnings.empty());
 }
 
-TEST(JobFile, OnNonfiniteIsAPolicy) {
-  EXPECT_EQ(load_job_from_string(kMinimal, "job.yaml").train.on_nonfinite, NonFinite::Stop);
-  EXPECT_EQ(load_job_from_string(kMinimal + "train: {on_nonfinite: skip_step}\n", "job.yaml").train.on_nonfinite,
-            NonFinite::SkipStep);
-  const std::string what = error_of(kMinimal + "train: {on_nonfinite: skip}\n");
+// A train.KEY enum: `def` without the key, `value` from `word`, and a `bad` word refused at its line
+// with the allowed words listed.
+template <typename Enum, typename Field>
+void expect_train_enum(const std::string& key, Field field, Enum def, const std::string& word, Enum value,
+                       const std::string& bad, const std::string& allowed) {
+  EXPECT_EQ(load_job_from_string(kMinimal, "job.yaml").train.*field, def) << key;
+  EXPECT_EQ(load_job_from_string(kMinimal + "train: {" + key + ": " + word + "}\n", "job.yaml").train.*field, value)
+      << key;
+  const std::string what = error_of(kMinimal + "train: {" + key + ": " + bad + "}\n");
   EXPECT_TRUE(contains(what, "job.yaml:4:")) << what;
-  EXPECT_TRUE(contains(what, "train.on_nonfinite: must be one of stop, skip_step, warn")) << what;
+  EXPECT_TRUE(contains(what, "train." + key + ": must be one of " + allowed)) << what;
+}
+
+TEST(JobFile, OnNonfiniteIsAPolicy) {
+  expect_train_enum("on_nonfinite", &TrainConfig::on_nonfinite, NonFinite::Stop, "skip_step", NonFinite::SkipStep,
+                    "skip", "stop, skip_step, warn");
 }
 
 TEST(JobFile, BackwardIsAutoJointOrPerTask) {
-  EXPECT_EQ(load_job_from_string(kMinimal, "job.yaml").train.backward, Backward::Auto);
-  EXPECT_EQ(load_job_from_string(kMinimal + "train: {backward: per_task}\n", "job.yaml").train.backward,
-            Backward::PerTask);
-  const std::string what = error_of(kMinimal + "train: {backward: per-task}\n");
-  EXPECT_TRUE(contains(what, "job.yaml:4:")) << what;
-  EXPECT_TRUE(contains(what, "train.backward: must be one of auto, joint, per_task")) << what;
+  expect_train_enum("backward", &TrainConfig::backward, Backward::Auto, "per_task", Backward::PerTask, "per-task",
+                    "auto, joint, per_task");
 }
 
 }  // namespace
