@@ -11,7 +11,8 @@
 #    EVERY=100 (the default) leaves each write 50 steps to finish in its window.
 # and each checkpoint's "wrote ... linked ..." line. Run from the source root:
 #   OUT=/tmp/out bash bench/checkpoint/every_steps.sh BUILD/daemon/thetad
-# STEPS=N (460), FROM=S (60), EVERY=E (100), PAIRS=P (1), JOB=YAML (the LoRA job). INIT_FROM=DIR: the frozen base from a
+# STEPS=N (460), FROM=S (60), EVERY=E (100), PAIRS=P (1), JOB=YAML (the LoRA job), SET="key=value ..." (each
+# passed as --set, e.g. SET=precision=bf16). INIT_FROM=DIR: the frozen base from a
 # Hugging Face Llama directory (bench/gpu/write_llama_safetensors.py --layers 16 --heads 16
 # --kv-heads 16 --ff 8192 writes one of the job's sizes): what a user fine-tuning a base does, and
 # then the base is never written (the manifest records its path and fingerprint). Without it the
@@ -22,6 +23,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 T=$1; d=${OUT:-/tmp/out}/ckcost; mkdir -p $d
 STEPS=${STEPS:-460} FROM=${FROM:-60} EVERY=${EVERY:-100} PAIRS=${PAIRS:-1} JOB=${JOB:-bench/jobs/lora-transformer.yaml}
 INIT=(); [ -n "${INIT_FROM:-}" ] && INIT=(--set model.init_from="$INIT_FROM")
+for kv in ${SET:-}; do INIT+=(--set "$kv"); done
 for pair in $(seq 1 "$PAIRS"); do
   for every in 0 $EVERY; do
     tag=$every-$pair
@@ -49,6 +51,7 @@ if starts:
              100 * sum(extra) / len(extra) / (50 * step)))
 PY
     grep -o "checkpoint step [0-9]*: wrote.*" $d/log$tag.txt | cut -c1-200 | head -8
+    grep -o "asynchronous: the trainer stalled [^;]*" $d/log$tag.txt | head -8
     rm -rf /tmp/ckcost-$every
   done
 done

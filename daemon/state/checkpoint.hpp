@@ -144,15 +144,20 @@ struct ShardValues {
   at::Tensor pinned;                   // kept from one checkpoint to the next; grows only
   std::shared_ptr<void> pinned_ready;  // those copies' completion (an event)
 };
+struct FiniteChecks;  // checkpoint_snapshot.hpp
 // A rank's shards: a second host copy of what the rank writes (12 bytes per parameter of its
 // shards). Reused from one checkpoint to the next: the vectors keep their capacity.
 struct CheckpointShare {
   std::vector<ShardValues> shards;
   int64_t staged_bytes = 0, host_bytes = 0;  // of the last snapshot: cloned on a device / copied on the host
+  // The staged parameters' finiteness, on its way to the host: read by write_share before the
+  // first file, so that the trainer never waits for the device at a checkpoint.
+  std::shared_ptr<FiniteChecks> finite;
 };
 void begin_checkpoint(const CheckpointWriter& w, WriteStatus& st);
 // Copies this rank's shards (device tensors staged on their device, see ShardValues); Error (in
-// st) for non-finite parameters.
+// st) for non-finite host parameters. The staged ones are checked by write_share (Error in its
+// st: the write's agreement fails on every rank).
 void snapshot_share(const CheckpointWriter& w, const std::function<GroupState(int group)>& group_state,
                     CheckpointShare& share, WriteStatus& st);
 // `cancel` set: stops before the next file (a run that fails elsewhere abandons the write).

@@ -113,7 +113,8 @@ void copy_to_pinned(ShardValues& out) {
 // groups, ascending), "offsets" (int64 [count + 1], where each group starts) and "steps" (int64
 // [count]). Never a checkpoint of non-finite parameters: it would become the newest and, with
 // keep, replace the last good one (the write fails on every rank, exit 1, and its temporary
-// directory goes). Staged (device) parameters are checked in check_finite, after the shard.
+// directory goes). Host copies are checked here, staged (device) parameters on their device;
+// check_finite says the outcome.
 void snapshot_shard(const CheckpointWriter& w, size_t k, const std::function<GroupState(int)>& group_state,
                     ShardValues& out, FiniteChecks& checks) {
   const CheckpointPlan& plan = *w.plan;
@@ -137,6 +138,11 @@ void snapshot_shard(const CheckpointWriter& w, size_t k, const std::function<Gro
   // host), so that the CPU build runs the staged path.
   const bool stage_host = ::thetad::test_hooks::checkpoint_stage_host();
   PendingRun runs[3];
+  // Said by check_finite, not thrown here: a checkpoint in the background is refused when its
+  // write is agreed, after the trainer read the step's loss (which a stop names first).
+  const auto host_non_finite = [&](const std::string& name, int64_t g) {
+    if (checks.host_error.empty()) checks.host_error = non_finite(w, name, g).what();
+  };
   // A host tensor's values into the vector at `at` (room already there).
   const auto host_copy = [&](int which, size_t at, const at::Tensor& t) {
     const at::Tensor c = t.device().is_cpu() && t.scalar_type() == at::kFloat && t.is_contiguous()
@@ -179,8 +185,7 @@ void snapshot_shard(const CheckpointWriter& w, size_t k, const std::function<Gro
       }
       for (const auto& [name, g, off, n] : run.params) {
         const float* p = vecs[0]->data() + run.at + off;
-        for (int64_t i = 0; i < n; ++i)
-          if (!std::isfinite(p[i])) throw non_finite(w, name, g);
+        if (!std::all_of(p, p + n, [](float x) { return std::isfinite(x); })) host_non_finite(name, g);
       }
     }
     run = PendingRun{};
@@ -227,9 +232,9 @@ void snapshot_shard(const CheckpointWriter& w, size_t k, const std::function<Gro
         PendingRun& run = runs[0];
         run.params.emplace_back(st.names[i], g, static_cast<int64_t>(at - run.at), st.params[i].numel());
       } else {
-        bool finite = true;
-        for (size_t k = at; k < out.param.size(); ++k) finite &= std::isfinite(out.param[k]);
-        if (!finite) throw non_finite(w, st.names[i], g);
+        const float* p = out.param.data();
+        if (!std::all_of(p + at, p + out.param.size(), [](float x) { return std::isfinite(x); }))
+          host_non_finite(st.names[i], g);
       }
       append(1, st.exp_avg[i]);
       append(2, st.exp_avg_sq[i]);
@@ -244,14 +249,41 @@ void snapshot_shard(const CheckpointWriter& w, size_t k, const std::function<Gro
 #endif
 }
 
-// One read of every flag: the trainer thread's only wait on the device, and what makes the
-// clones complete before the writer thread copies them on whatever stream it has (the flags were
-// computed from the clones, after them, on the trainer's stream). A run that is not finite is
-// searched for its first non-finite parameter (a failing run only).
+// The flags stacked and copied to (pinned) host memory on the trainer's current stream, after
+// the clones they were computed from: once that copy is complete, so are the clones.
+void launch_finite_check(FiniteChecks& c) {
+  if (c.flags.empty() || c.host_flags.defined()) return;
+  const at::Tensor all = at::stack(c.flags);
+#if THETAD_TORCH_CUDA
+  if (all.is_cuda()) {
+    c.host_flags = at::empty({all.numel()}, at::TensorOptions().dtype(at::kBool).pinned_memory(true));
+    c.host_flags.copy_(all, /*non_blocking=*/true);
+    auto ready = std::make_shared<at::cuda::CUDAEvent>();
+    ready->record(c10::cuda::getCurrentCUDAStream(all.device().index()));
+    c.flags_ready = std::move(ready);
+    return;
+  }
+#endif
+  c.host_flags = all.to(torch::kCPU);
+}
+
+// One read of every flag, and what makes the clones complete before the writer threads copy
+// them on whatever stream they have. On the writer thread for a checkpoint in the background,
+// so that the trainer never waits for the device. A run that is not finite is searched for its
+// first non-finite parameter (a failing run only; on a pool stream, never behind the trainer's
+// queued work on the legacy default stream).
 void check_finite(const CheckpointWriter& w, FiniteChecks& c) {
+  if (!c.host_error.empty()) throw Error(c.host_error);
   if (c.flags.empty()) return;
-  const at::Tensor all = at::stack(c.flags).to(torch::kCPU);
-  const bool* ok = all.data_ptr<bool>();
+  launch_finite_check(c);
+#if THETAD_TORCH_CUDA
+  std::optional<c10::cuda::CUDAStreamGuard> on;
+  if (c.flags_ready) {
+    static_cast<at::cuda::CUDAEvent*>(c.flags_ready.get())->synchronize();
+    on.emplace(c10::cuda::getStreamFromPool(false, c.flags.front().device().index()));
+  }
+#endif
+  const bool* ok = c.host_flags.data_ptr<bool>();
   for (size_t i = 0; i < c.flags.size(); ++i) {
     if (ok[i]) continue;
     for (const auto& [name, g, off, n] : c.runs[i].params)
@@ -259,12 +291,14 @@ void check_finite(const CheckpointWriter& w, FiniteChecks& c) {
   }
   c.flags.clear();
   c.runs.clear();
+  c.host_flags = at::Tensor();
+  c.flags_ready.reset();
 }
 
 // The writer's side of staging, for the bytes [from, from + n) of vector `vec`'s record: the
 // shard's clones that overlap them copied into their room in the host vectors (from pinned memory
 // once their copies there completed; else device to host, synchronous: the clones are complete,
-// check_finite), by the thread that writes those bytes next.
+// check_finite, which write_share runs first), by the thread that writes those bytes next.
 void fill_staged(ShardValues& v, int vec, uint64_t from, uint64_t n) {
   HostFloats* vecs[3] = {&v.param, &v.exp_avg, &v.exp_avg_sq};
   const size_t lo = static_cast<size_t>(from / sizeof(float)), hi = static_cast<size_t>((from + n + 3) / sizeof(float));

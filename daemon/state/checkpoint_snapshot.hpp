@@ -24,17 +24,22 @@ struct FiniteChecks {
   };
   std::vector<at::Tensor> flags;  // bool scalars, one per staged run of parameters
   std::vector<Run> runs;          // the same runs
+  std::string host_error;  // the first non-finite parameter copied on the host, said by check_finite
+  at::Tensor host_flags;          // the flags on their way to the host (launch_finite_check)
+  std::shared_ptr<void> flags_ready;  // GPUs: that copy's completion (an event)
   bool staging = true;  // false once the device's budget is spent or a clone failed: host copies from then on
   int64_t stage_left = -1;  // bytes staging may still take (-1: not asked yet; one device per rank)
   int64_t staged_bytes = 0, host_bytes = 0;
 };
 
 // Copies shard k's groups into `out` (its vectors keep their capacity from the last time); see
-// checkpoint_snapshot.cpp. Error for non-finite host parameters.
+// checkpoint_snapshot.cpp. Non-finite parameters are recorded in `checks` for check_finite.
 void snapshot_shard(const CheckpointWriter& w, size_t k, const std::function<GroupState(int)>& group_state,
                     ShardValues& out, FiniteChecks& checks);
-// One read of every staged run's flag (the trainer thread's only wait on the device); Error
-// naming the first non-finite parameter.
+// The staged runs' flags sent to the host after the clones, on the trainer's stream: no wait.
+void launch_finite_check(FiniteChecks& c);
+// One read of every staged run's flag (launched here if not yet), on any thread: a wait for the
+// clones on the device. Error naming the first non-finite parameter (host copies first).
 void check_finite(const CheckpointWriter& w, FiniteChecks& c);
 // The writer's side of staging: the clones' values of bytes [from, from + n) of vector `vec`
 // (0 param, 1 exp_avg, 2 exp_avg_sq) copied into their room in the host vectors.

@@ -168,20 +168,26 @@ void snapshot_share(const CheckpointWriter& w, const std::function<GroupState(in
       if (share.shards.size() <= n) share.shards.emplace_back();
       snapshot_shard(w, k, group_state, share.shards[n], checks);
     }
-    check_finite(w, checks);
+    launch_finite_check(checks);  // read by write_share: the trainer does not wait for it
   } catch (const std::exception& e) {
     record_failure(st, e);
     for (ShardValues& v : share.shards) v.staged.clear();  // no write follows: the clones go now
+    checks.runs.clear();
   }
   share.shards.resize(n);
   share.staged_bytes = checks.staged_bytes;
   share.host_bytes = checks.host_bytes;
+  share.finite = st.ok ? std::make_shared<FiniteChecks>(std::move(checks)) : nullptr;
 }
 
 void write_share(const CheckpointWriter& w, CheckpointShare& share, WriteStatus& st,
                  const std::atomic<bool>* cancel) {
   if (!st.ok) return;
   try {
+    // The staged parameters' finiteness first: a non-finite one fails the write (and, at its
+    // agreement, the checkpoint on every rank) before any file.
+    if (share.finite) check_finite(w, *share.finite);
+    share.finite.reset();
     std::ostringstream sums;
     for (ShardValues& v : share.shards) sums << v.index << " " << write_shard(w, v, cancel) << "\n";
     write_sums(w, sums.str(), cancel);

@@ -225,7 +225,8 @@ void RunState::checkpoint(int64_t completed, bool last) {
     return;
   }
   // The copy happens here, on the trainer thread, so that training may change the state right
-  // after; every rank agrees on it at once (a non-finite parameter stops every rank now).
+  // after; every rank agrees on it at once (a non-finite host parameter stops every rank now, a
+  // staged one when the write is agreed: the writer thread reads their flags, not the trainer).
   std::unique_ptr<CheckpointShare> share = spare_ ? std::move(spare_) : std::make_unique<CheckpointShare>();
   WriteStatus st;
   begin_checkpoint(w, st);
@@ -275,6 +276,7 @@ void RunState::warm_up_checkpoints(int64_t completed) {
     return skip;
   }, *share, st);
   for (ShardValues& v : share->shards) v.staged.clear();  // the clones go back to the allocator, kept
+  share->finite.reset();
   if (world_.rank == 0) {
     THETAD_LOG(info, "ckpt") << "checkpoint warm-up after step " << completed << ": " << std::fixed
                              << std::setprecision(1) << ms_since(t0) << " ms, " << std::setprecision(3)

@@ -37,6 +37,9 @@ class RunState {
   // agreed on the copy; a background thread writes the files and poll_checkpoint publishes.
   // A checkpoint still in flight is published first (at most one in flight).
   void checkpoint(int64_t completed, bool last);
+  // Whether checkpoint(completed, last) returns with the write still in the background (it never
+  // waits for the step's device work then).
+  bool checkpoints_in_background(bool last) const { return job_.checkpoint.async && !last; }
   // At a step boundary, on every rank: when a checkpoint is in flight, one control-plane
   // allreduce asks whether every rank's writer is done; if so, the ranks agree on the outcome and
   // rank 0 publishes (Error on every rank if a write failed: exit 1, as a failed synchronous

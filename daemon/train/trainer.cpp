@@ -453,12 +453,16 @@ int Trainer::run() {
     if (stop_now || completed == job_.steps ||
         (job_.checkpoint.every_steps > 0 && completed % job_.checkpoint.every_steps == 0))
     {
-      // A checkpoint waits for the step anyway: its loss is checked first (stop and warn read it
-      // one step late otherwise), so that a stop names the loss, not the parameters it spoilt.
-      if (lagged_check) nonfinite(step, loss_total_.item<double>(), pending->rec);
       // The run's last checkpoint (the end, a stop) is written before the loop ends: exit 0 or 4
       // means it is published. Others may be written in the background (checkpoint.async).
-      state_->checkpoint(completed, stop_now || completed == job_.steps);  // waits for the step's device work itself
+      const bool last = stop_now || completed == job_.steps;
+      // A checkpoint that waits for the step checks its loss first (stop and warn read it one
+      // step late otherwise), so that a stop names the loss, not the parameters it spoilt. One in
+      // the background does not wait: its loss is read at the next step, before the write can
+      // be refused for the parameters (poll_checkpoint), so a stop still names the loss.
+      if (lagged_check && !state_->checkpoints_in_background(last))
+        nonfinite(step, loss_total_.item<double>(), pending->rec);
+      state_->checkpoint(completed, last);
       state_->export_adapters(completed, completed == job_.steps);  // PEFT adapters (export.adapters_dir)
     }
     // step_ms: this iteration's wall time, its checkpoint included (written one step late).
