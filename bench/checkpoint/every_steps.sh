@@ -49,6 +49,11 @@ if starts:
     print('  within the run, %s windows at %s: +%s ms against the next %d steps; mean %.1f ms = %.2f%% of 50 steps'
           % (label, starts, ', +'.join('%.0f' % e for e in extra), half, sum(extra) / len(extra),
              100 * sum(extra) / len(extra) / (50 * step)))
+    # Where in the window it goes: each of its first 5 steps, averaged over the checkpoints,
+    # against the mean step of the windows after them.
+    first = [sum(r.get(c - 1 + k, 0.0) for c in starts) / len(starts) - step for k in range(5)]
+    print('  the first 5 steps of those windows against that mean step (%.1f ms): %s ms'
+          % (step, ', '.join('%+.1f' % x for x in first)))
 PY
     grep -o "checkpoint step [0-9]*: wrote.*" $d/log$tag.txt | cut -c1-200 | head -8
     grep -o "asynchronous: the trainer stalled [^;]*" $d/log$tag.txt | head -8

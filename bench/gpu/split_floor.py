@@ -1,15 +1,19 @@
 #!/usr/bin/env python3
 """The host's floor for updating one uncached group per step, split between the CPU AdamW and
-the device (issue 38, item 2), measured without any model: for a share f of the group's N
-parameters updated on the device, each step must move (4 + 8f) B per parameter to the device
-(the values for forward, and the device share's m and v; the values of that share count once)
-and as many back (the host share's gradient, the device share's values, m and v), and run the
+the device (issue 38), measured without any model: for a share f of the group's N parameters
+updated on the device, each step must move (4k + 8f) B per parameter to the device (the values,
+k times: once for forward, twice for a streamed trunk layer that comes back for backward; and
+the device share's m and v) and 4 + 8f back (the host share's gradient, the device share's
+values, m and v), and run the
 CPU AdamW (28 B of host memory per parameter) on the other (1 - f) N. The copies and the AdamW
 share the host's memory, so the step's floor is their joint wall time, measured here by running
 them at once: H2D and D2H on two CUDA streams from pinned memory, the AdamW on the CPU threads
 (torch's fused CPU AdamW, a stand-in for thetad's: its rate alone is printed beside).
 
-    python3 bench/gpu/split_floor.py [--numel 33554432] [--reps 20] [--step-ms 5.0]
+    python3 bench/gpu/split_floor.py [--numel 33554432] [--values-in 1] [--reps 20] [--step-ms 5.0]
+
+The defaults are the bf16 offload benchmark's head (issue 38's goal 3); a streamed trunk of
+12 layers of 6144 is --numel 452984832 --values-in 2 --step-ms 141.5 --reps 5 (goal 1).
 
 Prints, per f, the median wall time per step of the copies alone, the AdamW alone and both at
 once, and that time over --step-ms (the all-resident step it is compared with).
@@ -24,17 +28,19 @@ import torch
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--numel", type=int, default=32 << 20)  # a 33.6 M head: bench/jobs/reference-offload.yaml
+    p.add_argument("--values-in", type=int, default=1)
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--step-ms", type=float, default=5.0)
     p.add_argument("--shares", default="0,0.25,0.5,0.6,0.7,0.8,1")
     a = p.parse_args()
     n = a.numel
     dev = torch.device("cuda")
-    # Room for the largest copy each way: 12 B per parameter, as float32.
-    host_in = torch.empty(3 * n, dtype=torch.float32).pin_memory()
+    vin = a.values_in
+    # Room for the largest copy each way, as float32: 4k + 8 B per parameter in, 12 B out.
+    host_in = torch.empty((vin + 2) * n, dtype=torch.float32).pin_memory()
     host_out = torch.empty(3 * n, dtype=torch.float32).pin_memory()
     host_in.uniform_()
-    dev_in = torch.empty(3 * n, dtype=torch.float32, device=dev)
+    dev_in = torch.empty((vin + 2) * n, dtype=torch.float32, device=dev)
     dev_out = torch.empty(3 * n, dtype=torch.float32, device=dev).uniform_()
     h2d, d2h = torch.cuda.Stream(), torch.cuda.Stream()
     # The AdamW's operands, in ordinary (pageable) host memory as the store's arena is.
@@ -53,11 +59,11 @@ def main():
             prm[:k].addcdiv_(m[:k], v[:k].sqrt().add_(1e-8), value=-1e-4)
 
     def copies(f):
-        k = int((1 + 2 * f) * n)  # (4 + 8f) B per parameter, in floats
+        k_in, k_out = int((vin + 2 * f) * n), int((1 + 2 * f) * n)  # in floats
         with torch.cuda.stream(h2d):
-            dev_in[:k].copy_(host_in[:k], non_blocking=True)
+            dev_in[:k_in].copy_(host_in[:k_in], non_blocking=True)
         with torch.cuda.stream(d2h):
-            host_out[:k].copy_(dev_out[:k], non_blocking=True)
+            host_out[:k_out].copy_(dev_out[:k_out], non_blocking=True)
 
     def timed(fn):
         ts = []
@@ -70,11 +76,10 @@ def main():
         return statistics.median(ts)
 
     timed(lambda: (copies(1.0), adam(n)))  # warm-up: pages, kernels, threads
-    print("numel %d, %d CPU threads, the all-resident step %.2f ms" % (n, torch.get_num_threads(), a.step_ms))
+    print("numel %d, values in %d times, %d CPU threads, the step compared with %.2f ms"
+          % (n, vin, torch.get_num_threads(), a.step_ms))
     alone = timed(lambda: adam(n))
     print("CPU AdamW alone, all N: %.2f ms (%.0f GB/s at 28 B per parameter)" % (alone, 28 * n / alone / 1e6))
-    c1 = timed(lambda: copies(1.0))
-    print("12 B per parameter each way at once: %.2f ms (%.1f GB/s each way)" % (c1, 12 * n / c1 / 1e6))
     print("%5s %10s %10s %10s %8s" % ("f", "copies ms", "AdamW ms", "both ms", "x step"))
     for f in (float(s) for s in a.shares.split(",")):
         k = int((1 - f) * n)

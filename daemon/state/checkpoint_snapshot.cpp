@@ -117,6 +117,9 @@ void copy_to_pinned(ShardValues& out) {
 // check_finite says the outcome.
 void snapshot_shard(const CheckpointWriter& w, size_t k, const std::function<GroupState(int)>& group_state,
                     ShardValues& out, FiniteChecks& checks) {
+  // Thousands of small tensors per snapshot (a LoRA adapter has 8 per layer): with autograd's
+  // bookkeeping off, each costs a view and its share of a cat, not a detach and a graph node.
+  const c10::InferenceMode no_autograd;
   const CheckpointPlan& plan = *w.plan;
   const std::vector<int64_t>& groups = plan.written_groups[k];
   out.index = plan.written[k];
@@ -161,7 +164,10 @@ void snapshot_shard(const CheckpointWriter& w, size_t k, const std::function<Gro
       try {
         std::vector<at::Tensor> flats;
         flats.reserve(run.parts.size());
-        for (const at::Tensor& t : run.parts) flats.push_back(t.reshape({-1}).to(at::kFloat));
+        for (const at::Tensor& t : run.parts) {
+          at::Tensor f = t.is_contiguous() ? t.view({-1}) : t.reshape({-1});
+          flats.push_back(f.scalar_type() == at::kFloat ? std::move(f) : f.to(at::kFloat));
+        }
         flat = at::cat(flats);
       } catch (const c10::Error& e) {
         THETAD_LOG(warn, "ckpt") << "checkpoint of step " << w.step << ": staging on " << run.parts.front().device()
@@ -209,7 +215,7 @@ void snapshot_shard(const CheckpointWriter& w, size_t k, const std::function<Gro
       checks.stage_left -= bytes;
       PendingRun& run = runs[which];
       if (run.parts.empty()) run.at = v.size();
-      run.parts.push_back(t.detach());
+      run.parts.push_back(t);  // no autograd here (InferenceMode): no detach per tensor
       v.resize(v.size() + static_cast<size_t>(t.numel()));  // uninitialised: filled by fill_staged
       return true;
     }
