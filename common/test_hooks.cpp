@@ -1,6 +1,7 @@
 // The test aids' registry (see test_hooks.hpp): the one place THETAD_TEST_* variables are read.
 #include "common/test_hooks.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <string>
@@ -29,6 +30,10 @@ int64_t checkpoint_write_delay_ms() { return env_int("THETAD_TEST_CHECKPOINT_WRI
 int checkpoint_enospc_rank() { return static_cast<int>(env_int("THETAD_TEST_CHECKPOINT_ENOSPC_RANK", -1)); }
 
 bool checkpoint_stage_host() { return env_int("THETAD_TEST_CHECKPOINT_STAGE_HOST", 0) != 0; }
+
+int checkpoint_background_threads() {
+  return static_cast<int>(std::max<int64_t>(0, env_int("THETAD_TEST_CHECKPOINT_BACKGROUND_THREADS", 0)));
+}
 
 bool device_memory(int64_t* free_bytes, int64_t* total_bytes) {
   const char* v = std::getenv("THETAD_TEST_DEVICE_MEMORY");

@@ -21,6 +21,11 @@ int checkpoint_enospc_rank();
 // them), so that the CPU build runs the staged path. false when unset or 0.
 bool checkpoint_stage_host();
 
+// THETAD_TEST_CHECKPOINT_BACKGROUND_THREADS=N (N > 0): a checkpoint written in the background
+// uses N writer threads instead of half the rank's (bench/checkpoint/every_steps.sh compares
+// them). 0 when unset.
+int checkpoint_background_threads();
+
 // THETAD_TEST_DEVICE_MEMORY=<free MiB>/<total MiB>: the device memory check before the model is
 // built (daemon/core/device_memory_estimate) sees this much free and total device memory instead
 // of the GPU's, and runs on CPU ranks too, so that CPU CI reaches the refusal. false (and nothing

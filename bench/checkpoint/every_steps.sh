@@ -12,7 +12,8 @@
 # and each checkpoint's "wrote ... linked ..." line. Run from the source root:
 #   OUT=/tmp/out bash bench/checkpoint/every_steps.sh BUILD/daemon/thetad
 # STEPS=N (460), FROM=S (60), EVERY=E (100), PAIRS=P (1), JOB=YAML (the LoRA job), SET="key=value ..." (each
-# passed as --set, e.g. SET=precision=bf16). INIT_FROM=DIR: the frozen base from a
+# passed as --set, e.g. SET=precision=bf16). THETAD_TEST_CHECKPOINT_BACKGROUND_THREADS=N in the
+# environment: the background write's threads (default half the rank's). INIT_FROM=DIR: the frozen base from a
 # Hugging Face Llama directory (bench/gpu/write_llama_safetensors.py --layers 16 --heads 16
 # --kv-heads 16 --ff 8192 writes one of the job's sizes): what a user fine-tuning a base does, and
 # then the base is never written (the manifest records its path and fingerprint). Without it the

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstring>
 #include <exception>
 #include <mutex>
@@ -65,6 +66,13 @@ int checkpoint_threads(int local_ranks) {
   // Bound to some of the cores (mpirun's or Slurm's binding): those are this rank's, and its
   // threads cannot leave them. Unbound: the node's cores shared among its ranks.
   return std::max(1, mine > 0 && mine < cores ? mine : cores / std::max(1, local_ranks));
+}
+
+int background_checkpoint_threads(int64_t bytes, double interval_s, double bytes_per_thread_s, int most) {
+  most = std::max(1, most);
+  if (interval_s <= 0 || bytes_per_thread_s <= 0) return most;
+  const double needed = static_cast<double>(bytes) / (bytes_per_thread_s * interval_s / 2);
+  return static_cast<int>(std::clamp(std::ceil(needed), 1.0, static_cast<double>(most)));
 }
 
 void for_each_index(size_t n, int threads, const std::function<void(size_t)>& fn) {

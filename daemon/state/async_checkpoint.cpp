@@ -11,15 +11,15 @@
 #include <unistd.h>
 #endif
 
+#include "common/test_hooks.hpp"
+
 namespace thetad::daemon {
 
 CheckpointInFlight::CheckpointInFlight(CheckpointWriter w, std::unique_ptr<CheckpointShare> share, double stall)
     : stall_ms(stall), snapshot_ms(stall), shared_(std::make_shared<Shared>()) {
   shared_->writer = std::move(w);
-  // Half the rank's cores: the other half stay with the threads that feed its GPU (a writer thread
-  // on every core, even at a lower priority, delayed each of their wake-ups). The final checkpoint,
-  // written by the trainer itself, takes them all.
-  shared_->writer.threads = std::max(1, shared_->writer.threads / 2);
+  const int forced = ::thetad::test_hooks::checkpoint_background_threads();
+  if (forced > 0) shared_->writer.threads = forced;
   shared_->share = std::move(share);
   start([](Shared& s) { write_share(s.writer, *s.share, s.status, &s.cancel); });
 }

@@ -18,8 +18,9 @@ namespace thetad::daemon {
 
 class CheckpointInFlight {
  public:
-  // Starts the writer thread on `share` (snapshot_share's, already agreed by every rank).
-  // `stall_ms`: what the trainer spent on it so far (the snapshot), for the log.
+  // Starts the writer thread on `share` (snapshot_share's, already agreed by every rank), which
+  // writes with w.threads threads (background_checkpoint_threads). `stall_ms`: what the trainer
+  // spent on it so far (the snapshot), for the log.
   CheckpointInFlight(CheckpointWriter w, std::unique_ptr<CheckpointShare> share, double stall_ms);
   // Cancels the write (it stops before its next file) and waits for the thread up to
   // `abandon_wait` (then leaves it: the process is on its way out). Never starts a publish: an

@@ -234,15 +234,26 @@ void RunState::checkpoint(int64_t completed, bool last) {
   snapshot_share(w, group_state, *share, st);
   const double snapshot_ms = ms_since(t0) - begin_ms;
   agree_checkpoint(w, st, " on another rank");
+  // The write's threads: the fewest that finish it within half the time to the next checkpoint
+  // (its cadence so far), at most half the rank's cores (the others feed its GPU).
+  CheckpointWriter background = w;
+  const int64_t every = job_.checkpoint.every_steps;
+  const double interval_s = cadence_step_ >= 0 && completed > cadence_step_ && every > 0
+      ? std::chrono::duration<double>(t0 - cadence_from_).count() / static_cast<double>(completed - cadence_step_) *
+            static_cast<double>(every) : 0.0;
+  background.threads = background_checkpoint_threads(share->staged_bytes + share->host_bytes, interval_s,
+                                                     write_bytes_per_thread_s_, std::max(1, w.threads / 2));
+  cadence_from_ = t0;
+  cadence_step_ = completed;
   if (world_.rank == 0) {
     THETAD_LOG(info, "ckpt") << "checkpoint of step " << completed << ": directory and barrier " << std::fixed
                              << std::setprecision(1) << begin_ms << " ms, snapshot " << snapshot_ms << " ms ("
                              << std::setprecision(3) << share->staged_bytes / 1e6 << " MB staged on the tensors' device, "
                              << share->host_bytes / 1e6 << " MB copied on the host), agreement " << std::setprecision(1)
-                             << ms_since(t0) - begin_ms - snapshot_ms << " ms; files written by " << w.threads
-                             << " threads per rank";
+                             << ms_since(t0) - begin_ms - snapshot_ms << " ms; files written by " << background.threads
+                             << " of " << w.threads << " threads per rank";
   }
-  inflight_ = std::make_unique<CheckpointInFlight>(w, std::move(share), ms_since(t0));
+  inflight_ = std::make_unique<CheckpointInFlight>(background, std::move(share), ms_since(t0));
   inflight_->abandon_wait = comm_timeout(job_);
   if (!overlap_hash) return;
   if (world_.rank == 0) {
@@ -259,6 +270,8 @@ void RunState::checkpoint(int64_t completed, bool last) {
 }
 
 void RunState::warm_up_checkpoints(int64_t completed) {
+  cadence_from_ = Clock::now();  // the first checkpoint's interval: from the run's first step
+  cadence_step_ = completed;
   if (job_.checkpoint.dir.empty() || !job_.checkpoint.async || spare_ || inflight_) return;
   // Only where an asynchronous checkpoint follows, and not at this step (its own snapshot would
   // pay the same); the run's last checkpoint is synchronous.
@@ -331,6 +344,8 @@ void RunState::advance_checkpoint(int64_t step, bool wait) {
   }
   last_ = f.writer().plan;
   spare_ = f.take_share();
+  const double bytes = static_cast<double>(spare_->staged_bytes + spare_->host_bytes);
+  if (f.write_ms() > 0 && bytes > 0) write_bytes_per_thread_s_ = bytes / (f.write_ms() / 1000) / f.writer().threads;
   inflight_.reset();
 }
 

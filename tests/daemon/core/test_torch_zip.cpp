@@ -65,6 +65,22 @@ TEST(FileChecksum, BlocksCombinedAndWordHashInPieces) {
   EXPECT_EQ(h.value(), comm::fnv1a64_words(data.data(), 5000));
 }
 
+TEST(FileChecksum, BackgroundWriteTakesTheFewestThreadsThatFinishInTime) {
+  const int64_t gb = 1000 * 1000 * 1000;
+  // The LoRA job in bf16: 1.2 GB every 50 steps of ~65 ms (3.3 s) at 1 GB/s a thread: one.
+  EXPECT_EQ(background_checkpoint_threads(gb * 6 / 5, 3.3, 1e9, 8), 1);
+  // Half the interval is the budget: 4 GB in 4 s at 1 GB/s a thread needs 2 s each of 2 threads.
+  EXPECT_EQ(background_checkpoint_threads(4 * gb, 4.0, 1e9, 8), 2);
+  EXPECT_EQ(background_checkpoint_threads(4 * gb + 1, 4.0, 1e9, 8), 3);
+  // More than the cores allow, or an interval not known yet (the first checkpoint): `most`.
+  EXPECT_EQ(background_checkpoint_threads(32 * gb, 0.15, 1e9, 8), 8);
+  EXPECT_EQ(background_checkpoint_threads(gb, 0.0, 1e9, 8), 8);
+  EXPECT_EQ(background_checkpoint_threads(gb, 5.0, 0.0, 3), 3);
+  // Nothing to write, or `most` below 1: one.
+  EXPECT_EQ(background_checkpoint_threads(0, 5.0, 1e9, 8), 1);
+  EXPECT_EQ(background_checkpoint_threads(gb, 0.0, 1e9, 0), 1);
+}
+
 TEST(FileChecksum, WriterThreadsFromTheCores) {
   const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   EXPECT_GE(checkpoint_threads(1), 1);
