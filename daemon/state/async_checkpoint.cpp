@@ -11,15 +11,11 @@
 #include <unistd.h>
 #endif
 
-#include "common/test_hooks.hpp"
-
 namespace thetad::daemon {
 
 CheckpointInFlight::CheckpointInFlight(CheckpointWriter w, std::unique_ptr<CheckpointShare> share, double stall)
     : stall_ms(stall), snapshot_ms(stall), shared_(std::make_shared<Shared>()) {
   shared_->writer = std::move(w);
-  const int forced = ::thetad::test_hooks::checkpoint_background_threads();
-  if (forced > 0) shared_->writer.threads = forced;
   shared_->share = std::move(share);
   start([](Shared& s) { write_share(s.writer, *s.share, s.status, &s.cancel); });
 }

@@ -12,6 +12,7 @@
 #include "common/errors.hpp"
 #include "common/log.hpp"
 #include "common/stopwatch.hpp"
+#include "common/test_hooks.hpp"
 #include "config/loader.hpp"
 #include "daemon/core/file_checksum.hpp"
 #include "daemon/core/job_options.hpp"
@@ -241,8 +242,10 @@ void RunState::checkpoint(int64_t completed, bool last) {
   const double interval_s = cadence_step_ >= 0 && completed > cadence_step_ && every > 0
       ? std::chrono::duration<double>(t0 - cadence_from_).count() / static_cast<double>(completed - cadence_step_) *
             static_cast<double>(every) : 0.0;
-  background.threads = background_checkpoint_threads(share->staged_bytes + share->host_bytes, interval_s,
-                                                     write_bytes_per_thread_s_, std::max(1, w.threads / 2));
+  const int forced = ::thetad::test_hooks::checkpoint_background_threads();
+  background.threads = forced > 0 ? forced
+                                  : background_checkpoint_threads(share->staged_bytes + share->host_bytes, interval_s,
+                                                                  write_bytes_per_thread_s_, std::max(1, w.threads / 2));
   cadence_from_ = t0;
   cadence_step_ = completed;
   if (world_.rank == 0) {
