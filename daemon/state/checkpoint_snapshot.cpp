@@ -29,6 +29,10 @@ Error non_finite(const CheckpointWriter& w, const std::string& name, int64_t g) 
                " is not written");
 }
 
+bool all_finite(const float* p, size_t n) {
+  return std::all_of(p, p + n, [](float x) { return std::isfinite(x); });
+}
+
 // What a snapshot may stage on `device`: its free memory less a margin (max(1 GiB, 5 %)), so that
 // the clones never take what the next steps allocate, plus what the caching allocator holds
 // unused (the last snapshot's clones, or the warm-up's: RunState::warm_up_checkpoints).
@@ -191,7 +195,7 @@ void snapshot_shard(const CheckpointWriter& w, size_t k, const std::function<Gro
       }
       for (const auto& [name, g, off, n] : run.params) {
         const float* p = vecs[0]->data() + run.at + off;
-        if (!std::all_of(p, p + n, [](float x) { return std::isfinite(x); })) host_non_finite(name, g);
+        if (!all_finite(p, static_cast<size_t>(n))) host_non_finite(name, g);
       }
     }
     run = PendingRun{};
@@ -238,9 +242,7 @@ void snapshot_shard(const CheckpointWriter& w, size_t k, const std::function<Gro
         PendingRun& run = runs[0];
         run.params.emplace_back(st.names[i], g, static_cast<int64_t>(at - run.at), st.params[i].numel());
       } else {
-        const float* p = out.param.data();
-        if (!std::all_of(p + at, p + out.param.size(), [](float x) { return std::isfinite(x); }))
-          host_non_finite(st.names[i], g);
+        if (!all_finite(out.param.data() + at, out.param.size() - at)) host_non_finite(st.names[i], g);
       }
       append(1, st.exp_avg[i]);
       append(2, st.exp_avg_sq[i]);
