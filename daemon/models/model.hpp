@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "config/job.hpp"
+#include "daemon/core/schedule.hpp"
 
 namespace thetad::daemon {
 
@@ -58,6 +59,18 @@ class ShardSource {
   }
 };
 
+struct Batch {
+  torch::Tensor x;  // [rows, input_dim] float32; the transformer: int64 token ids [rows, seq_len]
+  torch::Tensor y;  // [rows, output_dim] float32 (mse), [rows] int64 (cross entropy), [rows, seq_len] (next tokens)
+};
+
+// One task's rows in a pass over several tasks (TaskModel::losses).
+struct TaskRows {
+  int task = 0;
+  const Batch* batch = nullptr;
+  uint64_t sample_seed = 0;
+};
+
 class TaskModel {
  public:
   virtual ~TaskModel() = default;
@@ -68,7 +81,13 @@ class TaskModel {
   virtual LossKind loss_kind() const = 0;
   // The task's loss on a batch; `sample_seed` seeds any sampling (sampled softmax) so that every
   // rank, a resumed run and the reference draw the same. Default: task_loss(forward(x), y).
-  virtual torch::Tensor loss(const struct Batch& batch, int task, uint64_t sample_seed);
+  virtual torch::Tensor loss(const Batch& batch, int task, uint64_t sample_seed);
+  // Each part's loss (its mean, as loss() gives it), in the parts' order. Default: loss() per
+  // part. A model that fuses tasks (fuses_tasks(): the transformer) runs what the tasks share
+  // once over all their rows, each task's own parameters on its own rows: the same values,
+  // in fewer and larger kernels.
+  virtual std::vector<torch::Tensor> losses(const std::vector<TaskRows>& parts);
+  virtual bool fuses_tasks() const { return false; }
   int num_tasks() const { return num_tasks_; }
   // Row-chunked groups (extreme_classifier with offload.shard_mb > 0): the group's one parameter
   // is a [rows x row_elems] matrix the model computes over in row chunks, read through the
@@ -99,11 +118,6 @@ class TaskModel {
 // NamedParam::init set, where the model can (all but torchscript).
 std::unique_ptr<TaskModel> make_model(const config::Job& job, torch::Device device, bool lazy_tasks = false);
 
-struct Batch {
-  torch::Tensor x;  // [rows, input_dim] float32; the transformer: int64 token ids [rows, seq_len]
-  torch::Tensor y;  // [rows, output_dim] float32 (mse), [rows] int64 (cross entropy), [rows, seq_len] (next tokens)
-};
-
 // Training data: a pure function of (step, rank, task, rows) so that every rank, a resumed run
 // and the single-process reference see the same batches.
 class DataSource {
@@ -111,6 +125,17 @@ class DataSource {
   virtual ~DataSource() = default;
   virtual Batch batch(int64_t step, int rank, int world, int task, int64_t rows) = 0;
 };
+
+// The inputs of one forward pass over a micro-step's tasks plan.tasks[first, end) that have
+// rows: each task's batch and its sample seed (the same on every rank, in a resumed run and in
+// the reference), ready for TaskModel::losses.
+struct PassInputs {
+  std::vector<Batch> batches;
+  std::vector<TaskRows> parts;  // point into batches
+  std::vector<int64_t> rows;
+};
+PassInputs pass_inputs(DataSource& data, const StepPlan& plan, size_t first, size_t end, int64_t micro,
+                       int rank, int world, uint64_t seed);
 
 // Opens and checks all data before any step runs (ConfigError naming the file on a problem).
 std::unique_ptr<DataSource> make_data(const config::Job& job, const TaskModel& model,

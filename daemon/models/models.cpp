@@ -465,6 +465,29 @@ torch::Tensor TaskModel::loss(const Batch& batch, int task, uint64_t sample_seed
   return task_loss(loss_kind(), forward(batch.x, task), batch.y);
 }
 
+std::vector<torch::Tensor> TaskModel::losses(const std::vector<TaskRows>& parts) {
+  std::vector<torch::Tensor> out;
+  out.reserve(parts.size());
+  for (const TaskRows& p : parts) out.push_back(loss(*p.batch, p.task, p.sample_seed));
+  return out;
+}
+
+PassInputs pass_inputs(DataSource& data, const StepPlan& plan, size_t first, size_t end, int64_t micro, int rank,
+                       int world, uint64_t seed) {
+  PassInputs in;
+  in.batches.reserve(end - first);  // parts point into it
+  for (size_t i = first; i < end; ++i) {
+    const int task = plan.tasks[i];
+    if (plan.task_rows[i] == 0) continue;
+    in.rows.push_back(plan.task_rows[i]);
+    in.batches.push_back(data.batch(micro, rank, world, task, in.rows.back()));
+    in.parts.push_back({task, &in.batches.back(),
+                        mix_seed(seed, 0x5a3b1e, static_cast<uint64_t>(micro),
+                                 static_cast<uint64_t>(rank) * 1000003u + static_cast<uint64_t>(task))});
+  }
+  return in;
+}
+
 torch::Tensor next_token_loss(const torch::Tensor& logits, const torch::Tensor& next) {
   return fused_cross_entropy(logits.reshape({-1, logits.size(-1)}), next.reshape({-1}));
 }

@@ -3,6 +3,7 @@
 
 #include <torch/version.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <limits>
@@ -110,20 +111,53 @@ class Transformer : public TaskModel {
 
   // x: int64 token ids [rows, seq]; logits [rows, seq, vocab].
   torch::Tensor forward(const torch::Tensor& x, int task) override {
-    return torch::matmul(hidden_states(x, task), head_.t());
+    return torch::matmul(hidden_states(x, {{task, x.size(0)}}), head_.t());
   }
 
   // Next-token cross-entropy over every position of every row (in float32). A head that needs
   // no gradient (a frozen base) never makes all the logits at once: linear_cross_entropy.
   torch::Tensor loss(const Batch& batch, int task, uint64_t sample_seed) override {
     (void)sample_seed;
-    const torch::Tensor h = hidden_states(batch.x, task);
-    return linear_cross_entropy(h.reshape({-1, h.size(-1)}), head_, batch.y.reshape({-1}));
+    return head_loss(hidden_states(batch.x, {{task, batch.x.size(0)}}), batch.y);
   }
 
+  // The base once over every part's rows, each task's adapters on its own rows (lora_delta), the
+  // output layer's loss per part: each part's loss has the bits loss() gives it alone where the
+  // base is frozen (every kernel but the adapters' is row-wise; the adapters' batched GEMMs
+  // compute each task's product as its own GEMM does).
+  std::vector<torch::Tensor> losses(const std::vector<TaskRows>& parts) override {
+    if (parts.size() == 1) return {loss(*parts[0].batch, parts[0].task, parts[0].sample_seed)};
+    Segments segments;
+    std::vector<torch::Tensor> xs;
+    std::vector<int64_t> rows;
+    for (const TaskRows& p : parts) {
+      segments.push_back({p.task, p.batch->x.size(0)});
+      xs.push_back(p.batch->x);
+      rows.push_back(p.batch->x.size(0));
+    }
+    // split, not narrow: its backward is one cat of the parts' gradients, where each narrow's
+    // would be a zero tensor of every row.
+    const std::vector<torch::Tensor> hs = hidden_states(torch::cat(xs), segments).split_with_sizes(rows);
+    std::vector<torch::Tensor> out;
+    for (size_t i = 0; i < parts.size(); ++i) out.push_back(head_loss(hs[i], parts[i].batch->y));
+    return out;
+  }
+  bool fuses_tasks() const override { return true; }
+
  private:
+  // The tasks of a pass, in the order of its rows: each task's adapters apply to its own rows.
+  struct Segment {
+    int task;
+    int64_t rows;
+  };
+  using Segments = std::vector<Segment>;
+
+  torch::Tensor head_loss(const torch::Tensor& h, const torch::Tensor& next) const {
+    return linear_cross_entropy(h.reshape({-1, h.size(-1)}), head_, next.reshape({-1}));
+  }
+
   // The final norm's output [rows, seq, d_model]: what the output layer multiplies.
-  torch::Tensor hidden_states(const torch::Tensor& x, int task) {
+  torch::Tensor hidden_states(const torch::Tensor& x, const Segments& segments) {
     const int64_t rows = x.size(0), seq = x.size(1), d = m_.d_model;
     // The rotary tables are no parameters: a model built on the host for a host store (offload)
     // has its Θ moved to the device by the store, not these. They follow the tokens once.
@@ -135,18 +169,17 @@ class Transformer : public TaskModel {
     // (A frozen base may hold the embedding in bf16, where that is exact: widened here.)
     torch::Tensor h = embed_.index_select(0, x.reshape({-1})).to(torch::kFloat32).view({rows, seq, d});
     if (!llama_) h = h + pos_.narrow(0, 0, seq);
-    const auto& adapters = lora_.at(static_cast<size_t>(task));
     for (size_t i = 0; i < blocks_.size(); ++i) {
       const Block& b = blocks_[i];
-      const auto& ad = adapters[i];
+      const Layer l{b, i, segments};
       const torch::Tensor a = norm(h, b.ln1_w, b.ln1_b);
-      h = h + linear(attention(linear(a, b, ad, kQ), linear(a, b, ad, kK), linear(a, b, ad, kV)), b, ad, kO);
+      h = h + linear(attention(linear(a, l, kQ), linear(a, l, kK), linear(a, l, kV)), l, kO);
       const torch::Tensor f = norm(h, b.ln2_w, b.ln2_b);
       // gpt2: down(gelu(up f)); llama (SwiGLU): down(silu(gate f) * up f). Their inputs, d_ff
       // wide, are what offload.activations sends to the host.
-      const torch::Tensor gate = llama_ ? linear(f, b, ad, kGate) : torch::Tensor();
-      const torch::Tensor inner = ffn_activation(gate, linear(f, b, ad, kUp), static_cast<int>(i), stash_);
-      h = h + linear(inner, b, ad, kDown);
+      const torch::Tensor gate = llama_ ? linear(f, l, kGate) : torch::Tensor();
+      const torch::Tensor inner = ffn_activation(gate, linear(f, l, kUp), static_cast<int>(i), stash_);
+      h = h + linear(inner, l, kDown);
     }
     return norm(h, lnf_w_, lnf_b_);
   }
@@ -159,12 +192,56 @@ class Transformer : public TaskModel {
     return w * (h32 * torch::rsqrt(h32.pow(2).mean(-1, /*keepdim=*/true) + m_.norm_eps));
   }
 
-  // x W^T, plus the task's LoRA path (alpha / rank) (x A^T) B^T where the target is adapted.
-  torch::Tensor linear(const torch::Tensor& x, const Block& b, const std::array<Lora, kTargets>& ad, int k) const {
-    torch::Tensor y = torch::linear(x, b.w[static_cast<size_t>(k)]);
-    const Lora& l = ad[static_cast<size_t>(k)];
-    if (l.a.defined()) y = y + torch::linear(torch::linear(x, l.a), l.b) * scale_;
-    return y;
+  // One block of a pass: its base weights, its index (the adapters' layer) and the pass's tasks.
+  struct Layer {
+    const Block& block;
+    size_t index;
+    const Segments& segments;
+  };
+
+  // x W^T, plus each task's LoRA path (alpha / rank) (x A^T) B^T on its rows where the target is
+  // adapted.
+  torch::Tensor linear(const torch::Tensor& x, const Layer& l, int k) const {
+    const torch::Tensor y = torch::linear(x, l.block.w[static_cast<size_t>(k)]);
+    if (!adapter(l.segments.front().task, l.index, k).a.defined()) return y;
+    return y + lora_delta(x, l, k) * scale_;
+  }
+
+  const Lora& adapter(int task, size_t layer, int k) const {
+    return lora_[static_cast<size_t>(task)][layer][static_cast<size_t>(k)];
+  }
+
+  // (x A^T) B^T of each segment's task on its rows. Segments of equal rows (the schedule's
+  // usual split) take two batched GEMMs over all tasks at once, where a GEMM pair per task would
+  // launch 2 x tasks small kernels per target and layer.
+  torch::Tensor lora_delta(const torch::Tensor& x, const Layer& l, int k) const {
+    const Segments& seg = l.segments;
+    if (seg.size() == 1) {
+      const Lora& a = adapter(seg.front().task, l.index, k);
+      return torch::linear(torch::linear(x, a.a), a.b);
+    }
+    const bool equal = std::all_of(seg.begin(), seg.end(), [&](const Segment& s) { return s.rows == seg.front().rows; });
+    if (equal) {
+      std::vector<torch::Tensor> as, bs;
+      for (const Segment& s : seg) {
+        as.push_back(adapter(s.task, l.index, k).a);
+        bs.push_back(adapter(s.task, l.index, k).b);
+      }
+      const int64_t n = static_cast<int64_t>(seg.size());
+      const torch::Tensor z = torch::bmm(x.reshape({n, -1, x.size(-1)}), torch::stack(as).transpose(1, 2));
+      std::vector<int64_t> shape = x.sizes().vec();
+      shape.back() = bs.front().size(0);
+      return torch::bmm(z, torch::stack(bs).transpose(1, 2)).view(shape);
+    }
+    std::vector<int64_t> rows;
+    for (const Segment& s : seg) rows.push_back(s.rows);
+    const std::vector<torch::Tensor> xs = x.split_with_sizes(rows);
+    std::vector<torch::Tensor> ds;
+    for (size_t i = 0; i < seg.size(); ++i) {
+      const Lora& a = adapter(seg[i].task, l.index, k);
+      ds.push_back(torch::linear(torch::linear(xs[i], a.a), a.b));
+    }
+    return torch::cat(ds);
   }
 
   // Hugging Face's rotary tables, computed as it does in float32: inv_freq = 1 / theta^(2i/dh),
@@ -189,6 +266,7 @@ class Transformer : public TaskModel {
 
   // Causal attention over [rows, seq, heads x dh] queries and [rows, seq, kv_heads x dh] keys and
   // values (llama: rotary positions, each key/value head shared by heads / kv_heads queries).
+  // Rows are independent sequences: a fused pass takes its tasks' rows at once.
   torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) const {
     const int64_t rows = q.size(0), seq = q.size(1);
     const auto split = [&](const torch::Tensor& t, int64_t heads) { return t.view({rows, seq, heads, dh_}).transpose(1, 2); };

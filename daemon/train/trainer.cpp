@@ -143,6 +143,9 @@ bool Trainer::backward_per_task() const {
     case config::Backward::PerTask: return true;
     case config::Backward::Auto: break;
   }
+  // A model that fuses tasks (the transformer) runs a micro-step's tasks through its shared
+  // layers at once in one pass: fewer, larger kernels, which a pass per task would undo.
+  if (model_->fuses_tasks()) return false;
   return !job_.model.train_shared && job_.offload.shared != config::SharedMode::Stream;
 }
 
@@ -237,16 +240,12 @@ torch::Tensor Trainer::forward(int64_t micro, const StepPlan& plan, size_t first
   const auto t0 = Clock::now();
   const int64_t rows_in_window = job_.data.batch_per_rank * job_.accumulate_steps;
   const AutocastScope autocast(job_.precision, data_.device);  // forward only; backward follows its casts
+  const PassInputs in = pass_inputs(*batches_, plan, first, end, micro, world_.rank, world_.size, job_.seed);
+  const std::vector<torch::Tensor> losses = model_->losses(in.parts);
   torch::Tensor total;
-  for (size_t i = first; i < end; ++i) {
-    const int task = plan.tasks[i];
-    const int64_t rows = plan.task_rows[i];
-    if (rows == 0) continue;
-    Batch b = batches_->batch(micro, world_.rank, world_.size, task, rows);
-    torch::Tensor l = model_->loss(b, task, mix_seed(job_.seed, 0x5a3b1e, static_cast<uint64_t>(micro),
-                                                     static_cast<uint64_t>(world_.rank) * 1000003u + task));
-    task_losses_.push_back({task, rows, l.detach()});
-    torch::Tensor weighted = l * (double(rows) / double(rows_in_window));
+  for (size_t i = 0; i < in.parts.size(); ++i) {
+    task_losses_.push_back({in.parts[i].task, in.rows[i], losses[i].detach()});
+    torch::Tensor weighted = losses[i] * (double(in.rows[i]) / double(rows_in_window));
     total = total.defined() ? total + weighted : weighted;
   }
   const double fwd_ms = ms_since(t0);

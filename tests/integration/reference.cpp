@@ -84,12 +84,12 @@ int main(int argc, char** argv) {
           torch::Tensor total;
           {
             const AutocastScope autocast(job.precision, cpu);  // forward only, as the worker's
-            for (size_t i = 0; i < plan.tasks.size(); ++i) {
-              if (plan.task_rows[i] == 0) continue;
-              Batch b = data->batch(micro, r, world, plan.tasks[i], plan.task_rows[i]);
-              auto l = model->loss(b, plan.tasks[i], mix_seed(job.seed, 0x5a3b1e, static_cast<uint64_t>(micro),
-                                                              static_cast<uint64_t>(r) * 1000003u + plan.tasks[i])) *
-                       (double(plan.task_rows[i]) / double(job.data.batch_per_rank * k));
+            // As the worker's forward: the micro-step's tasks in one call (a model that fuses
+            // tasks runs them in one pass), each loss weighted by its share of the window's rows.
+            const PassInputs in = pass_inputs(*data, plan, 0, plan.tasks.size(), micro, r, world, job.seed);
+            const std::vector<torch::Tensor> losses = model->losses(in.parts);
+            for (size_t i = 0; i < in.parts.size(); ++i) {
+              auto l = losses[i] * (double(in.rows[i]) / double(job.data.batch_per_rank * k));
               total = total.defined() ? total + l : l;
             }
           }
