@@ -51,10 +51,13 @@ void Supervisor::log(const std::string& msg) {
   write_all(STDERR_FILENO, line);
 }
 
+// Everything that reaches the terminal and launcher.log from elsewhere (ranks, mpirun) has its
+// control bytes written out: no rank's output can move the cursor, retitle or clear the screen.
 void Supervisor::emit(const std::string& lines) {
   if (lines.empty()) return;
-  write_all(STDERR_FILENO, lines);
-  if (launch_log_) write_all(launch_log_.get(), lines);
+  const std::string safe = escape_controls(lines);
+  write_all(STDERR_FILENO, safe);
+  if (launch_log_) write_all(launch_log_.get(), safe);
 }
 
 int Supervisor::run() {

@@ -31,7 +31,7 @@ class Supervisor {
     int rank = -1;  // from its first line
     pid_t pid = -1;
     Fd pidfd;
-    LineBuffer buf;
+    LineBuffer buf{kMaxMergedLineBytes};
   };
 
   void perform(const Actions& actions);
@@ -55,7 +55,7 @@ class Supervisor {
   Child launcher_;
   bool launcher_running_ = false;
   Fd launcher_err_;
-  LineBuffer launcher_buf_;
+  LineBuffer launcher_buf_{kMaxMergedLineBytes};
   Fd listen_;
   std::vector<std::unique_ptr<Wrapper>> wrappers_;
   std::vector<int> closed_order_;

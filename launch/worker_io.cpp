@@ -38,12 +38,14 @@ void RankOutput::feed(const char* data, size_t n) { emit(buf_.feed(data, n)); }
 
 void RankOutput::finish() { emit(buf_.finish()); }
 
-// Whole lines only, each file in one write: lines of a node's ranks interleave whole.
+// Whole lines only, each file in one write: lines of a node's ranks interleave whole. The rank's
+// file keeps them as written; the node's file and the merged stream hold several ranks' lines,
+// each tagged with its rank and with its control bytes written out.
 void RankOutput::emit(const std::string& lines) {
   if (lines.empty()) return;
   if (rank_fd_) write_all(rank_fd_.get(), lines);
-  if (node_fd_) write_all(node_fd_.get(), lines);
-  const std::string tagged = tag_lines(lines, rank_);
+  const std::string tagged = escape_controls(tag_lines(lines, rank_));
+  if (node_fd_) write_all(node_fd_.get(), tagged);
   if (sock_) {
     const char* p = tagged.data();
     size_t left = tagged.size();
