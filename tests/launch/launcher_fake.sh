@@ -283,6 +283,37 @@ SHIM
   pass "bad --log-level / --hosts: exit 2 naming the option, nothing started"
 }
 
+# Hostfile counts: slots= out of range (atoi once turned 2147483648 into -np -2147483648 and
+# 99999999999 into 1215752191 ranks) is exit 2 naming the file and line, nothing started; hosts
+# with different slots= run the sum of them.
+case_bad_hostfile() {
+  local job bad out; job=$(make_job badhosts)
+  cat >"$T/mpirun-shim" <<SHIM
+#!/usr/bin/env bash
+touch "$T/mpirun-started"
+exec mpirun "\$@"
+SHIM
+  chmod +x "$T/mpirun-shim"
+  for bad in 2147483648 0 99999999999 -1 4x; do
+    printf '# hosts\nnodeA slots=2\nnodeB slots=%s\n' "$bad" >"$T/hostfile"
+    THETAD_MPIRUN=$T/mpirun-shim run_launcher "$T/hf" --log-dir "$T/logs" --hostfile "$T/hostfile" "$job"
+    ((RC == 2)) || { cat "$T/hf.out" "$T/hf.err" >&2; fail "slots=$bad: want exit 2, got $RC"; }
+    assert_grep "hostfile '$T/hostfile' line 3: slots=$bad is not a whole number from 1 to" "$T/hf.err"
+    THETAD_MPIRUN=$T/mpirun-shim run_launcher "$T/hf" --dry-run --hostfile "$T/hostfile" "$job"
+    ((RC == 2)) || { cat "$T/hf.out" >&2; fail "slots=$bad, dry run: want exit 2, got $RC"; }
+  done
+  [[ ! -e $T/mpirun-started ]] || fail "mpirun was started for a bad hostfile"
+  [[ ! -e $T/logs ]] || fail "a bad hostfile created the log dir"
+  printf 'nodeA slots=2\nnodeB slots=3\n' >"$T/hostfile"
+  out=$("$LAUNCHER" --thetad "$FAKE" --dry-run --hostfile "$T/hostfile" "$job")
+  grep -q -- '-np 5 --hostfile' <<<"$out" || fail "slots=2 and slots=3: want 5 ranks: $out"
+  mkfifo "$T/hostfifo"
+  run_launcher "$T/hf" --dry-run --hostfile "$T/hostfifo" "$job"
+  ((RC == 2)) || fail "a FIFO as hostfile: want exit 2, got $RC"
+  assert_grep "hostfile '$T/hostfifo' is not a regular file" "$T/hf.err"
+  pass "hostfile slots out of range: exit 2 naming the file and line; uneven slots summed"
+}
+
 case_kill9() {
   local job; job=$(make_job kill9)
   THETAD_FAKE_STEPS=3000 THETAD_FAKE_SLEEP=0.1 \
@@ -521,11 +552,12 @@ case ${1:-} in
   stop_outlives_srun) case_stop_outlives_srun ;;
   stop_unforwarded) case_stop_unforwarded ;;
   bad_args) case_bad_args ;;
+  bad_hostfile) case_bad_hostfile ;;
   kill9) case_kill9 ;;
   kill9_wrapper) case_kill9_wrapper ;;
   flags) case_flags ;;
   simulate_nodes) case_simulate_nodes ;;
   all) case_flags; case_bad_job; case_bad_args; case_rank_fails; case_logs; sig_case TERM; sig_case INT
        sig_case INT bg; case_early_stop; case_stop_twice; case_sigterm_storm; case_rank_signal_storm; case_kill9; case_kill9_wrapper ;;
-  *) echo "usage: $0 bad_job|bad_args|rank_fails|logs|sigterm|sigint|sigint_bg|early_stop|startup_storm|stop_twice|sigterm_storm|rank_signal_storm|stop_outlives_srun|stop_unforwarded|kill9|kill9_wrapper|flags|all" >&2; exit 2 ;;
+  *) echo "usage: $0 bad_job|bad_args|bad_hostfile|rank_fails|logs|sigterm|sigint|sigint_bg|early_stop|startup_storm|stop_twice|sigterm_storm|rank_signal_storm|stop_outlives_srun|stop_unforwarded|kill9|kill9_wrapper|flags|all" >&2; exit 2 ;;
 esac
