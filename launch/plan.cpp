@@ -132,7 +132,6 @@ void add_mpirun_flags(Plan& p, const Options& o, bool uniform, const std::string
   } else {
     c.insert(c.end(), {"--bind-to", "none"});
   }
-  // Network: single-node runs (and loopback-only machines) keep MPI on shared memory and lo.
   if (env_set("THETAD_MPIRUN_ARGS")) {
     for (auto& w : split_words(env("THETAD_MPIRUN_ARGS"))) c.push_back(w);
   } else {
@@ -142,10 +141,7 @@ void add_mpirun_flags(Plan& p, const Options& o, bool uniform, const std::string
         if (e->d_name[0] != '.' && std::string(e->d_name) != "lo") ++nonlo;
       ::closedir(d);
     }
-    if (!p.host_list || nonlo == 0)
-      c.insert(c.end(), {"--mca", "btl", "self,vader,tcp", "--mca", "btl_tcp_if_include", "lo",
-                         "--mca", "oob_tcp_if_include", "lo", "--mca", "pml", "ob1", "--mca",
-                         "osc", "^ucx"});
+    for (auto& w : mpirun_network_flags(!p.host_list, nonlo == 0)) c.push_back(w);
   }
   std::vector<std::string> pass;
   static const std::regex kPassed("^(NCCL_|THETAD_|NVSHMEM_|TORCH_SYMM_MEM_).*");
@@ -320,6 +316,19 @@ Plan make_plan(const Options& o) {
   p.command.insert(p.command.end(), {p.self, "--worker", p.log_dir, "--", p.thetad, "run", p.job});
   p.command.insert(p.command.end(), o.run_args.begin(), o.run_args.end());
   return p;
+}
+
+std::vector<std::string> mpirun_network_flags(bool one_host, bool loopback_only) {
+  // One host (simulated nodes included): shared memory only. A TCP BTL would have every rank
+  // listen on every interface, unauthenticated; mpirun's own out-of-band channel stays on lo.
+  if (one_host)
+    return {"--mca", "btl", "self,vader", "--mca", "oob_tcp_if_include", "lo", "--mca", "pml", "ob1",
+            "--mca", "osc", "^ucx"};
+  // Hosts listed on a machine with loopback only: they can only be this one, reached over lo.
+  if (loopback_only)
+    return {"--mca", "btl", "self,vader,tcp", "--mca", "btl_tcp_if_include", "lo", "--mca", "oob_tcp_if_include",
+            "lo", "--mca", "pml", "ob1", "--mca", "osc", "^ucx"};
+  return {};  // several hosts: MPI's own choice of fabric (THETAD_MPIRUN_ARGS to confine it)
 }
 
 int count_gpus() {

@@ -359,7 +359,9 @@ case_flags() {
   grep -q -- '-np 1 ' <<<"$out" || fail "dry run: no -np 1: $out"
   ! grep -q -- '--oversubscribe' <<<"$out" || fail "--oversubscribe with 1 rank: $out"
   grep -q -- '--bind-to none' <<<"$out" || fail "CPU-only: want --bind-to none: $out"
-  grep -q -- '--mca btl_tcp_if_include lo' <<<"$out" || fail "single node: want loopback flags: $out"
+  # One node: shared memory only (a TCP BTL listens on every interface), mpirun's channel on lo.
+  grep -q -- '--mca btl self,vader --mca oob_tcp_if_include lo ' <<<"$out" || fail "single node: want shared memory only: $out"
+  ! grep -q -E -- 'btl [^ ]*tcp|btl_tcp' <<<"$out" || fail "single node: a TCP BTL: $out"
   grep -q -- 'validate .*--set steps=3' <<<"$out" || fail "--set not passed to validate: $out"
   grep -q -- '-x OMP_NUM_THREADS' <<<"$out" || fail "OMP_NUM_THREADS not passed: $out"
   out=$(THETAD_X_TEST=1 NCCL_DEBUG=WARN "$LAUNCHER" --thetad "$FAKE" --dry-run --nproc-per-node $((cores + 1)) "$job")
@@ -367,7 +369,7 @@ case_flags() {
   grep -q -- '-x NCCL_DEBUG' <<<"$out" || fail "NCCL_* not passed: $out"
   grep -q -- '-x THETAD_X_TEST' <<<"$out" || fail "THETAD_* not passed: $out"
   out=$(THETAD_MPIRUN_ARGS='--mca btl self,tcp' "$LAUNCHER" --thetad "$FAKE" --dry-run "$job")
-  ! grep -q -- 'btl_tcp_if_include' <<<"$out" || fail "THETAD_MPIRUN_ARGS did not replace the net flags: $out"
+  ! grep -q -- 'btl self,vader' <<<"$out" || fail "THETAD_MPIRUN_ARGS did not replace the net flags: $out"
   grep -q -- '--mca btl self,tcp' <<<"$out" || fail "THETAD_MPIRUN_ARGS not used: $out"
   grep -q -- '-np 2 ' <<<"$out" || fail "no GPUs: want 2 ranks: $out"
   out=$(CUDA_VISIBLE_DEVICES=0,1,2 "$LAUNCHER" --thetad "$FAKE" --dry-run "$job")
@@ -388,6 +390,7 @@ case_flags() {
   grep -q -- '--worker' <<<"$out" || fail "srun: workers not wrapped: $out"
   # Simulated nodes: N x --nproc-per-node ranks on this host, the variable passed to every rank.
   out=$("$LAUNCHER" --thetad "$FAKE" --dry-run --simulate-nodes 3 --nproc-per-node 2 "$job")
+  ! grep -q -E -- 'btl [^ ]*tcp' <<<"$out" || fail "simulated nodes share one host: a TCP BTL: $out"
   grep -q -- '-np 6 .*--bind-to none.*-x THETAD_SIMULATE_NODES' <<<"$out" || fail "--simulate-nodes 3 x 2: $out"
   grep -q -- 'ranks: 6 (3 node(s) x 2)' <<<"$out" || fail "--simulate-nodes 3 x 2: want 3 nodes: $out"
   local rc=0
