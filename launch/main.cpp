@@ -11,6 +11,7 @@
 #include "common/errors.hpp"
 #include "launch/options.hpp"
 #include "launch/plan.hpp"
+#include "launch/preflight.hpp"
 #include "launch/supervisor.hpp"
 #include "launch/sys.hpp"
 #include "launch/worker.hpp"
@@ -36,7 +37,7 @@ int launcher_main(int argc, char** argv) {
     std::fputs(usage_text(), stdout);
     return thetad::kExitOk;
   }
-  Plan plan = make_plan(o);
+  Plan plan = make_plan_interruptible(o, sfd.get());
   if (o.dry_run) {
     std::cout << "validate: in-process, as " << shell_words(plan.validate_note) << "\n"
               << "launch: " << shell_words(plan.command) << "\n"

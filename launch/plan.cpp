@@ -9,7 +9,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
+#include <cerrno>
 #include <regex>
 #include <sstream>
 
@@ -238,11 +238,11 @@ Plan make_plan(const Options& o) {
   Plan p;
   p.self = self_exe();
   const std::string self_dir = p.self.substr(0, p.self.rfind('/'));
-  if (::access(o.job.c_str(), R_OK) != 0 || !std::ifstream(o.job) || [&] {
-        struct stat st;
-        return ::stat(o.job.c_str(), &st) != 0 || !S_ISREG(st.st_mode);
-      }())
-    throw ConfigError("job file '" + o.job + "' not found or not readable");
+  // Checked before anything opens it: a FIFO would block the open until a writer comes.
+  struct stat st;
+  if (::stat(o.job.c_str(), &st) != 0 || ::access(o.job.c_str(), R_OK) != 0)
+    throw ConfigError("job file '" + o.job + "' not found or not readable: " + std::strerror(errno));
+  if (!S_ISREG(st.st_mode)) throw ConfigError("job file '" + o.job + "' is not a regular file: a job is a YAML file");
   p.job = absolute_path(o.job, true);
   if (!o.nproc.empty() && parse_count(o.nproc) < 0)
     throw ConfigError("--nproc-per-node must be a whole number from 1 to " + std::to_string(kMaxRanks) + ", got '" +

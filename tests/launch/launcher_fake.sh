@@ -314,6 +314,51 @@ SHIM
   pass "hostfile slots out of range: exit 2 naming the file and line; uneven slots summed"
 }
 
+# The launcher's checks before anything starts are interruptible and never wait on a FIFO: a
+# FIFO as the job file is exit 2 at once (it hung until SIGKILL); a SIGTERM while a check is
+# stuck (here nvidia-smi, counting the GPUs, answers after 30 s) ends the launcher within
+# seconds with exit 4, nothing started, the stuck helper gone with it (it was ignored until the
+# check ended).
+case_stop_during_check() {
+  local job start; job=$(make_job slowcheck)
+  mkfifo "$T/fifo.yaml"
+  start=$SECONDS
+  RC=0
+  timeout -k 1 10 "$LAUNCHER" --thetad "$FAKE" --log-dir "$T/logs" "$T/fifo.yaml" >"$T/fifo.out" 2>"$T/fifo.err" || RC=$?
+  ((RC == 2)) || { cat "$T/fifo.err" >&2; fail "a FIFO as the job file: want exit 2, got $RC"; }
+  assert_grep "job file '$T/fifo.yaml' is not a regular file" "$T/fifo.err"
+  mkdir -p "$T/bin"
+  cat >"$T/bin/nvidia-smi" <<SMI
+#!/usr/bin/env bash
+touch "$T/smi-started"
+exec sleep 30
+SMI
+  chmod +x "$T/bin/nvidia-smi"
+  cat >"$T/mpirun-shim" <<SHIM
+#!/usr/bin/env bash
+touch "$T/mpirun-started"
+exec mpirun "\$@"
+SHIM
+  chmod +x "$T/mpirun-shim"
+  local sig
+  for sig in TERM INT; do
+    rm -f "$T/smi-started"
+    set -m
+    PATH=$T/bin:$PATH THETAD_MPIRUN=$T/mpirun-shim start_launcher "$T/slow" --nproc-per-node 1 --log-dir "$T/logs" "$job"
+    set +m
+    wait_for 10 test -e "$T/smi-started"
+    start=$SECONDS
+    kill "-$sig" "$LPID"
+    wait_exit "$LPID" 40
+    ((RC == 4)) || { cat "$T/slow.err" >&2; fail "SIG$sig during the check: want exit 4, got $RC"; }
+    ((SECONDS - start <= 5)) || fail "SIG$sig during the check: exit after $((SECONDS - start)) s (want at once)"
+    assert_grep "SIG$sig: stopped before any rank started" "$T/slow.err"
+  done
+  [[ ! -e $T/mpirun-started ]] || fail "mpirun was started after a stop during the check"
+  no_leftovers
+  pass "FIFO job file: exit 2 at once; SIGTERM/SIGINT during a stuck check: exit 4 at once, nothing left"
+}
+
 case_kill9() {
   local job; job=$(make_job kill9)
   THETAD_FAKE_STEPS=3000 THETAD_FAKE_SLEEP=0.1 \
@@ -556,11 +601,12 @@ case ${1:-} in
   stop_unforwarded) case_stop_unforwarded ;;
   bad_args) case_bad_args ;;
   bad_hostfile) case_bad_hostfile ;;
+  stop_during_check) case_stop_during_check ;;
   kill9) case_kill9 ;;
   kill9_wrapper) case_kill9_wrapper ;;
   flags) case_flags ;;
   simulate_nodes) case_simulate_nodes ;;
   all) case_flags; case_bad_job; case_bad_args; case_rank_fails; case_logs; sig_case TERM; sig_case INT
        sig_case INT bg; case_early_stop; case_stop_twice; case_sigterm_storm; case_rank_signal_storm; case_kill9; case_kill9_wrapper ;;
-  *) echo "usage: $0 bad_job|bad_args|bad_hostfile|rank_fails|logs|sigterm|sigint|sigint_bg|early_stop|startup_storm|stop_twice|sigterm_storm|rank_signal_storm|stop_outlives_srun|stop_unforwarded|kill9|kill9_wrapper|flags|all" >&2; exit 2 ;;
+  *) echo "usage: $0 bad_job|bad_args|bad_hostfile|stop_during_check|rank_fails|logs|sigterm|sigint|sigint_bg|early_stop|startup_storm|stop_twice|sigterm_storm|rank_signal_storm|stop_outlives_srun|stop_unforwarded|kill9|kill9_wrapper|flags|all" >&2; exit 2 ;;
 esac
