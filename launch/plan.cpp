@@ -16,6 +16,7 @@
 #include "common/errors.hpp"
 #include "config/loader.hpp"
 #include "launch/hostfile.hpp"
+#include "launch/private_dir.hpp"
 #include "launch/program_output.hpp"
 #include "launch/sys.hpp"
 
@@ -147,7 +148,8 @@ void add_mpirun_flags(Plan& p, const Options& o, bool uniform, const std::string
   static const std::regex kPassed("^(NCCL_|THETAD_|NVSHMEM_|TORCH_SYMM_MEM_).*");
   for (char** e = environ; *e; ++e) {
     std::string name(*e, std::strchr(*e, '=') ? size_t(std::strchr(*e, '=') - *e) : std::strlen(*e));
-    if (std::regex_match(name, kPassed)) pass.push_back(name);
+    // The log socket's path and token are for this host's ranks only (log_socket.hpp).
+    if (std::regex_match(name, kPassed) && name.rfind("THETAD_LAUNCH_LOG_", 0) != 0) pass.push_back(name);
   }
   std::sort(pass.begin(), pass.end());
   for (const char* v : {"CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "LD_LIBRARY_PATH"})
@@ -286,17 +288,10 @@ Plan make_plan(const Options& o) {
     p.simulated = true;
   }
   p.log_dir = o.log_dir.empty() ? "runs/" + p.job_name + "/logs" : o.log_dir;
-  if (!o.dry_run) {
-    std::string dir;
-    for (const auto& part : split_keep_empty(p.log_dir, '/')) {
-      dir += part + "/";
-      ::mkdir(dir.c_str(), 0755);
-    }
-    struct stat st;
-    if (::stat(p.log_dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
-      throw Error("cannot create log dir '" + p.log_dir + "'");
-  }
-  p.log_dir = absolute_path(p.log_dir, false);
+  // Created 0700 where missing, and only as this user's own (private_dir.hpp): the ranks' logs
+  // and records must not land where another user can plant links or forge them.
+  if (!o.dry_run) open_private_dir(p.log_dir, true, "log dir");
+  p.log_dir = normalize_path(p.log_dir);
   // OMP threads per rank: 1 on CPU-only machines (the ranks share the cores), else cores/ranks.
   if (env("OMP_NUM_THREADS").empty()) {
     const long cores = std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN));

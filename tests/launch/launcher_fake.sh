@@ -3,60 +3,12 @@
 # exit codes and the failing rank named, per-rank and merged logs, SIGTERM/SIGINT forwarding,
 # a lost rank, the flags it gives mpirun. Usage: launcher_fake.sh CASE (see the case list below).
 set -euo pipefail
-# shellcheck source=tests/launch/lib.sh
-source "$(dirname "$0")/lib.sh"
-
-FAKE=$LAUNCH_TEST_DIR/fake_thetad.sh
-export THETAD_FAKE_STATE=$T/state
-mkdir -p "$THETAD_FAKE_STATE"
-unset SLURM_JOB_ID CUDA_VISIBLE_DEVICES THETAD_MPIRUN_ARGS THETAD_MPIRUN_BIND || true
-
-# A job file whose path carries the marker (for pgrep) and whose `job:` names it; thetad's loader
-# accepts it (the launcher checks it in-process) unless the model line given breaks it.
-make_job() {  # make_job NAME [model line]
-  local f=$T/$1.yaml model='model: {kind: multitask_mlp, tasks: 2}'
-  printf 'job: %s-%s\nsteps: 10\n%s\ndata: {kind: synthetic}\n' "$1" "$MARKER" "${2:-$model}" >"$f"
-  echo "$f"
-}
-
-# run_launcher OUT_PREFIX ARGS...: runs the launcher in the foreground (60 s limit); sets RC.
-run_launcher() {
-  local out=$1; shift
-  RC=0
-  timeout -k 5 60 "$LAUNCHER" --thetad "$FAKE" "$@" >"$out.out" 2>"$out.err" || RC=$?
-}
-
-# start_launcher OUT_PREFIX ARGS...: in the background; sets LPID.
-start_launcher() {
-  local out=$1; shift
-  "$LAUNCHER" --thetad "$FAKE" "$@" >"$out.out" 2>"$out.err" &
-  LPID=$! LERR=$out.err
-}
-
-# wait_exit PID LIMIT: waits for a background launcher; sets RC and ELAPSED.
-wait_exit() {
-  local pid=$1 limit=$2 start=$SECONDS
-  while kill -0 "$pid" 2>/dev/null; do
-    if ((SECONDS - start >= limit)); then
-      { echo "---- the launcher's stderr, without step lines:"; grep -v '\] info: step ' "${LERR:-/dev/null}" | tail -n 30; } >&2
-      fail "launcher still running after ${limit}s"
-    fi
-    sleep 0.1
-  done
-  RC=0
-  wait "$pid" || RC=$?
-  ELAPSED=$((SECONDS - start))
-}
+# shellcheck source=tests/launch/fake_run.sh
+source "$(dirname "$0")/fake_run.sh"
 
 case_bad_job() {
   local job; job=$(make_job bad 'model: {kind: FAKE_INVALID}')
-  # An mpirun that only records that it was started.
-  cat >"$T/mpirun-shim" <<SHIM
-#!/usr/bin/env bash
-touch "$T/mpirun-started"
-exec mpirun "\$@"
-SHIM
-  chmod +x "$T/mpirun-shim"
+  mpirun_shim
   THETAD_MPIRUN=$T/mpirun-shim run_launcher "$T/bad" --log-dir "$T/logs" "$job" --set steps=5
   ((RC == 2)) || { cat "$T/bad.err" >&2; fail "bad job: want exit 2, got $RC"; }
   [[ ! -e $T/mpirun-started ]] || fail "mpirun was started for an invalid job"
@@ -255,12 +207,7 @@ case_stop_twice() {
 # Bad --log-level and --hosts values: exit 2 naming the option, nothing started.
 case_bad_args() {
   local job spec; job=$(make_job badargs)
-  cat >"$T/mpirun-shim" <<SHIM
-#!/usr/bin/env bash
-touch "$T/mpirun-started"
-exec mpirun "\$@"
-SHIM
-  chmod +x "$T/mpirun-shim"
+  mpirun_shim
   export THETAD_MPIRUN=$T/mpirun-shim
   run_launcher "$T/lvl" --log-dir "$T/logs" "$job" --log-level loud
   ((RC == 2)) || { cat "$T/lvl.err" >&2; fail "--log-level loud: want exit 2, got $RC"; }
@@ -288,12 +235,7 @@ SHIM
 # with different slots= run the sum of them.
 case_bad_hostfile() {
   local job bad out; job=$(make_job badhosts)
-  cat >"$T/mpirun-shim" <<SHIM
-#!/usr/bin/env bash
-touch "$T/mpirun-started"
-exec mpirun "\$@"
-SHIM
-  chmod +x "$T/mpirun-shim"
+  mpirun_shim
   for bad in 2147483648 0 99999999999 -1 4x; do
     printf '# hosts\nnodeA slots=2\nnodeB slots=%s\n' "$bad" >"$T/hostfile"
     THETAD_MPIRUN=$T/mpirun-shim run_launcher "$T/hf" --log-dir "$T/logs" --hostfile "$T/hostfile" "$job"
@@ -334,12 +276,7 @@ touch "$T/smi-started"
 exec sleep 30
 SMI
   chmod +x "$T/bin/nvidia-smi"
-  cat >"$T/mpirun-shim" <<SHIM
-#!/usr/bin/env bash
-touch "$T/mpirun-started"
-exec mpirun "\$@"
-SHIM
-  chmod +x "$T/mpirun-shim"
+  mpirun_shim
   local sig
   for sig in TERM INT; do
     rm -f "$T/smi-started"
