@@ -9,6 +9,7 @@
 #include <iostream>
 
 #include "common/errors.hpp"
+#include "common/text.hpp"
 #include "launch/options.hpp"
 #include "launch/plan.hpp"
 #include "launch/preflight.hpp"
@@ -58,7 +59,8 @@ int main(int argc, char** argv) {
     if (worker) return thetad::launch::worker_main(argc, argv);
     return launcher_main(argc, argv);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "thetad-launch: error: %s\n", e.what());
+    // A path in a message may hold any byte: written out, never sent to the terminal raw.
+    std::fprintf(stderr, "thetad-launch: error: %s\n", thetad::printable(e.what()).c_str());
     return thetad::exit_code_for(e);
   }
 }

@@ -12,6 +12,7 @@
 #include <set>
 
 #include "common/errors.hpp"
+#include "common/text.hpp"
 #include "launch/private_dir.hpp"
 #include "launch/summary.hpp"
 #include "launch/worker.hpp"
@@ -47,7 +48,7 @@ Supervisor::Supervisor(Plan plan, Fd signals)
              [this](const std::string& msg) { log(msg); }) {}
 
 void Supervisor::log(const std::string& msg) {
-  const std::string line = "thetad-launch: " + msg + "\n";
+  const std::string line = "thetad-launch: " + printable(msg) + "\n";
   write_all(STDERR_FILENO, line);
 }
 
