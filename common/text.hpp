@@ -49,11 +49,31 @@ inline std::string json_string(const std::string& s) {
   return out;
 }
 
-// `s` safe to print in a one-line message: control characters and DEL as \xNN (a newline as
-// \n), and bytes that are not part of valid UTF-8 as \xNN, so that a binary file named in an
-// error cannot garble or drive the terminal. Valid UTF-8 passes through.
-inline std::string printable(const std::string& s) {
+// The length of the valid UTF-8 sequence that starts at s[i] (1 for ASCII), 0 when the bytes
+// there are not one (a stray continuation byte, an overlong lead, a cut sequence).
+inline size_t utf8_length_at(const std::string& s, size_t i) {
+  const auto u = static_cast<unsigned char>(s[i]);
+  const size_t len = u < 0x80 ? 1 : (u >> 5) == 0x6 && u >= 0xc2 ? 2 : (u >> 4) == 0xe ? 3 : (u >> 3) == 0x1e && u <= 0xf4 ? 4 : 0;
+  if (len == 0 || i + len > s.size()) return 0;
+  for (size_t k = 1; k < len; ++k)
+    if ((static_cast<unsigned char>(s[i + k]) & 0xc0) != 0x80) return 0;
+  return len;
+}
+
+// What `printable` does with a newline and a tab: escapes them (a one-line message) or keeps
+// them (a block of log lines).
+enum class LineBreaks { kEscape, kKeep };
+
+// `s` safe to print: control characters (C0, DEL and the C1 range U+0080..U+009F, which hold
+// the terminal's escape sequences) as \xNN (a newline as \n unless kept), and bytes that are
+// not part of valid UTF-8 as \xNN, so that a binary file named in an error or a rank's output
+// cannot garble or drive the terminal. Valid UTF-8 passes through.
+inline std::string printable(const std::string& s, LineBreaks breaks = LineBreaks::kEscape) {
   static const char* hex = "0123456789abcdef";
+  const bool keep = breaks == LineBreaks::kKeep;
+  const auto plain = [keep](unsigned char u) {
+    return (u >= 0x20 && u < 0x7f) || (keep && (u == '\n' || u == '\t'));
+  };
   std::string out;
   out.reserve(s.size());
   const auto escape = [&](unsigned char u) {
@@ -62,23 +82,16 @@ inline std::string printable(const std::string& s) {
     out += hex[u & 15];
   };
   for (size_t i = 0; i < s.size();) {
+    size_t run = i;
+    while (run < s.size() && plain(static_cast<unsigned char>(s[run]))) ++run;
+    out.append(s, i, run - i);  // most text is plain ASCII: copied as one run
+    if ((i = run) == s.size()) break;
     const auto u = static_cast<unsigned char>(s[i]);
-    if (u == '\n') {
-      out += "\\n";
-      ++i;
-      continue;
-    }
-    if (u < 0x20 || u == 0x7f) {
-      escape(u);
-      ++i;
-      continue;
-    }
-    // A UTF-8 sequence: its length from the lead byte, then continuation bytes 10xxxxxx.
-    const size_t len = u < 0x80 ? 1 : (u >> 5) == 0x6 && u >= 0xc2 ? 2 : (u >> 4) == 0xe ? 3 : (u >> 3) == 0x1e && u <= 0xf4 ? 4 : 0;
-    bool valid = len > 0 && i + len <= s.size();
-    for (size_t k = 1; valid && k < len; ++k) valid = (static_cast<unsigned char>(s[i + k]) & 0xc0) == 0x80;
-    if (!valid) {
-      escape(u);
+    const size_t len = u < 0x80 ? 0 : utf8_length_at(s, i);
+    const bool c1 = len == 2 && u == 0xc2 && static_cast<unsigned char>(s[i + 1]) < 0xa0;
+    if (len == 0 || c1) {
+      if (u == '\n') out += "\\n";
+      else escape(u);
       ++i;
       continue;
     }

@@ -9,8 +9,10 @@
 #include <iostream>
 
 #include "common/errors.hpp"
+#include "common/text.hpp"
 #include "launch/options.hpp"
 #include "launch/plan.hpp"
+#include "launch/preflight.hpp"
 #include "launch/supervisor.hpp"
 #include "launch/sys.hpp"
 #include "launch/worker.hpp"
@@ -36,7 +38,7 @@ int launcher_main(int argc, char** argv) {
     std::fputs(usage_text(), stdout);
     return thetad::kExitOk;
   }
-  Plan plan = make_plan(o);
+  Plan plan = make_plan_interruptible(o, sfd.get());
   if (o.dry_run) {
     std::cout << "validate: in-process, as " << shell_words(plan.validate_note) << "\n"
               << "launch: " << shell_words(plan.command) << "\n"
@@ -57,7 +59,8 @@ int main(int argc, char** argv) {
     if (worker) return thetad::launch::worker_main(argc, argv);
     return launcher_main(argc, argv);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "thetad-launch: error: %s\n", e.what());
+    // A path in a message may hold any byte: written out, never sent to the terminal raw.
+    std::fprintf(stderr, "thetad-launch: error: %s\n", thetad::printable(e.what()).c_str());
     return thetad::exit_code_for(e);
   }
 }

@@ -9,12 +9,14 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
+#include <cerrno>
 #include <regex>
 #include <sstream>
 
 #include "common/errors.hpp"
 #include "config/loader.hpp"
+#include "launch/hostfile.hpp"
+#include "launch/private_dir.hpp"
 #include "launch/program_output.hpp"
 #include "launch/sys.hpp"
 
@@ -29,11 +31,6 @@ std::string env(const char* k) {
   return v ? v : "";
 }
 bool env_set(const char* k) { return std::getenv(k) != nullptr; }
-
-bool positive_int(const std::string& s, size_t max_digits = 9) {
-  if (s.empty() || s.size() > max_digits || s[0] < '1' || s[0] > '9') return false;
-  return std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
-}
 
 bool executable_file(const std::string& p) {
   struct stat st;
@@ -82,19 +79,6 @@ std::string find_thetad(const Options& o, const std::string& self_dir) {
   if (!on_path.empty()) return absolute_path(on_path, true);
   throw Error("no thetad binary: pass --thetad PATH, set THETAD_BIN, build into " +
               absolute_path(self_dir + "/..", false) + ", or put thetad on PATH");
-}
-
-// Non-comment lines of an Open MPI hostfile.
-std::vector<std::string> hostfile_lines(const std::string& file) {
-  std::ifstream in(file);
-  std::vector<std::string> out;
-  std::string line;
-  while (std::getline(in, line)) {
-    size_t b = line.find_first_not_of(" \t\r");
-    if (b == std::string::npos || line[b] == '#') continue;
-    out.push_back(line.substr(b));
-  }
-  return out;
 }
 
 // Checks the job with thetad's own loader; returns its name.
@@ -149,7 +133,6 @@ void add_mpirun_flags(Plan& p, const Options& o, bool uniform, const std::string
   } else {
     c.insert(c.end(), {"--bind-to", "none"});
   }
-  // Network: single-node runs (and loopback-only machines) keep MPI on shared memory and lo.
   if (env_set("THETAD_MPIRUN_ARGS")) {
     for (auto& w : split_words(env("THETAD_MPIRUN_ARGS"))) c.push_back(w);
   } else {
@@ -159,16 +142,14 @@ void add_mpirun_flags(Plan& p, const Options& o, bool uniform, const std::string
         if (e->d_name[0] != '.' && std::string(e->d_name) != "lo") ++nonlo;
       ::closedir(d);
     }
-    if (!p.host_list || nonlo == 0)
-      c.insert(c.end(), {"--mca", "btl", "self,vader,tcp", "--mca", "btl_tcp_if_include", "lo",
-                         "--mca", "oob_tcp_if_include", "lo", "--mca", "pml", "ob1", "--mca",
-                         "osc", "^ucx"});
+    for (auto& w : mpirun_network_flags(!p.host_list, nonlo == 0)) c.push_back(w);
   }
   std::vector<std::string> pass;
   static const std::regex kPassed("^(NCCL_|THETAD_|NVSHMEM_|TORCH_SYMM_MEM_).*");
   for (char** e = environ; *e; ++e) {
     std::string name(*e, std::strchr(*e, '=') ? size_t(std::strchr(*e, '=') - *e) : std::strlen(*e));
-    if (std::regex_match(name, kPassed)) pass.push_back(name);
+    // The log socket's path and token are for this host's ranks only (log_socket.hpp).
+    if (std::regex_match(name, kPassed) && name.rfind("THETAD_LAUNCH_LOG_", 0) != 0) pass.push_back(name);
   }
   std::sort(pass.begin(), pass.end());
   for (const char* v : {"CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "LD_LIBRARY_PATH"})
@@ -192,30 +173,91 @@ void add_srun_flags(Plan& p, const Options& o) {
   for (auto& w : split_words(env("THETAD_SRUN_ARGS"))) c.push_back(w);
 }
 
+// How many ranks, where: per node --nproc-per-node, else the hostfile's slots=, else one per
+// GPU (of a simulated node's share), else 2; over the hostfile's or --hosts' hosts or the
+// simulated nodes. Every count is checked (at most kMaxRanks in all) before anything starts.
+// Returns whether every node runs the same number of ranks.
+bool count_ranks(Plan& p, const Options& o) {
+  const std::vector<HostfileEntry> hosts = o.hostfile.empty() ? std::vector<HostfileEntry>{} : read_hostfile(o.hostfile);
+  const bool given = !o.nproc.empty();
+  if (given) {
+    p.nproc = int(parse_count(o.nproc));
+  } else if (!hosts.empty() && hosts[0].slots > 0) {
+    p.nproc = hosts[0].slots;
+  } else {
+    p.nproc = p.gpus > 0 ? p.gpus : 2;
+    // Simulated nodes share this host's GPUs: one rank per GPU of a node's share.
+    const long sim = o.simulate_nodes.empty() ? 0 : parse_count(o.simulate_nodes);
+    if (sim > 0 && p.gpus >= sim) p.nproc = int(p.gpus / sim);
+  }
+  long ranks = p.nproc, nodes = 1;
+  bool uniform = true;
+  if (!o.hostfile.empty()) {
+    if (hosts.empty()) throw ConfigError("hostfile '" + o.hostfile + "' lists no hosts");
+    ranks = 0;
+    for (const auto& h : hosts) {  // each host its slots=, unless --nproc-per-node says
+      const long n = !given && h.slots > 0 ? h.slots : p.nproc;
+      uniform = uniform && n == p.nproc;
+      ranks += n;
+    }
+    nodes = long(hosts.size());
+    p.host_list = true;
+  } else if (!o.hosts.empty()) {
+    static const std::regex kHost("^[A-Za-z0-9._-]+$");
+    ranks = nodes = 0;
+    const std::string what = "--hosts '" + o.hosts + "': ";
+    for (const auto& h : split_keep_empty(o.hosts, ',')) {
+      if (h.empty()) throw ConfigError(what + "empty entry (want host[:n],host[:n],...)");
+      size_t colon = h.find(':');
+      std::string name = h.substr(0, colon);
+      std::string n = colon == std::string::npos ? std::to_string(p.nproc) : h.substr(colon + 1);
+      if (name.empty()) throw ConfigError(what + "entry '" + h + "' has no host name (want host[:n])");
+      if (!std::regex_match(name, kHost)) throw ConfigError(what + "bad host name '" + name + "' in entry '" + h + "'");
+      const long k = parse_count(n);
+      if (k < 0)
+        throw ConfigError(what + "entry '" + h + "' needs a number of ranks from 1 to " + std::to_string(kMaxRanks) +
+                          " after ':', got '" + n + "'");
+      uniform = uniform && k == p.nproc;
+      ranks += k;
+      nodes += 1;
+    }
+    p.host_list = true;
+  } else if (!o.simulate_nodes.empty()) {
+    nodes = parse_count(o.simulate_nodes);
+    ranks = nodes * p.nproc;
+  }
+  if (ranks > kMaxRanks)
+    throw ConfigError(std::to_string(ranks) + " ranks (" + std::to_string(nodes) + " node(s)): more than the " +
+                      std::to_string(kMaxRanks) + " a launch may have");
+  p.ranks = int(ranks);
+  p.nodes = int(nodes);
+  return uniform;
+}
+
 }  // namespace
 
 Plan make_plan(const Options& o) {
   Plan p;
   p.self = self_exe();
   const std::string self_dir = p.self.substr(0, p.self.rfind('/'));
-  if (::access(o.job.c_str(), R_OK) != 0 || !std::ifstream(o.job) || [&] {
-        struct stat st;
-        return ::stat(o.job.c_str(), &st) != 0 || !S_ISREG(st.st_mode);
-      }())
-    throw ConfigError("job file '" + o.job + "' not found or not readable");
+  // Checked before anything opens it: a FIFO would block the open until a writer comes.
+  struct stat st;
+  if (::stat(o.job.c_str(), &st) != 0 || ::access(o.job.c_str(), R_OK) != 0)
+    throw ConfigError("job file '" + o.job + "' not found or not readable: " + std::strerror(errno));
+  if (!S_ISREG(st.st_mode)) throw ConfigError("job file '" + o.job + "' is not a regular file: a job is a YAML file");
   p.job = absolute_path(o.job, true);
-  if (!o.nproc.empty() && !positive_int(o.nproc))
-    throw ConfigError("--nproc-per-node must be a positive integer, got '" + o.nproc + "'");
+  if (!o.nproc.empty() && parse_count(o.nproc) < 0)
+    throw ConfigError("--nproc-per-node must be a whole number from 1 to " + std::to_string(kMaxRanks) + ", got '" +
+                      o.nproc + "'");
   if (!o.hostfile.empty() && !o.hosts.empty())
     throw ConfigError("--hostfile and --hosts exclude each other");
   if (!o.simulate_nodes.empty()) {
-    if (!positive_int(o.simulate_nodes, 6))
-      throw ConfigError("--simulate-nodes must be a positive integer, got '" + o.simulate_nodes + "'");
+    if (parse_count(o.simulate_nodes) < 0)
+      throw ConfigError("--simulate-nodes must be a whole number from 1 to " + std::to_string(kMaxRanks) + ", got '" +
+                        o.simulate_nodes + "'");
     if (!o.hostfile.empty() || !o.hosts.empty())
       throw ConfigError("--simulate-nodes simulates nodes on this one host: it excludes --hostfile and --hosts");
   }
-  if (!o.hostfile.empty() && ::access(o.hostfile.c_str(), R_OK) != 0)
-    throw ConfigError("hostfile '" + o.hostfile + "' not readable");
   if (o.launcher == "auto")
     p.launcher = env_set("SLURM_JOB_ID") && !env("SLURM_JOB_ID").empty() ? "srun" : "mpirun";
   else if (o.launcher == "mpirun" || o.launcher == "srun")
@@ -230,77 +272,26 @@ Plan make_plan(const Options& o) {
   p.job_name = check_job(p, o);
   p.validate_note = {"thetad", "validate", p.job};
   for (const auto& s : o.overrides) p.validate_note.insert(p.validate_note.end(), {"--set", s});
-  p.log_dir = o.log_dir.empty() ? "runs/" + p.job_name + "/logs" : o.log_dir;
-  if (!o.dry_run) {
-    std::string dir;
-    for (const auto& part : split_keep_empty(p.log_dir, '/')) {
-      dir += part + "/";
-      ::mkdir(dir.c_str(), 0755);
-    }
-    struct stat st;
-    if (::stat(p.log_dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
-      throw Error("cannot create log dir '" + p.log_dir + "'");
-  }
-  p.log_dir = absolute_path(p.log_dir, false);
 
-  // How many ranks, where.
-  std::string nproc = o.nproc;
-  std::vector<std::string> hostfile = o.hostfile.empty() ? std::vector<std::string>{} : hostfile_lines(o.hostfile);
-  if (nproc.empty() && !hostfile.empty()) {
-    static const std::regex kSlots(R"(slots[ \t]*=[ \t]*([0-9]+))");
-    std::smatch m;
-    if (std::regex_search(hostfile[0], m, kSlots)) nproc = m[1];
-  }
-  if (nproc.empty()) {
-    p.nproc = p.gpus > 0 ? p.gpus : 2;
-    // Simulated nodes share this host's GPUs: one rank per GPU of a node's share.
-    const int sim = o.simulate_nodes.empty() ? 0 : std::atoi(o.simulate_nodes.c_str());
-    if (sim > 0 && p.gpus >= sim) p.nproc = p.gpus / sim;
-  } else {
-    p.nproc = std::atoi(nproc.c_str());
-  }
-  p.ranks = p.nproc;
-  bool uniform = true;
-  if (!o.hostfile.empty()) {
-    p.nodes = int(hostfile.size());
-    if (p.nodes == 0) throw ConfigError("hostfile '" + o.hostfile + "' lists no hosts");
-    p.ranks = p.nodes * p.nproc;
-    p.host_list = true;
-  } else if (!o.hosts.empty()) {
-    static const std::regex kHost("^[A-Za-z0-9._-]+$");
-    p.ranks = p.nodes = 0;
-    const std::string what = "--hosts '" + o.hosts + "': ";
-    for (const auto& h : split_keep_empty(o.hosts, ',')) {
-      if (h.empty()) throw ConfigError(what + "empty entry (want host[:n],host[:n],...)");
-      size_t colon = h.find(':');
-      std::string name = h.substr(0, colon);
-      std::string n = colon == std::string::npos ? std::to_string(p.nproc) : h.substr(colon + 1);
-      if (name.empty()) throw ConfigError(what + "entry '" + h + "' has no host name (want host[:n])");
-      if (!std::regex_match(name, kHost)) throw ConfigError(what + "bad host name '" + name + "' in entry '" + h + "'");
-      if (!positive_int(n))
-        throw ConfigError(what + "entry '" + h + "' needs a positive number of ranks after ':', got '" + n + "'");
-      if (std::atoi(n.c_str()) != p.nproc) uniform = false;
-      p.ranks += std::atoi(n.c_str());
-      p.nodes += 1;
-    }
-    p.host_list = true;
-  } else if (!o.simulate_nodes.empty()) {
-    p.nodes = std::atoi(o.simulate_nodes.c_str());
-    p.ranks = p.nodes * p.nproc;
-  }
+  bool uniform = count_ranks(p, o);
   // Simulated nodes (comm/node_split.hpp): from --simulate-nodes, or THETAD_SIMULATE_NODES set by
   // hand (passed on to the ranks like every THETAD_*), checked here so a bad value starts nothing.
   const std::string sim = !o.simulate_nodes.empty() ? o.simulate_nodes : env("THETAD_SIMULATE_NODES");
   if (!sim.empty()) {
-    const int n = positive_int(sim, 6) ? std::atoi(sim.c_str()) : 0;
+    const long n = std::max(0L, parse_count(sim));
     if (n == 0 || n > p.ranks || p.ranks % n != 0)
       throw ConfigError("THETAD_SIMULATE_NODES='" + sim + "': simulated nodes must be a whole number from 1 to the " +
                         std::to_string(p.ranks) +
                         " ranks that divides it (use --simulate-nodes N with --nproc-per-node ranks per node)");
     ::setenv("THETAD_SIMULATE_NODES", sim.c_str(), 1);
-    if (o.simulate_nodes.empty()) p.nodes = n;
+    if (o.simulate_nodes.empty()) p.nodes = int(n);
     p.simulated = true;
   }
+  p.log_dir = o.log_dir.empty() ? "runs/" + p.job_name + "/logs" : o.log_dir;
+  // Created 0700 where missing, and only as this user's own (private_dir.hpp): the ranks' logs
+  // and records must not land where another user can plant links or forge them.
+  if (!o.dry_run) open_private_dir(p.log_dir, true, "log dir");
+  p.log_dir = normalize_path(p.log_dir);
   // OMP threads per rank: 1 on CPU-only machines (the ranks share the cores), else cores/ranks.
   if (env("OMP_NUM_THREADS").empty()) {
     const long cores = std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN));
@@ -320,6 +311,19 @@ Plan make_plan(const Options& o) {
   p.command.insert(p.command.end(), {p.self, "--worker", p.log_dir, "--", p.thetad, "run", p.job});
   p.command.insert(p.command.end(), o.run_args.begin(), o.run_args.end());
   return p;
+}
+
+std::vector<std::string> mpirun_network_flags(bool one_host, bool loopback_only) {
+  // One host (simulated nodes included): shared memory only. A TCP BTL would have every rank
+  // listen on every interface, unauthenticated; mpirun's own out-of-band channel stays on lo.
+  if (one_host)
+    return {"--mca", "btl", "self,vader", "--mca", "oob_tcp_if_include", "lo", "--mca", "pml", "ob1",
+            "--mca", "osc", "^ucx"};
+  // Hosts listed on a machine with loopback only: they can only be this one, reached over lo.
+  if (loopback_only)
+    return {"--mca", "btl", "self,vader,tcp", "--mca", "btl_tcp_if_include", "lo", "--mca", "oob_tcp_if_include",
+            "lo", "--mca", "pml", "ob1", "--mca", "osc", "^ucx"};
+  return {};  // several hosts: MPI's own choice of fabric (THETAD_MPIRUN_ARGS to confine it)
 }
 
 int count_gpus() {

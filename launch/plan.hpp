@@ -32,6 +32,11 @@ struct Plan {
 // code of exit_code_for: ConfigError (2) for bad input, Error (1) for a missing program.
 Plan make_plan(const Options& o);
 
+// mpirun's network flags when THETAD_MPIRUN_ARGS does not replace them: `one_host` (no host
+// list) keeps the ranks on shared memory, no TCP BTL; a host list on a `loopback_only` machine
+// uses TCP on lo; a host list with a network gets none (docs/deploy.md, Security).
+std::vector<std::string> mpirun_network_flags(bool one_host, bool loopback_only);
+
 // GPUs this process may use: CUDA_VISIBLE_DEVICES when set, else `nvidia-smi -L`'s count.
 int count_gpus();
 // The ids of CUDA_VISIBLE_DEVICES (or 0..count-1 when unset).

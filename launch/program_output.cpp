@@ -16,7 +16,10 @@ std::string program_output(const std::vector<std::string>& argv) {
   make_pipe(out);
   Fd null(::open("/dev/null", O_WRONLY | O_CLOEXEC));
   SpawnSpec spec;
-  spec.argv = argv;
+  // Through `--exec-child` (worker.hpp): the helper dies with this process, also when a stop
+  // ends the launcher while the helper still runs (preflight.hpp).
+  spec.argv = {self_exe(), "--exec-child", std::to_string(::getpid()), "--"};
+  spec.argv.insert(spec.argv.end(), argv.begin(), argv.end());
   spec.dup2s = {{out[1].get(), 1}, {null.get(), 2}};
   Child c;
   try {

@@ -6,7 +6,8 @@
 
 namespace thetad::launch {
 
-// stdout of `argv` ("" when it cannot start); its stderr is discarded.
+// stdout of `argv` ("" when it cannot start); its stderr is discarded. The helper is killed
+// when this process ends (PR_SET_PDEATHSIG).
 std::string program_output(const std::vector<std::string>& argv);
 
 }  // namespace thetad::launch

@@ -1,14 +1,14 @@
 // The launcher's verdict from the exit records (see summary.hpp).
 #include "launch/summary.hpp"
 
-#include <dirent.h>
-
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
 
 #include "common/errors.hpp"
+#include "launch/hostfile.hpp"
+#include "launch/private_dir.hpp"
 #include "launch/sys.hpp"
 
 namespace thetad::launch {
@@ -23,51 +23,34 @@ const char* describe_code(int code) {
   }
 }
 
-namespace {
-
-// "rank-12.exit" -> 12 with `ext` "exit"; -1 otherwise.
-int rank_of(const char* name, const char* ext) {
-  if (std::strncmp(name, "rank-", 5) != 0) return -1;
-  const char* p = name + 5;
+int rank_of(const std::string& name, const char* ext) {
+  if (name.rfind("rank-", 0) != 0) return -1;
+  const char* p = name.c_str() + 5;
   char* end = nullptr;
-  long r = std::strtol(p, &end, 10);
-  if (end == p || *end != '.' || std::strcmp(end + 1, ext) != 0) return -1;
+  const long r = std::strtol(p, &end, 10);
+  if (end == p || *p < '0' || *p > '9' || r > kMaxRanks || *end != '.' || std::strcmp(end + 1, ext) != 0) return -1;
   return int(r);
 }
 
-// The node a rank's wrapper named in the latest header of its log.
-std::string node_in_log(const std::string& file) {
-  std::string text;
-  if (!read_file(file, text)) return "";
-  static const std::string kKey = "] [launch] info: host ";
-  size_t at = text.rfind(kKey);
-  if (at == std::string::npos) return "";
-  std::istringstream in(text.substr(at + kKey.size(), 512));
-  std::string host, word, node;
-  in >> host >> word >> node;
-  return word == "node" ? node : "";
-}
-
-}  // namespace
-
-std::map<int, RankRecord> load_records(const std::string& log_dir) {
+std::map<int, RankRecord> load_records(int log_dir) {
   std::map<int, RankRecord> out;
-  DIR* d = ::opendir(log_dir.c_str());
-  if (!d) return out;
-  while (dirent* e = ::readdir(d)) {
-    if (int r = rank_of(e->d_name, "exit"); r >= 0) {
-      std::string text;
-      if (!read_file(log_dir + "/" + e->d_name, text)) continue;
-      std::istringstream in(text);
-      RankRecord& rec = out[r];
+  for (const auto& name : list_dir(log_dir)) {
+    // rank-R.exit: "CODE TIME NODE"; rank-R.pid: "WRAPPER CHILD HOST NODE".
+    const int exit_rank = rank_of(name, "exit"), pid_rank = rank_of(name, "pid");
+    std::string text;
+    if ((exit_rank < 0 && pid_rank < 0) || !read_file_at(log_dir, name, text)) continue;
+    std::istringstream in(text);
+    std::string node, skip;
+    if (exit_rank >= 0) {
+      RankRecord& rec = out[exit_rank];
       if (in >> rec.code >> rec.time) rec.has_exit = true;
-    } else if (int r2 = rank_of(e->d_name, "pid"); r2 >= 0) {
-      out[r2].has_pid = true;
-    } else if (int r3 = rank_of(e->d_name, "log"); r3 >= 0) {
-      out[r3].node = node_in_log(log_dir + "/" + e->d_name);
+      if (in >> node) rec.node = node;
+    } else {
+      RankRecord& rec = out[pid_rank];
+      rec.has_pid = true;
+      if (in >> skip >> skip >> skip >> node && rec.node.empty()) rec.node = node;
     }
   }
-  ::closedir(d);
   return out;
 }
 

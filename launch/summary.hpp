@@ -14,7 +14,7 @@ struct RankRecord {
   int code = 0;
   double time = 0;        // when the wrapper recorded it
   bool has_pid = false;   // rank-R.pid: its wrapper started and never finished
-  std::string node;       // from the latest header of rank-R.log
+  std::string node;       // the node its wrapper named in its records
 };
 
 struct SummaryInput {
@@ -35,8 +35,11 @@ struct Verdict {
   std::vector<std::string> lines;  // launcher messages, in order
 };
 
-// Reads LOGDIR's rank-R.exit, rank-R.pid and the node of each rank-R.log.
-std::map<int, RankRecord> load_records(const std::string& log_dir);
+// Reads the log dir's (`log_dir`: its descriptor) rank-R.exit and rank-R.pid records.
+std::map<int, RankRecord> load_records(int log_dir);
+
+// "rank-12.exit" -> 12 with `ext` "exit"; -1 for any other name.
+int rank_of(const std::string& name, const char* ext);
 
 Verdict summarize(const SummaryInput& in);
 

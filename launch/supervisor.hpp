@@ -1,6 +1,6 @@
 // The launcher's run: starts mpirun/srun in a session of its own, merges the ranks' output, and
 // drives the state machine (supervision.hpp) from one poll loop over its signalfd, mpirun's
-// pidfd, mpirun's stderr, the log socket and the wrappers' connections; then reports from the
+// pidfd, mpirun's stderr and the wrappers' connections (wrapper_links.hpp); then reports from the
 // exit records and leaves nothing behind.
 #pragma once
 
@@ -14,6 +14,7 @@
 #include "launch/spawn.hpp"
 #include "launch/supervision.hpp"
 #include "launch/sys.hpp"
+#include "launch/wrapper_links.hpp"
 
 namespace thetad::launch {
 
@@ -25,20 +26,9 @@ class Supervisor {
   int run();
 
  private:
-  // A wrapper of this host, connected to the log socket.
-  struct Wrapper {
-    Fd fd;
-    int rank = -1;  // from its first line
-    pid_t pid = -1;
-    Fd pidfd;
-    LineBuffer buf;
-  };
-
   void perform(const Actions& actions);
   void launch();
   void stop_ranks();
-  void accept_wrapper();
-  void read_wrapper(size_t i);
   void read_launcher_stderr();
   void emit(const std::string& lines);
   void drain_output(double limit_s);
@@ -55,12 +45,10 @@ class Supervisor {
   Child launcher_;
   bool launcher_running_ = false;
   Fd launcher_err_;
-  LineBuffer launcher_buf_;
-  Fd listen_;
-  std::vector<std::unique_ptr<Wrapper>> wrappers_;
-  std::vector<int> closed_order_;
+  LineBuffer launcher_buf_{kMaxMergedLineBytes};
+  WrapperLinks links_;
+  Fd dir_;  // the log dir, every file in it opened relative to it
   Fd launch_log_;
-  bool stop_sent_ = false;
   bool done_ = false;
   int exit_code_ = 0;
   bool summarize_ = false;

@@ -4,15 +4,19 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <sys/signalfd.h>
+#include <sys/random.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <fstream>
 #include <sstream>
+
+#include "common/errors.hpp"
 
 namespace thetad::launch {
 
@@ -45,19 +49,6 @@ bool write_all(int fd, const char* data, size_t n) {
   return true;
 }
 
-bool append_file(const std::string& path, const std::string& text) {
-  Fd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644));
-  return fd && write_all(fd.get(), text);
-}
-
-bool replace_file(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-  if (!fd || !write_all(fd.get(), text)) return false;
-  fd.reset();
-  return ::rename(tmp.c_str(), path.c_str()) == 0;
-}
-
 bool read_file(const std::string& path, std::string& out) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return false;
@@ -65,6 +56,37 @@ bool read_file(const std::string& path, std::string& out) {
   ss << in.rdbuf();
   out = ss.str();
   return true;
+}
+
+bool read_fd(int fd, size_t max, std::string& out) {
+  out.clear();
+  char buf[65536];
+  while (out.size() < max) {
+    const ssize_t r = ::read(fd, buf, std::min(sizeof buf, max - out.size()));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) return false;
+    if (r == 0) break;
+    out.append(buf, size_t(r));
+  }
+  return true;
+}
+
+std::string random_hex(size_t bytes) {
+  std::string raw(bytes, '\0');
+  size_t got = 0;
+  while (got < bytes) {
+    const ssize_t r = ::getrandom(&raw[got], bytes - got, 0);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) throw Error(std::string("getrandom: ") + std::strerror(errno));
+    got += size_t(r);
+  }
+  static const char* hex = "0123456789abcdef";
+  std::string out;
+  for (unsigned char c : raw) {
+    out += hex[c >> 4];
+    out += hex[c & 15];
+  }
+  return out;
 }
 
 Fd pidfd_open(pid_t pid) {
@@ -186,8 +208,10 @@ std::vector<std::string> process_cmdline(pid_t pid) {
 std::string absolute_path(const std::string& path, bool must_exist) {
   char buf[PATH_MAX + 1];
   if (::realpath(path.c_str(), buf)) return buf;
-  if (must_exist) return "";
-  // Normalize by hand: absolute, no ".", "..", or repeated '/'.
+  return must_exist ? "" : normalize_path(path);
+}
+
+std::string normalize_path(const std::string& path) {
   std::string full = path;
   if (full.empty() || full[0] != '/') {
     char cwd[PATH_MAX + 1];

@@ -33,12 +33,12 @@ class Fd {
 bool write_all(int fd, const char* data, size_t n);
 inline bool write_all(int fd, const std::string& s) { return write_all(fd, s.data(), s.size()); }
 
-// Appends `text` to `path` in one write (O_APPEND: lines of several writers stay whole).
-bool append_file(const std::string& path, const std::string& text);
-// Writes `text` to `path` whole: a temporary file renamed over it (readers never see half).
-bool replace_file(const std::string& path, const std::string& text);
-// The file's text; false when it cannot be read.
+// The file's text; false when it cannot be read (for /proc; the log dir's files: private_dir.hpp).
 bool read_file(const std::string& path, std::string& out);
+// Reads `fd` to its end, at most `max` bytes; false on a read error.
+bool read_fd(int fd, size_t max, std::string& out);
+// `bytes` random bytes from the kernel (getrandom) as lowercase hex; throws Error if none come.
+std::string random_hex(size_t bytes);
 
 // pidfd_open(2); an invalid Fd when the process is gone or the kernel lacks pidfds.
 Fd pidfd_open(pid_t pid);
@@ -68,7 +68,9 @@ std::string self_exe();
 bool process_alive(pid_t pid);
 // The NUL-separated command line of PID, split; empty when unreadable.
 std::vector<std::string> process_cmdline(pid_t pid);
-// realpath(3) of an existing path; readlink -m style (absolute, normalized) when it does not.
+// realpath(3) of an existing path; normalize_path's when it does not.
 std::string absolute_path(const std::string& path, bool must_exist);
+// Absolute and normalized by its text alone (no ".", "..", or repeated '/'), links not resolved.
+std::string normalize_path(const std::string& path);
 
 }  // namespace thetad::launch

@@ -4,7 +4,6 @@
 
 #include <poll.h>
 #include <sys/prctl.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -14,7 +13,9 @@
 #include <cstring>
 
 #include "common/errors.hpp"
+#include "launch/log_socket.hpp"
 #include "launch/plan.hpp"
+#include "launch/private_dir.hpp"
 #include "launch/spawn.hpp"
 #include "launch/worker_io.hpp"
 
@@ -51,7 +52,19 @@ std::string node_label(int rank, int& sim_nodes) {
   sim_nodes = n && n[0] >= '1' && n[0] <= '9' && all_digits(n) ? std::atoi(n) : 0;
   if (sim_nodes > 0 && size % sim_nodes == 0) return std::to_string(rank / (size / sim_nodes));
   sim_nodes = 0;
-  return host_name();
+  std::string host = host_name();  // a file name part: node-HOST.log
+  for (char& c : host)
+    if (c == '/' || c == ' ') c = '_';
+  return host;
+}
+
+// `name` in the log dir, opened to append; a planted link, FIFO or another user's file is exit 2
+// before thetad starts.
+Fd open_log(int dir, const std::string& dir_path, const std::string& name) {
+  std::string why;
+  Fd fd = open_append_at(dir, name, why);
+  if (!fd) throw ConfigError("log file '" + dir_path + "/" + name + "' " + why + ": not written (remove it)");
+  return fd;
 }
 
 // A simulated node sees only its share of this host's GPUs, as a real node sees its own.
@@ -121,18 +134,19 @@ int worker_main(int argc, char** argv) {
   int sim_nodes = 0;
   const std::string node = node_label(rank, sim_nodes);
   if (sim_nodes > 0) narrow_gpus_to_node(std::atoi(node.c_str()), sim_nodes);
-  ::mkdir(logdir.c_str(), 0755);
-  const std::string base = logdir + "/rank-" + std::to_string(rank);
+  // The launcher checked the log dir; it is checked again here, where the files are written
+  // (another host, or a dir replaced since), and every file is opened relative to it.
+  const Fd dir = open_private_dir(logdir, true, "log dir");
+  const std::string base = "rank-" + std::to_string(rank);
   const std::string exit_file = base + ".exit", pid_file = base + ".pid";
-  ::unlink(exit_file.c_str());
+  ::unlinkat(dir.get(), exit_file.c_str(), 0);
   std::string words;
   for (const auto& w : cmd) words += (words.empty() ? "" : " ") + w;
   const std::string header = "[" + local_timestamp(true) + "] [rank " + std::to_string(rank) +
                              "] [launch] info: host " + host_name() + " node " + node + " pid " +
                              std::to_string(::getpid()) + " starts: " + words + "\n";
-  append_file(base + ".log", header);
-  append_file(logdir + "/node-" + node + ".log", header);
-  RankOutput out(rank, base + ".log", logdir + "/node-" + node + ".log");
+  RankOutput out(rank, open_log(dir.get(), logdir, base + ".log"), open_log(dir.get(), logdir, "node-" + node + ".log"));
+  out.write_files(header);
   out.connect_launcher();
 
   Fd err[2], ready[2];
@@ -141,8 +155,14 @@ int worker_main(int argc, char** argv) {
   SpawnSpec spec;
   spec.argv = {self_exe(), "--exec-child", std::to_string(::getpid()), "--"};
   spec.argv.insert(spec.argv.end(), cmd.begin(), cmd.end());
+  // thetad gets neither the readiness fd of this wrapper's parent nor the log socket's path and
+  // token (a job that prints its environment must not show them).
+  const auto named = [](const char* entry, const char* var) {
+    const size_t n = std::strlen(var);
+    return std::strncmp(entry, var, n) == 0 && entry[n] == '=';
+  };
   for (char** e = environ; *e; ++e)
-    if (std::strncmp(*e, kReadyFdVar, std::strlen(kReadyFdVar)) != 0) spec.env.push_back(*e);
+    if (!named(*e, kReadyFdVar) && !named(*e, kLogSocketVar) && !named(*e, kLogTokenVar)) spec.env.push_back(*e);
   spec.env.push_back(std::string(kReadyFdVar) + "=3");
   spec.dup2s = {{err[1].get(), STDERR_FILENO}, {ready[1].get(), 3}};
   spec.blocked = {SIGUSR1};
@@ -152,8 +172,8 @@ int worker_main(int argc, char** argv) {
   err[1].reset();
   ready[1].reset();
   // The host too: with a log dir shared across hosts, the launcher stops only its own host's.
-  replace_file(pid_file, std::to_string(::getpid()) + " " + std::to_string(child.pid) + " " +
-                            host_name() + "\n");
+  replace_file_at(dir.get(), pid_file,
+                  std::to_string(::getpid()) + " " + std::to_string(child.pid) + " " + host_name() + " " + node + "\n");
 
   double drain_until = 0;
   char buf[65536];
@@ -189,8 +209,8 @@ int worker_main(int argc, char** argv) {
   }
   out.finish();
   // Exit code and time: the launcher names the first failing rank by this time.
-  replace_file(exit_file, std::to_string(st.code) + " " + epoch_realtime() + "\n");
-  ::unlink(pid_file.c_str());
+  replace_file_at(dir.get(), exit_file, std::to_string(st.code) + " " + epoch_realtime() + " " + node + "\n");
+  ::unlinkat(dir.get(), pid_file.c_str(), 0);
   return st.code;
 }
 

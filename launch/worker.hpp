@@ -16,7 +16,5 @@ int exec_child_main(int argc, char** argv);
 
 // The environment variable naming the fd on which thetad reports its stop handler installed.
 inline constexpr const char* kReadyFdVar = "THETAD_READY_FD";
-// The environment variable naming the launcher's log socket (abstract unix socket name).
-inline constexpr const char* kLogSocketVar = "THETAD_LAUNCH_LOG_SOCKET";
 
 }  // namespace thetad::launch

@@ -1,49 +1,47 @@
 // A wrapper's rank output (see worker_io.hpp).
 #include "launch/worker_io.hpp"
 
-#include <fcntl.h>
 #include <sys/socket.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstddef>
 #include <cstdlib>
 #include <cstring>
 
-#include "launch/worker.hpp"
+#include "launch/log_socket.hpp"
 
 namespace thetad::launch {
 
-RankOutput::RankOutput(int rank, std::string rank_file, std::string node_file)
-    : rank_(rank), rank_file_(std::move(rank_file)), node_file_(std::move(node_file)) {
-  rank_fd_.reset(::open(rank_file_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644));
-  node_fd_.reset(::open(node_file_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644));
+RankOutput::RankOutput(int rank, Fd rank_fd, Fd node_fd)
+    : rank_(rank), rank_fd_(std::move(rank_fd)), node_fd_(std::move(node_fd)) {}
+
+void RankOutput::write_files(const std::string& lines) {
+  if (rank_fd_) write_all(rank_fd_.get(), lines);
+  if (node_fd_) write_all(node_fd_.get(), lines);
 }
 
 void RankOutput::connect_launcher() {
-  const char* name = std::getenv(kLogSocketVar);
-  if (!name || !*name || std::strlen(name) + 1 >= sizeof(sockaddr_un::sun_path)) return;
-  Fd s(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  std::memcpy(addr.sun_path + 1, name, std::strlen(name));  // abstract: no file to clean up
-  socklen_t len = socklen_t(offsetof(sockaddr_un, sun_path) + 1 + std::strlen(name));
-  if (!s || ::connect(s.get(), reinterpret_cast<sockaddr*>(&addr), len) != 0) return;  // another host
-  const std::string hello = std::to_string(rank_) + "\n";
-  if (::send(s.get(), hello.data(), hello.size(), MSG_NOSIGNAL) == ssize_t(hello.size())) sock_ = std::move(s);
+  const char* path = std::getenv(kLogSocketVar);
+  const char* token = std::getenv(kLogTokenVar);
+  if (!path || !*path || !token) return;  // no launcher of ours on this host: stderr
+  std::string why;
+  sock_ = connect_log_socket(path, token, rank_, why);
+  if (!sock_ && !why.empty())
+    write_all(STDERR_FILENO, "[rank " + std::to_string(rank_) + "] thetad-launch: warning: " + why + "\n");
 }
 
 void RankOutput::feed(const char* data, size_t n) { emit(buf_.feed(data, n)); }
 
 void RankOutput::finish() { emit(buf_.finish()); }
 
-// Whole lines only, each file in one write: lines of a node's ranks interleave whole.
+// Whole lines only, each file in one write: lines of a node's ranks interleave whole. The rank's
+// file keeps them as written; the node's file and the merged stream hold several ranks' lines,
+// each tagged with its rank and with its control bytes written out.
 void RankOutput::emit(const std::string& lines) {
   if (lines.empty()) return;
   if (rank_fd_) write_all(rank_fd_.get(), lines);
-  if (node_fd_) write_all(node_fd_.get(), lines);
-  const std::string tagged = tag_lines(lines, rank_);
+  const std::string tagged = escape_controls(tag_lines(lines, rank_));
+  if (node_fd_) write_all(node_fd_.get(), tagged);
   if (sock_) {
     const char* p = tagged.data();
     size_t left = tagged.size();

@@ -12,8 +12,12 @@ namespace thetad::launch {
 
 class RankOutput {
  public:
-  RankOutput(int rank, std::string rank_file, std::string node_file);
-  // Connects to the launcher's log socket named by THETAD_LAUNCH_LOG_SOCKET (if any).
+  // `rank_fd`, `node_fd`: the rank's and the node's log files, open to append.
+  RankOutput(int rank, Fd rank_fd, Fd node_fd);
+  // Writes `lines` (the wrapper's own) to both files as they are.
+  void write_files(const std::string& lines);
+  // Connects to the launcher's log socket named by THETAD_LAUNCH_LOG_SOCKET (if any), proving
+  // itself with THETAD_LAUNCH_LOG_TOKEN once the socket is known to be this user's.
   void connect_launcher();
   // Bytes read from the rank's stderr.
   void feed(const char* data, size_t n);
@@ -24,7 +28,6 @@ class RankOutput {
   void emit(const std::string& lines);
 
   int rank_;
-  std::string rank_file_, node_file_;
   Fd rank_fd_, node_fd_, sock_;
   LineBuffer buf_;
 };

@@ -6,7 +6,7 @@
 #     THETAD_FAKE_SLEEP seconds, exits THETAD_FAKE_EXIT_CODE on rank THETAD_FAKE_EXIT_RANK
 #     (after THETAD_FAKE_EXIT_AFTER steps) and 0 elsewhere; on SIGTERM prints "got SIGTERM" and
 #     exits 4 like thetad does after its checkpoint, which takes THETAD_FAKE_STOP_SLEEP seconds
-#     (default 0; then it prints "checkpoint complete"). It installs its SIGTERM handler only
+#     (default 0; then it prints "checkpoint complete"). THETAD_FAKE_RAW: bytes one rank writes. It installs its SIGTERM handler only
 #     after THETAD_FAKE_START_DELAY seconds (default 0), like thetad while LibTorch loads: a
 #     SIGTERM before that kills it. Once its handler is set it reports so on the fd the launcher's
 #     wrapper names in THETAD_READY_FD, as thetad does. Writes its pid to $THETAD_FAKE_STATE/pid-R and marks
@@ -65,6 +65,8 @@ fi
 say info daemon "fake worker starts job $job"
 say info daemon "CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES-unset}"
 echo "untagged line from fake rank $rank" >&2
+# THETAD_FAKE_RAW: bytes (printf %b escapes) rank THETAD_FAKE_RAW_RANK (default 1) writes as is.
+if [[ -n ${THETAD_FAKE_RAW:-} && $rank == "${THETAD_FAKE_RAW_RANK:-1}" ]]; then printf '%b' "$THETAD_FAKE_RAW" >&2; fi
 steps=${THETAD_FAKE_STEPS:-3}
 for ((s = 1; s <= steps; s++)); do
   if [[ $rank == "${THETAD_FAKE_EXIT_RANK:-none}" ]] && ((s > ${THETAD_FAKE_EXIT_AFTER:-0})); then

@@ -3,60 +3,12 @@
 # exit codes and the failing rank named, per-rank and merged logs, SIGTERM/SIGINT forwarding,
 # a lost rank, the flags it gives mpirun. Usage: launcher_fake.sh CASE (see the case list below).
 set -euo pipefail
-# shellcheck source=tests/launch/lib.sh
-source "$(dirname "$0")/lib.sh"
-
-FAKE=$LAUNCH_TEST_DIR/fake_thetad.sh
-export THETAD_FAKE_STATE=$T/state
-mkdir -p "$THETAD_FAKE_STATE"
-unset SLURM_JOB_ID CUDA_VISIBLE_DEVICES THETAD_MPIRUN_ARGS THETAD_MPIRUN_BIND || true
-
-# A job file whose path carries the marker (for pgrep) and whose `job:` names it; thetad's loader
-# accepts it (the launcher checks it in-process) unless the model line given breaks it.
-make_job() {  # make_job NAME [model line]
-  local f=$T/$1.yaml model='model: {kind: multitask_mlp, tasks: 2}'
-  printf 'job: %s-%s\nsteps: 10\n%s\ndata: {kind: synthetic}\n' "$1" "$MARKER" "${2:-$model}" >"$f"
-  echo "$f"
-}
-
-# run_launcher OUT_PREFIX ARGS...: runs the launcher in the foreground (60 s limit); sets RC.
-run_launcher() {
-  local out=$1; shift
-  RC=0
-  timeout -k 5 60 "$LAUNCHER" --thetad "$FAKE" "$@" >"$out.out" 2>"$out.err" || RC=$?
-}
-
-# start_launcher OUT_PREFIX ARGS...: in the background; sets LPID.
-start_launcher() {
-  local out=$1; shift
-  "$LAUNCHER" --thetad "$FAKE" "$@" >"$out.out" 2>"$out.err" &
-  LPID=$! LERR=$out.err
-}
-
-# wait_exit PID LIMIT: waits for a background launcher; sets RC and ELAPSED.
-wait_exit() {
-  local pid=$1 limit=$2 start=$SECONDS
-  while kill -0 "$pid" 2>/dev/null; do
-    if ((SECONDS - start >= limit)); then
-      { echo "---- the launcher's stderr, without step lines:"; grep -v '\] info: step ' "${LERR:-/dev/null}" | tail -n 30; } >&2
-      fail "launcher still running after ${limit}s"
-    fi
-    sleep 0.1
-  done
-  RC=0
-  wait "$pid" || RC=$?
-  ELAPSED=$((SECONDS - start))
-}
+# shellcheck source=tests/launch/fake_run.sh
+source "$(dirname "$0")/fake_run.sh"
 
 case_bad_job() {
   local job; job=$(make_job bad 'model: {kind: FAKE_INVALID}')
-  # An mpirun that only records that it was started.
-  cat >"$T/mpirun-shim" <<SHIM
-#!/usr/bin/env bash
-touch "$T/mpirun-started"
-exec mpirun "\$@"
-SHIM
-  chmod +x "$T/mpirun-shim"
+  mpirun_shim
   THETAD_MPIRUN=$T/mpirun-shim run_launcher "$T/bad" --log-dir "$T/logs" "$job" --set steps=5
   ((RC == 2)) || { cat "$T/bad.err" >&2; fail "bad job: want exit 2, got $RC"; }
   [[ ! -e $T/mpirun-started ]] || fail "mpirun was started for an invalid job"
@@ -255,12 +207,7 @@ case_stop_twice() {
 # Bad --log-level and --hosts values: exit 2 naming the option, nothing started.
 case_bad_args() {
   local job spec; job=$(make_job badargs)
-  cat >"$T/mpirun-shim" <<SHIM
-#!/usr/bin/env bash
-touch "$T/mpirun-started"
-exec mpirun "\$@"
-SHIM
-  chmod +x "$T/mpirun-shim"
+  mpirun_shim
   export THETAD_MPIRUN=$T/mpirun-shim
   run_launcher "$T/lvl" --log-dir "$T/logs" "$job" --log-level loud
   ((RC == 2)) || { cat "$T/lvl.err" >&2; fail "--log-level loud: want exit 2, got $RC"; }
@@ -281,6 +228,72 @@ SHIM
   done
   grep -q -- '-np 5 --host a:2,b:3' <<<"$out" || fail "--hosts a,b:3: $out"
   pass "bad --log-level / --hosts: exit 2 naming the option, nothing started"
+}
+
+# Hostfile counts: slots= out of range (atoi once turned 2147483648 into -np -2147483648 and
+# 99999999999 into 1215752191 ranks) is exit 2 naming the file and line, nothing started; hosts
+# with different slots= run the sum of them.
+case_bad_hostfile() {
+  local job bad out; job=$(make_job badhosts)
+  mpirun_shim
+  for bad in 2147483648 0 99999999999 -1 4x; do
+    printf '# hosts\nnodeA slots=2\nnodeB slots=%s\n' "$bad" >"$T/hostfile"
+    THETAD_MPIRUN=$T/mpirun-shim run_launcher "$T/hf" --log-dir "$T/logs" --hostfile "$T/hostfile" "$job"
+    ((RC == 2)) || { cat "$T/hf.out" "$T/hf.err" >&2; fail "slots=$bad: want exit 2, got $RC"; }
+    assert_grep "hostfile '$T/hostfile' line 3: slots=$bad is not a whole number from 1 to" "$T/hf.err"
+    THETAD_MPIRUN=$T/mpirun-shim run_launcher "$T/hf" --dry-run --hostfile "$T/hostfile" "$job"
+    ((RC == 2)) || { cat "$T/hf.out" >&2; fail "slots=$bad, dry run: want exit 2, got $RC"; }
+  done
+  [[ ! -e $T/mpirun-started ]] || fail "mpirun was started for a bad hostfile"
+  [[ ! -e $T/logs ]] || fail "a bad hostfile created the log dir"
+  printf 'nodeA slots=2\nnodeB slots=3\n' >"$T/hostfile"
+  out=$("$LAUNCHER" --thetad "$FAKE" --dry-run --hostfile "$T/hostfile" "$job")
+  grep -q -- '-np 5 --hostfile' <<<"$out" || fail "slots=2 and slots=3: want 5 ranks: $out"
+  mkfifo "$T/hostfifo"
+  run_launcher "$T/hf" --dry-run --hostfile "$T/hostfifo" "$job"
+  ((RC == 2)) || fail "a FIFO as hostfile: want exit 2, got $RC"
+  assert_grep "hostfile '$T/hostfifo' is not a regular file" "$T/hf.err"
+  pass "hostfile slots out of range: exit 2 naming the file and line; uneven slots summed"
+}
+
+# The launcher's checks before anything starts are interruptible and never wait on a FIFO: a
+# FIFO as the job file is exit 2 at once (it hung until SIGKILL); a SIGTERM while a check is
+# stuck (here nvidia-smi, counting the GPUs, answers after 30 s) ends the launcher within
+# seconds with exit 4, nothing started, the stuck helper gone with it (it was ignored until the
+# check ended).
+case_stop_during_check() {
+  local job start; job=$(make_job slowcheck)
+  mkfifo "$T/fifo.yaml"
+  start=$SECONDS
+  RC=0
+  timeout -k 1 10 "$LAUNCHER" --thetad "$FAKE" --log-dir "$T/logs" "$T/fifo.yaml" >"$T/fifo.out" 2>"$T/fifo.err" || RC=$?
+  ((RC == 2)) || { cat "$T/fifo.err" >&2; fail "a FIFO as the job file: want exit 2, got $RC"; }
+  assert_grep "job file '$T/fifo.yaml' is not a regular file" "$T/fifo.err"
+  mkdir -p "$T/bin"
+  cat >"$T/bin/nvidia-smi" <<SMI
+#!/usr/bin/env bash
+touch "$T/smi-started"
+exec sleep 30
+SMI
+  chmod +x "$T/bin/nvidia-smi"
+  mpirun_shim
+  local sig
+  for sig in TERM INT; do
+    rm -f "$T/smi-started"
+    set -m
+    PATH=$T/bin:$PATH THETAD_MPIRUN=$T/mpirun-shim start_launcher "$T/slow" --nproc-per-node 1 --log-dir "$T/logs" "$job"
+    set +m
+    wait_for 10 test -e "$T/smi-started"
+    start=$SECONDS
+    kill "-$sig" "$LPID"
+    wait_exit "$LPID" 40
+    ((RC == 4)) || { cat "$T/slow.err" >&2; fail "SIG$sig during the check: want exit 4, got $RC"; }
+    ((SECONDS - start <= 5)) || fail "SIG$sig during the check: exit after $((SECONDS - start)) s (want at once)"
+    assert_grep "SIG$sig: stopped before any rank started" "$T/slow.err"
+  done
+  [[ ! -e $T/mpirun-started ]] || fail "mpirun was started after a stop during the check"
+  no_leftovers
+  pass "FIFO job file: exit 2 at once; SIGTERM/SIGINT during a stuck check: exit 4 at once, nothing left"
 }
 
 case_kill9() {
@@ -328,7 +341,9 @@ case_flags() {
   grep -q -- '-np 1 ' <<<"$out" || fail "dry run: no -np 1: $out"
   ! grep -q -- '--oversubscribe' <<<"$out" || fail "--oversubscribe with 1 rank: $out"
   grep -q -- '--bind-to none' <<<"$out" || fail "CPU-only: want --bind-to none: $out"
-  grep -q -- '--mca btl_tcp_if_include lo' <<<"$out" || fail "single node: want loopback flags: $out"
+  # One node: shared memory only (a TCP BTL listens on every interface), mpirun's channel on lo.
+  grep -q -- '--mca btl self,vader --mca oob_tcp_if_include lo ' <<<"$out" || fail "single node: want shared memory only: $out"
+  ! grep -q -E -- 'btl [^ ]*tcp|btl_tcp' <<<"$out" || fail "single node: a TCP BTL: $out"
   grep -q -- 'validate .*--set steps=3' <<<"$out" || fail "--set not passed to validate: $out"
   grep -q -- '-x OMP_NUM_THREADS' <<<"$out" || fail "OMP_NUM_THREADS not passed: $out"
   out=$(THETAD_X_TEST=1 NCCL_DEBUG=WARN "$LAUNCHER" --thetad "$FAKE" --dry-run --nproc-per-node $((cores + 1)) "$job")
@@ -336,7 +351,7 @@ case_flags() {
   grep -q -- '-x NCCL_DEBUG' <<<"$out" || fail "NCCL_* not passed: $out"
   grep -q -- '-x THETAD_X_TEST' <<<"$out" || fail "THETAD_* not passed: $out"
   out=$(THETAD_MPIRUN_ARGS='--mca btl self,tcp' "$LAUNCHER" --thetad "$FAKE" --dry-run "$job")
-  ! grep -q -- 'btl_tcp_if_include' <<<"$out" || fail "THETAD_MPIRUN_ARGS did not replace the net flags: $out"
+  ! grep -q -- 'btl self,vader' <<<"$out" || fail "THETAD_MPIRUN_ARGS did not replace the net flags: $out"
   grep -q -- '--mca btl self,tcp' <<<"$out" || fail "THETAD_MPIRUN_ARGS not used: $out"
   grep -q -- '-np 2 ' <<<"$out" || fail "no GPUs: want 2 ranks: $out"
   out=$(CUDA_VISIBLE_DEVICES=0,1,2 "$LAUNCHER" --thetad "$FAKE" --dry-run "$job")
@@ -357,6 +372,7 @@ case_flags() {
   grep -q -- '--worker' <<<"$out" || fail "srun: workers not wrapped: $out"
   # Simulated nodes: N x --nproc-per-node ranks on this host, the variable passed to every rank.
   out=$("$LAUNCHER" --thetad "$FAKE" --dry-run --simulate-nodes 3 --nproc-per-node 2 "$job")
+  ! grep -q -E -- 'btl [^ ]*tcp' <<<"$out" || fail "simulated nodes share one host: a TCP BTL: $out"
   grep -q -- '-np 6 .*--bind-to none.*-x THETAD_SIMULATE_NODES' <<<"$out" || fail "--simulate-nodes 3 x 2: $out"
   grep -q -- 'ranks: 6 (3 node(s) x 2)' <<<"$out" || fail "--simulate-nodes 3 x 2: want 3 nodes: $out"
   local rc=0
@@ -521,11 +537,13 @@ case ${1:-} in
   stop_outlives_srun) case_stop_outlives_srun ;;
   stop_unforwarded) case_stop_unforwarded ;;
   bad_args) case_bad_args ;;
+  bad_hostfile) case_bad_hostfile ;;
+  stop_during_check) case_stop_during_check ;;
   kill9) case_kill9 ;;
   kill9_wrapper) case_kill9_wrapper ;;
   flags) case_flags ;;
   simulate_nodes) case_simulate_nodes ;;
   all) case_flags; case_bad_job; case_bad_args; case_rank_fails; case_logs; sig_case TERM; sig_case INT
        sig_case INT bg; case_early_stop; case_stop_twice; case_sigterm_storm; case_rank_signal_storm; case_kill9; case_kill9_wrapper ;;
-  *) echo "usage: $0 bad_job|bad_args|rank_fails|logs|sigterm|sigint|sigint_bg|early_stop|startup_storm|stop_twice|sigterm_storm|rank_signal_storm|stop_outlives_srun|stop_unforwarded|kill9|kill9_wrapper|flags|all" >&2; exit 2 ;;
+  *) echo "usage: $0 bad_job|bad_args|bad_hostfile|stop_during_check|rank_fails|logs|sigterm|sigint|sigint_bg|early_stop|startup_storm|stop_twice|sigterm_storm|rank_signal_storm|stop_outlives_srun|stop_unforwarded|kill9|kill9_wrapper|flags|all" >&2; exit 2 ;;
 esac

@@ -29,7 +29,7 @@ alive() {
 
 fail() { echo "FAIL: $*" >&2; exit 1; }
 pass() { echo "ok: $*"; }
-skip() { echo "SKIP: $*"; exit 0; }
+skip() { echo "SKIP: $*"; exit 77; }  # ctest: SKIP_RETURN_CODE 77
 
 # wait_for SECONDS CMD...: polls CMD every 0.1 s until it succeeds; fails the test on timeout.
 wait_for() {
@@ -39,6 +39,23 @@ wait_for() {
     ((SECONDS < deadline)) || fail "timed out after ${limit}s waiting for: $*"
     sleep 0.1
   done
+}
+
+# wait_exit PID LIMIT: waits for a background launcher (its stderr in
+# $LERR); sets RC and ELAPSED.
+# shellcheck disable=SC2034  # RC, ELAPSED: read by the scripts that source this file
+wait_exit() {
+  local pid=$1 limit=$2 start=$SECONDS
+  while kill -0 "$pid" 2>/dev/null; do
+    if ((SECONDS - start >= limit)); then
+      { echo "---- the launcher's stderr, without step lines:"; grep -v '\] info: step ' "${LERR:-/dev/null}" | tail -n 30; } >&2
+      fail "launcher still running after ${limit}s"
+    fi
+    sleep 0.1
+  done
+  RC=0
+  wait "$pid" || RC=$?
+  ELAPSED=$((SECONDS - start))
 }
 
 # assert_grep PATTERN FILE [what]: extended regex must match a line of FILE.

@@ -247,9 +247,10 @@ TEST(LineBuffer, WholeLinesOnlyAndTheLastOneAtTheEnd) {
   EXPECT_EQ(b.finish(), "");
 }
 
-TEST(LineBuffer, TagsOnlyUntaggedLines) {
+TEST(LineBuffer, TagsEveryLineThatLacksItsOwnRanksTag) {
   EXPECT_EQ(tag_lines("x\n[t] [rank 3] y\n[rank ] z\n", 7),
-            "[rank 7] x\n[t] [rank 3] y\n[rank 7] [rank ] z\n");
+            "[rank 7] x\n[rank 7] [t] [rank 3] y\n[rank 7] [rank ] z\n");
+  EXPECT_EQ(tag_lines("[t] [rank 3] y\n[rank 3] w\n", 3), "[t] [rank 3] y\n[rank 3] w\n");
 }
 
 }  // namespace

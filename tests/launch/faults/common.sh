@@ -94,16 +94,7 @@ start_fault_run() {
 }
 
 # wait_launcher LIMIT: waits for LPID; sets RC and ELAPSED (from now).
-wait_launcher() {
-  local start=$SECONDS
-  while kill -0 "$LPID" 2>/dev/null; do
-    ((SECONDS - start < $1)) || { tail -n 30 "$T/fault.err" >&2; fail "launcher still running ${1}s after the fault"; }
-    sleep 0.1
-  done
-  RC=0
-  wait "$LPID" || RC=$?
-  ELAPSED=$((SECONDS - start))
-}
+wait_launcher() { LERR=$T/fault.err wait_exit "$LPID" "$1"; }
 
 # expect_lost LIMIT PATTERN WHAT: after a kill, the launcher ends within LIMIT seconds with exit 3
 # (lost peer), its stderr matching PATTERN (it names WHAT was lost), and no process is left.

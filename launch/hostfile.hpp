@@ -1,0 +1,29 @@
+// An Open MPI hostfile as the launcher's plan reads it: one host per line, `host [slots=N]
+// [max_slots=N] ...`, '#' comments. Every count is checked before anything starts: a value that
+// is not a whole number from 1 to kMaxRanks is a ConfigError (exit 2) naming the file and line.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace thetad::launch {
+
+// The most ranks a launch may have (and so any one host's slots): far beyond any real job, it
+// keeps every rank count an int that cannot overflow.
+inline constexpr long kMaxRanks = 1L << 20;
+
+struct HostfileEntry {
+  std::string host;
+  int slots = 0;  // slots= (or its synonyms count=, cpu=); 0 when the line gives none
+  int line = 0;   // 1-based line number in the file
+};
+
+// Reads `path` (a regular file of at most 1 MiB) and parses it; throws ConfigError.
+std::vector<HostfileEntry> read_hostfile(const std::string& path);
+// Parses hostfile text; `path` names the file in messages.
+std::vector<HostfileEntry> parse_hostfile(const std::string& text, const std::string& path);
+
+// A count as the launcher takes it from a user: 1 to `max`, decimal digits only; -1 otherwise.
+long parse_count(const std::string& s, long max = kMaxRanks);
+
+}  // namespace thetad::launch
