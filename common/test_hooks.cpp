@@ -31,6 +31,8 @@ int checkpoint_enospc_rank() { return static_cast<int>(env_int("THETAD_TEST_CHEC
 
 bool checkpoint_stage_host() { return env_int("THETAD_TEST_CHECKPOINT_STAGE_HOST", 0) != 0; }
 
+bool slot_pass_without_graph() { return env_int("THETAD_TEST_SLOT_PASS", 0) != 0; }
+
 int checkpoint_background_threads() {
   return static_cast<int>(std::max<int64_t>(0, env_int("THETAD_TEST_CHECKPOINT_BACKGROUND_THREADS", 0)));
 }

@@ -26,6 +26,11 @@ bool checkpoint_stage_host();
 // them). 0 when unset.
 int checkpoint_background_threads();
 
+// THETAD_TEST_SLOT_PASS=1: on the CPU, a pass that a GPU would replay from a CUDA graph
+// (train.cuda_graphs) runs through the same slots and gradient delivery without one, so that
+// CPU tests compare that path with the plain one. false when unset or 0.
+bool slot_pass_without_graph();
+
 // THETAD_TEST_DEVICE_MEMORY=<free MiB>/<total MiB>: the device memory check before the model is
 // built (daemon/core/device_memory_estimate) sees this much free and total device memory instead
 // of the GPU's, and runs on CPU ranks too, so that CPU CI reaches the refusal. false (and nothing

@@ -257,6 +257,9 @@ struct TrainConfig {
   // One backward over the sum of a micro-step's task losses (joint), or one per task (per_task:
   // one task's graph alive at a time); auto: per_task where Θ takes no gradient and is not streamed.
   Backward backward = Backward::Auto;
+  // GPUs: a pass that can (the transformer over a frozen base, parts of equal rows) is captured
+  // once as a CUDA graph and replayed (daemon/train/graphed_pass).
+  bool cuda_graphs = true;
 };
 
 struct CheckpointConfig {

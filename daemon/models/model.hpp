@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "config/job.hpp"
@@ -71,6 +72,26 @@ struct TaskRows {
   uint64_t sample_seed = 0;
 };
 
+// A fused pass whose task parameters are read from slots: tensors of its own, the same every
+// run, so that a CUDA graph can capture the pass once and replay it for any tasks
+// (daemon/train/graphed_pass). Made for one number of parts of equal rows.
+class SlotPass {
+ public:
+  virtual ~SlotPass() = default;
+  // The leaves the gradients are taken of (requires grad).
+  virtual const std::vector<torch::Tensor>& slots() const = 0;
+  // Copies tasks[i]'s parameters into position i of the slots (no autograd; on the current
+  // stream, before the pass runs).
+  virtual void bind(const std::vector<int>& tasks) = 0;
+  // Each part's loss (its mean): x holds every part's rows in order, ys each part's targets.
+  // The same function as TaskModel::losses of those tasks, with the tasks' parameters bound.
+  virtual std::vector<torch::Tensor> losses(const torch::Tensor& x, const std::vector<torch::Tensor>& ys) = 0;
+  // Task `task` at position i: each of its parameters (by name) with its gradient, a view into
+  // `slot_grads` (the gradients of slots(), in their order).
+  virtual std::vector<std::pair<std::string, torch::Tensor>> grads(int task, int i,
+                                                                   const std::vector<torch::Tensor>& slot_grads) const = 0;
+};
+
 class TaskModel {
  public:
   virtual ~TaskModel() = default;
@@ -88,6 +109,13 @@ class TaskModel {
   // in fewer and larger kernels.
   virtual std::vector<torch::Tensor> losses(const std::vector<TaskRows>& parts);
   virtual bool fuses_tasks() const { return false; }
+  // A pass of `parts` tasks of `rows` rows each with its task parameters in slots, or nullptr
+  // where the model has none (every model but the transformer over a frozen base).
+  virtual std::unique_ptr<SlotPass> slot_pass(int parts, int64_t rows) {
+    (void)parts;
+    (void)rows;
+    return nullptr;
+  }
   int num_tasks() const { return num_tasks_; }
   // Row-chunked groups (extreme_classifier with offload.shard_mb > 0): the group's one parameter
   // is a [rows x row_elems] matrix the model computes over in row chunks, read through the

@@ -46,7 +46,7 @@ struct Block {
 class Transformer : public TaskModel {
  public:
   Transformer(const config::Job& job, torch::Device device, bool lazy)
-      : m_(job.model), llama_(job.model.arch == config::ModelArch::Llama) {
+      : m_(job.model), llama_(job.model.arch == config::ModelArch::Llama), train_shared_(job.model.train_shared) {
     num_tasks_ = static_cast<int>(m_.tasks);
     const int64_t d = m_.d_model, ff = m_.d_ff;
     dh_ = d / m_.heads;
@@ -86,6 +86,7 @@ class Transformer : public TaskModel {
     lnf_w_ = pb.add_filled("ln_f.weight", 0, {d}, 1.0);
     if (!llama_) lnf_b_ = pb.add_filled("ln_f.bias", 0, {d}, 0.0);
     head_ = m_.tie_embeddings ? embed_ : pb.add("lm_head.weight", 0, {m_.vocab, d}, 1.0 / std::sqrt(double(d)), Read::autocast);
+    for (const std::string& word : job.lora.targets) adapted_[static_cast<size_t>(target_of(word))] = true;
     lora_.resize(static_cast<size_t>(m_.tasks));
     for (int64_t t = 0; t < m_.tasks; ++t) {
       const int g = static_cast<int>(t) + 1;
@@ -144,7 +145,16 @@ class Transformer : public TaskModel {
   }
   bool fuses_tasks() const override { return true; }
 
+  // A frozen base only: the slots are the pass's only leaves (a trained Θ would need its own
+  // gradients too).
+  std::unique_ptr<SlotPass> slot_pass(int parts, int64_t rows) override;
+
  private:
+  class Slots;
+  // Per layer and target, the adapters of a pass's tasks stacked: a [tasks, rank, in],
+  // b [tasks, out, rank] (undefined where the target is not adapted).
+  using SlotTensors = std::vector<std::array<Lora, kTargets>>;
+
   // The tasks of a pass, in the order of its rows: each task's adapters apply to its own rows.
   struct Segment {
     int task;
@@ -156,8 +166,9 @@ class Transformer : public TaskModel {
     return linear_cross_entropy(h.reshape({-1, h.size(-1)}), head_, next.reshape({-1}));
   }
 
-  // The final norm's output [rows, seq, d_model]: what the output layer multiplies.
-  torch::Tensor hidden_states(const torch::Tensor& x, const Segments& segments) {
+  // The final norm's output [rows, seq, d_model]: what the output layer multiplies. The
+  // segments' adapters are the model's, or `slots` where given.
+  torch::Tensor hidden_states(const torch::Tensor& x, const Segments& segments, const SlotTensors* slots = nullptr) {
     const int64_t rows = x.size(0), seq = x.size(1), d = m_.d_model;
     // The rotary tables are no parameters: a model built on the host for a host store (offload)
     // has its Θ moved to the device by the store, not these. They follow the tokens once.
@@ -171,7 +182,7 @@ class Transformer : public TaskModel {
     if (!llama_) h = h + pos_.narrow(0, 0, seq);
     for (size_t i = 0; i < blocks_.size(); ++i) {
       const Block& b = blocks_[i];
-      const Layer l{b, i, segments};
+      const Layer l{b, i, segments, slots};
       const torch::Tensor a = norm(h, b.ln1_w, b.ln1_b);
       h = h + linear(attention(linear(a, l, kQ), linear(a, l, kK), linear(a, l, kV)), l, kO);
       const torch::Tensor f = norm(h, b.ln2_w, b.ln2_b);
@@ -192,18 +203,20 @@ class Transformer : public TaskModel {
     return w * (h32 * torch::rsqrt(h32.pow(2).mean(-1, /*keepdim=*/true) + m_.norm_eps));
   }
 
-  // One block of a pass: its base weights, its index (the adapters' layer) and the pass's tasks.
+  // One block of a pass: its base weights, its index (the adapters' layer), the pass's tasks and
+  // where their adapters are read (the model's, or slots).
   struct Layer {
     const Block& block;
     size_t index;
     const Segments& segments;
+    const SlotTensors* slots;
   };
 
   // x W^T, plus each task's LoRA path (alpha / rank) (x A^T) B^T on its rows where the target is
   // adapted.
   torch::Tensor linear(const torch::Tensor& x, const Layer& l, int k) const {
     const torch::Tensor y = torch::linear(x, l.block.w[static_cast<size_t>(k)]);
-    if (!adapter(l.segments.front().task, l.index, k).a.defined()) return y;
+    if (!adapted_[static_cast<size_t>(k)]) return y;
     return y + lora_delta(x, l, k) * scale_;
   }
 
@@ -216,6 +229,11 @@ class Transformer : public TaskModel {
   // launch 2 x tasks small kernels per target and layer.
   torch::Tensor lora_delta(const torch::Tensor& x, const Layer& l, int k) const {
     const Segments& seg = l.segments;
+    if (l.slots) {
+      const Lora& s = (*l.slots)[l.index][static_cast<size_t>(k)];
+      if (seg.size() == 1) return torch::linear(torch::linear(x, s.a.select(0, 0)), s.b.select(0, 0));
+      return batched_delta(x, s.a, s.b);
+    }
     if (seg.size() == 1) {
       const Lora& a = adapter(seg.front().task, l.index, k);
       return torch::linear(torch::linear(x, a.a), a.b);
@@ -227,11 +245,7 @@ class Transformer : public TaskModel {
         as.push_back(adapter(s.task, l.index, k).a);
         bs.push_back(adapter(s.task, l.index, k).b);
       }
-      const int64_t n = static_cast<int64_t>(seg.size());
-      const torch::Tensor z = torch::bmm(x.reshape({n, -1, x.size(-1)}), torch::stack(as).transpose(1, 2));
-      std::vector<int64_t> shape = x.sizes().vec();
-      shape.back() = bs.front().size(0);
-      return torch::bmm(z, torch::stack(bs).transpose(1, 2)).view(shape);
+      return batched_delta(x, torch::stack(as), torch::stack(bs));
     }
     std::vector<int64_t> rows;
     for (const Segment& s : seg) rows.push_back(s.rows);
@@ -242,6 +256,15 @@ class Transformer : public TaskModel {
       ds.push_back(torch::linear(torch::linear(xs[i], a.a), a.b));
     }
     return torch::cat(ds);
+  }
+
+  // x [n x rows, ..., in] through n stacked adapters a [n, rank, in], b [n, out, rank], each on
+  // its own rows.
+  static torch::Tensor batched_delta(const torch::Tensor& x, const torch::Tensor& a, const torch::Tensor& b) {
+    const torch::Tensor z = torch::bmm(x.reshape({a.size(0), -1, x.size(-1)}), a.transpose(1, 2));
+    std::vector<int64_t> shape = x.sizes().vec();
+    shape.back() = b.size(1);
+    return torch::bmm(z, b.transpose(1, 2)).view(shape);
   }
 
   // Hugging Face's rotary tables, computed as it does in float32: inv_freq = 1 / theta^(2i/dh),
@@ -296,6 +319,8 @@ class Transformer : public TaskModel {
 
   config::ModelConfig m_;
   bool llama_;
+  bool train_shared_ = true;
+  std::array<bool, kTargets> adapted_{};  // lora.targets
   int64_t dh_ = 0, kv_heads_ = 0;
   double scale_ = 1.0;
   std::vector<NamedParam> params_;
@@ -305,6 +330,91 @@ class Transformer : public TaskModel {
   ActivationStash* stash_ = nullptr;                           // offload.activations
 };
 
+// The transformer's SlotPass: per layer and adapted target, a slot of `parts` adapters (a and b),
+// allocated at the first bind where the tasks' adapters live.
+class Transformer::Slots final : public SlotPass {
+ public:
+  Slots(Transformer& model, int parts, int64_t rows) : m_(model), parts_(parts), rows_(rows) {}
+
+  const std::vector<torch::Tensor>& slots() const override { return leaves_; }
+
+  void bind(const std::vector<int>& tasks) override {
+    THETAD_CHECK(static_cast<int>(tasks.size()) == parts_, InternalError, "a slot pass of ", parts_,
+                 " parts bound to ", tasks.size(), " tasks");
+    torch::NoGradGuard no_grad;
+    if (leaves_.empty()) allocate(tasks.front());
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      for (int k = 0; k < kTargets; ++k) {
+        Lora& s = slots_[i][static_cast<size_t>(k)];
+        if (!s.a.defined()) continue;
+        std::vector<torch::Tensor> as, bs;
+        for (int t : tasks) {
+          as.push_back(m_.adapter(t, i, k).a);
+          bs.push_back(m_.adapter(t, i, k).b);
+        }
+        torch::stack_out(s.a, as);
+        torch::stack_out(s.b, bs);
+      }
+    }
+  }
+
+  std::vector<torch::Tensor> losses(const torch::Tensor& x, const std::vector<torch::Tensor>& ys) override {
+    const Segments segments(static_cast<size_t>(parts_), Segment{-1, rows_});
+    const std::vector<int64_t> rows(static_cast<size_t>(parts_), rows_);
+    const std::vector<torch::Tensor> hs = m_.hidden_states(x, segments, &slots_).split_with_sizes(rows);
+    std::vector<torch::Tensor> out;
+    for (size_t i = 0; i < hs.size(); ++i) out.push_back(m_.head_loss(hs[i], ys[i]));
+    return out;
+  }
+
+  std::vector<std::pair<std::string, torch::Tensor>> grads(int task, int i,
+                                                           const std::vector<torch::Tensor>& slot_grads) const override {
+    std::vector<std::pair<std::string, torch::Tensor>> out;
+    size_t leaf = 0;
+    for (size_t layer = 0; layer < slots_.size(); ++layer) {
+      for (int k = 0; k < kTargets; ++k) {
+        if (!slots_[layer][static_cast<size_t>(k)].a.defined()) continue;
+        const std::string n = "lora." + std::to_string(task) + "." + std::to_string(layer) + "." +
+                              kTargetNames[static_cast<size_t>(k)];
+        out.emplace_back(n + ".a", slot_grads.at(leaf++).select(0, i));
+        out.emplace_back(n + ".b", slot_grads.at(leaf++).select(0, i));
+      }
+    }
+    return out;
+  }
+
+ private:
+  void allocate(int task) {
+    slots_.resize(m_.blocks_.size());
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      for (int k = 0; k < kTargets; ++k) {
+        if (!m_.adapted_[static_cast<size_t>(k)]) continue;
+        const Lora& a = m_.adapter(task, i, k);
+        Lora& s = slots_[i][static_cast<size_t>(k)];
+        const auto slot = [&](const torch::Tensor& like) {
+          std::vector<int64_t> shape{parts_};
+          for (int64_t d : like.sizes()) shape.push_back(d);
+          return torch::zeros(shape, like.options()).requires_grad_(true);
+        };
+        s.a = slot(a.a);
+        s.b = slot(a.b);
+        leaves_.push_back(s.a);
+        leaves_.push_back(s.b);
+      }
+    }
+  }
+
+  Transformer& m_;
+  const int parts_;
+  const int64_t rows_;
+  SlotTensors slots_;
+  std::vector<torch::Tensor> leaves_;  // slots_' tensors in layer, target, a-then-b order
+};
+
+std::unique_ptr<SlotPass> Transformer::slot_pass(int parts, int64_t rows) {
+  if (train_shared_) return nullptr;
+  return std::make_unique<Slots>(*this, parts, rows);
+}
 
 }  // namespace
 

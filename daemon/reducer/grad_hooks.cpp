@@ -56,6 +56,18 @@ void GradHooks::on_gradient(int p) {
   }
 }
 
+void GradHooks::deliver(int p, const torch::Tensor& g) {
+  torch::Tensor& t = groups_[p].tensor;
+  {
+    torch::NoGradGuard no_grad;
+    plane_.on_compute_stream([&] {
+      if (t.grad().defined()) t.mutable_grad().add_(g);
+      else t.mutable_grad() = g.clone(torch::MemoryFormat::Contiguous);
+    });
+  }
+  on_gradient(p);
+}
+
 void GradHooks::rethrow_error() {
   std::exception_ptr e;
   {

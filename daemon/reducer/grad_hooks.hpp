@@ -47,6 +47,10 @@ class GradHooks {
   // After backward: rethrows the first exception a hook caught (its type kept: a failed
   // collective stays a CommError, exit 3), so backward itself never unwinds through autograd.
   void rethrow_error();
+  // A gradient computed outside autograd's graph of the parameter (a pass replayed from a CUDA
+  // graph: daemon/train/graphed_pass) handed over as autograd would: accumulated into .grad
+  // (copied where .grad is undefined: `g` may be overwritten later), then the hook.
+  void deliver(int p, const torch::Tensor& g);
   // Parameter p's gradient in its bucket (resident groups).
   const torch::Tensor& view(int p) const { return views_[static_cast<size_t>(p)]; }
 

@@ -39,6 +39,7 @@
 #include "daemon/reducer/grad_hooks.hpp"
 #include "daemon/state/run_state.hpp"
 #include "daemon/homes/homes.hpp"
+#include "daemon/train/graphed_pass.hpp"
 #include "daemon/train/memory_breakdown.hpp"
 #include "daemon/train/step_record.hpp"
 #include "offload/host_arena.hpp"
@@ -85,6 +86,8 @@ class Trainer {
   std::unique_ptr<Homes> homes_;
   std::unique_ptr<PooledActivationStash> act_stash_;  // offload.activations: the trunk's saved tensors
   std::unique_ptr<GradHooks> hooks_;
+  std::unique_ptr<GraphedPass> graphed_;       // train.cuda_graphs, where a pass can be captured
+  bool graphed_now_ = false;                   // the current pass ran from its graph
   std::unique_ptr<RunState> state_;
   std::unique_ptr<StepRecorder> recorder_;
   std::unique_ptr<MemoryBreakdown> memory_;
@@ -119,6 +122,7 @@ void Trainer::build() {
   // Before the hooks: the host stores move their groups' data to device placeholders.
   homes_->build(*engine_, *schedule_, world_.rank);
   hooks_ = std::make_unique<GradHooks>(*groups_, *engine_, data_, homes_->grad_memory());
+  graphed_ = make_graphed_pass(job_, *model_, *groups_, *hooks_, data_);
   state_ = std::make_unique<RunState>(job_, world_, *plane_, *groups_, *homes_);
   // A rank's (task, micro-step) losses of one step: the most tasks of a plan with a row each.
   const int64_t per_micro = std::min(schedule_->max_tasks_per_plan(), job_.data.batch_per_rank);
@@ -241,11 +245,15 @@ torch::Tensor Trainer::forward(int64_t micro, const StepPlan& plan, size_t first
   const int64_t rows_in_window = job_.data.batch_per_rank * job_.accumulate_steps;
   const AutocastScope autocast(job_.precision, data_.device);  // forward only; backward follows its casts
   const PassInputs in = pass_inputs(*batches_, plan, first, end, micro, world_.rank, world_.size, job_.seed);
-  const std::vector<torch::Tensor> losses = model_->losses(in.parts);
+  std::vector<double> weights;
+  for (int64_t rows : in.rows) weights.push_back(double(rows) / double(rows_in_window));
+  std::vector<torch::Tensor> losses = graphed_ ? graphed_->forward(in, weights) : std::vector<torch::Tensor>{};
+  graphed_now_ = !losses.empty();
+  if (!graphed_now_) losses = model_->losses(in.parts);
   torch::Tensor total;
   for (size_t i = 0; i < in.parts.size(); ++i) {
     task_losses_.push_back({in.parts[i].task, in.rows[i], losses[i].detach()});
-    torch::Tensor weighted = losses[i] * (double(in.rows[i]) / double(rows_in_window));
+    torch::Tensor weighted = losses[i] * weights[i];
     total = total.defined() ? total + weighted : weighted;
   }
   const double fwd_ms = ms_since(t0);
@@ -261,7 +269,8 @@ void Trainer::backward(torch::Tensor& total, bool last, const StepPlan& plan, Pe
   const int64_t bwd_us = Timeline::now_us();
   const auto t1 = Clock::now();
   homes_->before_backward(last, plan);
-  total.backward();
+  if (graphed_now_) graphed_->backward();  // its gradients, computed in the graph, to the hooks
+  else total.backward();
   if (act_stash_) act_stash_->end_backward();
   hooks_->rethrow_error();
   homes_->after_backward(last);

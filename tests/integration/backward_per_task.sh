@@ -65,6 +65,25 @@ done
 same_hash "fused, 4 tasks of 2 rows: joint == per_task bitwise" four_tasks_joint four_tasks_per_task
 same_hash "fused, rows 4 and 3: joint == per_task bitwise" uneven_joint uneven_per_task
 
+# train.cuda_graphs: a pass that a GPU replays from a CUDA graph reads its tasks' adapters from
+# slots and hands their gradients to the hooks itself; the test aid runs that path on the CPU
+# without a graph: bitwise the plain fused pass with adopted gradients (1 rank), buckets (2 ranks),
+# accumulation, the host store and 4 llama tasks.
+export THETAD_TEST_SLOT_PASS=1
+run_np slots_np1 1 "$tfm" "${frozen[@]}"
+run_np slots_np2 2 "$tfm" "${frozen[@]}" --set comm.prune=true
+run_np slots_accumulate_np2 2 "$tfm" "${frozen[@]}" --set accumulate_steps=2
+run_np slots_store_np2 2 "$tfm" "${frozen[@]}" --set offload.enabled=true --set offload.device_slots=2
+run_np slots_four 1 "$tfm" "${frozen[@]}" --set data.tasks_per_rank=4 --set model.arch=llama \
+  --set model.kv_heads=1 --set lora.targets=[q,k,v,o,gate,up,down]
+unset THETAD_TEST_SLOT_PASS
+expect_in slots_np1 "train.cuda_graphs: passes of equal rows read their tasks' parameters from slots"
+same_hash "slots, 1 rank == the plain fused pass bitwise" slots_np1 tfm_np1_joint
+same_hash "slots, 2 ranks == the plain fused pass bitwise" slots_np2 tfm_np2_joint
+same_hash "slots, accumulate_steps 2 == the plain fused pass bitwise" slots_accumulate_np2 tfm_accumulate_np2_joint
+same_hash "slots, host store == the plain fused pass bitwise" slots_store_np2 tfm_store_np2_joint
+same_hash "slots, 4 llama tasks == the plain fused pass bitwise" slots_four four_tasks_joint
+
 # auto says what it picked, once: a pass per task for the MLP's frozen trunk, the fused joint
 # pass for the transformer.
 expect_in mlp_np2_auto "train.backward auto: a forward and backward per task"
