@@ -4,9 +4,11 @@
     /usr/bin/python3 bench/plot_metrics.py runs/demo/metrics.jsonl [-o OUTDIR]
 
 Writes loss_per_task.png (loss of each task over steps: rank 0's records hold the loss of every
-task any rank trained in the step; the number of tasks drawn is noted on stderr), step_time.png (the phases of each
-step stacked, averaged over the ranks present) and bytes.png (cumulative bytes allreduced vs
-pruned). Needs matplotlib (Debian: python3-matplotlib).
+task any rank trained in the step; each task's raw points and a moving average over them; the
+number of tasks drawn is noted on stderr), step_time.png (the phases of each step stacked,
+averaged over the ranks present) and bytes.png (cumulative bytes allreduced, against what DDP,
+which reduces every gradient every step, would have sent: bytes_allreduced + bytes_pruned).
+Needs matplotlib (Debian: python3-matplotlib; without it, exit 2 saying so).
 
 The phases are disjoint (docs/configuration.md, `metrics`): forward, backward (autograd and the
 hooks, buckets launched as they fill), comm_wait (waiting for the last buckets after backward),
@@ -22,15 +24,20 @@ import os
 import sys
 from collections import defaultdict
 
-import matplotlib
-
-matplotlib.use("Agg")  # no display on cluster nodes and CI
-import matplotlib.pyplot as plt  # noqa: E402
-
 
 def fail(message):
     print(f"plot_metrics: {message}", file=sys.stderr)
     sys.exit(2)
+
+
+try:
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display on cluster nodes and CI
+    import matplotlib.pyplot as plt
+except ImportError as e:
+    fail(f"needs matplotlib ({e}): on Debian or Ubuntu `apt-get install python3-matplotlib`, "
+         f"elsewhere `{os.path.basename(sys.executable) or 'python3'} -m pip install matplotlib`")
 
 
 def read_records(path):
@@ -72,16 +79,33 @@ def per_step_mean(records, key):
     return steps, [sum(acc[s]) / len(acc[s]) for s in steps]
 
 
+def moving_average(values, window):
+    """The mean of each value and its neighbours (window wide, shorter at the ends); NaN points
+    are left out of the means, and a window with no finite value stays NaN."""
+    half = window // 2
+    out = []
+    for i in range(len(values)):
+        finite = [v for v in values[max(0, i - half):i + half + 1] if not math.isnan(v)]
+        out.append(sum(finite) / len(finite) if finite else math.nan)
+    return out
+
+
 def plot_loss(records, out):
     per_task = defaultdict(dict)  # task -> step -> [losses]
     for r in records:
         for tl in r.get("task_loss") or []:
             per_task[tl["task"]].setdefault(r["step"], []).append(num(tl["loss"]))
     fig, ax = plt.subplots(figsize=(9, 5))
-    for task in sorted(per_task):
+    for i, task in enumerate(sorted(per_task)):
         pts = sorted(per_task[task].items())
-        ax.plot([s for s, _ in pts], [sum(v) / len(v) for _, v in pts], marker=".", markersize=3,
-                linewidth=1, label=f"task {task}")
+        steps = [s for s, _ in pts]
+        losses = [sum(v) / len(v) for _, v in pts]
+        color = f"C{i % 10}"
+        # Each step's loss is one batch's: noisy. The raw points stay, faint; the line is their
+        # moving average over about a tenth of the task's points, which shows the trend.
+        ax.plot(steps, losses, linestyle="none", marker=".", markersize=2, alpha=0.3, color=color)
+        ax.plot(steps, moving_average(losses, max(1, len(losses) // 10)), linewidth=1.5,
+                color=color, label=f"task {task}")
     if not per_task:  # no per-task losses recorded: fall back to the mean loss
         steps, loss = per_step_mean(records, "loss")
         ax.plot(steps, loss, label="loss")
@@ -146,17 +170,26 @@ def plot_bytes(records, out):
             out_.append(total / 2**20)
         return out_
 
+    # DDP reduces every gradient every step: what thetad sent plus what it pruned.
+    ddp = cumulative([a + b for a, b in zip(sent, pruned)])
+    sent = cumulative(sent)
     fig, ax = plt.subplots(figsize=(9, 5))
-    ax.plot(steps, cumulative(sent), label="allreduced")
-    ax.plot(steps, cumulative(pruned), label="pruned (not sent)")
+    ax.plot(steps, ddp, color="C1", label="DDP would send (every gradient, every step)")
+    ax.plot(steps, sent, color="C0", label="thetad sent (allreduced)")
+    ax.fill_between(steps, sent, ddp, color="C1", alpha=0.15, label="pruned: not sent")
     ax.set_xlabel("step")
     ax.set_ylabel("MiB (cumulative, per rank)")
-    ax.set_title("Bytes communicated vs pruned")
-    ax.legend()
+    ratio = sent[-1] / ddp[-1] if ddp and ddp[-1] > 0 else None
+    title = "Bytes allreduced: thetad against DDP"
+    if ratio is not None:
+        title += f" (thetad sent {ratio:.2f}x)"
+    ax.set_title(title)
+    ax.legend(loc="upper left")
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(os.path.join(out, "bytes.png"), dpi=120)
     plt.close(fig)
+    return ratio
 
 
 def main(argv=None):
@@ -171,7 +204,9 @@ def main(argv=None):
     if tasks:  # rank 0's records hold every rank's tasks (all_ranks files: that rank's own)
         print(f"plot_metrics: loss_per_task.png: {len(tasks)} task(s), {tasks[0]}..{tasks[-1]}", file=sys.stderr)
     plot_step_time(records, out)
-    plot_bytes(records, out)
+    ratio = plot_bytes(records, out)
+    if ratio is not None:
+        print(f"plot_metrics: bytes.png: thetad sent {ratio:.2f}x the bytes DDP would have sent", file=sys.stderr)
     for name in ("loss_per_task.png", "step_time.png", "bytes.png"):
         print(os.path.join(out, name))
     return 0

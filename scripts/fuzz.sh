@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Bounded fuzzing (issue 6 item 4): builds the libFuzzer targets with clang in a build dir of
+# Bounded fuzzing: builds the libFuzzer targets with clang in a build dir of
 # their own (build-fuzz, every library instrumented with ASan+UBSan+coverage) and runs each for
 # N seconds. Exits non-zero if any target finds a crash, hang, leak or sanitizer report; the
 # reproducer lands in build-fuzz/artifacts/.

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Issue 34's "checkpointing the LoRA job every 50 steps costs <= 2% of its throughput" (one GPU,
+# The goal "checkpointing the LoRA job every 50 steps costs <= 2% of its throughput" (one GPU,
 # not in CI): bench/jobs/lora-transformer.yaml for STEPS steps with a checkpoint every EVERY steps
 # and with none, PAIRS times alternately (none, every, none, ...), then per run:
 #  - the sum of step_ms over steps FROM..STEPS-2 (the last step's final checkpoint left out):
-#    between runs, which a host whose speed drifts over minutes blurs (by 5-40% on lent hosts);
+#    between runs, which a host whose speed drifts over minutes blurs (by 5-40% on the GPU hosts measured);
 #  - within the run, each checkpoint's window (the step that takes it and the next EVERY/2 - 1)
 #    against the window after it (EVERY/2 steps without a write): the cost of one checkpoint, and as a share
 #    of 50 steps the cost of a checkpoint every 50 steps. Drift over seconds cancels; the run

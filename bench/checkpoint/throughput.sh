@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Checkpoint throughput and incremental checkpoints (issue 34 item 3 and 4; not in CI).
+# Checkpoint throughput and incremental checkpoints (not in CI).
 # Usage: bench/checkpoint/throughput.sh THETAD [DIR]   (DIR: where checkpoints go, default a
 # temporary directory on the disk under test; SCALE=k multiplies the shapes below)
 # Prints, in one run on one disk:

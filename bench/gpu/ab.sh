@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Two builds of thetad side by side on the lent GPU machine (a restructuring must not change the
+# Two builds of thetad side by side on a GPU machine (a restructuring must not change the
 # speed or the numbers): builds tree A and tree B, then runs the reference configuration with
 # each, alternating A, B, A, B, all-resident and offload, and reports the step time per window of
 # steps (median of step_ms over each window, device-side phase times from the metrics) and
 # whether the final parameter hashes agree.
 #
-#   source .gpukit/setup.sh; bash bench/gpu/ab.sh OLD_SRC NEW_SRC     # from the repository root
+#   bash bench/gpu/ab.sh OLD_SRC NEW_SRC     # from the repository root, environment: docs/gpu.md
 #
 # Environment: AB_STEPS=200 AB_WINDOW=50 AB_REPEATS=2 AB_MODES="resident offload"
 #   AB_BUILD=.gpubuild (build folders AB_BUILD/a and AB_BUILD/b; kept while the machine is warm)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 15 part 3 on the visible GPUs: offloaded θ[t] sent to the device as bf16
+# On the visible GPUs: offloaded θ[t] sent to the device as bf16
 # (offload.h2d_dtype) against fp32 copies, in a bf16 job. Two measurements, same call:
 #  1. the host floor of the offload step (bench_store_h2d --floor-steps: the store's whole
 #     per-step work with no model compute), fp32 copies then bf16 copies;
@@ -8,7 +8,7 @@
 #     fp32 and with bf16 copies (the path the copies take), offload with the cache (auto).
 # Needs a build (bench/gpu/run.sh makes one, or cmake into BUILD_DIR):
 #
-#   source .gpukit/setup.sh; bash bench/gpu/bf16_copies.sh /tmp/build     # OUT=... (default /tmp/out)
+#   bash bench/gpu/bf16_copies.sh /tmp/build     # OUT=... (default /tmp/out); environment: docs/gpu.md
 #
 # Environment: BF16_STEPS=300 BF16_WINDOW=50 (steady windows), BF16_FLOOR_STEPS=40.
 set -uo pipefail

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Issue 16 on the lent GPUs: the host store as a device cache (offload.device_cache_mb), in steady
+# On the visible GPUs: the host store as a device cache (offload.device_cache_mb), in steady
 # state, side by side in one call: the reference configuration (T = 16) all-resident, offloaded
 # without a cache (every step swaps and steps θ[t] on the host), with the cache sized
 # automatically (every group fits), and with a cache of 4 lines; then tiny tasks (d = 1024) at
 # T = 256 and T = 1024 for 1000 steps, all-resident vs offload with the cache; and the PyTorch
 # DDP peer at T = 16 for peak memory. Builds thetad first.
 #
-#   source .gpukit/setup.sh; bash bench/gpu/cache.sh      # OUT=... (default /tmp/out)
+#   bash bench/gpu/cache.sh      # OUT=... (default /tmp/out); environment: docs/gpu.md
 #
 # Environment: CACHE_STEPS=400 (reference), CACHE_REF="resident ..." (a subset of the reference
 #   variants), CACHE_TINY_STEPS=1000, CACHE_TINY_T="256 1024", CACHE_TINY_NOCACHE=1 (also offload

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Where the frozen output layer's loss spends its time (issue 34's fp32 LoRA step): the unfused
+"""Where the frozen output layer's loss spends its time (the fp32 LoRA step of bench/gpu/plain.sh): the unfused
 pair a plain loop runs (logits = h @ W^T, cross_entropy, backward to h) against the chunked
 computation of daemon/models/fused_cross_entropy.cpp's LinearCrossEntropy, per chunk size, each
 part timed with CUDA events (mean of --reps after --warmup), with the peak memory each adds.

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Issue 17 part 3 on the lent GPU machine: the trainer's stall per checkpoint, synchronous vs
+# On the visible GPUs: the trainer's stall per checkpoint, synchronous vs
 # asynchronous (the snapshot staged on the device, ShardValues in daemon/state/checkpoint.hpp),
 # at the reference model (bench/jobs/reference.yaml) on all visible GPUs, fp32 and bf16: a
 # checkpoint every CKPT_EVERY=20 of CKPT_STEPS=100 steps (bench/checkpoint_stall.sh). Goal: the
 # async stall at the checkpointing step <= one median step.
 #
-#   source .gpukit/setup.sh; bash bench/gpu/checkpoint.sh      # from the repository root
+#   bash bench/gpu/checkpoint.sh      # from the repository root, environment: docs/gpu.md
 #
 # Builds thetad in ${CKPT_BUILD_DIR:-/tmp/build} (CKPT_SKIP_BUILD=1: use it as it is). Logs and
 # metrics go into ${OUT:-/tmp/out}/checkpoint.tar; the table is the last thing printed.

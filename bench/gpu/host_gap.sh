@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Where the host's time goes in thetad's step on the GPU machine (issue 7): runs the reference
+# Where the host's time goes in thetad's step on the GPU machine: runs the reference
 # all-resident configuration (bench/jobs/reference.yaml) with a timeline under each variant and
 # prints, per variant, the medians of the step's metrics, the host spans (bench/gpu/host_spans.py)
 # and one step's spans in order. Needs a build (bench/gpu/run.sh makes one).
 #
-#   source .gpukit/setup.sh
+#   # in the environment of docs/gpu.md:
 #   bash bench/gpu/host_gap.sh BUILD_DIR "default|" "no-overlap|--set optimizer.overlap=false" \
 #        "fifo|NCCL_WORK_FIFO_BYTES=8388608"
 #

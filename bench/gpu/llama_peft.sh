@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 35's goal, one GPU: LoRA on a Llama shape with a frozen bf16 base, thetad (model.arch:
+# One GPU: LoRA on a Llama shape with a frozen bf16 base, thetad (model.arch:
 # llama, precision: bf16, model.train_shared: false: the base held in bf16 only) next to Hugging
 # Face transformers + peft (bench/peer/peft_llama.py: LlamaForCausalLM in bf16, frozen, one peft
 # adapter per task, fused AdamW, zero_grad(set_to_none=True)), same shapes, batch, sequence, tasks
@@ -11,7 +11,7 @@
 # the peer's torch.cuda.max_memory_allocated) and the ratios thetad/peer. Goal: step <= 1.0x,
 # peak <= 0.75x.
 #
-#   source .gpukit/setup.sh; bash bench/gpu/llama_peft.sh /tmp/build
+#   bash bench/gpu/llama_peft.sh /tmp/build      # environment: docs/gpu.md
 #
 # Needs python3 with torch, transformers and peft. Results: ${OUT:-/tmp/out}/llama_peft/plain/.
 # LLAMA_SHAPES overrides the shapes (plain.sh's PLAIN_SHAPES syntax, e.g.

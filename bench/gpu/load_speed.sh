@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 35's start and end of a run, timed: (1) loading a 1 B-parameter Hugging Face Llama base
+# The start and the end of a run, timed: (1) loading a 1 B-parameter Hugging Face Llama base
 # (model.init_from: config.json + model.safetensors, bf16, written once by
 # bench/gpu/write_llama_safetensors.py) against `cat > /dev/null` of the same bytes in the same
 # run, both from the page cache (the file is read once before): thetad's own log line

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Issue 20's goal point on all visible GPUs: thetad's transformer with per-task LoRA adapters on a
+# On all visible GPUs: thetad's transformer with per-task LoRA adapters on a
 # frozen base (bench/jobs/lora-transformer.yaml; θ[t] resident, then offloaded to the host store)
 # next to the PyTorch DDP peer (bench/peer/ddp_lora_transformer.py, --frozen-base, same sizes),
 # then a table of median step time over the steps after the warm-up, peak device memory and
 # bytes reduced per step. Run after bench/gpu/run.sh has built thetad (same BENCH_BUILD_DIR):
 #
-#   source .gpukit/setup.sh; bash bench/gpu/lora.sh      # OUT=... (default /tmp/out/lora)
+#   bash bench/gpu/lora.sh      # OUT=... (default /tmp/out/lora); environment: docs/gpu.md
 #
 # Environment: LORA_T=64 LORA_STEPS=60 LORA_WARMUP=10 LORA_CAP_S=150 (per run), LORA_SET="..."
 # (extra --set for thetad, e.g. "model.layers=4" for a smaller base; the peer gets the same sizes),

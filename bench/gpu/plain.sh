@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Issue 34's one-GPU comparison: thetad all-resident (or, offload=1, with its θ[t] host store;
+# One GPU: thetad all-resident (or, offload=1, with its θ[t] host store;
 # `mpirun -np 1 thetad run JOB`, the job YAML generated per shape) next to the plain PyTorch loop
 # (bench/peer/plain_loop.py: eager, fused AdamW, zero_grad(set_to_none=True)) on the same model,
 # data and steps, for several shapes; then
 # one table (bench/gpu/plain_table.py): step ms (median of 20-step window means after warm-up),
 # peak device GiB (thetad's device_mem_peak_bytes, the peer's max_memory_allocated), ratios.
 #
-#   source .gpukit/setup.sh; bash bench/gpu/plain.sh /tmp/build      # thetad built in /tmp/build
+#   bash bench/gpu/plain.sh /tmp/build      # thetad built in /tmp/build; environment: docs/gpu.md
 #
 # Results: ${OUT:-/tmp/out}/plain/<shape>/{job.yaml,thetad/,peer/}, summary.md, summary.json.
 # Environment:
@@ -100,7 +100,7 @@ job_yaml() {  # the thetad job of the current shape on stdout
   fi
   echo "comm: {backend: auto, bucket_cap_mb: 25, prune: true, average: contributors, active: declared, timeout_s: 300}"
   # offload=1: the θ[t] (adapters, heads) in thetad's host store with a device cache of `cache` MB
-  # (issue 35's configuration for many adapters); 0: all-resident (issue 34's comparison).
+  # (the configuration for many adapters); 0: all-resident.
   # act=1: offload.activations (the trunk layers', the transformer's feed-forward inputs).
   if [ "$(spec offload)" = 1 ]; then echo "offload: {enabled: true, device_cache_mb: $(spec cache), activations: $([ "$(spec act)" = 1 ] && echo true || echo false)}"
   else echo "offload: {enabled: false, activations: $([ "$(spec act)" = 1 ] && echo true || echo false)}"; fi

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Where the time of a thetad step goes on the GPU: Nsight Systems around rank 0 of a short run
-# at issue 7's reference configuration, reduced to per-kernel and per-copy summaries (CSV) and a
+# at the reference configuration, reduced to per-kernel and per-copy summaries (CSV) and a
 # short text digest. The .nsys-rep itself stays on the machine unless PROFILE_KEEP_REP=1.
 #
-#   source .gpukit/setup.sh; bash bench/gpu/profile.sh [JOB.yaml] [--set k=v ...]
+#   bash bench/gpu/profile.sh [JOB.yaml] [--set k=v ...]      # environment: docs/gpu.md
 #
 # Environment: BENCH_BUILD_DIR (thetad is $BENCH_BUILD_DIR/daemon/thetad; default /tmp/build),
 # OUT (default /tmp/out; results in $OUT/profile), PROFILE_STEPS=30, BENCH_NP (default: GPUs).

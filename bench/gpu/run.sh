@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# One command for the lent GPU machine (issue 7): build thetad, run the GPU tests, the engine
+# One command for a GPU machine: build thetad, run the GPU tests, the engine
 # bandwidth benchmark, thetad (all-resident and offload) and the PyTorch DDP peer at the
 # reference configuration and over a sweep of T, on all visible GPUs; then one table.
 #
-#   source .gpukit/setup.sh; bash bench/gpu/run.sh          # from the repository root
+#   bash bench/gpu/run.sh          # from the repository root, environment: docs/gpu.md
 #
 # Everything (logs, metrics, JSON, summary.md) goes under ${OUT:-/tmp/out}. Environment:
 #   BENCH_BUDGET_S=420     wall-clock budget from the start, build included; every command's
@@ -17,7 +17,7 @@
 #   BENCH_CAP_BIG_S=240    timeout of a sweep point of thetad (offload set-up grows with T)
 #   BENCH_DDP_SWEEP=0      DDP only at the reference T (its sweep does not depend on thetad)
 #   BENCH_TF32=1           also the reference all-resident with TF32 matmuls, thetad and DDP (GPUs)
-#   BENCH_BF16=1           also the reference in bf16 (issue 15): thetad resident and offload with
+#   BENCH_BF16=1           also the reference in bf16: thetad resident and offload with
 #                          bf16 gradients on the wire; DDP with autocast, with and without its
 #                          bf16_compress_hook
 #   BENCH_DRY_RUN=1        tiny model; on CPU (MPI for thetad, gloo for DDP, 2 ranks) when no GPU
@@ -46,7 +46,7 @@ SWEEP=${BENCH_SWEEP_T:-16 64 256}
 RUNS="$OUT/runs.jsonl"
 : > "$RUNS"
 
-# NVLink multicast stays off in every environment, launchers' included (the kit sets these too).
+# NVLink multicast stays off in every environment, launchers' included (docs/gpu.md).
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0} TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_btl_vader_single_copy_mechanism=none PMIX_MCA_gds=hash
@@ -84,7 +84,7 @@ if [ -z "$PY" ]; then
 fi
 SUMPY=$(command -v python3 || echo /usr/bin/python3)
 
-# Model sizes: the job files' (issue 7 reference) or, dry run, tiny ones.
+# Model sizes: the job files' (the reference configuration) or, dry run, tiny ones.
 if [ "$DRY" = 1 ]; then
   D_IN=64; D_H=64; D_OUT=32; TRUNK=2; HEAD=2; BATCH=32; REF_T=16
   STEPS=${BENCH_STEPS:-30}; WARMUP=${BENCH_WARMUP:-5}
@@ -102,7 +102,7 @@ SEED=1234
   echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
   echo "host: $(hostname)"
   echo "commit: $(git -C "$ROOT" rev-parse HEAD 2>/dev/null || echo unknown)$(git -C "$ROOT" diff --quiet HEAD 2>/dev/null || echo ' (+local changes)')"
-  echo "command: source .gpukit/setup.sh; bash bench/gpu/run.sh"
+  echo "command: bash bench/gpu/run.sh (environment: docs/gpu.md)"
   echo "ranks: $NP  device: $DEVICE  dry_run: $DRY  budget_s: $BUDGET  steps: $STEPS  warmup: $WARMUP  sweep_T: $SWEEP"
   echo "cpus: $(nproc)  mem: $(free -g 2>/dev/null | awk '/Mem:/{print $2 " GiB"}')"
   [ "$NGPU" -gt 0 ] && nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader
@@ -225,7 +225,7 @@ else
   record engine_bw engine_bw skipped null 0 0 '"reason": "not built"'
 fi
 
-# ---- the store's host->device bandwidth (issue 4) ------------------------------------------------
+# ---- the store's host->device bandwidth ---------------------------------------------------
 if [ -x "$STORE_H2D" ] && [ "$NGPU" -gt 0 ]; then
   # --floor-*: the host's floor of the reference offload step (its heads are 128 MiB, T = 16).
   point store_h2d store_h2d 150 "" -- mpirun $MPI_FLAGS "${MPI_ENV[@]}" -np "$NP" "$STORE_H2D" \
@@ -279,7 +279,7 @@ if [ "${BENCH_BF16:-1}" = 1 ] && [ "$DEVICE" = cuda ]; then
   ddp_point ddp_T${REF_T}_bf16_compress $REF_T exact "$STEPS" $CAP bf16 bf16
 fi
 # The sweep: the DDP points first (cheap: device-side init, seconds of steps), then thetad's,
-# largest T first (T = 256 is issue 7's headline goal and the slowest to set up).
+# largest T first (T = 256 is the slowest to set up).
 for T in $(for x in $SWEEP; do echo "$x"; done | sort -n -u); do
   [ "$T" = "$REF_T" ] && continue
   [ "${BENCH_DDP_SWEEP:-1}" = 0 ] && continue

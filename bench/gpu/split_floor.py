@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The host's floor for updating one uncached group per step, split between the CPU AdamW and
-the device (issue 38), measured without any model: for a share f of the group's N parameters
+the device, measured without any model: for a share f of the group's N parameters
 updated on the device, each step must move (4k + 8f) B per parameter to the device (the values,
 k times: once for forward, twice for a streamed trunk layer that comes back for backward; and
 the device share's m and v) and 4 + 8f back (the host share's gradient, the device share's
@@ -12,7 +12,7 @@ them at once: H2D and D2H on two CUDA streams from pinned memory, the AdamW on t
 
     python3 bench/gpu/split_floor.py [--numel 33554432] [--values-in 1] [--reps 20] [--step-ms 5.0]
 
-The defaults are the bf16 offload benchmark's head (issue 38's goal 3); a streamed trunk of
+The defaults are the bf16 offload benchmark's head; a streamed trunk of
 12 layers of 6144 is --numel 452984832 --values-in 2 --step-ms 141.5 --reps 5 (goal 1).
 
 Prints, per f, the median wall time per step of the copies alone, the AdamW alone and both at

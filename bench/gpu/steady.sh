@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Steady state of thetad's step (issues 16 and 21): runs each variant of a job for many steps and
+# Steady state of thetad's step: runs each variant of a job for many steps and
 # prints, per window of steps, the median step time and the phases that explain it (device-side
 # forward/backward, comm_wait, CPU AdamW and the store's acquire wait), so that a run is judged
 # by its last windows, not by one median of a short run. Needs a build (bench/gpu/run.sh makes one).
 #
-#   source .gpukit/setup.sh
+#   # in the environment of docs/gpu.md:
 #   STEADY_STEPS=400 STEADY_WINDOW=50 bash bench/gpu/steady.sh BUILD_DIR bench/jobs/reference-offload.yaml \
 #        "resident|--set offload.enabled=false" "offload|" "offload_T64|--set model.tasks=64"
 #

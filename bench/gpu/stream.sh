@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Issue 21 on the lent GPU machine: the trunk Θ streamed from the host (offload.shared: stream)
+# On a GPU machine: the trunk Θ streamed from the host (offload.shared: stream)
 # against all-resident and against PyTorch FSDP2 with CPU offload (bench/peer/fsdp2_offload.py);
 # activation offload against FSDP2 with save_on_cpu; and a trunk too large for the device, which
 # all-resident cannot hold and the streamed trunk trains. Needs a build (bench/gpu/run.sh makes one).
 #
-#   source .gpukit/setup.sh; bash bench/gpu/stream.sh /tmp/build
+#   bash bench/gpu/stream.sh /tmp/build      # environment: docs/gpu.md
 #
 # Output under ${OUT:-/tmp/out}/stream/; a table on stdout (median step_ms over the steps after
 # STREAM_WARMUP=5). STREAM_BUDGET_S=480 bounds the whole script (later points get what is left);
@@ -46,7 +46,7 @@ fsdp() {  # NAME CAP ARGS...   (STREAM_FSDP=0: the peers are skipped)
 }
 POINTS=" ${STREAM_POINTS:-speed act size} "
 point() { [[ $POINTS == *" $1 "* ]]; }
-# Issue 7's trunk (8 layers of 4096) with one head, batch 1024: all-resident, streamed, FSDP2.
+# The reference trunk (8 layers of 4096) with one head, batch 1024: all-resident, streamed, FSDP2.
 REF=(bench/jobs/reference.yaml --set model.tasks=1 --set data.batch_per_rank=1024 --set steps="${STREAM_STEPS:-30}")
 if point speed; then
   thetad ref_resident 90 "${REF[@]}"
@@ -90,7 +90,7 @@ if point threads; then
       --set steps=10 --set offload.shared=stream --set offload.cpu_threads="$th"
   done
 fi
-# Issue 38 (point split): the optimizer split between the host's CPU AdamW and the device's, on
+# Point split: the optimizer split between the host's CPU AdamW and the device's, on
 # trunks of several widths and depths (STREAM_SPLIT_SHAPES="6144x12 4096x24 8192x8", WIDTHxLAYERS,
 # batch 1024, activations offloaded), every layer streamed: no split (today's), the balanced split
 # (auto), every layer split, the device layers of shared_device_layers: auto alone and with the

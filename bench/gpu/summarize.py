@@ -324,7 +324,7 @@ def main(argv):
             notes.append("engine bw row: raw NCCL = one call of all bytes / calls of the engine's bucket sizes; "
                          "ratio = time engine/raw; busbw ratios engine/raw (gate: %s >= %g)" % (
                              res.get("gate"), res.get("min_ratio", 0.9)))
-            goals.append(("engine busbw >= 0.9x raw NCCL (issue 3)",
+            goals.append(("engine busbw >= 0.9x raw NCCL",
                           "n/a (1 GPU: nothing crosses a link)" if res.get("ranks", 2) < 2 else
                           "PASS" if res.get("status") == "pass" else "FAIL",
                           "%.2fx vs bucket-size calls, %.2fx vs one call (gated: %s)" % (
@@ -335,7 +335,7 @@ def main(argv):
         else:
             table.append(["engine allreduce", status_text(eb) or "no result", "-", "-", "-", "-", "-"])
 
-    # ---- goals (issue 7) ----
+    # ---- goals ----
     def row(name):
         return thetad_rows.get(name, (None, None))
 
@@ -396,7 +396,7 @@ def main(argv):
 
     sh = load_json(os.path.join(out, "store_h2d", "result.json"))
     if sh:
-        goals.append(("store H2D >= 0.9x pinned cudaMemcpyAsync (issue 4)",
+        goals.append(("store H2D >= 0.9x pinned cudaMemcpyAsync",
                       "PASS" if sh["ratio_min"] >= 0.9 else "FAIL",
                       "%.2fx (store %.1f GB/s, pinned %.1f GB/s, %d rank(s) at once)" %
                       (sh["ratio_min"], sh["store_gbs"], sh["pinned_gbs"], sh["ranks"])))
@@ -424,7 +424,7 @@ def main(argv):
             pass
         goals.insert(0, ("GPU tests (ctest -L gpu)", "PASS" if ct.get("status") == "ok" else "FAIL",
                          summary or status_text(ct) or "ok"))
-    lines.append("goals (issue 7):")
+    lines.append("goals:")
     for g, verdict, detail in goals:
         lines.append("  %-4s %s: %s" % (verdict, g, detail))
     if not goals:
@@ -468,7 +468,7 @@ def main(argv):
     md.append("|" + "|".join("---" for _ in header) + "|")
     for r in table:
         md.append("| " + " | ".join(c.replace("|", "/") for c in r) + " |")
-    md += [""] + notes + ["", "Goals (issue 7):", ""]
+    md += [""] + notes + ["", "Goals:", ""]
     md += ["- **%s** %s: %s" % (v, g, d) for g, v, d in goals] or ["- nothing measured"]
     md += ["", "Runs:", "", "```"] + lines[1:1 + len(runs)] + ["```", ""]
     with open(os.path.join(out, "summary.md"), "w") as f:

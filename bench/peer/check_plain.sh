@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# CPU check of the one-GPU peer (plain_loop.py, issue 34), ~30 s: its --check (finite, falling
+# CPU check of the one-GPU peer (plain_loop.py), ~30 s: its --check (finite, falling
 # losses on tiny shapes), then the same tiny runs as the DDP peers on one gloo rank: the losses
 # must be bitwise equal (same init, data, schedule and loss functions, imported from them).
 #   bash bench/peer/check_plain.sh [python3]

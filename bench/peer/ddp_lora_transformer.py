@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""PyTorch DDP peer of thetad's `model.kind: transformer` with per-task LoRA adapters (issue 20).
+"""PyTorch DDP peer of thetad's `model.kind: transformer` with per-task LoRA adapters.
 
 The same model as daemon/models/transformer.cpp (pre-norm decoder blocks, learned positions,
 causal attention, GELU MLP, no projection biases, an untied output layer, LoRA

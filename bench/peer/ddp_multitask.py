@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""PyTorch DDP peer of thetad's `multitask_mlp` (issue 7): what users run today.
+"""PyTorch DDP peer of thetad's `multitask_mlp`: what users run today.
 
 The same model as daemon/models/models.cpp MultitaskMlp: a trunk of `trunk_layers` Linear+GELU layers
 (input_dim->hidden, then hidden->hidden), one head per task of `head_layers` Linear layers

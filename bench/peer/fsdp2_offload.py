@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""PyTorch FSDP2 peer of thetad's streamed trunk (issue 21): the multitask MLP of ddp_multitask.py
+"""PyTorch FSDP2 peer of thetad's streamed trunk: the multitask MLP of ddp_multitask.py
 with every trunk layer and the root wrapped in `fully_shard`, parameters, gradients and the AdamW
 step on the CPU (`CPUOffloadPolicy(pin_memory=True)`), or, with --offload none, FSDP2 on the
 device; --activations save_on_cpu puts forward's saved tensors in pinned host memory

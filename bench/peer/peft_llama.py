@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""One-GPU peer of thetad's Llama with per-task LoRA adapters (issue 35): what a PyTorch user
+"""One-GPU peer of thetad's Llama with per-task LoRA adapters: what a PyTorch user
 writes with Hugging Face `transformers` and `peft` on one GPU. A LlamaForCausalLM built from a
 LlamaConfig of the same shape as the thetad job (random weights, SDPA attention, untied output
 layer), held in bf16 and frozen; one named peft LoRA adapter per task ("t0", "t1", ...; the same

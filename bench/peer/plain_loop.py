@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""One-GPU peer (issue 34): the plain loop a careful PyTorch user writes on one GPU, no DDP and
+"""One-GPU peer: the plain loop a careful PyTorch user writes on one GPU, no DDP and
 no process group: eager forward/backward, optimizer.zero_grad(set_to_none=True), AdamW fused
 where available (torch >= 2 on CUDA; else foreach), which creates Adam state lazily and skips
 parameters without a gradient. --model multitask is ddp_multitask.py's model, init, data,
