@@ -58,6 +58,7 @@ declare -A SHAPES=(
   [llama_d2048_l16_t64_bf16_offload]="kind=llama layers=16 d_model=2048 heads=16 kv_heads=4 d_ff=5632 vocab=32000 seq_len=512 tasks=64 rank=16 batch=8 tpr=2 frozen=1 precision=bf16 targets=q,k,v,o,gate,up,down steps=140 offload=1"
   [lora_t48_bf16]="kind=lora layers=8 d_model=2048 heads=16 d_ff=8192 vocab=32000 seq_len=512 tasks=48 rank=16 batch=8 tpr=2 frozen=1 precision=bf16 steps=110"
   [lora_t48_fp32]="kind=lora layers=8 d_model=2048 heads=16 d_ff=8192 vocab=32000 seq_len=512 tasks=48 rank=16 batch=8 tpr=2 frozen=1 precision=fp32 steps=110"
+  [llama_1b_t8_s2048_bf16]="kind=llama layers=22 d_model=2048 heads=32 kv_heads=4 d_ff=5632 vocab=32000 seq_len=2048 tasks=64 rank=16 batch=8 tpr=8 frozen=1 precision=bf16 targets=q,k,v,o,gate,up,down steps=40 warmup=10 window=10"
   [lora_d1536_t48_bf16]="kind=lora layers=12 d_model=1536 heads=12 d_ff=6144 vocab=16000 seq_len=384 tasks=48 rank=8 batch=6 tpr=2 frozen=1 precision=bf16 targets=q,v steps=200 window=25"
   [lora_t48_fp32_act]="kind=lora layers=8 d_model=2048 heads=16 d_ff=8192 vocab=32000 seq_len=512 tasks=48 rank=16 batch=8 tpr=2 frozen=1 precision=fp32 steps=110 act=1"
 )
