@@ -20,6 +20,7 @@
 
 #include "common/errors.hpp"
 #include "common/log.hpp"
+#include "common/safe_file.hpp"
 #include "daemon/core/file_checksum.hpp"
 #include "daemon/state/checkpoint.hpp"
 #include "daemon/state/checkpoint_files.hpp"
@@ -34,7 +35,7 @@ std::string step_name(int64_t step) { return step_dir_name(step); }
 }
 
 DurableFile::DurableFile(const fs::path& path) : path_(path), part_(fs::path(path) += ".part") {
-  fd_ = ::open(part_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  fd_ = safe_file::create_fresh(part_.string());  // a leftover or planted name replaced, never followed
   if (fd_ < 0) io_error("cannot write", part_);
 }
 
@@ -292,12 +293,16 @@ CheckpointDirLock::CheckpointDirLock(const std::string& dir, const std::string& 
   const auto refuse = [&](const std::string& why) {
     throw ConfigError("checkpoint.dir " + dir + ": " + why + " (found before any step)");
   };
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec || !fs::is_directory(dir, ec)) refuse(fs::exists(dir) ? "exists and is not a directory" : "cannot be created: " + ec.message());
+  // Made private where missing (0700); one that exists must be this user's own directory, and
+  // its lock this user's own regular file: a link or a file another user planted is refused.
+  if (const std::string why = safe_file::make_dirs(dir, true); !why.empty()) {
+    struct stat st {};
+    refuse(::stat(dir.c_str(), &st) == 0 && !S_ISDIR(st.st_mode) ? "exists and is not a directory" : why);
+  }
   const fs::path lock = fs::path(dir) / ".lock";
-  fd_ = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (fd_ < 0) refuse(std::string("not writable: ") + std::strerror(errno));
+  std::string why;
+  fd_ = safe_file::open_own(lock.string(), O_RDWR, 0644, &why);
+  if (fd_ < 0) refuse(lock.string() + ": not writable: " + why);
   if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
     const int err = errno;
     std::string holder(256, '\0');
@@ -320,13 +325,16 @@ CheckpointDirLock::CheckpointDirLock(const std::string& dir, const std::string& 
   if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, who.data(), who.size(), 0) != static_cast<ssize_t>(who.size()))
     refuse(std::string("not writable: ") + std::strerror(errno));
   // The checkpoints themselves need files written and synced in it: prove it now, not after training.
-  const fs::path probe = fs::path(dir) / ".write-probe";
-  try {
-    write_file_durable(probe, std::vector<char>(who.begin(), who.end()));
-    fs::remove(probe);
-  } catch (const std::exception& e) {
-    refuse(std::string("not writable: ") + e.what());
+  std::string probe;
+  const int pfd = safe_file::create_unique(dir, ".write-probe-", "", &probe);
+  const bool written = pfd >= 0 && ::write(pfd, who.data(), who.size()) == static_cast<ssize_t>(who.size()) &&
+                       ::fsync(pfd) == 0;
+  const int err = errno;
+  if (pfd >= 0) {
+    ::close(pfd);
+    ::unlink(probe.c_str());
   }
+  if (!written) refuse(std::string("not writable: ") + std::strerror(err));
 }
 
 CheckpointDirLock::~CheckpointDirLock() {
@@ -346,8 +354,9 @@ std::string set_aside_checkpoints(const std::string& dir) {
   char stamp[32];
   std::strftime(stamp, sizeof stamp, "%Y%m%dT%H%M%SZ", &utc);
   fs::path aside = fs::path(dir) / (std::string("previous-") + stamp);
-  for (int i = 1; fs::exists(aside); ++i) aside = fs::path(dir) / (std::string("previous-") + stamp + "-" + std::to_string(i));
-  fs::create_directories(aside);
+  for (int i = 1; fs::exists(fs::symlink_status(aside)); ++i)
+    aside = fs::path(dir) / (std::string("previous-") + stamp + "-" + std::to_string(i));
+  if (::mkdir(aside.c_str(), 0700) != 0) io_error("cannot create", aside);
   for (const auto& p : found) fs::rename(p, aside / p.filename());
   sync_dir(aside);
   sync_dir(dir);

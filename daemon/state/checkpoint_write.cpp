@@ -11,6 +11,8 @@
 #include <cuda_runtime_api.h>
 #endif
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cerrno>
@@ -168,8 +170,10 @@ void begin_checkpoint(const CheckpointWriter& w, WriteStatus& st) {
   if (w.rank == 0) {
     try {
       check_lock_held(w.dir, w.step);  // never recreated: it was made and locked before step 0
-      remove_tree(tmp_dir(w));  // left over from a run killed mid-write
-      fs::create_directory(tmp_dir(w));  // not its parent: a checkpoint.dir removed since stays gone
+      remove_tree(tmp_dir(w));  // left over from a run killed mid-write (a link there: the link)
+      // Private, and made here or not at all: not its parent (a checkpoint.dir removed since stays
+      // gone), never one that exists again (planted since the removal).
+      if (::mkdir(tmp_dir(w).c_str(), 0700) != 0) io_error("cannot create", tmp_dir(w));
     } catch (const std::exception& e) {
       record_failure(st, e);
     }

@@ -126,16 +126,27 @@ InitSources RunState::init_record(const CheckpointPlan& plan) const {
 
 // PEFT adapter export (see run_state.hpp): each rank writes its share of the adapters updated
 // since the last export; every rank agrees on the outcome.
-void RunState::export_adapters(int64_t completed, bool last) {
+void RunState::export_adapters(int64_t completed, bool last, bool again) {
   if (!export_ || !(last || job_.export_.at_checkpoints)) return;
-  std::string error;
-  try {
-    export_->write_changed(world_.rank, world_.size, homes_.group_steps(), [this](int g) { return state(g); });
-  } catch (const std::exception& e) {
-    error = e.what();
-  }
-  if (!plane_.all_ok(error.empty(), {"allreduce of the adapter export status", completed, -1}))
-    throw Error(error.empty() ? "export.adapters_dir: another rank failed to write its adapters" : error);
+  // Every rank stages its share (checked finite, under temporary names); only once all staged
+  // theirs is any put in place: an export is whole or absent, never a part of the tasks.
+  const auto agree = [&](const std::function<void()>& work, const char* what) {
+    std::string error;
+    try {
+      work();
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    if (plane_.all_ok(error.empty(), {what, completed, -1})) return;
+    export_->discard_staged();
+    const std::string redo = last && !job_.checkpoint.dir.empty()
+        ? " (the run's checkpoints are written: once the cause is fixed, run the job again and it exports its adapters)"
+        : "";
+    throw Error((error.empty() ? "export.adapters_dir: another rank failed to write its adapters" : error) + redo);
+  };
+  agree([&] { export_->stage_changed(world_.rank, world_.size, homes_.group_steps(), [this](int g) { return state(g); }, again); },
+        "allreduce of the adapter export status");
+  agree([&] { export_->publish_staged(); }, "allreduce of the adapter export's publish status");
 }
 
 GroupState RunState::state(int g) {

@@ -62,10 +62,12 @@ class RunState {
   // FNV-1a over every parameter's bytes in registration order, read where each lives. After the
   // run's final checkpoint, the hash rank 0 computed while writing it.
   uint64_t params_hash();
-  // issue 35 (export.adapters_dir): at the run's end (`last`) and, with export.at_checkpoints, at
-  // every checkpoint step, each rank writes its share of the adapters trained since the last
-  // export as PEFT directories; every rank learns whether all succeeded (Error, exit 1, if not).
-  void export_adapters(int64_t completed, bool last);
+  // export.adapters_dir: at the run's end (`last`) and, with export.at_checkpoints, at every
+  // checkpoint step, each rank stages its share of the adapters trained since the last export
+  // (`again`: every trained one, for a run found complete at start) as PEFT directories, checked
+  // finite; once every rank staged its share all are put in place (Error, exit 1, on every rank
+  // and nothing published, if any failed).
+  void export_adapters(int64_t completed, bool last, bool again = false);
 
  private:
   GroupState state(int g);
