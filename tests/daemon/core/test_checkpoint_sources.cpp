@@ -3,8 +3,10 @@
 // included), the plan of an incremental checkpoint (daemon/state/checkpoint_plan.hpp: runs by
 // file and step count, damaged files never shared) and the sources of unstored groups
 // (daemon/core/init_sources.hpp).
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -12,6 +14,7 @@
 
 #include "common/errors.hpp"
 #include "config/loader.hpp"
+#include "daemon/core/file_checksum.hpp"
 #include "daemon/core/init_sources.hpp"
 #include "daemon/core/layout.hpp"
 #include "daemon/state/checkpoint_plan.hpp"
@@ -179,6 +182,22 @@ TEST(InitSources, ModelInitFromIsFingerprinted) {
   EXPECT_NE(init_refusal(m, now).find("base.pt: model.init_from: changed since the checkpoint"), std::string::npos);
   std::filesystem::remove(base);
   EXPECT_NE(init_refusal(m, now).find("model.init_from: gone since"), std::string::npos);
+}
+
+// What publish verifies a shared file with before linking it: its blocks read from the file on
+// several threads hash to the checksum of its bytes; a file shorter than it should be is no match.
+TEST(FileChecksum, OfADescriptorIsTheChecksumOfItsBytes) {
+  test::ScratchDir dir;
+  std::string bytes(9 * 1024 * 1024 + 3, '\0');
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<char>(i * 2654435761u >> 13);
+  std::ofstream(dir.file("f"), std::ios::binary) << bytes;
+  const int fd = ::open(dir.file("f").c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  uint64_t sum = 0;
+  ASSERT_TRUE(file_checksum_of_fd(fd, bytes.size(), 3, &sum));
+  EXPECT_EQ(sum, file_checksum(bytes.data(), bytes.size(), 1));
+  EXPECT_FALSE(file_checksum_of_fd(fd, bytes.size() + 10, 3, &sum));
+  ::close(fd);
 }
 
 }  // namespace
