@@ -132,6 +132,23 @@ expect_in heal "checkpoint of step 14 not published: .*step-00000012/$sfile no l
 same_hash "heal: the run that met the damage == uninterrupted" plain16 heal
 [ -f "$WORK/heal/step-00000014/manifest.json" ] && [ ! -e "$WORK/heal/step-00000014/$sfile" ] \
   && pass "heal: step 14 published without the damaged file" || fail "heal: step 14: $(ls "$WORK/heal/step-00000014")"
+# The same with a checkpoint in the background: step 14 is dropped, training goes on, and the
+# next checkpoint (the run's last, 16) writes the damaged file's groups anew.
+rm -rf "$WORK/heal_bg"; cp -a "$WORK/np1" "$WORK/heal_bg"; rm -f "$WORK/heal_bg/.lock"
+THETAD_TEST_CHECKPOINT_WRITE_DELAY_MS=1500 run 1 --set steps=16 --set checkpoint.async=true \
+  --set checkpoint.dir="$WORK/heal_bg" > "$WORK/heal_bg.log" 2>&1 &
+healer=$!
+if wait_for 60 exists "$WORK/heal_bg/.tmp-step-00000014"; then
+  $py -c "import sys; b=bytearray(open(sys.argv[1],'rb').read()); b[len(b)//2]^=0x41; open(sys.argv[1],'r+b').write(b)" \
+    "$WORK/heal_bg/step-00000012/$sfile"
+else fail "heal_bg: no write of step 14 began"; fi
+code=0; wait $healer || code=$?
+[ "$code" = 0 ] && pass "heal_bg: exit 0" || { fail "heal_bg: exit $code"; tail -15 "$WORK/heal_bg.log"; }
+expect_in heal_bg "checkpoint of step 14 not published: .*step-00000012/$sfile no longer matches its checksum"
+same_hash "heal_bg: the run that met the damage == uninterrupted" plain16 heal_bg
+[ ! -e "$WORK/heal_bg/step-00000014" ] && [ -f "$WORK/heal_bg/step-00000016/manifest.json" ] && \
+  [ ! -e "$WORK/heal_bg/step-00000016/$sfile" ] && pass "heal_bg: step 14 dropped, step 16 without the damaged file" \
+  || fail "heal_bg: $(ls "$WORK/heal_bg")"
 expect_code 0 heal_resumed run 1 --set steps=18 --set checkpoint.dir="$WORK/heal"
 expect_in heal_resumed "resumed from .*step-00000016 at step 16"
 expect_code 0 plain18 run 1 --set steps=18 --no-resume --set checkpoint.dir="$WORK/plain18"
