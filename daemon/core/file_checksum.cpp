@@ -2,9 +2,11 @@
 #include "daemon/core/file_checksum.hpp"
 
 #include <sched.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <exception>
@@ -54,6 +56,35 @@ uint64_t file_checksum(const void* data, size_t n, int threads) {
     hashes[i] = comm::fnv1a64_words(base + at, std::min<size_t>(kChecksumBlock, n - at));
   });
   return combine_block_hashes(hashes);
+}
+
+bool file_checksum_of_fd(int fd, uint64_t size, int threads, uint64_t* sum) {
+  const size_t blocks = static_cast<size_t>((size + kChecksumBlock - 1) / kChecksumBlock);
+  std::vector<uint64_t> hashes(blocks);
+  std::atomic<int> error{0};
+  for_each_index(blocks, threads, [&](size_t i) {
+    if (error.load()) return;
+    thread_local std::vector<char> buf;
+    const uint64_t at = i * kChecksumBlock, n = std::min<uint64_t>(kChecksumBlock, size - at);
+    buf.resize(static_cast<size_t>(n));
+    for (uint64_t got = 0; got < n;) {
+      const ssize_t k = ::pread(fd, buf.data() + got, static_cast<size_t>(n - got), static_cast<off_t>(at + got));
+      if (k < 0 && errno == EINTR) continue;
+      if (k <= 0) {
+        int none = 0;
+        error.compare_exchange_strong(none, k < 0 ? errno : EIO);
+        return;
+      }
+      got += static_cast<uint64_t>(k);
+    }
+    hashes[i] = comm::fnv1a64_words(buf.data(), static_cast<size_t>(n));
+  });
+  if (error.load()) {
+    errno = error.load();
+    return false;
+  }
+  *sum = combine_block_hashes(hashes);
+  return true;
 }
 
 int checkpoint_threads(int local_ranks) {

@@ -33,6 +33,10 @@ class WordHash {
 uint64_t combine_block_hashes(const std::vector<uint64_t>& blocks);
 // The checksum of `n` bytes held in memory, its blocks hashed on up to `threads` threads.
 uint64_t file_checksum(const void* data, size_t n, int threads = 1);
+// The checksum of the file open as `fd`, its first `size` bytes read block by block (pread, one
+// block's buffer per thread) on up to `threads` threads, into *sum. False, errno kept, where a
+// block cannot be read whole (a read error, or the file shorter than `size`).
+bool file_checksum_of_fd(int fd, uint64_t size, int threads, uint64_t* sum);
 // The thread count a rank gives its file work: the cores it is bound to (its CPU affinity), or
 // where it is not bound, the machine's cores over the node's ranks; at least 1.
 int checkpoint_threads(int local_ranks);

@@ -1,7 +1,8 @@
 // A checkpoint's parameter layout, as its manifest records it: the job keys that shape the
-// parameters (with their values), every group's parameter names and shapes (groups 0 and 1 in
-// full, all of them in a digest), so that resume refuses a checkpoint written for another layout,
-// whatever key changed it, instead of cutting its flat values at the wrong places.
+// parameters or change the function they compute (with their values), every group's parameter
+// names and shapes (groups 0 and 1 in full, all of them in a digest), so that resume refuses a
+// checkpoint written for another layout or model, whatever key changed it, naming that key,
+// instead of cutting its flat values at the wrong places or training them as another function.
 // Torch-free (parsed with the manifest, fuzzed).
 #pragma once
 
@@ -31,10 +32,12 @@ struct ManifestLayout {
 // group of a built-in model has the same form); the others are in the digest.
 constexpr size_t kLayoutGroupsInFull = 2;
 
-// The job keys whose value shapes the parameters (names, shapes, groups, row shards): the model's
-// dimensions, the TorchScript file and patterns, LoRA's rank and targets, offload.shard_mb.
-// Every key a layout depends on is here (tests/integration/layout_resume.sh changes them one by
-// one); a key missing from it is still caught by the digest, though not named.
+// The job keys whose value shapes the parameters (names, shapes, groups, row shards: the model's
+// dimensions, the TorchScript file and patterns, LoRA's rank and targets, offload.shard_mb) or
+// changes the function they compute (lora.alpha, model.arch, model.kv_heads, model.rope_theta,
+// model.norm_eps, model.tie_embeddings). Every key a layout depends on is here
+// (tests/integration/layout_resume.sh changes them one by one); a key missing from it is still
+// caught by the digest (shapes) or the model hash (model.* keys), though not named.
 const std::vector<std::string>& layout_keys();
 // The layout keys that apply to `job`'s model (LoRA's only for the transformer, shard_mb only
 // for the extreme classifier) with their values as the job's fingerprint writes them.

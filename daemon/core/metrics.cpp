@@ -13,6 +13,7 @@
 #include <filesystem>
 
 #include "common/errors.hpp"
+#include "common/safe_file.hpp"
 #include "common/log.hpp"
 
 namespace thetad::daemon {
@@ -144,20 +145,24 @@ void keep_records_before(const std::string& path, int64_t resume_step) {
                                 << first_invalid << ") dropped with the records of the replayed steps";
   }
   const std::string tmp = path + ".resume-tmp";
-  std::ofstream out(tmp, std::ios::out | std::ios::trunc);
-  out << kept;
-  out.close();
-  if (!out || std::rename(tmp.c_str(), path.c_str()) != 0)
-    throw ConfigError(path + ": cannot drop the records of the steps replayed after the resume: " +
-                      std::strerror(errno));
+  const int fd = safe_file::create_fresh(tmp);
+  const bool ok = fd >= 0 && ::write(fd, kept.data(), kept.size()) == static_cast<ssize_t>(kept.size());
+  const int err = errno;
+  if (fd >= 0 && ::close(fd) != 0 && ok) errno = err;
+  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int e = ok ? errno : err;
+    if (fd >= 0) ::unlink(tmp.c_str());
+    throw ConfigError(path + ": cannot drop the records of the steps replayed after the resume: " + std::strerror(e));
+  }
 }
 
 // `path`.lock, locked for this job (a sidecar: the metrics file itself is replaced by rename on
 // resume, which would drop a lock held on it). Returns its descriptor.
 int lock_metrics(const std::string& path) {
   const std::string lock = path + ".lock";
-  const int fd = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (fd < 0) throw ConfigError(lock + ": cannot create the metrics file's lock: " + std::strerror(errno));
+  std::string why;
+  const int fd = safe_file::open_own(lock, O_RDWR, 0644, &why);
+  if (fd < 0) throw ConfigError(lock + ": metrics.path: cannot create the metrics file's lock: " + why);
   if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
     const int err = errno;
     std::string holder(256, '\0');
@@ -184,6 +189,7 @@ int lock_metrics(const std::string& path) {
 }  // namespace
 
 MetricsWriter::~MetricsWriter() {
+  if (fd_ >= 0) ::close(fd_);
   if (lock_fd_ >= 0) ::close(lock_fd_);  // releases the lock
 }
 
@@ -191,21 +197,27 @@ MetricsWriter::MetricsWriter(const std::string& path, int64_t resume_step) : pat
   const bool append = resume_step > 0;
   namespace fs = std::filesystem;
   THETAD_CHECK(!path.empty(), InternalError, "MetricsWriter: empty path (the worker writes no metrics then)");
-  std::error_code ec;
   const fs::path parent = fs::path(path).parent_path();
-  if (!parent.empty()) {
-    fs::create_directories(parent, ec);
-    if (ec)
-      throw ConfigError(path + ": cannot create the metrics directory " + parent.string() + ": " +
-                        ec.message());
-  }
+  if (const std::string why = safe_file::make_dirs(parent.string(), false); !why.empty())
+    throw ConfigError(path + ": metrics.path: cannot create the metrics directory: " + why);
   lock_fd_ = lock_metrics(path);
   try {
-    if (append) keep_records_before(path, resume_step);
-    out_.open(path, append ? std::ios::out | std::ios::app : std::ios::out | std::ios::trunc);
-    if (!out_)
-      throw ConfigError(path + ": cannot open the metrics file for writing: " + std::strerror(errno));
+    // Opened (never through a link, never another user's file) before its records are read and
+    // kept, and again after: keep_records_before replaces the file.
+    const auto open = [&](int flags) {
+      std::string why;
+      fd_ = safe_file::open_own(path, O_WRONLY | flags, 0644, &why);
+      if (fd_ < 0) throw ConfigError(path + ": metrics.path: cannot open the metrics file for writing: " + why);
+    };
+    open(append ? O_APPEND : O_TRUNC | O_APPEND);
+    if (append) {
+      ::close(fd_);
+      fd_ = -1;
+      keep_records_before(path, resume_step);
+      open(O_APPEND);
+    }
   } catch (...) {
+    if (fd_ >= 0) ::close(fd_);
     ::close(lock_fd_);  // no destructor after a throwing constructor
     throw;
   }
@@ -215,9 +227,12 @@ void MetricsWriter::write(const StepRecord& r) {
   std::string line = to_json(r);
   line += '\n';
   std::lock_guard<std::mutex> lock(mu_);
-  out_.write(line.data(), static_cast<std::streamsize>(line.size()));
-  out_.flush();
-  if (!out_) throw Error(path_ + ": writing metrics failed (disk full?)");
+  for (size_t at = 0; at < line.size();) {
+    const ssize_t k = ::write(fd_, line.data() + at, line.size() - at);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) throw Error(path_ + ": writing metrics failed (" + std::string(k < 0 ? std::strerror(errno) : "disk full?") + ")");
+    at += static_cast<size_t>(k);
+  }
 }
 
 }  // namespace thetad::daemon

@@ -95,7 +95,9 @@ class MetricsWriter {
   // and a torn last line) are dropped, so that each step has one record. Throws ConfigError
   // naming the path if it cannot. Before anything is truncated, `path`.lock is locked (flock, held
   // for the writer's lifetime, released by the kernel if the process dies): a second job on the
-  // same metrics.path is refused with ConfigError naming the holder.
+  // same metrics.path is refused with ConfigError naming the holder. The file and its lock are
+  // never opened through a symbolic link, nor when another user owns them (safe_file.hpp): a
+  // link planted in a shared directory is refused, not followed.
   explicit MetricsWriter(const std::string& path, int64_t resume_step = 0);
   ~MetricsWriter();
   MetricsWriter(const MetricsWriter&) = delete;
@@ -108,7 +110,7 @@ class MetricsWriter {
  private:
   std::string path_;
   int lock_fd_ = -1;
-  std::ofstream out_;
+  int fd_ = -1;  // the metrics file, O_APPEND
   std::mutex mu_;
 };
 

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/errors.hpp"
+#include "common/safe_file.hpp"
 #include "daemon/core/safetensors.hpp"
 
 namespace thetad::daemon {
@@ -44,7 +45,7 @@ void write_safetensors_file(const std::string& path, const std::vector<StWriteTe
   char len[8];
   for (int i = 0; i < 8; ++i) len[i] = static_cast<char>((uint64_t(text.size()) >> (8 * i)) & 0xff);
 
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  const int fd = safe_file::create_fresh(path);  // a leftover or planted name replaced, never followed
   if (fd < 0) throw Error(path + ": cannot create: " + std::strerror(errno));
   try {
     write_all(fd, len, 8, path);

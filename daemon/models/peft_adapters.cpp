@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -21,6 +22,7 @@
 
 #include "common/errors.hpp"
 #include "common/log.hpp"
+#include "common/safe_file.hpp"
 #include "common/text.hpp"
 #include "config/loader.hpp"
 #include "config/schema.hpp"
@@ -83,9 +85,10 @@ std::string peft_name_of(const std::string& name) {
   return peft_lora_name(std::stol(parts[2]), parts[3], parts[4] == "a");
 }
 
-// `text` at `path` (not synced: publish makes it durable); a failure removes it.
+// `text` at `path` (not synced: publish makes it durable), created anew (a leftover or planted
+// name replaced, never followed: safe_file.hpp); a failure removes it.
 void write_text(const std::string& path, const std::string& text) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  const int fd = safe_file::create_fresh(path);
   if (fd < 0) throw Error(path + ": cannot create: " + std::strerror(errno));
   const bool ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
   const int e = errno;
@@ -168,26 +171,37 @@ AdapterExport::AdapterExport(const config::Job& job, const ParamGroups& groups)
     : job_(job), written_at_(static_cast<size_t>(groups.num_groups()), 0) {
   static const std::set<std::string> kOwn = {kWeights, kConfig, std::string(kWeights) + ".tmp",
                                              std::string(kConfig) + ".tmp", "README.md"};
+  std::set<std::string> probed;  // the directories files were created in: each once
   for (int64_t t = 0; t < job.model.tasks; ++t) {
     const std::string dir = adapter_dir(job.export_.adapters_dir, job, t);
+    const std::string before = " (found before any step; refusing to write task " + std::to_string(t) + "'s adapter there)";
     std::error_code ec;
-    if (!fs::exists(dir, ec)) continue;
-    if (!fs::is_directory(dir, ec))
-      throw ConfigError(dir + ": export.adapters_dir: exists and is not a directory; refusing to write task " +
-                        std::to_string(t) + "'s adapter there");
-    for (const auto& entry : fs::directory_iterator(dir, ec))
-      if (!kOwn.count(entry.path().filename().string()))
-        throw ConfigError(dir + ": export.adapters_dir: holds '" + entry.path().filename().string() +
-                          "', which is not a PEFT adapter's file; refusing to write task " + std::to_string(t) +
-                          "'s adapter there (choose an empty or new directory)");
+    std::string at = dir;  // where its files (or its directory) would be created
+    while (!fs::exists(fs::symlink_status(at, ec)) && fs::path(at).has_parent_path() && fs::path(at).parent_path() != at)
+      at = fs::path(at).parent_path().string();
+    if (at == dir && fs::exists(fs::symlink_status(dir, ec))) {
+      if (!fs::is_directory(dir, ec))
+        throw ConfigError(dir + ": export.adapters_dir: exists and is not a directory; refusing to write task " +
+                          std::to_string(t) + "'s adapter there");
+      if (const std::string why = safe_file::make_dirs(dir, true); !why.empty())
+        throw ConfigError(dir + ": export.adapters_dir: " + why + before);
+      for (const auto& entry : fs::directory_iterator(dir, ec))
+        if (!kOwn.count(entry.path().filename().string()))
+          throw ConfigError(dir + ": export.adapters_dir: holds '" + entry.path().filename().string() +
+                            "', which is not a PEFT adapter's file; refusing to write task " + std::to_string(t) +
+                            "'s adapter there (choose an empty or new directory)");
+    }
+    if (!probed.insert(at).second) continue;
+    if (const std::string why = safe_file::probe_writable(at); !why.empty())
+      throw ConfigError(dir + ": export.adapters_dir: not writable: " + why + before);
   }
 }
 
 std::string AdapterExport::write(int64_t task, const GroupState& st) const {
   const std::string dir = adapter_dir(job_.export_.adapters_dir, job_, task);
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) throw Error(dir + ": export.adapters_dir: cannot create: " + ec.message());
+  // Made private where missing (0700); one that exists must be this user's own directory.
+  if (const std::string why = safe_file::make_dirs(dir, true); !why.empty())
+    throw Error(dir + ": export.adapters_dir: cannot write there: " + why);
   std::vector<StWriteTensor> tensors;
   for (size_t k = 0; k < st.names.size(); ++k) {
     const torch::Tensor& t = st.params[k];  // contiguous float32 on the host (write_changed)
@@ -216,45 +230,75 @@ std::string AdapterExport::write(int64_t task, const GroupState& st) const {
   return dir;
 }
 
-int AdapterExport::write_changed(int rank, int world, const std::vector<int64_t>& group_steps,
-                                 const std::function<GroupState(int)>& state) {
+int AdapterExport::stage_changed(int rank, int world, const std::vector<int64_t>& group_steps,
+                                 const std::function<GroupState(int)>& state, bool all) {
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<int> due;
   for (int64_t t = rank; t < job_.model.tasks; t += world) {
     const auto g = static_cast<size_t>(t + 1);
-    if (group_steps[g] != 0 && group_steps[g] != written_at_[g]) due.push_back(static_cast<int>(g));
+    if (group_steps[g] != 0 && (all || group_steps[g] != written_at_[g])) due.push_back(static_cast<int>(g));
   }
-  // Read on this thread (where the groups live), written in parallel a batch at a time so that
-  // the copies held stay small whatever the number of tasks; made durable and put in place
-  // together at the end (publish).
+  // Read on this thread (where the groups live), checked, written in parallel a batch at a time
+  // so that the copies held stay small whatever the number of tasks; put in place together by
+  // publish_staged once every rank staged its share.
   constexpr size_t kBatch = 64;
   std::vector<std::string> dirs(due.size());
-  for (size_t first = 0; first < due.size(); first += kBatch) {
-    std::vector<GroupState> batch;
-    for (size_t i = first; i < std::min(due.size(), first + kBatch); ++i) {
-      GroupState st = state(due[i]);
-      // To the host here, on the trainer's stream: ordered after the step's device work, as a
-      // checkpoint's copies are.
-      for (torch::Tensor& t : st.params) t = t.to(torch::kCPU, torch::kFloat32).contiguous();
-      st.exp_avg.clear();
-      st.exp_avg_sq.clear();
-      batch.push_back(std::move(st));
-    }
-    at::parallel_for(0, static_cast<int64_t>(batch.size()), 1, [&](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; ++i) {
-        const GroupState& st = batch[static_cast<size_t>(i)];
-        if (!st.initial) dirs[first + static_cast<size_t>(i)] = write(st.group - 1, st);
+  try {
+    for (size_t first = 0; first < due.size(); first += kBatch) {
+      std::vector<GroupState> batch;
+      for (size_t i = first; i < std::min(due.size(), first + kBatch); ++i) {
+        GroupState st = state(due[i]);
+        // To the host here, on the trainer's stream: ordered after the step's device work, as a
+        // checkpoint's copies are.
+        for (torch::Tensor& t : st.params) t = t.to(torch::kCPU, torch::kFloat32).contiguous();
+        // An adapter of NaN or Inf would load into PEFT and compute NaN: refused as a
+        // checkpoint's parameters are, before any of this export is written.
+        for (size_t k = 0; k < st.params.size(); ++k) {
+          const float* v = st.params[k].data_ptr<float>();
+          if (!std::all_of(v, v + st.params[k].numel(), [](float x) { return std::isfinite(x); }))
+            throw Error("export.adapters_dir: task " + std::to_string(due[i] - 1) + "'s adapter: parameter '" +
+                        st.names[k] + "' holds NaN or Inf; no adapter of this export is written (the training "
+                        "diverged: see train.on_nonfinite)");
+        }
+        st.exp_avg.clear();
+        st.exp_avg_sq.clear();
+        batch.push_back(std::move(st));
       }
-    });
+      at::parallel_for(0, static_cast<int64_t>(batch.size()), 1, [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) {
+          const GroupState& st = batch[static_cast<size_t>(i)];
+          if (!st.initial) dirs[first + static_cast<size_t>(i)] = write(st.group - 1, st);
+        }
+      });
+      for (size_t i = first; i < std::min(due.size(), first + kBatch); ++i)
+        if (!dirs[i].empty()) staged_.push_back(dirs[i]);
+    }
+  } catch (...) {
+    for (const std::string& dir : dirs)
+      if (!dir.empty()) staged_.push_back(dir);  // a batch's written before one of it failed
+    discard_staged();
+    throw;
   }
-  dirs.erase(std::remove(dirs.begin(), dirs.end(), std::string()), dirs.end());
-  publish(dirs);
-  for (int g : due) written_at_[static_cast<size_t>(g)] = group_steps[static_cast<size_t>(g)];
+  for (int g : due) staged_steps_.emplace_back(g, group_steps[static_cast<size_t>(g)]);
   if (!due.empty()) {
     THETAD_LOG(info, "train") << "export.adapters_dir: " << due.size() << " adapters written in " << std::fixed
                               << std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() << " s";
   }
   return static_cast<int>(due.size());
+}
+
+void AdapterExport::publish_staged() {
+  publish(staged_);
+  staged_.clear();
+  for (const auto& [g, steps] : staged_steps_) written_at_[static_cast<size_t>(g)] = steps;
+  staged_steps_.clear();
+}
+
+void AdapterExport::discard_staged() noexcept {
+  for (const std::string& dir : staged_)
+    for (const char* name : {kWeights, kConfig}) (void)::unlink((dir + "/" + name + ".tmp").c_str());
+  staged_.clear();
+  staged_steps_.clear();
 }
 
 }  // namespace thetad::daemon

@@ -28,22 +28,32 @@ void load_peft_adapters(const config::Job& job, TaskModel& model);
 // export.adapters_dir: writes tasks' adapters as PEFT directories.
 class AdapterExport {
  public:
-  // Checks every task's directory before any step: one that exists must be a directory holding
-  // nothing but a PEFT adapter's files (else ConfigError: nothing is overwritten).
+  // Checks every task's directory before any step: one that exists must be a directory of this
+  // user holding nothing but a PEFT adapter's files, and files must be creatable in it (or where
+  // it does not exist yet, in the nearest directory above it): else ConfigError naming the key
+  // and the path, so that an export that cannot be written fails before training, not after.
   AdapterExport(const config::Job& job, const ParamGroups& groups);
-  // Writes the adapter of each task t with t % world == rank whose group's step count differs
-  // from the one it was last written at (untrained adapters are never written); state(g) reads
-  // group g where it lives. Every file is written under a temporary name, then all are synced at
-  // once (syncfs) and renamed into place (and synced again). Returns how many it wrote. Error on
-  // an I/O failure.
-  int write_changed(int rank, int world, const std::vector<int64_t>& group_steps,
-                    const std::function<GroupState(int)>& state);
+  // Writes, under temporary names, the adapter of each task t with t % world == rank whose
+  // group's step count differs from the one it was last written at (untrained adapters are never
+  // written; `all`: every trained one, whatever was written before); state(g) reads group g
+  // where it lives. Every adapter's parameters are checked finite first: a NaN or an Inf is
+  // Error naming the task and the parameter, and nothing is written. On any error the temporary
+  // files written so far are removed. Returns how many it staged.
+  int stage_changed(int rank, int world, const std::vector<int64_t>& group_steps,
+                    const std::function<GroupState(int)>& state, bool all = false);
+  // Puts the staged adapters in place: all synced at once (syncfs), renamed, synced again.
+  // Error on an I/O failure.
+  void publish_staged();
+  // Removes the staged temporary files (another rank failed: nothing is published).
+  void discard_staged() noexcept;
 
  private:
   // The task's two files under temporary names, not synced; returns its directory.
   std::string write(int64_t task, const GroupState& st) const;
   const config::Job& job_;
   std::vector<int64_t> written_at_;  // per group: its step count when last written (0: never)
+  std::vector<std::string> staged_;   // directories holding staged files
+  std::vector<std::pair<int, int64_t>> staged_steps_;  // group -> its step count, once published
 };
 
 }  // namespace thetad::daemon

@@ -52,8 +52,7 @@ void CheckpointInFlight::start(std::function<void(Shared&)> task) {
     try {
       task(*s);
     } catch (const std::exception& e) {  // write_share records its own; publish_files throws
-      s->status.ok = false;
-      s->status.error = e.what();
+      record_failure(s->status, e);
     }
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     {

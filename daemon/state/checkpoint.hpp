@@ -1,19 +1,21 @@
 // Checkpoints: a directory per step, `step-00000040/` with manifest.json (daemon/core/manifest.hpp:
-// format 5, a checksum per file) and the groups' values in files (`shard-00007.pt`, each a dict of
+// format 6, a checksum per file and of itself) and the groups' values in files (`shard-00007.pt`, each a dict of
 // tensors that Python's torch.load reads, with the groups it holds; at most kShardMaxGroups
 // groups or kFileMaxBytes each, Θ in files of its own). Incremental: a checkpoint writes Θ (if it
 // trained) and the groups whose step count changed since the newest complete checkpoint (this
 // run's last, or the one resumed from); the files holding the other groups are that checkpoint's,
-// hard-linked into the new directory (copied where links fail), so every directory is complete
-// and verifiable on its own and `keep` may remove any of them (checkpoint_plan.hpp decides; a
-// mostly stale file is rewritten). Written under a temporary name, the new files shared
+// hard-linked into the new directory (copied where links fail) once their bytes are verified
+// against their checksums, so every directory is complete and verifiable on its own, a file
+// damaged on disk never spreads into the next checkpoint, and `keep` may remove any of them
+// (checkpoint_plan.hpp decides; a mostly stale file is rewritten). Written under a temporary name, the new files shared
 // round-robin among the ranks, each synced to disk, the shared ones linked and the directory
 // renamed by rank 0 (then the rename synced) once all have finished, so a directory named step-*
 // is always complete, also after a crash of the machine. Keep-N pruning runs after that and
 // never removes the new checkpoint. A group at its initial values (never held:
 // offload.host_groups: scheduled) costs no bytes, and Θ that model.init_from gave and that never
-// trained is not stored (the manifest fingerprints the file; resume checks it). Resume leaves
-// such groups as the fresh model has them. Formats 1 to 3 are still read.
+// trained is not stored (the manifest fingerprints every source of such groups: the seed,
+// model.init_from, lora.init_from's directories; resume checks them, init_sources.hpp). Resume
+// leaves such groups as the fresh model has them. Formats 1 to 5 are still read.
 #pragma once
 
 #include <torch/torch.h>
@@ -81,11 +83,12 @@ struct CheckpointWriter {
   // written files' checksums, which the next checkpoint's manifest takes for the files it shares.
   std::shared_ptr<CheckpointPlan> plan;
   ManifestLayout layout;             // the parameters' layout (checkpoint_layout), in the manifest
-  InitFromPrint init_from;           // model.init_from's fingerprint, where a group relies on it
+  InitSources init;                  // the sources of the groups not stored (rank 0), in the manifest
   std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();  // for the log
   int threads = 1;  // that write (and checksum) each file: checkpoint_threads (file_checksum.hpp)
   std::function<void()> barrier;
   std::function<bool(bool)> all_ok;
+  std::function<std::string(const std::string&)> broadcast;  // rank 0's text to every rank
 };
 std::string write_checkpoint(const CheckpointWriter& w, const std::function<GroupState(int group)>& group_state);
 
@@ -97,6 +100,19 @@ std::string write_checkpoint(const CheckpointWriter& w, const std::function<Grou
 struct WriteStatus {
   bool ok = true;
   std::string error;
+  std::vector<std::string> damaged;  // SharedFileDamaged's files (rank 0's publish)
+};
+// `e` as the phase's failure (SharedFileDamaged's files kept).
+void record_failure(WriteStatus& st, const std::exception& e);
+
+// A checkpoint not published because files it was to share from the newest complete checkpoint
+// no longer match their checksums (damaged on disk since they were written): every rank throws
+// it alike (agree_checkpoint). RunState then writes those files' groups anew instead of sharing
+// them (CheckpointPlan::damaged), so that the damage never spreads into newer checkpoints.
+class SharedFileDamaged : public Error {
+ public:
+  SharedFileDamaged(const std::string& what, std::vector<std::string> files_) : Error(what), files(std::move(files_)) {}
+  std::vector<std::string> files;  // their names in the newest complete checkpoint
 };
 // A std::allocator that leaves resized elements uninitialised: the room a staged tensor takes
 // in a shard's host vectors is filled by the writer thread, and zeroing it first on the trainer
@@ -206,14 +222,6 @@ class CheckpointReader {
   };
   mutable Shard shard_;
 };
-
-// model.init_from's fingerprint (manifest.hpp's InitFromPrint): a file's size and mtime, a
-// directory's regular files' sizes summed and the newest mtime. Error naming it where unreadable.
-InitFromPrint init_from_print(const std::string& path);
-// A format-4 checkpoint whose Θ is model.init_from's (never trained, not stored): the job's
-// model.init_from must be that path with the same fingerprint. ConfigError naming the file and
-// group 0 otherwise (resume would start from other values than the run had).
-void check_init_from(const Manifest& m, const std::string& job_init_from, const std::string& ckpt_path);
 
 // A loaded group in the model's terms: its parameters' names, shapes and order as `groups` has
 // them. Tensors by name are checked by name and shape (formats 1 and 2); a shard's flat values

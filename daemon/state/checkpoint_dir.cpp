@@ -16,11 +16,11 @@
 #include <fstream>
 #include <iomanip>
 #include <limits>
-#include <regex>
 #include <sstream>
 
 #include "common/errors.hpp"
 #include "common/log.hpp"
+#include "common/safe_file.hpp"
 #include "daemon/core/file_checksum.hpp"
 #include "daemon/state/checkpoint.hpp"
 #include "daemon/state/checkpoint_files.hpp"
@@ -28,18 +28,14 @@
 namespace thetad::daemon {
 namespace ckpt_files {
 
-std::string step_name(int64_t step) {
-  std::ostringstream os;
-  os << "step-" << std::setw(8) << std::setfill('0') << step;
-  return os.str();
-}
+std::string step_name(int64_t step) { return step_dir_name(step); }
 
 [[noreturn]] void io_error(const std::string& what, const fs::path& p) {
   throw Error("checkpoint: " + what + " " + p.string() + ": " + std::strerror(errno));
 }
 
 DurableFile::DurableFile(const fs::path& path) : path_(path), part_(fs::path(path) += ".part") {
-  fd_ = ::open(part_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  fd_ = safe_file::create_fresh(part_.string());  // a leftover or planted name replaced, never followed
   if (fd_ < 0) io_error("cannot write", part_);
 }
 
@@ -116,7 +112,35 @@ void write_file_durable(const fs::path& path, const std::vector<char>& bytes) {
   f.commit();
 }
 
-bool link_or_copy(const fs::path& from, const fs::path& to, uint64_t checksum) {
+bool file_matches(const fs::path& from, uint64_t checksum, int threads) {
+  const int fd = ::open(from.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return false;
+  struct stat st {};
+  uint64_t sum = 0;
+  const bool read = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) &&
+                    file_checksum_of_fd(fd, static_cast<uint64_t>(st.st_size), threads, &sum);
+  ::close(fd);
+  return read && sum == checksum;
+}
+
+std::vector<std::string> checkpoints_holding(const fs::path& p, const fs::path& root) {
+  std::vector<std::string> holders;
+  struct stat want {};
+  if (::stat(p.c_str(), &want) != 0) return holders;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(root, ec)) {
+    struct stat st {};
+    if (step_of(e.path()) >= 0 && ::stat((e.path() / p.filename()).c_str(), &st) == 0 && st.st_dev == want.st_dev &&
+        st.st_ino == want.st_ino)
+      holders.push_back(e.path().filename().string());
+  }
+  std::sort(holders.begin(), holders.end(), [](const std::string& a, const std::string& b) {
+    return step_of(a) < step_of(b);
+  });
+  return holders;
+}
+
+bool link_or_copy(const fs::path& from, const fs::path& to) {
   if (::link(from.c_str(), to.c_str()) == 0) return true;
   const int err = errno;
   if (err != EXDEV && err != EPERM && err != EMLINK && err != ENOTSUP && err != EOPNOTSUPP && err != ENOSYS) {
@@ -128,11 +152,7 @@ bool link_or_copy(const fs::path& from, const fs::path& to, uint64_t checksum) {
     THETAD_LOG(warn, "ckpt") << "cannot hard-link " << from.string() << " into the new checkpoint (" << std::strerror(err)
                              << "): files of unchanged groups are copied instead (checkpoints then cost their full size)";
   }
-  const std::vector<char> bytes = read_bytes(from);
-  if (file_checksum(bytes.data(), bytes.size(), checkpoint_threads(1)) != checksum)
-    throw Error("checkpoint: " + from.string() + " no longer matches its checksum; it is not copied into the new "
-                "checkpoint (the newest complete checkpoint is damaged)");
-  write_file_durable(to, bytes);
+  write_file_durable(to, read_bytes(from));
   return false;
 }
 
@@ -144,12 +164,7 @@ void sync_dir(const fs::path& dir) {
   if (rc != 0 && errno != EINVAL) io_error("cannot sync directory", dir);  // EINVAL: fs without it
 }
 
-int64_t step_of(const fs::path& p) {
-  static const std::regex re("step-([0-9]{8})");
-  std::smatch m;
-  const std::string name = p.filename().string();
-  return std::regex_match(name, m, re) ? std::stoll(m[1].str()) : -1;
-}
+int64_t step_of(const fs::path& p) { return step_of_dir_name(p.filename().string()); }
 
 // POSIX's walk, deepest entries first, links not followed. std::filesystem::remove_all of a
 // checkpoint directory crashed the rank (SIGSEGV at a jump to an invalid address, the first
@@ -272,40 +287,22 @@ std::optional<CheckpointInfo> find_latest_checkpoint(const std::string& dir) {
   return best;
 }
 
-InitFromPrint init_from_print(const std::string& path) {
-  const auto stamp = [&](const fs::path& p, InitFromPrint& f) {
-    struct stat st {};
-    if (::stat(p.c_str(), &st) != 0) io_error("cannot read model.init_from", p);
-    f.mtime_ns = std::max<int64_t>(f.mtime_ns, int64_t{st.st_mtim.tv_sec} * 1000000000 + st.st_mtim.tv_nsec);
-    return st;
-  };
-  InitFromPrint f;
-  f.present = true;
-  f.path = path;
-  f.mtime_ns = std::numeric_limits<int64_t>::min();
-  const struct stat st = stamp(path, f);
-  if (!S_ISDIR(st.st_mode)) {
-    f.size = st.st_size;
-    return f;
-  }
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(path, ec))
-    if (e.is_regular_file(ec)) f.size += static_cast<int64_t>(stamp(e.path(), f).st_size);
-  return f;
-}
-
 std::string checkpoint_path(const std::string& dir, int64_t step) { return (fs::path(dir) / step_name(step)).string(); }
 
 CheckpointDirLock::CheckpointDirLock(const std::string& dir, const std::string& job_name) {
   const auto refuse = [&](const std::string& why) {
     throw ConfigError("checkpoint.dir " + dir + ": " + why + " (found before any step)");
   };
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec || !fs::is_directory(dir, ec)) refuse(fs::exists(dir) ? "exists and is not a directory" : "cannot be created: " + ec.message());
+  // Made private where missing (0700); one that exists must be this user's own directory, and
+  // its lock this user's own regular file: a link or a file another user planted is refused.
+  if (const std::string why = safe_file::make_dirs(dir, true); !why.empty()) {
+    struct stat st {};
+    refuse(::stat(dir.c_str(), &st) == 0 && !S_ISDIR(st.st_mode) ? "exists and is not a directory" : why);
+  }
   const fs::path lock = fs::path(dir) / ".lock";
-  fd_ = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (fd_ < 0) refuse(std::string("not writable: ") + std::strerror(errno));
+  std::string why;
+  fd_ = safe_file::open_own(lock.string(), O_RDWR, 0644, &why);
+  if (fd_ < 0) refuse(lock.string() + ": not writable: " + why);
   if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
     const int err = errno;
     std::string holder(256, '\0');
@@ -328,13 +325,16 @@ CheckpointDirLock::CheckpointDirLock(const std::string& dir, const std::string& 
   if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, who.data(), who.size(), 0) != static_cast<ssize_t>(who.size()))
     refuse(std::string("not writable: ") + std::strerror(errno));
   // The checkpoints themselves need files written and synced in it: prove it now, not after training.
-  const fs::path probe = fs::path(dir) / ".write-probe";
-  try {
-    write_file_durable(probe, std::vector<char>(who.begin(), who.end()));
-    fs::remove(probe);
-  } catch (const std::exception& e) {
-    refuse(std::string("not writable: ") + e.what());
+  std::string probe;
+  const int pfd = safe_file::create_unique(dir, ".write-probe-", "", &probe);
+  const bool written = pfd >= 0 && ::write(pfd, who.data(), who.size()) == static_cast<ssize_t>(who.size()) &&
+                       ::fsync(pfd) == 0;
+  const int err = errno;
+  if (pfd >= 0) {
+    ::close(pfd);
+    ::unlink(probe.c_str());
   }
+  if (!written) refuse(std::string("not writable: ") + std::strerror(err));
 }
 
 CheckpointDirLock::~CheckpointDirLock() {
@@ -354,8 +354,9 @@ std::string set_aside_checkpoints(const std::string& dir) {
   char stamp[32];
   std::strftime(stamp, sizeof stamp, "%Y%m%dT%H%M%SZ", &utc);
   fs::path aside = fs::path(dir) / (std::string("previous-") + stamp);
-  for (int i = 1; fs::exists(aside); ++i) aside = fs::path(dir) / (std::string("previous-") + stamp + "-" + std::to_string(i));
-  fs::create_directories(aside);
+  for (int i = 1; fs::exists(fs::symlink_status(aside)); ++i)
+    aside = fs::path(dir) / (std::string("previous-") + stamp + "-" + std::to_string(i));
+  if (::mkdir(aside.c_str(), 0700) != 0) io_error("cannot create", aside);
   for (const auto& p : found) fs::rename(p, aside / p.filename());
   sync_dir(aside);
   sync_dir(dir);

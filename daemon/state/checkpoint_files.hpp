@@ -48,11 +48,17 @@ class DurableFile {
   std::atomic<int> errno_{0};
   void keep_errno(int e);
 };
-// Shares `from` (a file of the newest complete checkpoint) as `to`: a hard link, or where the
-// filesystem refuses one (EXDEV, EPERM, no links), a durable copy whose bytes are checked
-// against `checksum` (format 5's, file_checksum.hpp) first, said once per process in the log.
-// Returns whether it linked. Error naming `from` where it cannot be read (removed since).
-bool link_or_copy(const fs::path& from, const fs::path& to, uint64_t checksum);
+// Whether the file `from` still matches `checksum` (formats 5 and 6's, file_checksum.hpp), read
+// in blocks on `threads` threads: false where its bytes differ or it is missing or shorter now.
+bool file_matches(const fs::path& from, uint64_t checksum, int threads);
+// The checkpoint directories under `root` (step-*, by name) holding the file `p` is (the same
+// inode: hard links), `p`'s own included.
+std::vector<std::string> checkpoints_holding(const fs::path& p, const fs::path& root);
+// Shares `from` (a file of the newest complete checkpoint, verified by file_matches) as `to`: a
+// hard link, or where the filesystem refuses one (EXDEV, EPERM, no links), a durable copy, said
+// once per process in the log. Returns whether it linked. Error naming `from` where it cannot
+// be read (removed since).
+bool link_or_copy(const fs::path& from, const fs::path& to);
 // A directory's entries (creations, renames) on disk.
 void sync_dir(const fs::path& dir);
 // Removes `p` with everything under it; a missing `p` is no error (io_error otherwise). Not

@@ -39,7 +39,9 @@ CheckpointPlan plan_checkpoint(const CheckpointPlan* prev, const std::vector<int
       at[g] = run_code(source[g]);
       continue;
     }
-    if (prev && prev_at[g] >= 0 && prev->steps[g] == steps[g]) {
+    const bool damaged = prev && prev_at[g] >= 0 && static_cast<size_t>(prev_at[g]) < prev->damaged.size() &&
+                         prev->damaged[static_cast<size_t>(prev_at[g])];
+    if (prev && prev_at[g] >= 0 && prev->steps[g] == steps[g] && !damaged) {
       keep[g] = prev_at[g];
       live[static_cast<size_t>(prev_at[g])] += group_bytes[g];
     }
@@ -89,11 +91,12 @@ CheckpointPlan plan_checkpoint(const CheckpointPlan* prev, const std::vector<int
   }
   close();
   for (size_t g = 0; g < n; ++g) {
-    if (!p.manifest.runs.empty() && p.manifest.runs.back().file == at[g]) {
+    const int64_t group_steps = at[g] < 0 ? 0 : steps[g];  // groups stored nowhere were never trained
+    if (!p.manifest.runs.empty() && p.manifest.runs.back().file == at[g] && p.manifest.runs.back().steps == group_steps) {
       ++p.manifest.runs.back().count;
       continue;
     }
-    p.manifest.runs.push_back({static_cast<int64_t>(g), 1, at[g]});
+    p.manifest.runs.push_back({static_cast<int64_t>(g), 1, at[g], group_steps});
   }
   return p;
 }

@@ -1,4 +1,4 @@
-// Reading checkpoints: the manifest checked once, each file (formats 4 and 5), shard (format 3) or
+// Reading checkpoints: the manifest checked once, each file (formats 4 to 6), shard (format 3) or
 // group file (formats 1 and 2) checked against its checksum before it is unpickled; the model's layout restored
 // (checkpoint.hpp).
 #include <torch/serialize.h>
@@ -43,6 +43,14 @@ int64_t first_bad(const at::Tensor& t, bool nonneg) {
   for (int64_t i = 0, n = c.numel(); i < n; ++i)
     if (!std::isfinite(v[i]) || (nonneg && v[i] < 0)) return i;
   return -1;
+}
+
+// A file's checksum as its manifest's format takes it: formats 5 and 6, of 4 MiB blocks (hashed on
+// the machine's cores); 4, over 64-bit words; 2 and 3, over bytes.
+uint64_t checksum_in_format(const std::string& format, const std::vector<char>& bytes) {
+  if (has_block_checksums(format)) return file_checksum(bytes.data(), bytes.size(), checkpoint_threads(1));
+  if (format == kManifestFormatV4) return comm::fnv1a64_words(bytes.data(), bytes.size());
+  return comm::fnv1a64(bytes.data(), bytes.size());
 }
 
 }  // namespace
@@ -96,11 +104,7 @@ c10::impl::GenericDict CheckpointReader::load_file(const std::string& name, bool
   const fs::path file = fs::path(ckpt_.path) / name;  // a fixed name: parse_manifest allows no path
   const std::vector<char> bytes = read_bytes(file);
   if (has_checksum) {
-    // Format 5: of 4 MiB blocks (hashed on the machine's cores); 4: over 64-bit words; 2 and 3: bytes.
-    const std::string& format = manifest_.format;
-    const uint64_t sum = format == kManifestFormat ? file_checksum(bytes.data(), bytes.size(), checkpoint_threads(1))
-                         : format == kManifestFormatV4 ? comm::fnv1a64_words(bytes.data(), bytes.size())
-                                                       : comm::fnv1a64(bytes.data(), bytes.size());
+    const uint64_t sum = checksum_in_format(manifest_.format, bytes);
     if (sum != checksum) {
       std::ostringstream os;
       os << "checksum " << std::hex << std::setw(16) << std::setfill('0') << sum << " where manifest.json says "
@@ -173,13 +177,15 @@ void CheckpointReader::read_shard(const c10::impl::GenericDict& dict, const std:
     throw damaged(file, "keys 'param', 'exp_avg' and 'exp_avg_sq' differ in length");
 }
 
-// Formats 4 and 5: the group's slice of the file its run names (shared with older checkpoints or not:
-// checked against this manifest's checksum all the same), the file read and checked once.
+// Formats 4 to 6: the group's slice of the file its run names (shared with older checkpoints or
+// not: checked against this manifest's checksum all the same), the file read and checked once;
+// format 6: the group's step count in the file must be the one its run records (a file holds
+// the stale values of groups written anew since: a run pointing at the wrong file is refused).
 GroupState CheckpointReader::load_linked_group(int group) const {
   const ManifestRun& run = run_of(manifest_, group);
   GroupState st;
   st.group = group;
-  if (run.file < 0) {  // initial, or model.init_from's (checked by check_init_from)
+  if (run.file < 0) {  // initial, or model.init_from's (checked by check_init_sources)
     st.initial = true;
     return st;
   }
@@ -201,7 +207,12 @@ GroupState CheckpointReader::load_linked_group(int group) const {
   const auto it = std::lower_bound(shard_.groups.begin(), shard_.groups.end(), group);
   if (it == shard_.groups.end() || *it != group)
     throw damaged(f.file, "group " + std::to_string(group) + " is not in it, where manifest.json says it is");
-  return slice(st, static_cast<size_t>(it - shard_.groups.begin()), f.file);
+  st = slice(st, static_cast<size_t>(it - shard_.groups.begin()), f.file);
+  if (run.steps >= 0 && st.steps != run.steps)
+    throw damaged(f.file, "group " + std::to_string(group) + ": step count " + std::to_string(st.steps) +
+                              " in the file, " + std::to_string(run.steps) +
+                              " in manifest.json's runs (the manifest maps the group to a file that holds other values)");
+  return st;
 }
 
 // Group `st.group`'s values at position i of the shard read last, checked.
@@ -264,25 +275,6 @@ GroupState CheckpointReader::load_group_file(int group) const {
       throw damaged(mg.file, "the moments of '" + st.names[i] + "' differ in shape from the parameter");
   check_state(mg.file, st);
   return st;
-}
-
-void check_init_from(const Manifest& m, const std::string& job_init_from, const std::string& ckpt_path) {
-  if (!m.init_from.present) return;
-  const std::string what = ckpt_path + "/manifest.json: group 0 (the shared parameters) is model.init_from's " +
-                           m.init_from.path + ", not stored in the checkpoint: ";
-  const std::string advice = " (restore that file, or start anew with --no-resume)";
-  if (job_init_from != m.init_from.path)
-    throw ConfigError(what + "this job's model.init_from is '" + job_init_from + "'" + advice);
-  InitFromPrint now;
-  try {
-    now = init_from_print(job_init_from);
-  } catch (const std::exception& e) {
-    throw ConfigError(what + e.what() + advice);
-  }
-  if (!(now == m.init_from))
-    throw ConfigError(m.init_from.path + ": changed since the checkpoint " + ckpt_path + " relied on it for group 0 (size " +
-                      std::to_string(m.init_from.size) + " -> " + std::to_string(now.size) + ", mtime_ns " +
-                      std::to_string(m.init_from.mtime_ns) + " -> " + std::to_string(now.mtime_ns) + ")" + advice);
 }
 
 ManifestLayout checkpoint_layout(const config::Job& job, const ParamGroups& groups) {

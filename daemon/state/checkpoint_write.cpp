@@ -11,6 +11,8 @@
 #include <cuda_runtime_api.h>
 #endif
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cerrno>
@@ -43,11 +45,6 @@ namespace {
 using namespace ckpt_files;
 
 fs::path tmp_dir(const CheckpointWriter& w) { return fs::path(w.dir) / (".tmp-" + step_name(w.step)); }
-
-void record_failure(WriteStatus& st, const std::exception& e) {
-  st.ok = false;
-  st.error = e.what();
-}
 
 // A shard's values as one torch.load-able dict of six tensors (a tensor per parameter would
 // make a million tiny tasks millions of records, minutes to write): the pickle from LibTorch's
@@ -136,6 +133,23 @@ uint64_t write_shard(const CheckpointWriter& w, ShardValues& v, const std::atomi
   return write_pickled(w, file, v, cancel);
 }
 
+// What rank 0 says of shared files found damaged at publish: which, the other checkpoints that
+// hold them too (the same inode: hard links), and what happens now.
+std::string damaged_message(const CheckpointWriter& w, const std::vector<std::string>& files) {
+  std::string text = "checkpoint of step " + std::to_string(w.step) + " not published: ";
+  for (size_t i = 0; i < files.size(); ++i) {
+    const fs::path p = fs::path(w.plan->prev_dir) / files[i];
+    text += (i ? "; " : "") + p.string() + " no longer matches its checksum (damaged on disk since it was written)";
+    const std::vector<std::string> holders = checkpoints_holding(p, w.dir);
+    if (!holders.empty()) {
+      text += ", and so do the checkpoints that hold it by hard link:";
+      for (const std::string& h : holders) text += " " + h;
+    }
+  }
+  return text + ". It is not shared into new checkpoints: the groups it holds are written anew from training's state "
+                "(resume only from a checkpoint published after this)";
+}
+
 // "shard fnv1a64" per line: rank 0 puts them in the manifest. (The test aids apply here too: a
 // rank without a shard writes this file.)
 void write_sums(const CheckpointWriter& w, const std::string& text, const std::atomic<bool>* cancel) {
@@ -146,12 +160,20 @@ void write_sums(const CheckpointWriter& w, const std::string& text, const std::a
 
 }  // namespace
 
+void record_failure(WriteStatus& st, const std::exception& e) {
+  st.ok = false;
+  st.error = e.what();
+  if (const auto* d = dynamic_cast<const SharedFileDamaged*>(&e)) st.damaged = d->files;
+}
+
 void begin_checkpoint(const CheckpointWriter& w, WriteStatus& st) {
   if (w.rank == 0) {
     try {
       check_lock_held(w.dir, w.step);  // never recreated: it was made and locked before step 0
-      remove_tree(tmp_dir(w));  // left over from a run killed mid-write
-      fs::create_directory(tmp_dir(w));  // not its parent: a checkpoint.dir removed since stays gone
+      remove_tree(tmp_dir(w));  // left over from a run killed mid-write (a link there: the link)
+      // Private, and made here or not at all: not its parent (a checkpoint.dir removed since stays
+      // gone), never one that exists again (planted since the removal).
+      if (::mkdir(tmp_dir(w).c_str(), 0700) != 0) io_error("cannot create", tmp_dir(w));
     } catch (const std::exception& e) {
       record_failure(st, e);
     }
@@ -199,10 +221,11 @@ void write_share(const CheckpointWriter& w, CheckpointShare& share, WriteStatus&
 // Every rank learns whether all succeeded; each throws the same way if not. A failed write
 // (a full disk) leaves no temporary directory behind to fill the disk further: rank 0 removes
 // it once every rank has stopped writing (the agreement), and the newest complete checkpoint
-// stays what it was.
+// stays what it was. Where rank 0 found shared files damaged, every rank learns which
+// (SharedFileDamaged), so that all plan the next checkpoint alike without them.
 void agree_checkpoint(const CheckpointWriter& w, const WriteStatus& st, const char* elsewhere) {
   if (w.all_ok(st.ok)) return;
-  std::string removed, error = st.error;
+  std::string removed, error = st.error, damaged;
   if (w.rank == 0) {
     // A write that failed because checkpoint.dir was removed under it says so, not the I/O error.
     try {
@@ -216,6 +239,16 @@ void agree_checkpoint(const CheckpointWriter& w, const WriteStatus& st, const ch
     } catch (const std::exception& e) {
       removed = "; could not remove " + tmp_dir(w).string() + ": " + e.what();
     }
+    for (const std::string& f : st.damaged) damaged += f + "\n";
+    if (!damaged.empty()) damaged += error;  // the files, then the message
+  }
+  if (w.broadcast) damaged = w.broadcast(damaged);
+  if (!damaged.empty()) {
+    std::vector<std::string> files;
+    size_t at = 0;
+    for (size_t nl; (nl = damaged.find('\n', at)) != std::string::npos; at = nl + 1)
+      files.push_back(damaged.substr(at, nl - at));
+    throw SharedFileDamaged(damaged.substr(at), std::move(files));
   }
   throw Error("checkpoint at step " + std::to_string(w.step) + " failed" +
               (error.empty() ? std::string(elsewhere) : ": " + error) + removed +
@@ -233,7 +266,7 @@ void publish_files(const CheckpointWriter& w) {
   m.step = w.step;
   m.world_size = w.world;
   m.layout = w.layout;
-  m.init_from = w.init_from;
+  m.init = w.init;
   std::vector<uint8_t> summed(m.files.size(), 0);
   for (int r = 0; r < w.world; ++r) {  // every rank's checksums, then its part file goes
     const fs::path part = tmp / checksum_part(r);
@@ -253,12 +286,22 @@ void publish_files(const CheckpointWriter& w) {
     written += static_cast<int64_t>(fs::file_size(tmp / m.files[f].file));
     ++written_files;
   }
-  // The files of unchanged groups: the newest complete checkpoint's, shared (hard links; a copy
-  // where the filesystem has none), their checksums its manifest's.
+  // The files of unchanged groups: the newest complete checkpoint's, their checksums its
+  // manifest's. Each is verified against its checksum first: one damaged on disk since would
+  // otherwise spread, by hard link, into every later checkpoint (SharedFileDamaged: this one is
+  // not published, the next writes its groups anew). Then shared (hard links; a copy where the
+  // filesystem has none).
+  const auto t_verify = std::chrono::steady_clock::now();
+  std::vector<std::string> damaged;
+  for (size_t f = 0; f < m.files.size(); ++f)
+    if (!summed[f] && !file_matches(fs::path(plan.prev_dir) / m.files[f].file, m.files[f].fnv1a64, w.threads))
+      damaged.push_back(m.files[f].file);
+  if (!damaged.empty()) throw SharedFileDamaged(damaged_message(w, damaged), damaged);
+  const double verify_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_verify).count();
   for (size_t f = 0; f < m.files.size(); ++f) {
     if (summed[f]) continue;
     const fs::path from = fs::path(plan.prev_dir) / m.files[f].file;
-    const bool linked = link_or_copy(from, tmp / m.files[f].file, m.files[f].fnv1a64);
+    const bool linked = link_or_copy(from, tmp / m.files[f].file);
     const auto bytes = static_cast<int64_t>(fs::file_size(tmp / m.files[f].file));
     (linked ? shared : written) += bytes;
     ++(linked ? shared_files : written_files);
@@ -274,7 +317,8 @@ void publish_files(const CheckpointWriter& w) {
   const double s_taken = std::chrono::duration<double>(std::chrono::steady_clock::now() - w.started).count();
   THETAD_LOG(info, "ckpt") << "checkpoint step " << w.step << ": wrote " << std::fixed << std::setprecision(1)
                            << written / 1e6 << " MB in " << written_files << " files, linked " << shared / 1e6
-                           << " MB in " << shared_files << " files, " << std::setprecision(2) << s_taken << " s"
+                           << " MB in " << shared_files << " files (verified in " << std::setprecision(2) << verify_s
+                           << " s), " << s_taken << " s"
                            << (plan.compacted_files ? " (" + std::to_string(plan.compacted_files) +
                                                           " mostly stale files rewritten)" : std::string());
 }

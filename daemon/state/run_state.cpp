@@ -16,6 +16,7 @@
 #include "config/loader.hpp"
 #include "daemon/core/file_checksum.hpp"
 #include "daemon/core/job_options.hpp"
+#include "daemon/models/param_builder.hpp"
 #include "daemon/models/precision.hpp"
 #include "offload/thread_pool.hpp"
 
@@ -88,20 +89,64 @@ RunState::RunState(const config::Job& job, const comm::WorldInfo& world, comm::C
     : job_(job), world_(world), plane_(plane), groups_(groups), homes_(homes) {
   // export.adapters_dir's directories are checked before any step (exit 2).
   if (!job.export_.adapters_dir.empty()) export_ = std::make_unique<AdapterExport>(job, groups);
+  // The sources of groups a checkpoint may leave unstored, fingerprinted as the model was built
+  // from them (rank 0 writes the manifests): model.init_from, and where task groups may stay at
+  // their initial values (offload.host_groups: scheduled), each task's lora.init_from directory.
+  if (world.rank != 0 || job.checkpoint.dir.empty()) return;
+  if (!job.model.init_from.empty()) model_print_ = fingerprint_path(job.model.init_from, "model.init_from");
+  if (!job.lora.init_from.empty() && job.offload.enabled && job.offload.host_groups == config::HostGroups::Scheduled)
+    for (int64_t t = 0; t < job.model.tasks; ++t)
+      lora_prints_.push_back(fingerprint_path(adapter_dir(job.lora.init_from, job, t), "lora.init_from"));
+}
+
+InitSourcesNow RunState::init_now() const {
+  InitSourcesNow n;
+  n.seed = detail::init_seed(job_);
+  n.seed_key = job_.model.init_seed >= 0 ? "model.init_seed" : "seed";
+  n.model_path = job_.model.init_from;
+  n.lora_pattern = job_.lora.init_from;
+  n.lora_dir = [this](int64_t t) { return adapter_dir(job_.lora.init_from, job_, t); };
+  return n;
+}
+
+InitSources RunState::init_record(const CheckpointPlan& plan) const {
+  InitSources s;
+  s.has_seed = true;
+  s.seed = detail::init_seed(job_);
+  s.model = model_print_;
+  if (job_.lora.init_from.empty()) return s;
+  s.lora_pattern = job_.lora.init_from;
+  for (int64_t t : initial_tasks(plan.manifest.runs)) {
+    THETAD_CHECK(static_cast<size_t>(t) < lora_prints_.size(), InternalError, "task ", t,
+                 " is initial without a lora.init_from fingerprint");
+    s.lora.push_back({t, lora_prints_[static_cast<size_t>(t)]});
+  }
+  return s;
 }
 
 // PEFT adapter export (see run_state.hpp): each rank writes its share of the adapters updated
 // since the last export; every rank agrees on the outcome.
-void RunState::export_adapters(int64_t completed, bool last) {
+void RunState::export_adapters(int64_t completed, bool last, bool again) {
   if (!export_ || !(last || job_.export_.at_checkpoints)) return;
-  std::string error;
-  try {
-    export_->write_changed(world_.rank, world_.size, homes_.group_steps(), [this](int g) { return state(g); });
-  } catch (const std::exception& e) {
-    error = e.what();
-  }
-  if (!plane_.all_ok(error.empty(), {"allreduce of the adapter export status", completed, -1}))
-    throw Error(error.empty() ? "export.adapters_dir: another rank failed to write its adapters" : error);
+  // Every rank stages its share (checked finite, under temporary names); only once all staged
+  // theirs is any put in place: an export is whole or absent, never a part of the tasks.
+  const auto agree = [&](const std::function<void()>& work, const char* what) {
+    std::string error;
+    try {
+      work();
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    if (plane_.all_ok(error.empty(), {what, completed, -1})) return;
+    export_->discard_staged();
+    const std::string redo = last && !job_.checkpoint.dir.empty()
+        ? " (the run's checkpoints are written: once the cause is fixed, run the job again and it exports its adapters)"
+        : "";
+    throw Error((error.empty() ? "export.adapters_dir: another rank failed to write its adapters" : error) + redo);
+  };
+  agree([&] { export_->stage_changed(world_.rank, world_.size, homes_.group_steps(), [this](int g) { return state(g); }, again); },
+        "allreduce of the adapter export status");
+  agree([&] { export_->publish_staged(); }, "allreduce of the adapter export's publish status");
 }
 
 GroupState RunState::state(int g) {
@@ -136,17 +181,26 @@ int64_t RunState::resume(bool resume) {
     throw ConfigError(ckpt.path + ": the newest checkpoint is of step " + std::to_string(step) + ", past steps: " +
                       std::to_string(job_.steps) + " of this job; nothing would run (raise steps above " +
                       std::to_string(step) + " to train on, or start anew with --no-resume)");
-  check_init_from(reader.manifest(), job_.model.init_from, ckpt.path);
+  // The groups the checkpoint does not store get the values they had: the same sources.
+  const std::vector<std::string> notes = check_init_sources(reader.manifest(), init_now(), ckpt.path + "/manifest.json");
+  if (world_.rank == 0) {
+    if (reader.manifest().format == kManifestFormatV5) {
+      THETAD_LOG(warn, "ckpt") << ckpt.path << "/manifest.json is of format 5 (an earlier release): it has no checksum of its "
+                               << "own and no step count per group, so its map of groups to files is read as it is; the "
+                               << "files are checked against their checksums, and the next checkpoint is of format 6";
+    }
+    for (const std::string& note : notes) THETAD_LOG(warn, "ckpt") << note;
+  }
   for (int g : reader.load_order()) {
     const GroupState st = in_model_layout(reader.load_group(g), groups_, g, ckpt.path);
     homes_.group_steps()[static_cast<size_t>(g)] = st.steps;
     if (st.initial) continue;  // never updated: the fresh model and store hold its initial values
     homes_.of(g).restore(g, st);
   }
-  // The next checkpoint shares this one's files of groups that did not change (format 5 only:
-  // the manifest carries its files' checksums over, of format 5's kind; an older one is written
-  // whole once).
-  if (reader.manifest().format == kManifestFormat) last_ = plan_of_read(reader.manifest(), ckpt.path, homes_.group_steps());
+  // The next checkpoint shares this one's files of groups that did not change (formats 5 and 6:
+  // the manifest carries its files' checksums over, of blocks; an older one is written whole once).
+  if (has_block_checksums(reader.manifest().format))
+    last_ = plan_of_read(reader.manifest(), ckpt.path, homes_.group_steps());
   THETAD_LOG(info, "ckpt") << "resumed from " << ckpt.path << " at step " << ckpt.step;
   return ckpt.step;
 }
@@ -196,11 +250,14 @@ CheckpointWriter RunState::writer(int64_t completed) {
   }
   auto plan = std::make_shared<CheckpointPlan>(plan_checkpoint(last_.get(), w.group_bytes, steps, source));
   plan->dir = checkpoint_path(w.dir, completed);
-  if (!source.empty() && source[0] == GroupSource::init_from) w.init_from = init_from_print(job_.model.init_from);
+  if (world_.rank == 0) w.init = init_record(*plan);
   w.plan = std::move(plan);
   w.barrier = [this, completed] { plane_.barrier({"checkpoint barrier", completed, -1}); };
   w.all_ok = [this, completed](bool ok) {
     return plane_.all_ok(ok, {"allreduce of the checkpoint status", completed, -1});
+  };
+  w.broadcast = [this, completed](const std::string& text) {
+    return plane_.broadcast(text, 0, {"broadcast of the checkpoint's damaged files", completed, -1});
   };
   return w;
 }
@@ -208,6 +265,30 @@ CheckpointWriter RunState::writer(int64_t completed) {
 void RunState::checkpoint(int64_t completed, bool last) {
   if (job_.checkpoint.dir.empty()) return;
   finish_checkpoint(completed);  // at most one in flight
+  if (write_or_start(completed, last)) return;
+  // Not published: a file it was to share is damaged (drop_damaged said which). Written again at
+  // once with those files' groups written anew, so that a checkpoint the run waits for (the
+  // run's last: exit 0 means it is published) is never skipped.
+  if (!write_or_start(completed, last))
+    throw Error("checkpoint at step " + std::to_string(completed) + ": files to share were found damaged twice; "
+                "the disk under " + job_.checkpoint.dir + " corrupts files");
+}
+
+void RunState::drop_damaged(const SharedFileDamaged& e) {
+  ++damaged_drops_;
+  if (world_.rank == 0) {
+    THETAD_LOG(warn, "ckpt") << e.what();
+  }
+  THETAD_CHECK(last_ != nullptr, InternalError, "damaged shared files without a checkpoint they come from");
+  auto plan = std::make_shared<CheckpointPlan>(*last_);
+  plan->damaged.resize(plan->manifest.files.size(), 0);
+  for (const std::string& name : e.files)
+    for (size_t f = 0; f < plan->manifest.files.size(); ++f)
+      if (plan->manifest.files[f].file == name) plan->damaged[f] = 1;
+  last_ = std::move(plan);
+}
+
+bool RunState::write_or_start(int64_t completed, bool last) {
   const auto t0 = Clock::now();
   const CheckpointWriter w = writer(completed);
   const auto group_state = [&](int g) { return state(g); };
@@ -217,13 +298,19 @@ void RunState::checkpoint(int64_t completed, bool last) {
   const bool overlap_hash = last && completed == job_.steps &&
                             (job_.checkpoint.async || w.plan->written_bytes <= kOverlapMaxBytes * world_.size);
   if ((!job_.checkpoint.async || last) && !overlap_hash) {
-    const std::string path = write_checkpoint(w, group_state);
+    std::string path;
+    try {
+      path = write_checkpoint(w, group_state);
+    } catch (const SharedFileDamaged& e) {
+      drop_damaged(e);
+      return false;
+    }
     last_ = w.plan;
     if (world_.rank == 0) {
       THETAD_LOG(info, "ckpt") << "checkpoint written: " << path << " (synchronous: the trainer stalled " << std::fixed
                                << std::setprecision(1) << ms_since(t0) << " ms)";
     }
-    return;
+    return true;
   }
   // The copy happens here, on the trainer thread, so that training may change the state right
   // after; every rank agrees on it at once (a non-finite host parameter stops every rank now, a
@@ -258,18 +345,21 @@ void RunState::checkpoint(int64_t completed, bool last) {
   }
   inflight_ = std::make_unique<CheckpointInFlight>(background, std::move(share), ms_since(t0));
   inflight_->abandon_wait = comm_timeout(job_);
-  if (!overlap_hash) return;
+  if (!overlap_hash) return true;
   if (world_.rank == 0) {
     const auto t_hash = Clock::now();
     final_hash_ = params_hash();
     THETAD_LOG(info, "ckpt") << "final params hash computed while the final checkpoint was written (" << std::fixed
                              << std::setprecision(1) << ms_since(t_hash) / 1000 << " s)";
   }
+  const int64_t drops = damaged_drops_;
   finish_checkpoint(completed);  // the run's last checkpoint is published before it returns
+  if (damaged_drops_ != drops) return false;
   if (world_.rank == 0) {
     THETAD_LOG(info, "ckpt") << "final checkpoint and hash: the trainer stalled " << std::fixed << std::setprecision(1)
                              << ms_since(t0) << " ms";
   }
+  return true;
 }
 
 void RunState::warm_up_checkpoints(int64_t completed) {
@@ -327,10 +417,15 @@ void RunState::advance_checkpoint(int64_t step, bool wait) {
   WriteStatus st;
   if (done) st = f.status();
   else st = {false, "the background " + std::string(f.publishing ? "publish" : "write") +
-                        " did not finish within comm.timeout_s (" + std::to_string(comm_timeout(job_).count() / 1000) + " s)"};
+                        " did not finish within comm.timeout_s (" + std::to_string(comm_timeout(job_).count() / 1000) + " s)", {}};
   std::unique_ptr<CheckpointInFlight> failing;  // an error below: the thread joined as it unwinds
   if (!st.ok) failing = std::move(inflight_);
-  agree_checkpoint(f.writer(), st, f.publishing ? " on rank 0" : " on another rank");
+  try {
+    agree_checkpoint(f.writer(), st, f.publishing ? " on rank 0" : " on another rank");
+  } catch (const SharedFileDamaged& e) {
+    drop_damaged(e);  // not published; training goes on, the next checkpoint writes those groups
+    return;
+  }
   if (!f.publishing) {
     f.publishing = true;
     if (world_.rank == 0) f.publish_in_background();

@@ -15,6 +15,7 @@
 #include "daemon/homes/homes.hpp"
 #include "daemon/models/param_groups.hpp"
 #include "daemon/models/peft_adapters.hpp"  // export.adapters_dir
+#include "daemon/core/init_sources.hpp"
 #include "daemon/state/async_checkpoint.hpp"
 #include "daemon/state/checkpoint.hpp"
 
@@ -61,15 +62,30 @@ class RunState {
   // FNV-1a over every parameter's bytes in registration order, read where each lives. After the
   // run's final checkpoint, the hash rank 0 computed while writing it.
   uint64_t params_hash();
-  // issue 35 (export.adapters_dir): at the run's end (`last`) and, with export.at_checkpoints, at
-  // every checkpoint step, each rank writes its share of the adapters trained since the last
-  // export as PEFT directories; every rank learns whether all succeeded (Error, exit 1, if not).
-  void export_adapters(int64_t completed, bool last);
+  // export.adapters_dir: at the run's end (`last`) and, with export.at_checkpoints, at every
+  // checkpoint step, each rank stages its share of the adapters trained since the last export
+  // (`again`: every trained one, for a run found complete at start) as PEFT directories, checked
+  // finite; once every rank staged its share all are put in place (Error, exit 1, on every rank
+  // and nothing published, if any failed).
+  void export_adapters(int64_t completed, bool last, bool again = false);
 
  private:
   GroupState state(int g);
   CheckpointWriter writer(int64_t completed);
+  // The checkpoint after `completed` steps, published before it returns unless it goes to the
+  // background (see checkpoint()). False where it was not published because a file it was to
+  // share is damaged (SharedFileDamaged): the next one writes that file's groups anew.
+  bool write_or_start(int64_t completed, bool last);
   void advance_checkpoint(int64_t step, bool wait);
+  // A checkpoint not published for damaged shared files: they are never shared again.
+  void drop_damaged(const SharedFileDamaged& e);
+  // The job's sources of the values unstored groups get (init_sources.hpp), and rank 0's record
+  // of them for a checkpoint whose plan leaves groups unstored (fingerprints taken at start-up).
+  InitSourcesNow init_now() const;
+  InitSources init_record(const CheckpointPlan& plan) const;
+  int64_t damaged_drops_ = 0;                 // checkpoints not published for damaged shared files
+  InitFromPrint model_print_;                 // rank 0: model.init_from's at start-up
+  std::vector<InitFromPrint> lora_prints_;    // rank 0: each task's lora.init_from directory at start-up
   std::unique_ptr<CheckpointInFlight> inflight_;  // the asynchronous checkpoint being written
   std::unique_ptr<CheckpointShare> spare_;         // the last one's snapshot buffers, reused
   // For a background write's thread count (background_checkpoint_threads): when and at which

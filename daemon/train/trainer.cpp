@@ -411,7 +411,10 @@ int Trainer::run() {
   recorder_->start(start_step);
   if (start_step == job_.steps) {
     THETAD_LOG(info, "train") << "job " << job_.name << " is already complete: resumed at step " << start_step
-                              << " = steps; nothing to do (raise steps to train further)";
+                              << " = steps; nothing to " << (job_.export_.adapters_dir.empty() ? "do" : "train")
+                              << " (raise steps to train further)";
+    // Its export is written again (it may have failed after the final checkpoint, or be stale).
+    if (!job_.export_.adapters_dir.empty()) state_->export_adapters(start_step, true, /*again=*/true);
   } else {
     THETAD_LOG(info, "train") << "job " << job_.name << ": " << world_.size << " ranks, " << job_.model.tasks
                               << " tasks, steps " << start_step << ".." << job_.steps;

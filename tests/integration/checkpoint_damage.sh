@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Checkpoints trust nothing (issue 19, classes 3, 5 and 8): a checkpoint whose files were damaged
 # (flipped bytes, truncated, empty, a directory, a key missing inside) or whose manifest lies
-# (unknown format, another step, a file path out of the directory, unknown keys, runs that do
-# not cover the groups or name a file without the group) stops
+# (one bit flipped anywhere: its own checksum; behind a recomputed checksum: unknown format,
+# another step, a file path out of the directory, unknown keys, runs that do not cover the
+# groups, name a file without the group or another step count than the file's) stops
 # resume with exit 2 naming the file and the key, before any step; every manifest carries a
-# checksum per file; checkpoint.dir that is a file is refused before step 0; a second job on a
+# checksum per file and one of its own; checkpoint.dir that is a file is refused before step 0; a second job on a
 # checkpoint.dir in use is refused naming the holder.
 source "$(dirname "$0")/lib.sh"
 thetad=$1
@@ -14,12 +15,13 @@ run() { mpirun "${MPIRUN_FLAGS[@]}" -np 2 "$thetad" run "$job" --set steps=4 "$@
 
 expect_code 0 good run --set checkpoint.dir="$WORK/good" --no-resume
 ck=$WORK/good/step-00000004
-$py - "$ck/manifest.json" <<'PY' && pass "manifest: format 4, Θ and the task groups in a file each, with checksums" || fail "manifest"
+$py - "$ck/manifest.json" <<'PY' && pass "manifest: format 6, Θ and the task groups in a file each, with checksums" || fail "manifest"
 import json, sys
 m = json.load(open(sys.argv[1]))
-assert m["format"] == "thetad-checkpoint-5", m["format"]
+assert m["format"] == "thetad-checkpoint-6", m["format"]
 assert m["groups"] == 5 and [f["file"] for f in m["files"]] == ["shard-00000.pt", "shard-00001.pt"], m
-assert m["runs"] == [[0, 1, 0], [1, 4, 1]], m["runs"]
+assert m["runs"] == [[0, 1, 0, 4], [1, 4, 1, 2]], m["runs"]
+assert len(m["checksum"]) == 16 and list(m)[-1] == "checksum", m
 import torch
 d = torch.load(sys.argv[1].replace("manifest.json", "shard-00000.pt"))
 assert sorted(d) == ["exp_avg", "exp_avg_sq", "groups", "offsets", "param", "steps"], sorted(d)
@@ -33,9 +35,10 @@ PY
 cp -r "$WORK/good" "$WORK/good_copy"; rm -f "$WORK/good_copy/.lock"
 expect_code 0 resume_good run --set checkpoint.dir="$WORK/good_copy" --set steps=5
 expect_in resume_good "resumed from .*step-00000004 at step 4"
-# Format-4 (format 5's files, checksummed over words), format-3 (shards of consecutive groups)
-# and format-2 (a file per group) checkpoints, as earlier releases wrote, still resume.
-for v in 2 3 4; do
+# Format-5 (no checksum of the manifest, no step counts in its runs), format-4 (format 5's files,
+# checksummed over words), format-3 (shards of consecutive groups) and format-2 (a file per
+# group) checkpoints, as earlier releases wrote, still resume.
+for v in 2 3 4 5; do
 cp -r "$WORK/good" "$WORK/v$v"; rm -f "$WORK/v$v/.lock"
 HERE=$HERE $py - "$WORK/v$v/step-00000004" "$v" <<'PY'
 import json, os, sys, torch
@@ -44,8 +47,10 @@ from ckpt_groups import load
 os.chdir(sys.argv[1])
 m = json.load(open('manifest.json'))
 groups = load('.')
-if sys.argv[2] == '4':
-    m['format'] = 'thetad-checkpoint-4'
+del m['checksum']
+m['runs'] = [r[:3] for r in m['runs']]
+if sys.argv[2] in ('4', '5'):
+    m['format'] = 'thetad-checkpoint-' + sys.argv[2]
     json.dump(m, open('manifest.json', 'w'))
     sys.exit(0)
 for f in m['files']:
@@ -87,9 +92,14 @@ done
 # are of format 4's kind): it resumes in turn.
 expect_code 0 resume_after_v4 run --set checkpoint.dir="$WORK/v4" --set steps=6
 expect_in resume_after_v4 "resumed from .*step-00000005 at step 5"
+# A format-5 one is read saying what it cannot check; the checkpoint after it is of format 6.
+expect_in resume_v5 "manifest.json is of format 5 .*no checksum of its own"
+grep -q '"format": "thetad-checkpoint-6"' "$WORK/v5/step-00000005/manifest.json" && pass "format 5 resumed, format 6 written" \
+  || fail "after format 5: $(head -3 "$WORK/v5/step-00000005/manifest.json")"
 
 # damaged NAME 'PATTERN' SHELL-CODE: a copy of the good checkpoint, damaged by SHELL-CODE (run in
-# the copy's step directory); resume must exit 2 with PATTERN in its error.
+# the copy's step directory); resume must exit 2 with PATTERN in its error. edited: the same, the
+# manifest's checksums recomputed after SHELL-CODE (what the reader checks behind them).
 damaged() {
   local name=$1 pattern=$2 code=$3
   rm -rf "$WORK/$name"; cp -r "$WORK/good" "$WORK/$name"; rm -f "$WORK/$name/.lock"
@@ -98,6 +108,7 @@ damaged() {
   expect_in "$name" "$pattern"
   if grep -q "step 5/5\|final params hash" "$WORK/$name.log"; then fail "$name: trained"; else pass "$name: no step ran"; fi
 }
+edited() { damaged "$1" "$2" "$3 && $py $HERE/rechecksum.py ."; }
 g=shard-00000.pt
 damaged flipped "$g: checksum [0-9a-f]{16} where manifest.json says" \
   "$py -c \"import sys; b=bytearray(open('$g','rb').read()); b[len(b)//2]^=0x41; open('$g','wb').write(b)\""
@@ -105,18 +116,23 @@ damaged truncated "$g: checksum .*where manifest.json says" "truncate -s 100 $g"
 damaged empty "$g: checksum .*\\(0 bytes\\)" ": > $g"
 damaged directory "$g: not a regular file" "rm $g && mkdir $g"
 damaged missing_file "$g: missing" "rm $g"
+# One bit of the manifest flipped (a run's file 1 -> 0): its own checksum refuses it.
+damaged manifest_bit "manifest.json: checksum: the manifest's text hashes to [0-9a-f]{16} where its checksum says" \
+  "sed -i 's/\\[1, 4, 1, 2\\]/[1, 4, 0, 2]/' manifest.json"
 damaged bad_format "manifest.json: format: 'thetad-checkpoint-9' is not a format" \
-  "sed -i 's/thetad-checkpoint-5/thetad-checkpoint-9/' manifest.json"
-damaged other_step "manifest.json: step: 7 but the directory is of step 4" "sed -i 's/\"step\": 4/\"step\": 7/' manifest.json"
-damaged path_escape "manifest.json: files\\[0\\].file: '../../../etc/passwd' is not shard-NNNNN.pt" \
+  "sed -i 's/thetad-checkpoint-6/thetad-checkpoint-9/' manifest.json"
+edited other_step "manifest.json: step: 7 but the directory is of step 4" "sed -i 's/\"step\": 4/\"step\": 7/' manifest.json"
+edited path_escape "manifest.json: files\\[0\\].file: '../../../etc/passwd' is not shard-NNNNN.pt" \
   "sed -i 's#\"shard-00000.pt\"#\"../../../etc/passwd\"#' manifest.json"
-damaged runs_short "manifest.json: runs: hold groups 0..3 of groups: 5" \
-  "sed -i 's/\\[1, 4, 1\\]/[1, 3, 1]/' manifest.json"
-damaged run_file "manifest.json: runs\\[1\\].file: 7 is outside \\[-2, 1\\]" \
-  "sed -i 's/\\[1, 4, 1\\]/[1, 4, 7]/' manifest.json"
-damaged group_not_in_file "shard-00000.pt: group 1 is not in it, where manifest.json says it is" \
-  "sed -i 's/\\[\\[0, 1, 0\\], \\[1, 4, 1\\]\\]/[[0, 2, 0], [2, 3, 1]]/' manifest.json"
-damaged unknown_key "manifest.json: extra: unknown key" "sed -i 's/\"format\"/\"extra\": 1, \"format\"/' manifest.json"
+edited runs_short "manifest.json: runs: hold groups 0..3 of groups: 5" \
+  "sed -i 's/\\[1, 4, 1, 2\\]/[1, 3, 1, 2]/' manifest.json"
+edited run_file "manifest.json: runs\\[1\\]\\[2\\]: 7 is outside \\[-2, 1\\]" \
+  "sed -i 's/\\[1, 4, 1, 2\\]/[1, 4, 7, 2]/' manifest.json"
+edited group_not_in_file "shard-00000.pt: group 1 is not in it, where manifest.json says it is" \
+  "sed -i 's/\\[\\[0, 1, 0, 4\\], \\[1, 4, 1, 2\\]\\]/[[0, 2, 0, 4], [2, 3, 1, 2]]/' manifest.json"
+edited run_steps "shard-00001.pt: group 1: step count 2 in the file, 1 in manifest.json's runs" \
+  "sed -i 's/\\[1, 4, 1, 2\\]/[1, 4, 1, 1]/' manifest.json"
+edited unknown_key "manifest.json: extra: unknown key" "sed -i 's/\"format\"/\"extra\": 1, \"format\"/' manifest.json"
 damaged not_json "manifest.json: manifest: not valid JSON" "echo '{\"format\": [' > manifest.json"
 # A key missing inside a group file whose checksum was made to match: the file and key named.
 damaged missing_key "$g: key 'steps' missing" "$py - <<'PY'

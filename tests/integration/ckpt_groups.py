@@ -1,4 +1,4 @@
-"""A format-5 (or 4) checkpoint's groups, for the tests' Python checks: group -> {"param", "exp_avg",
+"""A format-6 (or 5, 4) checkpoint's groups, for the tests' Python checks: group -> {"param", "exp_avg",
 "exp_avg_sq": float32 [n], "steps": int, "file": name} through manifest.json's runs (initial
 groups are absent)."""
 import json
@@ -9,9 +9,10 @@ import torch
 
 def load(step_dir):
     m = json.load(open(os.path.join(step_dir, "manifest.json")))
-    assert m["format"] in ("thetad-checkpoint-5", "thetad-checkpoint-4"), m["format"]
+    assert m["format"] in ("thetad-checkpoint-6", "thetad-checkpoint-5", "thetad-checkpoint-4"), m["format"]
     files, out = {}, {}
-    for first, count, f in m["runs"]:
+    for run in m["runs"]:
+        first, count, f = run[:3]
         if f < 0:
             continue
         name = m["files"][f]["file"]

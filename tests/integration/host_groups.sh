@@ -5,7 +5,9 @@
 # and of host_groups: all, on 1 and 2 ranks, for every built-in model and with the device cache; checkpoints record the
 # untouched groups without values and resume bitwise (also into offload off, and into a longer
 # run that holds more groups); a checkpoint whose updated groups this job's schedule does not
-# hold is exit 2 naming the key.
+# hold is exit 2 naming the key. With lora.init_from, the untouched groups' adapters are read
+# again at resume: the checkpoint fingerprints each directory, and one changed, gone or unset
+# since is exit 2 naming it.
 source "$(dirname "$0")/lib.sh"
 thetad=$1
 job=$HERE/jobs/transformer.yaml
@@ -79,6 +81,32 @@ cp -r "$WORK/all3.ckpt" "$WORK/narrow.ckpt"
 expect_code 2 narrow mpirun "${MPIRUN_FLAGS[@]}" -np 1 "$thetad" run "$job" --set steps=3 "${T[@]}" "${SCH[@]}" \
   --set checkpoint.dir="$WORK/narrow.ckpt"
 expect_in narrow "offload.host_groups: scheduled: the checkpoint holds group [0-9]+ after [0-9]+ updates"
+# lora.init_from: 40 adapters (a first run trains each task once and exports it), loaded by a
+# scheduled run that stores only the groups it held (tasks 0..4 of 40 in 3 steps on one rank).
+AD=$WORK/adapters
+expect_code 0 make_adapters "$thetad" run "$job" --no-resume --set steps=40 "${T[@]}" "${LLAMA[@]}" \
+  --set model.train_shared=false --set export.adapters_dir="$AD/{task}"
+INIT=("${T[@]}" "${LLAMA[@]}" --set lora.init_from="$AD/{task}")
+run_np init_off 1 "$job" --set steps=6 "${INIT[@]}" "${OFF[@]}"
+run_np init_sch3 1 "$job" --set steps=3 "${INIT[@]}" "${SCH[@]}"
+resume_init() {  # resume_init NAME CODE ARGS...: init_sch3's checkpoint continued to step 6 on 1 rank
+  local name=$1 code=$2; shift 2
+  rm -rf "$WORK/$name.ckpt"; cp -r "$WORK/init_sch3.ckpt" "$WORK/$name.ckpt"
+  expect_code "$code" "$name" "$thetad" run "$job" --set steps=6 --set checkpoint.dir="$WORK/$name.ckpt" \
+    --set log.level=info "${SCH[@]}" "$@"
+}
+resume_init init_same 0 "${INIT[@]}"
+expect_in init_same "resumed from .*step-00000003 at step 3"
+same_hash "lora.init_from, scheduled, resumed == uninterrupted offload off" init_off init_same
+cp "$AD/21/adapter_model.safetensors" "$AD/20/adapter_model.safetensors"
+resume_init init_changed 2 "${INIT[@]}"
+expect_in init_changed "adapters/20: lora.init_from: changed since the checkpoint .*step-00000003/manifest.json relied on it for task 20"
+mv "$AD/20" "$WORK/aside-20"
+resume_init init_gone 2 "${INIT[@]}"
+expect_in init_gone "adapters/20: lora.init_from: gone since the checkpoint"
+resume_init init_unset 2 "${T[@]}" "${LLAMA[@]}"
+expect_in init_unset "take their values from lora.init_from '.*adapters/\{task\}' in the checkpoint, '' in this job"
+
 expect_code 2 bad_word "$thetad" validate "$job" --set offload.enabled=true --set offload.host_groups=some
 expect_in bad_word "offload.host_groups: must be one of all, scheduled; got 'some'"
 finish

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# A checkpoint resumes only onto the parameter layout it was written for (issue 36, item 1): the
-# manifest records the layout keys and the parameters' names and shapes, and a resume with any of
-# the keys that change a layout (enumerated below, one by one) exits 2 naming the key, the saved
-# and the requested value, before any step, the checkpoint left as it was. A layout change that no
+# A checkpoint resumes only onto the parameter layout it was written for: the manifest records the
+# layout keys (those that shape the parameters and those that change what they compute: lora.alpha,
+# the transformer's norm epsilon, ...) and the parameters' names and shapes, and a resume with any
+# of those keys changed (enumerated below, one by one) exits 2 naming the key, the saved and the
+# requested value, before any step, the checkpoint left as it was. A layout change that no
 # recorded key explains (here: the manifest's keys edited to match) is refused naming the first
 # parameter that differs. Keys that do not change the layout still resume.
 source "$(dirname "$0")/lib.sh"
@@ -36,6 +37,9 @@ refused shard_off "$small" offload.shard_mb 0.001 0 \
 refused lora_targets "$tfm" lora.targets '[q,v]' '[q,k]' \
   'lora.targets is \[q, v\] in the checkpoint, \[q, k\] in this job'
 refused lora_rank "$tfm" lora.rank 2 3 'lora.rank is 2 in the checkpoint, 3 in this job'
+# Keys that change the function the same parameters compute.
+refused lora_alpha "$tfm" lora.alpha 4 8 'lora.alpha is 4(\.0)? in the checkpoint, 8(\.0)? in this job'
+refused norm_eps "$tfm" model.norm_eps 1e-5 1e-6 'model.norm_eps is 1.0e-05 in the checkpoint, 1.0e-06 in this job'
 refused d_model "$tfm" model.d_model 16 32 'model.d_model is 16 in the checkpoint, 32 in this job'
 refused layers "$tfm" model.layers 2 3 'model.layers is 2 in the checkpoint, 3 in this job'
 refused d_ff "$tfm" model.d_ff 32 48 'model.d_ff is 32 in the checkpoint, 48 in this job'
@@ -70,6 +74,7 @@ m = json.load(open(sys.argv[1]))
 m["layout"]["keys"]["lora.targets"] = "[q, k]"
 json.dump(m, open(sys.argv[1], "w"))
 PY
+$py "$HERE/rechecksum.py" "$ck/step-00000002"  # the manifest's own checksum made to match the edit
 expect_code 2 unnamed "$thetad" run "$tfm" --set steps=3 --set checkpoint.dir="$ck" --set 'lora.targets=[q,k]'
 expect_in unnamed "layout: group [0-9]+ parameter [0-9]+ is '[^']*' \[[0-9, ]*\] in the checkpoint, '[^']*' \[[0-9, ]*\] in this job"
 

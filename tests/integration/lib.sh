@@ -29,7 +29,7 @@ same_hash() {
   if [ -n "$a" ] && [ "$a" = "$b" ]; then pass "$1 ($a)"; else fail "$1: $a != $b"; fi
 }
 # newest DIR: the newest complete checkpoint (step-N with a manifest) in DIR.
-newest() { (cd "$1" && ls -d step-*/manifest.json 2>/dev/null | sed 's|/manifest.json||' | sort | tail -1); }
+newest() { (cd "$1" && ls -d step-*/manifest.json 2>/dev/null | sed 's|/manifest.json||' | sort -t- -k2,2n | tail -1); }
 # ranks_of JOB: pids of the thetad processes of a run started with --set job=JOB.
 ranks_of() { pgrep -f "thetad run .*job=$1" || true; }
 # owner_steps LOG [RANKS...]: the offload store's "N group steps run as owner", added up over

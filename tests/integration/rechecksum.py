@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
 """Rewrites the checksums of a checkpoint's manifest.json to match its files as they are now,
-so that a test can damage a file's contents (a key removed, a NaN written) past the checksum
-check and reach the reader's own checks. Formats 2 (a file per group), 3 (shards; FNV-1a 64 of
-the bytes), 4 (files; FNV-1a 64 of the 64-bit little-endian words, the last len % 8 bytes
-one by one) and 5 (files; that words hash of each 4 MiB block, then FNV-1a 64 of the blocks'
-hashes as little-endian 64-bit values: daemon/core/file_checksum.hpp).
+and (format 6) the manifest's own checksum to match its text, so that a test can damage a
+file's contents (a key removed, a NaN written) or edit the manifest past the checksum checks and
+reach the reader's own checks. Formats 2 (a file per group), 3 (shards; FNV-1a 64 of the bytes),
+4 (files; FNV-1a 64 of the 64-bit little-endian words, the last len % 8 bytes one by one), 5 and
+6 (files; that words hash of each 4 MiB block, then FNV-1a 64 of the blocks' hashes as
+little-endian 64-bit values: daemon/core/file_checksum.hpp); format 6's manifest ends with
+"checksum", FNV-1a 64 of every byte of its text before that key (daemon/core/manifest.hpp).
 
     rechecksum.py CHECKPOINT_STEP_DIR
 """
@@ -35,15 +37,29 @@ def block_checksum(data):
     return fnv1a64(b"".join(struct.pack("<Q", h) for h in blocks))
 
 
+def sealed(m):
+    """Format 6's text: the manifest with its checksum as its last key."""
+    m = {k: v for k, v in m.items() if k != "checksum"}
+    prefix = json.dumps(m, indent=2)[:-2] + ",\n  "
+    return prefix + '"checksum": "%016x"\n}\n' % fnv1a64(prefix.encode())
+
+
 def main(step_dir):
     path = os.path.join(step_dir, "manifest.json")
     m = json.load(open(path))
-    checksum = {"thetad-checkpoint-5": block_checksum, "thetad-checkpoint-4": fnv1a64_words}.get(m["format"], fnv1a64)
+    checksum = {"thetad-checkpoint-6": block_checksum, "thetad-checkpoint-5": block_checksum,
+                "thetad-checkpoint-4": fnv1a64_words}.get(m["format"], fnv1a64)
     entries = m["files"] if "files" in m else m["shards"] if "shards" in m else m["groups"]
     for e in entries:
-        data = open(os.path.join(step_dir, e["file"]), "rb").read()
+        try:
+            data = open(os.path.join(step_dir, e["file"]), "rb").read()
+        except OSError:  # a name the test made wrong on purpose: its entry stays as it is
+            continue
         e["fnv1a64"] = "%016x" % checksum(data)
-    json.dump(m, open(path, "w"))
+    if m["format"] == "thetad-checkpoint-6":
+        open(path, "w").write(sealed(m))
+    else:
+        json.dump({k: v for k, v in m.items() if k != "checksum"}, open(path, "w"))
 
 
 if __name__ == "__main__":
