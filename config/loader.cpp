@@ -58,6 +58,10 @@ Job load_job_from_string(const std::string& yaml, const std::string& source,
   if (!diag.empty()) throw JobError(diag.messages());
   detail::warn_irrelevant(job, diag);
   job.warnings = diag.warnings();
+  if (job.model.kind == ModelKind::Torchscript && job.model.trust_code)
+    job.notes.push_back(diag.format(diag.where("model.trust_code"), "model.trust_code",
+                                    "the code of model.path ('" + job.model.path +
+                                        "') runs with your rights (it can read, write and delete your files)"));
   complete(job);
   return job;
 }

@@ -257,6 +257,14 @@ void Checker::model_size() {
 
 void Checker::torchscript() {
   const ModelConfig& m = j_.model;
+  // A TorchScript file is a program: its forward may call builtins that read, create and overwrite
+  // files (torch.from_file(path, True, n)), with the rights of whoever runs thetad.
+  if (!m.trust_code && ok("model.trust_code"))
+    fail("model.trust_code", "model.kind torchscript runs the code of model.path" +
+                                 (m.path.empty() ? std::string() : " ('" + m.path + "')") +
+                                 " with your rights: its forward can read, write and delete your files. Set "
+                                 "model.trust_code: true if you trust the file and whoever made it",
+         "model.kind");
   if (m.path.empty()) {
     fail("model.path", "torchscript needs the path of the exported model file", "model.kind");
   } else if (ok("model.path") && m.path.find("{rank}") == std::string::npos) {

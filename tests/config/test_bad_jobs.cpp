@@ -286,23 +286,27 @@ const std::vector<BadJob>& bad_jobs() {
        "steps: 10\nmodel: {kind: multitask_mlp, tasks: 2}\ndata:\n  schedule: alternate\n"
        "  alternate: [shared, \"task:2\"]\n",
        {"bad.yaml:5:23: data.alternate[1]: task id must be in [0, 2)"}},
+      {"torchscript_without_trust_code",
+       "steps: 10\nmodel:\n  kind: torchscript\n  path: /dev/null\n  shared: [\"trunk.*\"]\n  task: \"heads.{t}.*\"\n"
+       "data: {}\n",
+       {"bad.yaml:3:3: model.trust_code: model.kind torchscript runs the code of model.path ('/dev/null') with your rights"}},
       {"torchscript_without_path",
-       "steps: 10\nmodel:\n  kind: torchscript\n  shared: [\"trunk.*\"]\n  task: \"heads.{t}.*\"\ndata: {}\n",
+       "steps: 10\nmodel:\n  kind: torchscript\n  shared: [\"trunk.*\"]\n  task: \"heads.{t}.*\"\n  trust_code: true\ndata: {}\n",
        {"bad.yaml:3:3: model.path: torchscript needs the path"}},
       {"torchscript_missing_file",
        "steps: 10\nmodel:\n  kind: torchscript\n  path: /nonexistent/model.pt\n  shared: [\"trunk.*\"]\n"
-       "  task: \"heads.{t}.*\"\ndata: {}\n",
+       "  task: \"heads.{t}.*\"\n  trust_code: true\ndata: {}\n",
        {"bad.yaml:4:3: model.path: no such file: '/nonexistent/model.pt'"}},
       {"torchscript_task_without_t",
        "steps: 10\nmodel:\n  kind: torchscript\n  path: /dev/null\n  shared: [\"trunk.*\"]\n"
-       "  task: \"heads.*\"\ndata: {}\n",
+       "  task: \"heads.*\"\n  trust_code: true\ndata: {}\n",
        {"bad.yaml:6:3: model.task: pattern must contain {t}"}},
       {"torchscript_second_task_pattern_without_t",
        "steps: 10\nmodel:\n  kind: torchscript\n  path: /dev/null\n  shared: [\"trunk.*\"]\n"
-       "  task: [\"heads.{t}.*\", \"adapters.*\"]\ndata: {}\n",
+       "  task: [\"heads.{t}.*\", \"adapters.*\"]\n  trust_code: true\ndata: {}\n",
        {"bad.yaml:6:25: model.task[1]: pattern must contain {t}", "got 'adapters.*'"}},
       {"torchscript_without_shared",
-       "steps: 10\nmodel:\n  kind: torchscript\n  path: /dev/null\n  task: \"heads.{t}.*\"\ndata: {}\n",
+       "steps: 10\nmodel:\n  kind: torchscript\n  path: /dev/null\n  task: \"heads.{t}.*\"\n  trust_code: true\ndata: {}\n",
        {"bad.yaml:3:3: model.shared: torchscript needs name patterns"}},
       {"extreme_without_classes", "steps: 10\nmodel:\n  kind: extreme_classifier\ndata: {}\n",
        {"bad.yaml:3:3: model.classes: extreme_classifier needs classes > 0"}},
