@@ -11,9 +11,9 @@
 #include <utility>
 #include <vector>
 
-#include "common/text.hpp"
 #include "config/diagnostics.hpp"
 #include "config/hf_config.hpp"
+#include "config/placeholders.hpp"
 #include "config/reader.hpp"
 #include "config/relevance.hpp"
 #include "config/schema.hpp"
@@ -133,7 +133,16 @@ std::string fingerprint(const Job& job) {
 }
 
 std::string expand_path(const std::string& path, const Job& job, int rank) {
-  return replace_all(replace_all(path, "{rank}", std::to_string(rank)), "{job}", job.name);
+  PathValues values;
+  values.job = job.name;
+  values.rank = rank;
+  return expand_placeholders(path, values);
+}
+
+std::string checkpoint_dir(const Job& job) {
+  PathValues values;
+  values.job = job.name;
+  return expand_placeholders(job.checkpoint.dir, values);
 }
 
 void check_world(const Job& job, int world_size) {

@@ -54,8 +54,7 @@ void Checker::data() {
 void Checker::data_files(int64_t T) {
   const DataConfig& dc = j_.data;
   if (dc.dir.empty() || !ok("data.dir") || dc.dir.find("{rank}") != std::string::npos) return;
-  std::string dir = dc.dir;
-  for (size_t at; (at = dir.find("{job}")) != std::string::npos;) dir.replace(at, 5, j_.name);
+  const std::string dir = with_job(dc.dir);
   namespace fs = std::filesystem;
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) {

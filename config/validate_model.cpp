@@ -140,9 +140,9 @@ void Checker::llama() {
       (m.d_model / m.heads) % 2 != 0)
     fail("model.heads", "llama's rotary positions need an even head size; model.d_model / model.heads = " +
                             num(m.d_model / m.heads));
-  placeholders("lora.init_from", j_.lora.init_from, "{task}");
+  placeholders("lora.init_from", j_.lora.init_from, true);
   const ExportConfig& e = j_.export_;
-  placeholders("export.adapters_dir", e.adapters_dir, "{task}");
+  placeholders("export.adapters_dir", e.adapters_dir, true);
   if (!e.adapters_dir.empty()) {
     if (!llama && ok("model.arch"))
       fail("export.adapters_dir", "PEFT adapters are written for model.arch: llama (the Hugging Face layout)", "model.arch");
@@ -269,8 +269,7 @@ void Checker::torchscript() {
     fail("model.path", "torchscript needs the path of the exported model file", "model.kind");
   } else if (ok("model.path") && m.path.find("{rank}") == std::string::npos) {
     placeholders("model.path", m.path);
-    std::string p = m.path;
-    for (size_t at; (at = p.find("{job}")) != std::string::npos;) p.replace(at, 5, j_.name);
+    const std::string p = with_job(m.path);
     std::error_code ec;
     if (!std::filesystem::is_regular_file(p, ec))
       fail("model.path", "no such file: '" + p + "' (relative paths are resolved against the "

@@ -290,6 +290,9 @@ const std::vector<BadJob>& bad_jobs() {
        "steps: 10\nmodel:\n  kind: torchscript\n  path: /dev/null\n  shared: [\"trunk.*\"]\n  task: \"heads.{t}.*\"\n"
        "data: {}\n",
        {"bad.yaml:3:3: model.trust_code: model.kind torchscript runs the code of model.path ('/dev/null') with your rights"}},
+      {"checkpoint_dir_per_rank", kHead + "checkpoint: {dir: \"ck_{rank}\"}\n",
+       {"bad.yaml:4:", "checkpoint.dir: {rank} cannot be used here"}},
+      {"path_with_nul", kHead + "log: {file: \"a\\0b\"}\n", {"bad.yaml:4:", "log.file: holds a control character (\\x00 at byte 1)"}},
       {"torchscript_without_path",
        "steps: 10\nmodel:\n  kind: torchscript\n  shared: [\"trunk.*\"]\n  task: \"heads.{t}.*\"\n  trust_code: true\ndata: {}\n",
        {"bad.yaml:3:3: model.path: torchscript needs the path"}},
