@@ -130,6 +130,8 @@ class Checker {
   void llama();
   void model_size();
   void torchscript();
+  void per_task_dir(const char* key, const std::string& v);
+  void export_adapters();
   // validate_data.cpp
   void data();
   void data_files(int64_t T);

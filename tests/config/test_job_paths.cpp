@@ -1,6 +1,7 @@
 // The path keys of a job: placeholders expanded once, left to right, by one function; a job name
 // with braces refused without hanging; control bytes refused in every path key; checkpoint.dir
-// one directory for every rank; outputs compared as the files they resolve to.
+// one directory for every rank; outputs compared as the files they resolve to; export
+// directories that every task would share refused.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -141,6 +142,21 @@ TEST_F(TempDir, HardLinkedOutputsAreTheSameFile) {
   const std::string what = error_of(kMinimal + "metrics: {path: \"" + a + "\"}\nlog: {file: \"" + b + "\"}\n");
   EXPECT_TRUE(contains(what, "log.file: is the same path as metrics.path ('" + a + "'")) << what;
   EXPECT_TRUE(contains(what, "the same file")) << what;
+}
+
+const std::string kLlama = "steps: 1\nmodel: {kind: transformer, arch: llama, tasks: 3, train_shared: false}\ndata: {}\n";
+
+// ex/{task}/.. is ex for every task: each task's adapter would overwrite the one before.
+TEST(ExportDir, EveryTaskNeedsADirectoryOfItsOwn) {
+  for (const std::string dir : {"ex/{task}/..", "ex/{task}/../x", "./{task}/../../ex", "ex/a{task}b/.."}) {
+    const std::string what = error_of(kLlama + "export: {adapters_dir: \"" + dir + "\"}\n");
+    EXPECT_TRUE(contains(what, "job.yaml:4:")) << what;
+    EXPECT_TRUE(contains(what, "export.adapters_dir: '" + dir + "' is the same directory for every task")) << what;
+  }
+  const std::string init = error_of(kLlama + "lora: {init_from: \"in/{task}/..\"}\n");
+  EXPECT_TRUE(contains(init, "lora.init_from: 'in/{task}/..' is the same directory for every task")) << init;
+  for (const std::string dir : {"ex/{task}", "ex/{task}/", "ex/{task}/sub/..", "ex/../ex/t{task}", "{task}/out"})
+    EXPECT_EQ(error_of(kLlama + "export: {adapters_dir: \"" + dir + "\"}\n"), "(accepted)") << dir;
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 // What a job must say outright before thetad does something that a reader of the job may not
-// expect: running a TorchScript file's code (model.trust_code).
+// expect: running a TorchScript file's code (model.trust_code), and exporting adapters whose base
+// is not the one trained (export.adapters_dir needs a frozen base).
 #include <gtest/gtest.h>
 
 #include <string>
@@ -49,6 +50,25 @@ TEST(TrustCode, DefaultsToFalseAndIsIgnoredByBuiltInModels) {
   EXPECT_TRUE(job.notes.empty());
   EXPECT_TRUE(contains(to_yaml(job), "  trust_code: true\n"));
   EXPECT_NE(fingerprint(job), fingerprint(plain));
+}
+
+// PEFT adapters hold the LoRA weights alone: with the base trained too, base + adapter is not the
+// trained model.
+TEST(ExportDir, NeedsAFrozenBase) {
+  const std::string llama = "steps: 1\nmodel: {kind: transformer, arch: llama, tasks: 2}\ndata: {}\n";
+  const std::string what = error_of(llama + "export: {adapters_dir: \"ex/{task}\"}\n");
+  EXPECT_TRUE(contains(what, "job.yaml:4:")) << what;
+  EXPECT_TRUE(contains(what, "export.adapters_dir: PEFT adapters hold the LoRA weights alone, but model.train_shared is "
+                             "true (the default)"))
+      << what;
+  EXPECT_TRUE(contains(what, "Set model.train_shared: false")) << what;
+  const std::string explicit_true = error_of(
+      "steps: 1\nmodel: {kind: transformer, arch: llama, tasks: 2, train_shared: true}\ndata: {}\n"
+      "export: {adapters_dir: \"ex/{task}\"}\n");
+  EXPECT_TRUE(contains(explicit_true, "model.train_shared is true;")) << explicit_true;
+  EXPECT_EQ(error_of("steps: 1\nmodel: {kind: transformer, arch: llama, tasks: 2, train_shared: false}\ndata: {}\n"
+                     "export: {adapters_dir: \"ex/{task}\"}\n"),
+            "(accepted)");
 }
 
 }  // namespace

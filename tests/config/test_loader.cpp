@@ -310,12 +310,14 @@ TEST(ExpandPath, ReplacesRankAndJob) {
   EXPECT_EQ(expand_path("", job, 0), "");
 }
 
+// The example jobs and the benchmarks' jobs.
 TEST(Examples, EveryExampleValidates) {
   std::vector<fs::path> files;
-  for (const auto& entry : fs::directory_iterator(THETAD_EXAMPLES_DIR))
-    if (entry.path().extension() == ".yaml") files.push_back(entry.path());
+  for (const char* dir : {THETAD_EXAMPLES_DIR, THETAD_BENCH_JOBS_DIR})
+    for (const auto& entry : fs::directory_iterator(dir))
+      if (entry.path().extension() == ".yaml") files.push_back(entry.path());
   std::sort(files.begin(), files.end());
-  EXPECT_GE(files.size(), 10u);
+  EXPECT_GE(files.size(), 15u);
   for (const auto& f : files) {
     SCOPED_TRACE(f.string());
     try {
