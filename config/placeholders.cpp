@@ -2,27 +2,30 @@
 #include "config/placeholders.hpp"
 
 #include <cstring>
+#include <utility>
 
 namespace thetad::config {
 
 std::string expand_placeholders(const std::string& path, const PathValues& values) {
+  const auto text = [](const std::optional<int64_t>& v) {
+    return v ? std::optional<std::string>(std::to_string(*v)) : std::nullopt;
+  };
+  const std::optional<std::string> rank = text(values.rank), task = text(values.task);
+  const std::pair<const char*, const std::optional<std::string>*> subs[] = {
+      {"{job}", &values.job}, {"{rank}", &rank}, {"{task}", &task}};
   std::string out;
   out.reserve(path.size());
   for (size_t i = 0; i < path.size();) {
-    const auto at = [&](const char* name) { return path.compare(i, std::strlen(name), name) == 0; };
-    const char* name = nullptr;
-    std::string value;
-    if (path[i] == '{') {
-      if (values.job && at("{job}")) name = "{job}", value = *values.job;
-      else if (values.rank && at("{rank}")) name = "{rank}", value = std::to_string(*values.rank);
-      else if (values.task && at("{task}")) name = "{task}", value = std::to_string(*values.task);
+    bool replaced = false;
+    for (const auto& [name, value] : subs) {
+      const size_t n = std::strlen(name);
+      if (path[i] != '{' || !*value || path.compare(i, n, name) != 0) continue;
+      out += **value;  // appended, never scanned again
+      i += n;
+      replaced = true;
+      break;
     }
-    if (name) {
-      out += value;
-      i += std::strlen(name);
-    } else {
-      out += path[i++];
-    }
+    if (!replaced) out += path[i++];
   }
   return out;
 }
