@@ -13,6 +13,7 @@
 #include "config/limits.hpp"
 #include "config/load_options.hpp"
 #include "config/loader.hpp"
+#include "config/placeholders.hpp"
 #include "config/schema.hpp"
 #include "config/validate.hpp"
 
@@ -35,6 +36,7 @@ class Checker {
   }
 
   void run() {
+    path_bytes();
     required();
     top_level();
     model();
@@ -99,18 +101,18 @@ class Checker {
       if (d_.given(k)) return k;
     return *keys.begin();
   }
-  // `{rank}` and `{job}` are the only placeholders of output paths (and `extra` where given).
-  void placeholders(const std::string& path, const std::string& v, const std::string& extra = "") {
-    for (size_t open = v.find('{'); open != std::string::npos; open = v.find('{', open + 1)) {
-      const size_t close = v.find('}', open);
-      const std::string ph = v.substr(open, close == std::string::npos ? std::string::npos
-                                                                       : close - open + 1);
-      if (ph != "{rank}" && ph != "{job}" && (extra.empty() || ph != extra)) {
-        fail(path, "unknown placeholder '" + ph + "'; paths may use {rank}" + (extra.empty() ? " and " : ", ") +
-                       "{job}" + (extra.empty() ? "" : " and " + extra));
-        return;
-      }
-    }
+  // `{rank}` and `{job}` are the only placeholders of output paths (and `{task}` with `task`).
+  void placeholders(const std::string& path, const std::string& v, bool task = false) {
+    const std::string ph = task ? unknown_placeholder(v, {"{rank}", "{job}", "{task}"})
+                                : unknown_placeholder(v, {"{rank}", "{job}"});
+    if (!ph.empty())
+      fail(path, "unknown placeholder '" + ph + "'; paths may use {rank}" + (task ? ", {job} and {task}" : " and {job}"));
+  }
+  // A path as validation looks at it: {job} expanded ({rank} and {task} as written).
+  std::string with_job(const std::string& v) const {
+    PathValues values;
+    values.job = j_.name;
+    return expand_placeholders(v, values);
   }
 
   // The sections (validate.cpp: required keys, top level, comm, optimizer, outputs).
@@ -119,6 +121,7 @@ class Checker {
   void micro_steps_fit();
   void comm();
   void optimizer();
+  void path_bytes();
   void outputs();
   void distinct_outputs();
   // validate_model.cpp
@@ -127,6 +130,8 @@ class Checker {
   void llama();
   void model_size();
   void torchscript();
+  void per_task_dir(const char* key, const std::string& v);
+  void export_adapters();
   // validate_data.cpp
   void data();
   void data_files(int64_t T);

@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "common/text.hpp"
+#include "config/limits.hpp"
 
 namespace thetad::config::detail {
 
@@ -57,6 +58,10 @@ std::string Diagnostics::format(Origin where, const std::string& path, const std
 }
 
 void Diagnostics::error_at(Origin where, const std::string& path, const std::string& what) {
+  if (entries_.size() >= kMaxJobErrors) {
+    ++unshown_;
+    return;
+  }
   if (!where.from_override && !where.known()) where = Origin{1, 1, false};
   entries_.push_back({where, format(where, path, what)});
 }
@@ -84,6 +89,9 @@ std::vector<std::string> Diagnostics::messages() const {
   std::vector<std::string> out;
   out.reserve(order.size());
   for (size_t i : order) out.push_back(entries_[i].text);
+  if (unshown_ > 0)
+    out.push_back(printable(source_ + ": " + std::to_string(unshown_) + " more errors not shown (the first " +
+                            std::to_string(entries_.size()) + " found are above)"));
   return out;
 }
 

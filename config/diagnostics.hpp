@@ -2,6 +2,7 @@
 // the collected error messages in the one format `WHERE: KEY.PATH: what is wrong`.
 #pragma once
 
+#include <cstddef>
 #include <map>
 #include <set>
 #include <string>
@@ -58,7 +59,8 @@ class Diagnostics {
   const std::vector<std::string>& warnings() const { return warnings_; }
 
   bool empty() const { return entries_.empty(); }
-  // File errors in file order, then command-line ones.
+  // File errors in file order, then command-line ones: the first kMaxJobErrors (limits.hpp)
+  // found, and a line counting the others.
   std::vector<std::string> messages() const;
 
  private:
@@ -71,6 +73,7 @@ class Diagnostics {
   std::set<std::string> bad_;
   std::map<std::string, std::string> unknown_words_;
   std::vector<Entry> entries_;
+  size_t unshown_ = 0;  // errors past kMaxJobErrors
   std::vector<std::string> warnings_;
 };
 

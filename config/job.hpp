@@ -101,6 +101,8 @@ struct ModelConfig {
   int64_t classes = 0;          // extreme_classifier: rows of the output layer
   int64_t negatives_per_step = 0;  // extreme_classifier: sampled negative classes per step
   std::string path;             // torchscript: model file
+  // torchscript: the file is code that runs with the user's rights; it is run only when true
+  bool trust_code = false;
   std::vector<std::string> shared;  // torchscript: name patterns of Θ (glob, '*' matches any)
   // torchscript: the name patterns of θ[t], each with "{t}" for the task index (a job may give one
   // string or a list: a model with adapters.{t}.* and heads.{t}.* needs two).
@@ -297,6 +299,7 @@ inline bool is_job_name(const std::string& s) {
 struct Job {
   std::string source;             // the file it came from
   std::vector<std::string> warnings;  // keys without effect in this job (file:line:key), for the CLI
+  std::vector<std::string> notes;     // what the user has opted into (file:line:key), for the CLI
   std::string name = "thetad-job";  // key `job`
   uint64_t seed = 0;
   int64_t steps = 0;              // required

@@ -11,9 +11,9 @@
 #include <utility>
 #include <vector>
 
-#include "common/text.hpp"
 #include "config/diagnostics.hpp"
 #include "config/hf_config.hpp"
+#include "config/placeholders.hpp"
 #include "config/reader.hpp"
 #include "config/relevance.hpp"
 #include "config/schema.hpp"
@@ -58,6 +58,10 @@ Job load_job_from_string(const std::string& yaml, const std::string& source,
   if (!diag.empty()) throw JobError(diag.messages());
   detail::warn_irrelevant(job, diag);
   job.warnings = diag.warnings();
+  if (job.model.kind == ModelKind::Torchscript && job.model.trust_code)
+    job.notes.push_back(diag.format(diag.where("model.trust_code"), "model.trust_code",
+                                    "the code of model.path ('" + job.model.path +
+                                        "') runs with your rights (it can read, write and delete your files)"));
   complete(job);
   return job;
 }
@@ -129,7 +133,16 @@ std::string fingerprint(const Job& job) {
 }
 
 std::string expand_path(const std::string& path, const Job& job, int rank) {
-  return replace_all(replace_all(path, "{rank}", std::to_string(rank)), "{job}", job.name);
+  PathValues values;
+  values.job = job.name;
+  values.rank = rank;
+  return expand_placeholders(path, values);
+}
+
+std::string checkpoint_dir(const Job& job) {
+  PathValues values;
+  values.job = job.name;
+  return expand_placeholders(job.checkpoint.dir, values);
 }
 
 void check_world(const Job& job, int world_size) {

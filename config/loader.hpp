@@ -53,7 +53,11 @@ struct ParamCounts {
 };
 ParamCounts param_counts(const Job& job);
 
-// Expands "{rank}" and "{job}" in a path.
+// A path key's value with {job} and {rank} expanded (config/placeholders.hpp: in one pass).
 std::string expand_path(const std::string& path, const Job& job, int rank);
+
+// checkpoint.dir with {job} expanded: one directory for every rank, which each rank writes its
+// share into and reads whole at resume (validation refuses {rank} in it); "" without checkpoints.
+std::string checkpoint_dir(const Job& job);
 
 }  // namespace thetad::config

@@ -14,6 +14,7 @@
 #include <optional>
 #include <utility>
 
+#include "config/limits.hpp"
 #include "config/schema.hpp"
 
 namespace thetad::config::detail {
@@ -73,8 +74,9 @@ std::string unknown_key_message(const std::string& section, const std::string& k
 class Reader {
  public:
   // `cli_arg`: the --set argument being read (cli), named in its messages.
-  Reader(Job& job, Diagnostics& diag, bool cli, std::string cli_arg = "")
-      : job_(job), d_(diag), cli_(cli), cli_arg_(std::move(cli_arg)) {}
+  // `text_bytes`: the size of the text read (job_value_bound, limits.hpp).
+  Reader(Job& job, Diagnostics& diag, bool cli, size_t text_bytes, std::string cli_arg = "")
+      : job_(job), d_(diag), cli_(cli), cli_arg_(std::move(cli_arg)), bound_(job_value_bound(text_bytes)) {}
 
   // The entries of a map: the top level ("") or a section.
   void read_entries(const std::string& section, const YAML::Node& map) {
@@ -82,6 +84,7 @@ class Reader {
     for (const auto& entry : map) {  // by value: yaml-cpp's it->first is a dangling proxy
       const YAML::Node& k = entry.first;
       const Origin ko = origin(k, d_.where(section));
+      if (!spend(1, section, ko)) return;
       if (!k.IsScalar()) {
         d_.error_at(ko, section, "keys must be plain names, got " + describe(k));
         continue;
@@ -117,6 +120,7 @@ class Reader {
 
   void read_field(const Field& f, const YAML::Node& v, Origin ko) {
     const std::string path = f.path();
+    if (!spend(v.IsSequence() ? v.size() : 1, path, ko)) return;
     if (cli_) d_.forget_under(path);
     d_.note(path, ko);
     void* member = f.member(job_);
@@ -189,6 +193,23 @@ class Reader {
   }
 
  private:
+  // Counts `n` more values converted. YAML aliases repeat what they name, so a short document can
+  // stand for billions of values: past the bound (job_value_bound, limits.hpp) nothing more is
+  // converted, and one error names the place the bound was crossed.
+  bool spend(size_t n, const std::string& path, Origin o) {
+    if (exhausted_) return false;
+    if (n <= bound_ - spent_) {
+      spent_ += n;
+      return true;
+    }
+    exhausted_ = true;
+    fail(path, o,
+         "the job expands to more than " + std::to_string(bound_) +
+             " values: YAML aliases (*name) repeat the node they name, and this document's stand for more values "
+             "than its text could write out; write the values out");
+    return false;
+  }
+
   Origin origin(const YAML::Node& n, Origin fallback) const {
     if (cli_) return Origin::cli();
     const YAML::Mark m = n.Mark();
@@ -274,6 +295,10 @@ class Reader {
         ok = fail(rp, ro, "expected a list of task ids, got " + describe(v[r]));
         continue;
       }
+      if (!spend(v[r].size(), rp, ro)) {
+        d_.mark_bad(path);
+        return;
+      }
       out[r].resize(v[r].size());
       for (size_t i = 0; i < v[r].size(); ++i) {
         const std::string ip = rp + "[" + std::to_string(i) + "]";
@@ -315,6 +340,9 @@ class Reader {
   Diagnostics& d_;
   bool cli_;
   std::string cli_arg_;
+  size_t bound_;      // values it may convert
+  size_t spent_ = 0;  // values converted (spend)
+  bool exhausted_ = false;
 };
 
 }  // namespace
@@ -377,7 +405,7 @@ bool read_document(const std::string& text, Job& job, Diagnostics& diag) {
                       describe(root));
     return false;
   }
-  Reader(job, diag, false).read_entries("", root);
+  Reader(job, diag, false, text.size()).read_entries("", root);
   return true;
 }
 
@@ -424,7 +452,7 @@ void apply_override(const std::string& assignment, Job& job, Diagnostics& diag) 
       return;
     }
   }
-  Reader reader(job, diag, true, assignment);
+  Reader reader(job, diag, true, assignment.size(), assignment);
   if (whole_section) {
     reader.read_section(name, node, Origin::cli());
   } else {

@@ -32,6 +32,7 @@ void warn_irrelevant(const Job& job, Diagnostics& diag) {
       {"model.output_dim", mlp_like || (mk == ModelKind::Torchscript && job.data.kind != DataKind::Tokens),
        model + " (used by multitask_mlp, multitask_adapter, and torchscript on synthetic or npy data)"},
       {"model.path", mk == ModelKind::Torchscript, model + " (used by torchscript)"},
+      {"model.trust_code", mk == ModelKind::Torchscript, model + " (used by torchscript)"},
       {"model.shared", mk == ModelKind::Torchscript, model + " (used by torchscript)"},
       {"model.task", mk == ModelKind::Torchscript, model + " (used by torchscript)"},
       {"model.trunk_layers", mlp_like || mk == ModelKind::ExtremeClassifier, model + " (used by multitask_mlp, multitask_adapter and extreme_classifier)"},

@@ -147,6 +147,7 @@ const std::vector<Field> kFields = {
     THETAD_FIELD("model", "classes", Int, model.classes, true),
     THETAD_FIELD("model", "negatives_per_step", Int, model.negatives_per_step, true),
     THETAD_FIELD("model", "path", String, model.path, true),
+    THETAD_FIELD("model", "trust_code", Bool, model.trust_code, true),
     THETAD_FIELD("model", "shared", StringList, model.shared, true),
     THETAD_FIELD("model", "task", Patterns, model.task, true),
     THETAD_FIELD("model", "init_seed", Int, model.init_seed, true),

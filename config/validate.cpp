@@ -115,11 +115,38 @@ void Checker::optimizer() {
     fail("optimizer.min_lr", "must be <= optimizer.lr (" + num(o.lr) + "), got " + num(o.min_lr));
 }
 
+// Every key that names a file or directory: a NUL would cut the path short where the run opens
+// it (the C library ends a path there), and other control bytes make a name nobody can type.
+void Checker::path_bytes() {
+  const std::pair<const char*, const std::string*> keys[] = {
+      {"checkpoint.dir", &j_.checkpoint.dir}, {"metrics.path", &j_.metrics.path},
+      {"log.file", &j_.log.file},             {"timeline.path", &j_.timeline.path},
+      {"data.dir", &j_.data.dir},             {"model.path", &j_.model.path},
+      {"model.init_from", &j_.model.init_from}, {"lora.init_from", &j_.lora.init_from},
+      {"export.adapters_dir", &j_.export_.adapters_dir}, {"export.base_model", &j_.export_.base_model}};
+  for (const auto& [key, v] : keys) {
+    const size_t at = first_control_byte(*v);
+    if (at == std::string::npos) continue;
+    char byte[8];
+    std::snprintf(byte, sizeof byte, "\\x%02x", static_cast<unsigned>(static_cast<unsigned char>((*v)[at])));
+    fail(key, std::string("holds a control character (") + byte + " at byte " + std::to_string(at) +
+                  "); a path cannot contain NUL or other control characters");
+    d_.mark_bad(key);  // its other checks would only repeat the bad name
+  }
+}
+
 void Checker::outputs() {
   const CheckpointConfig& c = j_.checkpoint;
   at_least<int64_t>("checkpoint.every_steps", c.every_steps, 0);
   at_least<int64_t>("checkpoint.keep", c.keep, 1);
-  placeholders("checkpoint.dir", c.dir);
+  // Each rank writes its share of a checkpoint into one directory that rank 0 publishes, and every
+  // rank reads all of it at resume: a directory per rank would split every checkpoint.
+  if (c.dir.find("{rank}") != std::string::npos)
+    fail("checkpoint.dir", "{rank} cannot be used here: a checkpoint is one directory that every rank writes its "
+                           "share into and reads whole at resume (the same path on every rank, on a filesystem they "
+                           "all mount); use {job} or a fixed path");
+  else
+    placeholders("checkpoint.dir", c.dir);
   if (c.every_steps > 0 && c.dir.empty())
     fail("checkpoint.dir", "checkpoint.every_steps is " + num(c.every_steps) +
                                " but there is no checkpoint.dir to write to",
@@ -136,36 +163,73 @@ void Checker::outputs() {
   distinct_outputs();
 }
 
-// Two outputs on one path would write one garbage file (or a file where a directory goes).
+namespace {
+
+namespace fs = std::filesystem;
+
+// A path as the file system will take it: absolute, the symlinks of the part that exists resolved,
+// lexically normal ("./x" and "x", or a link and its target, are one path).
+fs::path resolved(const std::string& p) {
+  std::error_code ec;
+  fs::path abs = fs::absolute(fs::path(p), ec);
+  if (ec) abs = fs::path(p);
+  const fs::path canon = fs::weakly_canonical(abs, ec);
+  return (ec ? abs : canon).lexically_normal();
+}
+
+// Both exist and are one file (device and inode: a hard link, a bind mount).
+bool same_file(const fs::path& a, const fs::path& b) {
+  std::error_code ec;
+  const bool same = fs::equivalent(a, b, ec);
+  return !ec && same;
+}
+
+// `p` lies inside the directory `dir` (both resolved): by its path, or where one of its existing
+// parents is `dir` itself by device and inode.
+bool inside(const fs::path& p, const fs::path& dir) {
+  const fs::path rel = p.lexically_relative(dir);
+  if (!rel.empty() && *rel.begin() != ".." && rel != ".") return true;
+  for (fs::path up = p.parent_path(); !up.empty() && up != up.parent_path(); up = up.parent_path())
+    if (same_file(up, dir)) return true;
+  return false;
+}
+
+}  // namespace
+
+// Two outputs on one file would write one garbage file (or a file where a directory goes). Each is
+// compared as the file rank 0 writes ({job} expanded, {rank} as 0), resolved (see resolved()).
 void Checker::distinct_outputs() {
   const std::pair<const char*, const std::string*> outs[] = {{"checkpoint.dir", &j_.checkpoint.dir},
                                                              {"metrics.path", &j_.metrics.path},
                                                              {"log.file", &j_.log.file},
                                                              {"timeline.path", &j_.timeline.path}};
+  PathValues rank0;
+  rank0.job = j_.name;
+  rank0.rank = 0;
+  fs::path files[std::size(outs)];
   for (size_t i = 0; i < std::size(outs); ++i)
-    for (size_t k = 0; k < i; ++k)
-      if (!outs[i].second->empty() && *outs[i].second == *outs[k].second)
-        fail(outs[i].first, "is the same path as " + std::string(outs[k].first) + " ('" + *outs[i].second +
-                                "'); each output needs a path of its own", outs[k].first);
+    if (!outs[i].second->empty() && ok(outs[i].first)) files[i] = resolved(expand_placeholders(*outs[i].second, rank0));
+  for (size_t i = 0; i < std::size(outs); ++i)
+    for (size_t k = 0; k < i; ++k) {
+      if (files[i].empty() || files[k].empty()) continue;
+      const bool same_path = files[i] == files[k];
+      if (!same_path && !same_file(files[i], files[k])) continue;
+      const std::string& v = *outs[k].second;
+      std::string how;  // why two spellings are one file
+      if (!same_path)
+        how = ", here '" + *outs[i].second + "': the same file by device and inode";
+      else if (v != *outs[i].second)
+        how = ", here '" + *outs[i].second + "': both are '" + files[i].string() + "'";
+      fail(outs[i].first, "is the same path as " + std::string(outs[k].first) + " ('" + v + "'" + how +
+                              "); each output needs a path of its own", outs[k].first);
+    }
   // A file inside checkpoint.dir: a checkpoint (or --no-resume's set-aside, or pruning) would
-  // replace or move it. Compared as absolute, normalized paths ({job} expanded, {rank} as is).
-  if (j_.checkpoint.dir.empty()) return;
-  namespace fs = std::filesystem;
-  const auto norm = [&](const std::string& p) {
-    std::string s = p;
-    for (size_t at; (at = s.find("{job}")) != std::string::npos;) s.replace(at, 5, j_.name);
-    std::error_code ec;
-    const fs::path abs = fs::absolute(fs::path(s), ec);
-    return (ec ? fs::path(s) : abs).lexically_normal();
-  };
-  const fs::path dir = norm(j_.checkpoint.dir);
-  for (size_t i = 1; i < std::size(outs); ++i) {
-    if (outs[i].second->empty()) continue;
-    const fs::path rel = norm(*outs[i].second).lexically_relative(dir);
-    if (!rel.empty() && *rel.begin() != ".." && rel != ".")
+  // replace or move it.
+  if (files[0].empty()) return;
+  for (size_t i = 1; i < std::size(outs); ++i)
+    if (!files[i].empty() && files[i] != files[0] && !same_file(files[i], files[0]) && inside(files[i], files[0]))
       fail(outs[i].first, "'" + *outs[i].second + "' lies inside checkpoint.dir ('" + j_.checkpoint.dir +
                               "'), whose contents checkpoints replace; put it outside", "checkpoint.dir");
-  }
 }
 
 void validate(const Job& job, const LoadOptions& opts, Diagnostics& diag) {

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <filesystem>
 #include <string>
+#include <unordered_set>
 
 #include "config/checker.hpp"
 
@@ -54,8 +55,7 @@ void Checker::data() {
 void Checker::data_files(int64_t T) {
   const DataConfig& dc = j_.data;
   if (dc.dir.empty() || !ok("data.dir") || dc.dir.find("{rank}") != std::string::npos) return;
-  std::string dir = dc.dir;
-  for (size_t at; (at = dir.find("{job}")) != std::string::npos;) dir.replace(at, 5, j_.name);
+  const std::string dir = with_job(dc.dir);
   namespace fs = std::filesystem;
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) {
@@ -121,13 +121,14 @@ void Checker::per_rank(int64_t T, bool tasks_ok) {
   for (size_t r = 0; r < pr.size(); ++r) {
     const std::string rp = "data.per_rank[" + std::to_string(r) + "]";
     if (pr[r].empty()) fail(rp, "rank " + std::to_string(r) + " has no tasks");
+    std::unordered_set<int64_t> seen;  // a list may be as long as the job file allows
     for (size_t i = 0; i < pr[r].size(); ++i) {
       const std::string ip = rp + "[" + std::to_string(i) + "]";
       if (tasks_ok && (pr[r][i] < 0 || pr[r][i] >= T))
         fail(ip, "task id must be in [0, " + num(T) + ") (tasks are numbered from 0), got " +
                      num(pr[r][i]));
-      for (size_t k = 0; k < i; ++k)
-        if (pr[r][k] == pr[r][i]) fail(ip, "task " + num(pr[r][i]) + " is listed twice for rank " + std::to_string(r));
+      if (!seen.insert(pr[r][i]).second)
+        fail(ip, "task " + num(pr[r][i]) + " is listed twice for rank " + std::to_string(r));
     }
   }
 }

@@ -140,19 +140,44 @@ void Checker::llama() {
       (m.d_model / m.heads) % 2 != 0)
     fail("model.heads", "llama's rotary positions need an even head size; model.d_model / model.heads = " +
                             num(m.d_model / m.heads));
-  placeholders("lora.init_from", j_.lora.init_from, "{task}");
+  placeholders("lora.init_from", j_.lora.init_from, true);
+  per_task_dir("lora.init_from", j_.lora.init_from);
+  export_adapters();
+  if (!j_.lora.init_from.empty() && !llama && ok("model.arch"))
+    fail("lora.init_from", "reads PEFT adapters, which are for model.arch: llama", "model.arch");
+}
+
+// A {task} that a later ".." takes away again ("ex/{task}/..") names one directory for every
+// task: each task's adapter would overwrite (or be read from) the one before.
+void Checker::per_task_dir(const char* key, const std::string& v) {
+  if (v.find("{task}") == std::string::npos || !ok(key)) return;
+  const std::string normal = std::filesystem::path(v).lexically_normal().string();
+  if (normal.find("{task}") == std::string::npos)
+    fail(key, "'" + v + "' is the same directory for every task: it normalises to '" + normal +
+                  "', a later '..' undoing {task}; give each task its own directory, e.g. 'adapters/{task}'");
+}
+
+void Checker::export_adapters() {
+  const ModelConfig& m = j_.model;
   const ExportConfig& e = j_.export_;
-  placeholders("export.adapters_dir", e.adapters_dir, "{task}");
+  placeholders("export.adapters_dir", e.adapters_dir, true);
+  per_task_dir("export.adapters_dir", e.adapters_dir);
   if (!e.adapters_dir.empty()) {
-    if (!llama && ok("model.arch"))
+    if (!is("model.arch", m.arch, ModelArch::Llama) && ok("model.arch"))
       fail("export.adapters_dir", "PEFT adapters are written for model.arch: llama (the Hugging Face layout)", "model.arch");
+    else if (m.train_shared && ok("model.train_shared"))
+      // A PEFT loader computes the base it is given plus the adapter: with the base trained too
+      // that is not the model trained (a job measured 3.19 against the trained model's 1.66).
+      fail("export.adapters_dir", std::string("PEFT adapters hold the LoRA weights alone, but model.train_shared is true") +
+                                      (d_.given("model.train_shared") ? ";" : " (the default);") +
+                                      " the base is trained too, so the base with an exported adapter is not the model "
+                                      "trained. Set model.train_shared: false to train the adapters on a frozen base, or "
+                                      "leave export.adapters_dir empty and keep the checkpoints");
     if (m.tasks > 1 && e.adapters_dir.find("{task}") == std::string::npos)
       fail("export.adapters_dir", "has no {task} but model.tasks is " + num(m.tasks) + ": every task needs a directory of its own");
   }
   if (e.at_checkpoints && e.adapters_dir.empty())
     fail("export.at_checkpoints", "is true but there is no export.adapters_dir to write to", "export.adapters_dir");
-  if (!j_.lora.init_from.empty() && !llama && ok("model.arch"))
-    fail("lora.init_from", "reads PEFT adapters, which are for model.arch: llama", "model.arch");
 }
 
 // The built-in models' parameter shapes follow from the model keys (daemon/models/models.cpp
@@ -257,12 +282,19 @@ void Checker::model_size() {
 
 void Checker::torchscript() {
   const ModelConfig& m = j_.model;
+  // A TorchScript file is a program: its forward may call builtins that read, create and overwrite
+  // files (torch.from_file(path, True, n)), with the rights of whoever runs thetad.
+  if (!m.trust_code && ok("model.trust_code"))
+    fail("model.trust_code", "model.kind torchscript runs the code of model.path" +
+                                 (m.path.empty() ? std::string() : " ('" + m.path + "')") +
+                                 " with your rights: its forward can read, write and delete your files. Set "
+                                 "model.trust_code: true if you trust the file and whoever made it",
+         "model.kind");
   if (m.path.empty()) {
     fail("model.path", "torchscript needs the path of the exported model file", "model.kind");
   } else if (ok("model.path") && m.path.find("{rank}") == std::string::npos) {
     placeholders("model.path", m.path);
-    std::string p = m.path;
-    for (size_t at; (at = p.find("{job}")) != std::string::npos;) p.replace(at, 5, j_.name);
+    const std::string p = with_job(m.path);
     std::error_code ec;
     if (!std::filesystem::is_regular_file(p, ec))
       fail("model.path", "no such file: '" + p + "' (relative paths are resolved against the "

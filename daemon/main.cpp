@@ -74,15 +74,20 @@ Args parse_args(int argc, char** argv) {
   return a;
 }
 
-// `warn`: print the job's warnings (keys without effect) to stderr; with several ranks only
-// rank 0 does.
+// The job's warnings (keys without effect) and notes (what it opts into, such as running a
+// TorchScript file's code), on stderr.
+void print_notes(const thetad::config::Job& job) {
+  for (const auto& w : job.warnings) std::cerr << "thetad: warning: " << w << "\n";
+  for (const auto& n : job.notes) std::cerr << "thetad: note: " << n << "\n";
+}
+
+// `warn`: print the job's warnings and notes; with several ranks only rank 0 does.
 thetad::config::Job load(const Args& a, bool warn = true) {
   thetad::config::LoadOptions lo;
   lo.overrides = a.overrides;
   lo.cuda_build = thetad::torch_has_cuda();
   thetad::config::Job job = thetad::config::load_job(a.job_path, lo);
-  if (warn)
-    for (const auto& w : job.warnings) std::cerr << "thetad: warning: " << w << "\n";
+  if (warn) print_notes(job);
   return job;
 }
 
@@ -168,8 +173,7 @@ int cmd_run(const Args& a) {
   thetad::comm::MpiSession session;
   const auto world = thetad::comm::world_info();
   report_faults();
-  if (world.rank == 0)
-    for (const auto& w : job.warnings) std::cerr << "thetad: warning: " << w << "\n";
+  if (world.rank == 0) print_notes(job);
   thetad::config::check_world(job, world.size);  // every rank alike: exit 2 before anything starts
   thetad::log::Options lo;
   lo.rank = world.rank;

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Bounded fuzzing: builds the libFuzzer targets with clang in a build dir of
-# their own (build-fuzz, every library instrumented with ASan+UBSan+coverage) and runs each for
-# N seconds. Exits non-zero if any target finds a crash, hang, leak or sanitizer report; the
-# reproducer lands in build-fuzz/artifacts/.
+# their own (build-fuzz, every library instrumented with ASan+UBSan+coverage), replays each
+# target's checked-in corpus (tests/fuzz/corpus/<seeds>/, where every reproducer of a past
+# failure is kept) and then explores for N seconds. Exits non-zero if any target finds a crash,
+# hang, leak or sanitizer report; the reproducer lands in build-fuzz/artifacts/ (keep it in the
+# corpus, named regress-*, with the fix).
 #
 #   scripts/fuzz.sh [SECONDS=30]
 #   env: CXX_FUZZ (default clang++-14), FUZZ_BUILD_DIR, JOBS (default 2), FUZZ_TARGETS
@@ -41,6 +43,17 @@ for target in $targets; do
     fuzz_safetensors_header) seeds=safetensors ;;
     *) echo "fuzz.sh: unknown target $target" >&2; exit 1 ;;
   esac
+  # The checked-in corpus holds every input that ever failed: each is replayed first, whole (the
+  # exploring run below also runs the corpus before mutating, but cut to -max_len).
+  echo "== $target: replaying tests/fuzz/corpus/$seeds"
+  if ! "$build/tests/fuzz/$target" -timeout=5 -rss_limit_mb=2048 -artifact_prefix="$build/artifacts/$target-replay-" \
+    "$root/tests/fuzz/corpus/$seeds"/* \
+    >"$build/$target-replay.log" 2>&1; then
+    tail -n 25 "$build/$target-replay.log"
+    echo "fuzz.sh: $target FAILED on a checked-in input; see $build/$target-replay.log" >&2
+    status=1
+    continue
+  fi
   # New inputs go to a scratch corpus in the build dir; the checked-in seeds are read only.
   work="$build/corpus/$seeds"
   mkdir -p "$work"

@@ -1,5 +1,6 @@
 // The paths of a job's inputs (data.dir, model.path) as this process reads them: the placeholders
-// {job} and {rank} expanded, as they are for the outputs (config::expand_path).
+// {job} and {rank} expanded once this process's rank is known, by the one expansion of every path
+// (config::expand_path, config/placeholders.hpp).
 #pragma once
 
 #include <string>

@@ -25,6 +25,7 @@
 #include "common/safe_file.hpp"
 #include "common/text.hpp"
 #include "config/loader.hpp"
+#include "config/placeholders.hpp"
 #include "config/schema.hpp"
 #include "daemon/core/hf_names.hpp"
 #include "daemon/core/safetensors.hpp"
@@ -130,7 +131,11 @@ void publish(const std::vector<std::string>& dirs) {
 }  // namespace
 
 std::string adapter_dir(const std::string& pattern, const config::Job& job, int64_t task) {
-  return config::expand_path(replace_all(pattern, "{task}", std::to_string(task)), job, 0);
+  config::PathValues values;
+  values.job = job.name;
+  values.rank = 0;  // every rank reads and writes the same directories
+  values.task = task;
+  return config::expand_placeholders(pattern, values);
 }
 
 void load_peft_adapters(const config::Job& job, TaskModel& model) {

@@ -157,7 +157,7 @@ GroupState RunState::state(int g) {
 
 int64_t RunState::resume(bool resume) {
   if (job_.checkpoint.dir.empty()) return 0;
-  const std::string dir = config::expand_path(job_.checkpoint.dir, job_, 0);
+  const std::string dir = config::checkpoint_dir(job_);
   const int64_t step = plane_.run_on_root(0, {"choosing the checkpoint to resume from"}, [&]() -> int64_t {
     lock_ = std::make_unique<CheckpointDirLock>(dir, job_.name);
     if (!resume) {
@@ -230,7 +230,7 @@ RunState::~RunState() = default;
 
 CheckpointWriter RunState::writer(int64_t completed) {
   CheckpointWriter w;
-  w.dir = config::expand_path(job_.checkpoint.dir, job_, 0);
+  w.dir = config::checkpoint_dir(job_);
   w.step = completed;
   w.rank = world_.rank;
   w.world = world_.size;

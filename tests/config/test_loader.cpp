@@ -20,6 +20,7 @@ namespace fs = std::filesystem;
 using test::contains;
 using test::error_of;
 using test::kMinimal;
+using test::TempDir;
 
 TEST(Load, MinimalJobGetsDefaults) {
   const Job job = load_job_from_string(kMinimal, "job.yaml");
@@ -205,22 +206,6 @@ TEST(Overrides, ErrorsComeAfterFileErrors) {
   }
 }
 
-class TempDir : public ::testing::Test {
- protected:
-  void SetUp() override {
-    dir_ = fs::path(THETAD_CONFIG_TEST_TMP) /
-           ::testing::UnitTest::GetInstance()->current_test_info()->name();
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  std::string write(const std::string& name, const std::string& text) {
-    const fs::path p = dir_ / name;
-    std::ofstream(p) << text;
-    return p.string();
-  }
-  fs::path dir_;
-};
-
 TEST_F(TempDir, MissingFileNamesThePath) {
   const std::string path = (dir_ / "nope.yaml").string();
   try {
@@ -245,7 +230,7 @@ TEST_F(TempDir, FileErrorsNameTheFile) {
 
 TEST_F(TempDir, TorchscriptPathMustExist) {
   const std::string model = write("model.pt", "not really a model");
-  const std::string yaml = "steps: 1\nmodel:\n  kind: torchscript\n  path: " + model +
+  const std::string yaml = "steps: 1\nmodel:\n  kind: torchscript\n  trust_code: true\n  path: " + model +
                            "\n  shared: [\"trunk.*\"]\n  task: \"heads.{t}.*\"\ndata: {}\n";
   EXPECT_EQ(load_job_from_string(yaml, "job.yaml").model.path, model);
 }
@@ -288,7 +273,7 @@ TEST(ToYaml, RoundTripsEveryKey) {
   EXPECT_TRUE(contains(text, "  betas: [0.5, 0.75]\n"));
   EXPECT_TRUE(contains(text, "timeline:\n  path: \"\"\n"));
   // Every key is there: 5 top-level keys + 12 section headers + section keys.
-  EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 1 + 5 + 12 + 27 + 4 + 10 + 8 + 16 + 10 + 2 + 4 + 2 + 3 + 1 + 3);
+  EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 1 + 5 + 12 + 28 + 4 + 10 + 8 + 16 + 10 + 2 + 4 + 2 + 3 + 1 + 3);
 }
 
 TEST(Fingerprint, ChangesWithSharedSettingsOnly) {
@@ -325,12 +310,14 @@ TEST(ExpandPath, ReplacesRankAndJob) {
   EXPECT_EQ(expand_path("", job, 0), "");
 }
 
+// The example jobs and the benchmarks' jobs.
 TEST(Examples, EveryExampleValidates) {
   std::vector<fs::path> files;
-  for (const auto& entry : fs::directory_iterator(THETAD_EXAMPLES_DIR))
-    if (entry.path().extension() == ".yaml") files.push_back(entry.path());
+  for (const char* dir : {THETAD_EXAMPLES_DIR, THETAD_BENCH_JOBS_DIR})
+    for (const auto& entry : fs::directory_iterator(dir))
+      if (entry.path().extension() == ".yaml") files.push_back(entry.path());
   std::sort(files.begin(), files.end());
-  EXPECT_GE(files.size(), 10u);
+  EXPECT_GE(files.size(), 15u);
   for (const auto& f : files) {
     SCOPED_TRACE(f.string());
     try {

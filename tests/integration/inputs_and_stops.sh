@@ -71,10 +71,11 @@ if $py -c 'import torch' 2>/dev/null; then
   # {job} and {rank} in model.path; a [rows, 2] output against [rows, 1] targets is refused.
   for r in 0 1; do $py "$HERE/../../docs/examples/export_torchscript.py" "$WORK/small-$r.pt" --input-dim 16 --tasks 4; done
   $py "$HERE/../../docs/examples/export_torchscript.py" "$WORK/wide.pt" --input-dim 16 --tasks 4 --output-dim 2
-  ts=(--set model.kind=torchscript --set 'model.shared=["trunk.*"]' --set 'model.task=heads.{t}.*' --set steps=3 --no-resume)
+  ts=(--set model.kind=torchscript --set model.trust_code=true --set 'model.shared=["trunk.*"]' --set 'model.task=heads.{t}.*' --set steps=3 --no-resume)
   expect_code 0 ts_rank_path mpirun "${MPIRUN_FLAGS[@]}" -np 2 "$thetad" run "$job" "${ts[@]}" --set model.path="$WORK/{job}-{rank}.pt"
   expect_code 2 ts_shape "$thetad" run "$job" "${ts[@]}" --set model.path="$WORK/wide.pt"
   expect_in ts_shape "wide.pt: model.path: the model's output for task [0-9]+ has shape \[[0-9]+, 2\] where its targets have shape \[[0-9]+, 1\]"
+  expect_in ts_shape "note: --set model.trust_code: the code of model.path \('.*wide.pt'\) runs with your rights"
   mkfifo "$WORK/small-2.pt"
   expect_code 2 ts_fifo timeout 30 mpirun "${MPIRUN_FLAGS[@]}" -np 3 "$thetad" run "$job" "${ts[@]}" --set model.path="$WORK/{job}-{rank}.pt"
   expect_in ts_fifo "small-2.pt: model.path: not a regular file"

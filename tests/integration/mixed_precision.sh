@@ -105,7 +105,7 @@ run_np xc_sharded_train 2 "$small" "${train[@]}" "${xc[@]}" --set offload.enable
 falls xc_sharded_train 0.9
 if /usr/bin/python3 -c 'import torch' 2>/dev/null; then
   /usr/bin/python3 "$HERE/../../docs/examples/export_torchscript.py" "$WORK/model.pt" --input-dim 16 --tasks 4
-  run_np torchscript_train 2 "$small" "${train[@]}" --set model.kind=torchscript --set model.path="$WORK/model.pt" \
+  run_np torchscript_train 2 "$small" "${train[@]}" --set model.kind=torchscript --set model.trust_code=true --set model.path="$WORK/model.pt" \
     --set 'model.shared=["trunk.*"]' --set 'model.task=heads.{t}.*'
   falls torchscript_train 0.7
 else

@@ -41,7 +41,7 @@ expect_code 0 extreme_reference "$2" "$job" --world 2 "${xc[@]}" --compare "$WOR
   && pass "timeline parses as JSON" || fail "timeline is not JSON"
 if /usr/bin/python3 -c 'import torch' 2>/dev/null; then
   /usr/bin/python3 "$HERE/../../docs/examples/export_torchscript.py" "$WORK/model.pt" --input-dim 16 --tasks 4
-  train "torchscript_np2" 2 --set model.kind=torchscript --set model.path="$WORK/model.pt" \
+  train "torchscript_np2" 2 --set model.kind=torchscript --set model.trust_code=true --set model.path="$WORK/model.pt" \
     --set 'model.shared=["trunk.*"]' --set 'model.task=heads.{t}.*'
   # The documented example job, as written (only its outputs and model file moved here).
   expect_code 0 torchscript_example mpirun "${MPIRUN_FLAGS[@]}" -np 2 "$thetad" run \
@@ -51,7 +51,7 @@ if /usr/bin/python3 -c 'import torch' 2>/dev/null; then
   # model.task as a list: a head's weight and bias named by two patterns are the same groups as
   # one pattern for both (bitwise the same run); a parameter two groups' patterns match is exit 2
   # naming both patterns.
-  ts=(--set model.kind=torchscript --set model.path="$WORK/model.pt" --set 'model.shared=["trunk.*"]' --set steps=20)
+  ts=(--set model.kind=torchscript --set model.trust_code=true --set model.path="$WORK/model.pt" --set 'model.shared=["trunk.*"]' --set steps=20)
   run_np ts_one_pattern 2 "$job" "${ts[@]}" --set 'model.task=heads.{t}.*'
   run_np ts_two_patterns 2 "$job" "${ts[@]}" --set 'model.task=["heads.{t}.weight", "heads.{t}.bias"]'
   same_hash "model.task as a list of two patterns = one pattern" ts_one_pattern ts_two_patterns
@@ -83,7 +83,7 @@ PY
   /usr/bin/python3 "$WORK/bad_models.py" "$WORK"
   for bad in onearg pair; do
     expect_code 2 "torchscript_$bad" mpirun "${MPIRUN_FLAGS[@]}" -np 2 "$thetad" run "$job" --no-resume \
-      --set model.kind=torchscript --set model.path="$WORK/$bad.pt" --set 'model.shared=["trunk.*"]' \
+      --set model.kind=torchscript --set model.trust_code=true --set model.path="$WORK/$bad.pt" --set 'model.shared=["trunk.*"]' \
       --set 'model.task=heads.{t}.*' --set checkpoint.dir="$WORK/$bad-ck"
     expect_in "torchscript_$bad" "$bad.pt: model.path: the model's forward is .*thetad calls forward\\(self, x: Tensor, task: int\\) -> Tensor"
   done

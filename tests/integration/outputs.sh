@@ -43,6 +43,10 @@ expect_in timeline_rank "small.yaml: timeline.path: '.*trace.json' has no \\{ran
 [ ! -e "$WORK/tl.jsonl" ] && [ ! -e "$WORK/trace.json" ] && pass "timeline_rank: nothing written" || fail "timeline_rank: wrote output"
 expect_code 2 same_path "$thetad" validate "$job" --set metrics.path="$WORK/x" --set log.file="$WORK/x"
 expect_in same_path "--set log.file: is the same path as metrics.path"
+# checkpoint.dir is one directory for every rank: {rank} in it is exit 2 before anything is made.
+expect_code 2 ckpt_rank "$thetad" run "$job" --set checkpoint.dir="$WORK/ck_{rank}" --no-resume
+expect_in ckpt_rank "--set checkpoint.dir: \\{rank\\} cannot be used here: a checkpoint is one directory"
+[ ! -e "$WORK/ck_0" ] && [ ! -e "$WORK/ck_{rank}" ] && pass "ckpt_rank: no directory made" || fail "ckpt_rank: made a directory"
 
 # A job file without end, and binary junk: exit 2 at once, nothing raw echoed.
 expect_code 2 dev_zero timeout 20 "$thetad" validate /dev/zero

@@ -142,7 +142,7 @@ tokens=(--set steps=60 --set lora.targets=[q,v] --set data.kind=tokens --set dat
 /usr/bin/python3 "$HERE/../../docs/examples/export_transformer.py" "$WORK/tfm.pt" --state-dict "$WORK/tfm-init.pt" \
   > "$WORK/export.log" 2>&1 || fail "export_transformer.py: $(tail -3 "$WORK/export.log")"
 run_job builtin_from_state_dict 1 "${tokens[@]}" --set model.init_from="$WORK/tfm-init.pt"
-run_job torchscript_transformer 1 "${tokens[@]}" --set model.kind=torchscript --set model.path="$WORK/tfm.pt" \
+run_job torchscript_transformer 1 "${tokens[@]}" --set model.kind=torchscript --set model.trust_code=true --set model.path="$WORK/tfm.pt" \
   --set 'model.shared=["embed.*", "pos.*", "blocks.*", "ln_f.*", "lm_head.*"]' --set 'model.task=lora.{t}.*'
 expect_in builtin_from_state_dict "model.init_from: [0-9]+ parameters from"
 /usr/bin/python3 - "$WORK/builtin_from_state_dict.jsonl" "$WORK/torchscript_transformer.jsonl" <<'PY' \
