@@ -200,6 +200,10 @@ class Transformer : public TaskModel {
   torch::Tensor norm(const torch::Tensor& h, const torch::Tensor& w, const torch::Tensor& b) const {
     const torch::Tensor h32 = h.to(torch::kFloat32);
     if (!llama_) return torch::layer_norm(h32, {m_.d_model}, w, b, m_.norm_eps);
+#if THETAD_TORCH_CUDA && (TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 8))
+    // One fused kernel each way on GPUs, where the formula is five passes over the activations.
+    if (h32.is_cuda()) return at::rms_norm(h32, {m_.d_model}, w, m_.norm_eps);
+#endif
     return w * (h32 * torch::rsqrt(h32.pow(2).mean(-1, /*keepdim=*/true) + m_.norm_eps));
   }
 
@@ -298,16 +302,19 @@ class Transformer : public TaskModel {
       qh = rotate(qh);
       kh = rotate(kh);
     }
-    if (kv_heads_ != m_.heads) {
-      kh = kh.repeat_interleave(m_.heads / kv_heads_, 1);
-      vh = vh.repeat_interleave(m_.heads / kv_heads_, 1);
-    }
     torch::Tensor out;
-#if THETAD_TORCH_CUDA && TORCH_VERSION_MAJOR >= 2
-    // The fused kernel (flash / memory-efficient attention) where LibTorch has it.
-    if (qh.is_cuda()) out = at::scaled_dot_product_attention(qh, kh, vh, {}, 0.0, /*is_causal=*/true);
+#if THETAD_TORCH_CUDA && (TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 5))
+    // The fused kernel (flash / memory-efficient attention), grouped-query heads read in place:
+    // repeating them would write and read back heads / kv_heads copies of every key and value.
+    if (qh.is_cuda())
+      out = at::scaled_dot_product_attention(qh, kh, vh, {}, 0.0, /*is_causal=*/true, std::nullopt,
+                                             /*enable_gqa=*/kv_heads_ != m_.heads);
+#elif THETAD_TORCH_CUDA && TORCH_VERSION_MAJOR >= 2
+    if (qh.is_cuda()) out = at::scaled_dot_product_attention(qh, repeat_kv(kh), repeat_kv(vh), {}, 0.0, /*is_causal=*/true);
 #endif
     if (!out.defined()) {
+      kh = repeat_kv(kh);
+      vh = repeat_kv(vh);
       // The plain formula; the softmax in float32.
       const torch::Tensor scores = torch::matmul(qh, kh.transpose(-2, -1)).to(torch::kFloat32) / std::sqrt(double(dh_));
       const torch::Tensor mask = torch::ones({seq, seq}, torch::TensorOptions().dtype(torch::kBool).device(q.device())).triu(1);
@@ -315,6 +322,11 @@ class Transformer : public TaskModel {
       out = torch::matmul(p.to(vh.scalar_type()), vh);
     }
     return out.transpose(1, 2).reshape({rows, seq, m_.d_model});
+  }
+
+  // Each key/value head repeated for the heads / kv_heads query heads that share it.
+  torch::Tensor repeat_kv(const torch::Tensor& t) const {
+    return kv_heads_ == m_.heads ? t : t.repeat_interleave(m_.heads / kv_heads_, 1);
   }
 
   config::ModelConfig m_;
