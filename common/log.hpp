@@ -29,7 +29,7 @@ bool enabled(Level level);
 void write(Level level, const char* subsystem, const std::string& message);
 void flush();
 // Flushes log.file and throws Error (exit 1) naming it if a line could not be written to it (a
-// full disk): the metrics file's rule (daemon/core/metrics.hpp), so that no run ends 0 with its
+// full disk): the metrics file's rule (daemon/observe/metrics.hpp), so that no run ends 0 with its
 // log lost. The trainer calls it at every step's record; thetad run at start-up and at the end.
 void check_file();
 

@@ -32,7 +32,7 @@ int checkpoint_background_threads();
 bool slot_pass_without_graph();
 
 // THETAD_TEST_DEVICE_MEMORY=<free MiB>/<total MiB>: the device memory check before the model is
-// built (daemon/core/device_memory_estimate) sees this much free and total device memory instead
+// built (daemon/plan/device_memory_estimate) sees this much free and total device memory instead
 // of the GPU's, and runs on CPU ranks too, so that CPU CI reaches the refusal. false (and nothing
 // set) when unset or malformed.
 bool device_memory(int64_t* free_bytes, int64_t* total_bytes);

@@ -1,5 +1,5 @@
 // Persistent worker pool for CPU Adam (see thread_pool.hpp).
-#include "offload/thread_pool.hpp"
+#include "common/thread_pool.hpp"
 
 #include <utility>
 
@@ -9,7 +9,7 @@
 #include <algorithm>
 #include <memory>
 
-namespace thetad::offload {
+namespace thetad {
 
 ThreadPool::ThreadPool(size_t threads) {
   for (size_t i = 1; i < threads; ++i) workers_.emplace_back([this] { worker_loop(); });
@@ -124,4 +124,4 @@ void ThreadPool::worker_loop() {
   }
 }
 
-}  // namespace thetad::offload
+}  // namespace thetad

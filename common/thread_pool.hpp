@@ -13,7 +13,7 @@
 #include <thread>
 #include <vector>
 
-namespace thetad::offload {
+namespace thetad {
 
 class ThreadPool {
  public:
@@ -59,4 +59,4 @@ class ThreadPool {
   bool stop_ = false;
 };
 
-}  // namespace thetad::offload
+}  // namespace thetad

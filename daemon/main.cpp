@@ -17,9 +17,9 @@
 #include "common/log.hpp"
 #include "common/text.hpp"
 #include "config/loader.hpp"
-#include "daemon/core/device_memory_estimate.hpp"
-#include "daemon/core/memory_estimate.hpp"
-#include "daemon/core/stop_agreement.hpp"
+#include "daemon/plan/device_memory_estimate.hpp"
+#include "daemon/plan/memory_estimate.hpp"
+#include "daemon/train/stop_agreement.hpp"
 #include "daemon/train/trainer.hpp"
 #include "daemon/version.hpp"
 

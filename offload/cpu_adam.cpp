@@ -13,7 +13,7 @@
 
 #include "comm/bf16.hpp"
 #include "offload/cpu_adam_body.hpp"
-#include "offload/thread_pool.hpp"
+#include "common/thread_pool.hpp"
 
 namespace thetad::offload {
 namespace {

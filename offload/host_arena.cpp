@@ -25,7 +25,7 @@
 #include "offload/cpu_adam.hpp"
 #include "offload/device.hpp"
 #include "offload/meminfo.hpp"
-#include "offload/thread_pool.hpp"
+#include "common/thread_pool.hpp"
 #include "offload/util.hpp"
 
 namespace thetad::offload {

@@ -1,5 +1,5 @@
 // This host's available memory, as the host arena (host_arena.cpp, where it is defined) and the
-// job's memory estimate (daemon/core/memory_estimate.cpp) read it.
+// job's memory estimate (daemon/plan/memory_estimate.cpp) read it.
 #pragma once
 
 #include <cstdint>

@@ -9,7 +9,7 @@
 
 #include "common/errors.hpp"
 #include "common/log.hpp"
-#include "offload/thread_pool.hpp"
+#include "common/thread_pool.hpp"
 #include "offload/util.hpp"
 
 namespace thetad::offload {

@@ -21,7 +21,7 @@
 #include <unistd.h>
 
 #include "offload/cpu_adam.hpp"
-#include "offload/thread_pool.hpp"
+#include "common/thread_pool.hpp"
 
 namespace {
 
@@ -76,7 +76,7 @@ int main(int argc, char** argv) {
   const double millions = argc > 1 ? arg_in(argv[1], 1e-6, 1e9, "MILLIONS") : 64.0;
   const size_t n = static_cast<size_t>(millions * double(1u << 20));
   const int iters = argc > 2 ? static_cast<int>(arg_in(argv[2], 1, 1000, "ITERATIONS")) : 5;
-  if (argc > 3) thetad::offload::ThreadPool::configure(static_cast<size_t>(arg_in(argv[3], 1, 4096, "THREADS")));
+  if (argc > 3) thetad::ThreadPool::configure(static_cast<size_t>(arg_in(argv[3], 1, 4096, "THREADS")));
   const size_t bytes = n * sizeof(float);
   // Refuse what cannot fit instead of dying in bad_alloc or the OOM killer: ten arrays of n
   // floats (copy source and destination, p, g, m, v, and torch's copies of them).
@@ -89,7 +89,7 @@ int main(int argc, char** argv) {
   // Copy bandwidth: memcpy over the pool's threads, as adam_step uses them, counting bytes read
   // plus bytes written (the same accounting as the 28 bytes per parameter).
   std::vector<float> src(n, 1.0f), dst(n, 0.0f);
-  auto& pool = thetad::offload::ThreadPool::instance();
+  auto& pool = thetad::ThreadPool::instance();
   const size_t chunks = pool.threads() * 4;
   const size_t per = (n + chunks - 1) / chunks;
   auto copy = [&] {

@@ -40,7 +40,7 @@
 #include "common/log.hpp"
 #include "offload/device.hpp"
 #include "offload/param_store.hpp"
-#include "offload/thread_pool.hpp"
+#include "common/thread_pool.hpp"
 
 #if THETAD_WITH_CUDA
 #include "common/cuda_check.hpp"
@@ -115,7 +115,7 @@ Floor measure_floor(const Args& a, const thetad::comm::WorldInfo& world, thetad:
   thetad::offload::ParamStore store(so, shapes, device, [group_of, rank](int64_t s) {
     return std::vector<int>{group_of(s, rank)};
   });
-  thetad::offload::ThreadPool::configure(store.cpu_threads());  // as the daemon does
+  thetad::ThreadPool::configure(store.cpu_threads());  // as the daemon does
   store.init_all([numel](int, float* dst) { std::fill(dst, dst + numel, 0.5f); });
   // This rank's "reduced gradient" in device memory, pushed for every group it owns.
   auto* grad = static_cast<float*>(device.alloc(numel * sizeof(float)));
@@ -218,7 +218,7 @@ int main(int argc, char** argv) {
       thetad::offload::ParamStore store(so, shapes, *device, [G](int64_t s) {
         return std::vector<int>{static_cast<int>(s % G) + 1};
       });
-      thetad::offload::ThreadPool::configure(store.cpu_threads());
+      thetad::ThreadPool::configure(store.cpu_threads());
       store.init_all([numel](int, float* dst) { std::fill(dst, dst + numel, 0.5f); });
       for (int s = 0; s < a.warmup + a.iters; ++s) {
         const int unit = store.plan().units_of(s % G + 1).at(0);

@@ -177,7 +177,7 @@ class SyntheticData:
 
 
 def task_of(step, rank, world, tasks):
-    """round_robin with one task per rank (daemon/core/schedule.cpp)."""
+    """round_robin with one task per rank (daemon/plan/schedule.cpp)."""
     return (step * world + rank) % tasks
 
 

@@ -12,7 +12,7 @@
 #include <thread>
 #include <vector>
 
-#include "daemon/core/safetensors.hpp"
+#include "daemon/formats/safetensors.hpp"
 
 using namespace thetad::daemon;
 using Clock = std::chrono::steady_clock;

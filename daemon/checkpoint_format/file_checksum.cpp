@@ -1,5 +1,5 @@
 // Checkpoint file checksums in blocks, and the threads that compute them (file_checksum.hpp).
-#include "daemon/core/file_checksum.hpp"
+#include "daemon/checkpoint_format/file_checksum.hpp"
 
 #include <sched.h>
 #include <unistd.h>

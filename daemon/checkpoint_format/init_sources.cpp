@@ -1,5 +1,5 @@
 // The sources of a checkpoint's unstored groups (see init_sources.hpp).
-#include "daemon/core/init_sources.hpp"
+#include "daemon/checkpoint_format/init_sources.hpp"
 
 #include <sys/stat.h>
 

@@ -1,6 +1,6 @@
 // A checkpoint's parameter layout (see layout.hpp): the keys that shape it, its description and
 // the comparison that names the first difference.
-#include "daemon/core/layout.hpp"
+#include "daemon/checkpoint_format/layout.hpp"
 
 #include <algorithm>
 #include <cstdio>

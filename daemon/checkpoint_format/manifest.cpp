@@ -1,7 +1,7 @@
 // The checkpoint manifest (see manifest.hpp): formats 4 to 6, the layout, the manifest's own
 // checksum and the names of checkpoint directories and files. JSON is YAML's flow style, so
 // yaml-cpp reads it. Formats 1 to 3: manifest_legacy.cpp.
-#include "daemon/core/manifest.hpp"
+#include "daemon/checkpoint_format/manifest.hpp"
 
 #include <algorithm>
 #include <cctype>
@@ -14,7 +14,7 @@
 #include "common/errors.hpp"
 #include "common/text.hpp"
 #include "config/job.hpp"
-#include "daemon/core/manifest_parse.hpp"
+#include "daemon/checkpoint_format/manifest_parse.hpp"
 
 namespace thetad::daemon {
 

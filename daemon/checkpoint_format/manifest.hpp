@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "daemon/core/layout.hpp"
+#include "daemon/checkpoint_format/layout.hpp"
 
 namespace thetad::daemon {
 

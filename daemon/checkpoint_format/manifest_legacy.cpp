@@ -6,8 +6,8 @@
 
 #include "common/errors.hpp"
 #include "common/text.hpp"
-#include "daemon/core/manifest.hpp"
-#include "daemon/core/manifest_parse.hpp"
+#include "daemon/checkpoint_format/manifest.hpp"
+#include "daemon/checkpoint_format/manifest_parse.hpp"
 
 namespace thetad::daemon {
 

@@ -1,6 +1,6 @@
 // The manifest parser's pieces shared by its files (manifest_parse.hpp): reading keys with errors
 // that name the file and the key, and the layout's object (layout.hpp) in the manifest's JSON.
-#include "daemon/core/manifest_parse.hpp"
+#include "daemon/checkpoint_format/manifest_parse.hpp"
 
 #include <algorithm>
 #include <cctype>

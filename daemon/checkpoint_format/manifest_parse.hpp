@@ -1,6 +1,6 @@
 // The manifest parser's pieces shared by its files (manifest.cpp: formats 4 to 6; manifest_legacy.cpp:
 // formats 1 to 3; manifest_parse.cpp: reading keys, the layout's object): every failure names the
-// file and the key. Internal to daemon/core (manifest.hpp is the interface).
+// file and the key. Internal to daemon/checkpoint_format (manifest.hpp is the interface).
 #pragma once
 
 #include <yaml-cpp/yaml.h>
@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <string>
 
-#include "daemon/core/manifest.hpp"
+#include "daemon/checkpoint_format/manifest.hpp"
 
 namespace thetad::daemon::manifest_detail {
 

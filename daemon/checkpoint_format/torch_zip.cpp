@@ -3,7 +3,7 @@
 // stored (method 0), CRC-32 in the local header (no data descriptor), fixed 1980-01-01 times
 // so that equal values make equal files. PyTorch's own conventions: every name under "archive/",
 // each record's data at a multiple of 64 through a "FB" extra field of 'Z' padding.
-#include "daemon/core/torch_zip.hpp"
+#include "daemon/checkpoint_format/torch_zip.hpp"
 
 #include <zlib.h>
 
@@ -11,7 +11,7 @@
 #include <atomic>
 
 #include "common/errors.hpp"
-#include "daemon/core/file_checksum.hpp"
+#include "daemon/checkpoint_format/file_checksum.hpp"
 
 namespace thetad::daemon {
 namespace {

@@ -7,8 +7,8 @@
 #include <atomic>
 
 #include "comm/bucket_plan.hpp"
-#include "daemon/core/file_checksum.hpp"
-#include "daemon/core/torch_zip.hpp"
+#include "daemon/checkpoint_format/file_checksum.hpp"
+#include "daemon/checkpoint_format/torch_zip.hpp"
 
 namespace thetad::daemon {
 namespace {

@@ -16,7 +16,7 @@
 #include "comm/node_split.hpp"
 #include "common/errors.hpp"
 #include "common/log.hpp"
-#include "daemon/core/job_options.hpp"
+#include "daemon/plan/job_options.hpp"
 
 namespace thetad::daemon {
 

@@ -1,5 +1,5 @@
 // Hugging Face <-> thetad parameter names (see hf_names.hpp).
-#include "daemon/core/hf_names.hpp"
+#include "daemon/formats/hf_names.hpp"
 
 #include <array>
 #include <cctype>

@@ -1,5 +1,5 @@
 // MappedFile (see mapped_file.hpp).
-#include "daemon/core/mapped_file.hpp"
+#include "daemon/formats/mapped_file.hpp"
 
 #include <fcntl.h>
 #include <sys/mman.h>

@@ -1,7 +1,7 @@
 // .npy header parsing and file mapping. The parser walks the header with an explicit end
 // pointer and checks every length before using it: it is run on arbitrary bytes by
 // tests/fuzz/fuzz_npy_header.cpp.
-#include "daemon/core/npy.hpp"
+#include "daemon/formats/npy.hpp"
 
 #include <fcntl.h>
 #include <sys/mman.h>

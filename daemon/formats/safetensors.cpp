@@ -1,7 +1,7 @@
 // safetensors header parsing, dtype conversion, files and sharded checkpoints (see
 // safetensors.hpp). The header parser is run on arbitrary bytes by the fuzzer: every length is
 // checked before it is used, and JSON goes through nlohmann-json without exceptions.
-#include "daemon/core/safetensors.hpp"
+#include "daemon/formats/safetensors.hpp"
 
 #include <nlohmann/json.hpp>
 

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "daemon/core/mapped_file.hpp"
+#include "daemon/formats/mapped_file.hpp"
 
 namespace thetad::daemon {
 

@@ -10,7 +10,7 @@
 
 #include "common/errors.hpp"
 #include "common/safe_file.hpp"
-#include "daemon/core/safetensors.hpp"
+#include "daemon/formats/safetensors.hpp"
 
 namespace thetad::daemon {
 namespace {

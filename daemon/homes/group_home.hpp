@@ -19,8 +19,8 @@
 #include "comm/bucket_plan.hpp"
 #include "comm/engine.hpp"
 #include "common/errors.hpp"
-#include "daemon/core/metrics.hpp"
-#include "daemon/core/schedule.hpp"
+#include "daemon/observe/metrics.hpp"
+#include "daemon/plan/schedule.hpp"
 #include "daemon/models/param_groups.hpp"
 #include "daemon/optim/optimizer.hpp"
 

@@ -11,7 +11,7 @@
 
 #include "comm/engine.hpp"
 #include "config/job.hpp"
-#include "daemon/core/timeline.hpp"
+#include "daemon/observe/timeline.hpp"
 #include "daemon/device/data_plane.hpp"
 #include "daemon/homes/group_home.hpp"
 #include "daemon/models/model.hpp"

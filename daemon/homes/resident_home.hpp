@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "config/job.hpp"
-#include "daemon/core/timeline.hpp"
+#include "daemon/observe/timeline.hpp"
 #include "daemon/device/data_plane.hpp"
 #include "daemon/homes/group_home.hpp"
 #include "daemon/models/model.hpp"

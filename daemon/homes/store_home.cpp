@@ -11,10 +11,10 @@
 
 #include "common/errors.hpp"
 #include "common/log.hpp"
-#include "daemon/core/job_options.hpp"
+#include "daemon/plan/job_options.hpp"
 #include "daemon/homes/line_views.hpp"
 #include "daemon/homes/store_chunks.hpp"
-#include "offload/thread_pool.hpp"
+#include "common/thread_pool.hpp"
 
 namespace thetad::daemon {
 struct StoreHome::InFlight {
@@ -128,7 +128,7 @@ void StoreHome::build(comm::Engine& engine, const Schedule& schedule, int rank) 
     throw ConfigError(job_.source + ": offload.device_cache_mb: " + job_.offload.device_cache_mb +
                       " MiB holds no task group: one line (a group's parameters and Adam m and v) is " +
                       std::to_string(store_->cache().cache_line_bytes()) + " bytes; raise it, or set 0 for no cache");
-  offload::ThreadPool::configure(store_->cpu_threads());  // the owner's CPU AdamW threads (offload.cpu_threads)
+  ThreadPool::configure(store_->cpu_threads());  // the owner's CPU AdamW threads (offload.cpu_threads)
   for (int g = 1; g < groups_.num_groups(); ++g)
     if (model_.row_chunked(g) && store_->plan().units_of(g).size() > 1 && store_->plan().slots < 2)
       throw ConfigError(job_.source + ": offload.device_slots: row-sharded groups stream two shards at a "

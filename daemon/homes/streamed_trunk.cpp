@@ -7,8 +7,8 @@
 
 #include "common/errors.hpp"
 #include "common/log.hpp"
-#include "daemon/core/job_options.hpp"
-#include "offload/thread_pool.hpp"
+#include "daemon/plan/job_options.hpp"
+#include "common/thread_pool.hpp"
 
 namespace thetad::daemon {
 
@@ -97,7 +97,7 @@ void StreamedTrunk::build(comm::Engine& engine, const Schedule& schedule, int ra
                       std::to_string(o.cache_bytes) + " bytes of device memory (" +
                       std::to_string(store_->cache().cache_line_bytes()) + " per layer: values and Adam moments), but the " +
                       "device had room for " + std::to_string(store_->cache().cache_lines()) + "; lower it");
-  if (!job_.offload.enabled) offload::ThreadPool::configure(store_->cpu_threads());
+  if (!job_.offload.enabled) ThreadPool::configure(store_->cpu_threads());
   resolve_split();
   store_->init_all([this](int g, float* dst) {
     torch::NoGradGuard no_grad;  // thread-local: this runs on the store's threads

@@ -34,7 +34,7 @@
 
 #include "comm/engine.hpp"
 #include "config/job.hpp"
-#include "daemon/core/timeline.hpp"
+#include "daemon/observe/timeline.hpp"
 #include "daemon/device/data_plane.hpp"
 #include "daemon/models/param_groups.hpp"
 #include "daemon/models/trunk_layer.hpp"

@@ -11,7 +11,7 @@
 #include <mutex>
 #include <vector>
 
-#include "daemon/core/timeline.hpp"
+#include "daemon/observe/timeline.hpp"
 #include "daemon/models/trunk_layer.hpp"
 #include "offload/device.hpp"
 #include "offload/pinned_pool.hpp"

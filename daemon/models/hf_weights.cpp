@@ -15,8 +15,8 @@
 
 #include "common/errors.hpp"
 #include "common/log.hpp"
-#include "daemon/core/hf_names.hpp"
-#include "daemon/core/safetensors.hpp"
+#include "daemon/formats/hf_names.hpp"
+#include "daemon/formats/safetensors.hpp"
 
 namespace thetad::daemon {
 

@@ -7,7 +7,7 @@
 #include <memory>
 
 #include "config/job.hpp"
-#include "daemon/core/safetensors.hpp"
+#include "daemon/formats/safetensors.hpp"
 #include "daemon/models/model.hpp"
 
 namespace thetad::daemon {

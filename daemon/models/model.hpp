@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "config/job.hpp"
-#include "daemon/core/schedule.hpp"
+#include "daemon/plan/schedule.hpp"
 
 namespace thetad::daemon {
 

@@ -12,7 +12,7 @@
 #include "common/hash.hpp"
 #include "common/log.hpp"
 #include "common/text.hpp"
-#include "daemon/core/input_path.hpp"
+#include "daemon/plan/input_path.hpp"
 #include "daemon/models/chunked_softmax.hpp"
 #include "daemon/models/fused_cross_entropy.hpp"
 #include "daemon/models/initial_weights.hpp"

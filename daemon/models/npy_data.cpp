@@ -13,8 +13,8 @@
 #include <random>
 
 #include "common/errors.hpp"
-#include "daemon/core/input_path.hpp"
-#include "daemon/core/npy.hpp"
+#include "daemon/plan/input_path.hpp"
+#include "daemon/formats/npy.hpp"
 #include "daemon/models/model.hpp"
 
 namespace thetad::daemon {

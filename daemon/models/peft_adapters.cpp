@@ -27,8 +27,8 @@
 #include "config/loader.hpp"
 #include "config/placeholders.hpp"
 #include "config/schema.hpp"
-#include "daemon/core/hf_names.hpp"
-#include "daemon/core/safetensors.hpp"
+#include "daemon/formats/hf_names.hpp"
+#include "daemon/formats/safetensors.hpp"
 #include "daemon/models/hf_weights.hpp"
 
 namespace thetad::daemon {

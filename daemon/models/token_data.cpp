@@ -7,9 +7,9 @@
 #include <vector>
 
 #include "common/errors.hpp"
-#include "daemon/core/mapped_file.hpp"
-#include "daemon/core/input_path.hpp"
-#include "daemon/core/npy.hpp"
+#include "daemon/formats/mapped_file.hpp"
+#include "daemon/plan/input_path.hpp"
+#include "daemon/formats/npy.hpp"
 #include "daemon/models/param_builder.hpp"
 #include "daemon/models/transformer.hpp"
 

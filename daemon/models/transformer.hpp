@@ -14,7 +14,7 @@ namespace thetad::daemon {
 // Pre-norm blocks, every weight matrix without bias, the output layer tied to the token embedding
 // or not (model.tie_embeddings). model.arch gpt2: LayerNorm, causal multi-head self-attention,
 // GELU MLP, learned positions. llama (Hugging Face's LlamaForCausalLM, same names through
-// daemon/core/hf_names.hpp): RMSNorm, rotary positions (model.rope_theta), grouped-query
+// daemon/formats/hf_names.hpp): RMSNorm, rotary positions (model.rope_theta), grouped-query
 // attention (model.kv_heads), SwiGLU MLP (gate, up, down). LoRA adapters of rank lora.rank on
 // lora.targets (q, k, v, o, gate, up, down) per task: W x + (alpha / rank) B A x, with B zero at
 // the start (the adapted model starts as the base). Task parameters are placeholders with

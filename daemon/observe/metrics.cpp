@@ -1,5 +1,5 @@
 // JSON-lines metrics writer and the JSON text helpers (escaping, finite numbers).
-#include "daemon/core/metrics.hpp"
+#include "daemon/observe/metrics.hpp"
 
 #include <fcntl.h>
 #include <sys/file.h>

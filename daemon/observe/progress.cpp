@@ -1,5 +1,5 @@
 // The progress line (see progress.hpp).
-#include "daemon/core/progress.hpp"
+#include "daemon/observe/progress.hpp"
 
 #include <algorithm>
 #include <iomanip>

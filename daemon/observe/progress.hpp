@@ -8,7 +8,7 @@
 #include <cstdint>
 
 #include "config/job.hpp"
-#include "daemon/core/metrics.hpp"
+#include "daemon/observe/metrics.hpp"
 
 namespace thetad::daemon {
 

@@ -1,5 +1,5 @@
 // Per-task losses packed for the control plane and merged on rank 0 (see task_losses.hpp).
-#include "daemon/core/task_losses.hpp"
+#include "daemon/observe/task_losses.hpp"
 
 #include <algorithm>
 #include <cstring>

@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "daemon/core/metrics.hpp"
+#include "daemon/observe/metrics.hpp"
 
 namespace thetad::daemon {
 

@@ -1,6 +1,6 @@
 // Chrome-trace writer. Events are serialized as they are recorded and written in chunks, so a
 // long run does not hold its whole trace in memory; close() terminates the JSON.
-#include "daemon/core/timeline.hpp"
+#include "daemon/observe/timeline.hpp"
 
 #include <cerrno>
 #include <chrono>
@@ -9,7 +9,7 @@
 
 #include "common/errors.hpp"
 #include "common/log.hpp"
-#include "daemon/core/metrics.hpp"
+#include "daemon/observe/metrics.hpp"
 
 namespace thetad::daemon {
 namespace {

@@ -1,6 +1,6 @@
 // The device memory a rank needs at least, checked before the model is built (see
 // device_memory_estimate.hpp). Each term mirrors the code that allocates it (named beside it).
-#include "daemon/core/device_memory_estimate.hpp"
+#include "daemon/plan/device_memory_estimate.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -13,8 +13,8 @@
 #include "common/errors.hpp"
 #include "common/log.hpp"
 #include "common/test_hooks.hpp"
-#include "daemon/core/memory_estimate.hpp"
-#include "daemon/core/schedule.hpp"
+#include "daemon/plan/memory_estimate.hpp"
+#include "daemon/plan/schedule.hpp"
 #include "offload/device.hpp"
 
 namespace thetad::daemon {

@@ -1,5 +1,5 @@
 // config::Job -> options of the engine, the bucket plan and the store (see job_options.hpp).
-#include "daemon/core/job_options.hpp"
+#include "daemon/plan/job_options.hpp"
 
 #include <cmath>
 #include <iomanip>

@@ -1,5 +1,5 @@
 // The host memory a job needs, checked before allocating (see memory_estimate.hpp).
-#include "daemon/core/memory_estimate.hpp"
+#include "daemon/plan/memory_estimate.hpp"
 
 #include <cmath>
 #include <cstdio>

@@ -1,7 +1,7 @@
 // Task schedules (round_robin, weighted, per_rank, all, alternate). Everything here is a pure
 // function of the job and (step, rank): no hidden state, so any rank can evaluate any other
 // rank's plan and any future step's.
-#include "daemon/core/schedule.hpp"
+#include "daemon/plan/schedule.hpp"
 
 #include <algorithm>
 #include <cmath>

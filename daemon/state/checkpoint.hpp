@@ -1,4 +1,4 @@
-// Checkpoints: a directory per step, `step-00000040/` with manifest.json (daemon/core/manifest.hpp:
+// Checkpoints: a directory per step, `step-00000040/` with manifest.json (daemon/checkpoint_format/manifest.hpp:
 // format 6, a checksum per file and of itself) and the groups' values in files (`shard-00007.pt`, each a dict of
 // tensors that Python's torch.load reads, with the groups it holds; at most kShardMaxGroups
 // groups or kFileMaxBytes each, Θ in files of its own). Incremental: a checkpoint writes Θ (if it
@@ -32,7 +32,7 @@
 
 #include "common/errors.hpp"
 #include "config/job.hpp"
-#include "daemon/core/manifest.hpp"
+#include "daemon/checkpoint_format/manifest.hpp"
 #include "daemon/models/param_groups.hpp"
 #include "daemon/state/checkpoint_plan.hpp"
 

@@ -21,7 +21,7 @@
 #include "common/errors.hpp"
 #include "common/log.hpp"
 #include "common/safe_file.hpp"
-#include "daemon/core/file_checksum.hpp"
+#include "daemon/checkpoint_format/file_checksum.hpp"
 #include "daemon/state/checkpoint.hpp"
 #include "daemon/state/checkpoint_files.hpp"
 

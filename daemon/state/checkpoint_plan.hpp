@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "daemon/core/manifest.hpp"
+#include "daemon/checkpoint_format/manifest.hpp"
 
 namespace thetad::daemon {
 

@@ -14,8 +14,8 @@
 
 #include "comm/bucket_plan.hpp"
 #include "common/errors.hpp"
-#include "daemon/core/file_checksum.hpp"
-#include "daemon/core/manifest.hpp"
+#include "daemon/checkpoint_format/file_checksum.hpp"
+#include "daemon/checkpoint_format/manifest.hpp"
 #include "daemon/state/checkpoint.hpp"
 #include "daemon/state/checkpoint_files.hpp"
 

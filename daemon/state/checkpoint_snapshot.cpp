@@ -18,7 +18,7 @@
 #include "common/errors.hpp"
 #include "common/log.hpp"
 #include "common/test_hooks.hpp"
-#include "daemon/core/file_checksum.hpp"
+#include "daemon/checkpoint_format/file_checksum.hpp"
 
 namespace thetad::daemon {
 namespace {

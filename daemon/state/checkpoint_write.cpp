@@ -31,9 +31,9 @@
 #include "common/errors.hpp"
 #include "common/log.hpp"
 #include "common/test_hooks.hpp"
-#include "daemon/core/file_checksum.hpp"
-#include "daemon/core/manifest.hpp"
-#include "daemon/core/torch_zip.hpp"
+#include "daemon/checkpoint_format/file_checksum.hpp"
+#include "daemon/checkpoint_format/manifest.hpp"
+#include "daemon/checkpoint_format/torch_zip.hpp"
 #include "daemon/state/checkpoint.hpp"
 #include "daemon/state/checkpoint_files.hpp"
 #include "daemon/state/checkpoint_plan.hpp"
@@ -48,7 +48,7 @@ fs::path tmp_dir(const CheckpointWriter& w) { return fs::path(w.dir) / (".tmp-" 
 
 // A shard's values as one torch.load-able dict of six tensors (a tensor per parameter would
 // make a million tiny tasks millions of records, minutes to write): the pickle from LibTorch's
-// Pickler, the archive around it laid out and written by daemon/core/torch_zip.hpp straight from
+// Pickler, the archive around it laid out and written by daemon/checkpoint_format/torch_zip.hpp straight from
 // the host vectors on `threads` threads, each writing, CRC'ing and checksumming its blocks (a
 // single writer thread that computes the CRC, then the checksum, then writes, is their sum).
 // Staged values are copied to the host by the same threads, block by block. Returns the checksum.

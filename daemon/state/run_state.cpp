@@ -14,11 +14,11 @@
 #include "common/stopwatch.hpp"
 #include "common/test_hooks.hpp"
 #include "config/loader.hpp"
-#include "daemon/core/file_checksum.hpp"
-#include "daemon/core/job_options.hpp"
+#include "daemon/checkpoint_format/file_checksum.hpp"
+#include "daemon/plan/job_options.hpp"
 #include "daemon/models/param_builder.hpp"
 #include "daemon/models/precision.hpp"
-#include "offload/thread_pool.hpp"
+#include "common/thread_pool.hpp"
 
 namespace thetad::daemon {
 namespace {
@@ -62,7 +62,7 @@ class InitialHashes {
   int hash_run(int p, std::vector<uint64_t>& per) const {
     int end = p;
     while (end < static_cast<int>(groups_.size()) && drawn(end)) ++end;
-    offload::ThreadPool& pool = offload::ThreadPool::instance();
+    ThreadPool& pool = ThreadPool::instance();
     const size_t n = static_cast<size_t>(end - p), chunks = std::min(n, 4 * pool.threads());
     pool.parallel_for(chunks, [&](size_t c) {
       std::vector<float> buf;

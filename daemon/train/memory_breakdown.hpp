@@ -9,7 +9,7 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "daemon/core/metrics.hpp"
+#include "daemon/observe/metrics.hpp"
 #include "daemon/device/data_plane.hpp"
 #include "daemon/homes/group_home.hpp"
 

@@ -12,7 +12,7 @@
 #include "common/log.hpp"
 #include "common/poll.hpp"
 #include "config/loader.hpp"
-#include "daemon/core/task_losses.hpp"
+#include "daemon/observe/task_losses.hpp"
 
 namespace thetad::daemon {
 

@@ -16,8 +16,8 @@
 
 #include "comm/control_plane.hpp"
 #include "config/job.hpp"
-#include "daemon/core/metrics.hpp"
-#include "daemon/core/progress.hpp"
+#include "daemon/observe/metrics.hpp"
+#include "daemon/observe/progress.hpp"
 #include "daemon/device/data_plane.hpp"
 
 namespace thetad::daemon {

@@ -1,5 +1,5 @@
 // The pipelined stop agreement (see stop_agreement.hpp).
-#include "daemon/core/stop_agreement.hpp"
+#include "daemon/train/stop_agreement.hpp"
 
 namespace thetad::daemon {
 

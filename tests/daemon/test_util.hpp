@@ -1,4 +1,4 @@
-// Helpers shared by the daemon_core tests: a scratch directory per test and a JSON check
+// Helpers shared by the daemon's torch-free tests: a scratch directory per test and a JSON check
 // through Debian's python3 when it is installed.
 #pragma once
 

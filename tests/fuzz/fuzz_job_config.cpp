@@ -11,7 +11,7 @@
 
 #include "common/errors.hpp"
 #include "config/loader.hpp"
-#include "daemon/core/schedule.hpp"
+#include "daemon/plan/schedule.hpp"
 
 namespace {
 

@@ -17,7 +17,7 @@
 #include <string>
 
 #include "common/errors.hpp"
-#include "daemon/core/manifest.hpp"
+#include "daemon/checkpoint_format/manifest.hpp"
 
 namespace {
 

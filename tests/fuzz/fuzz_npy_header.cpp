@@ -6,7 +6,7 @@
 #include <cstdlib>
 
 #include "common/errors.hpp"
-#include "daemon/core/npy.hpp"
+#include "daemon/formats/npy.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // Copy into an exact-size heap buffer so that ASan catches a read one byte past the end.

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "common/errors.hpp"
-#include "daemon/core/safetensors.hpp"
+#include "daemon/formats/safetensors.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // An exact-size heap copy so that ASan catches a read one byte past the end.

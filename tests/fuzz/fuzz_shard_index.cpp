@@ -17,7 +17,7 @@
 
 #include "comm/bucket_plan.hpp"
 #include "common/errors.hpp"
-#include "daemon/core/manifest.hpp"
+#include "daemon/checkpoint_format/manifest.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   size_t at = 0;

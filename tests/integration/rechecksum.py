@@ -5,8 +5,8 @@ file's contents (a key removed, a NaN written) or edit the manifest past the che
 reach the reader's own checks. Formats 2 (a file per group), 3 (shards; FNV-1a 64 of the bytes),
 4 (files; FNV-1a 64 of the 64-bit little-endian words, the last len % 8 bytes one by one), 5 and
 6 (files; that words hash of each 4 MiB block, then FNV-1a 64 of the blocks' hashes as
-little-endian 64-bit values: daemon/core/file_checksum.hpp); format 6's manifest ends with
-"checksum", FNV-1a 64 of every byte of its text before that key (daemon/core/manifest.hpp).
+little-endian 64-bit values: daemon/checkpoint_format/file_checksum.hpp); format 6's manifest ends with
+"checksum", FNV-1a 64 of every byte of its text before that key (daemon/checkpoint_format/manifest.hpp).
 
     rechecksum.py CHECKPOINT_STEP_DIR
 """

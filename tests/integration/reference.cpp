@@ -14,8 +14,8 @@
 
 #include "common/errors.hpp"
 #include "config/loader.hpp"
-#include "daemon/core/job_options.hpp"
-#include "daemon/core/schedule.hpp"
+#include "daemon/plan/job_options.hpp"
+#include "daemon/plan/schedule.hpp"
 #include "daemon/models/model.hpp"
 #include "daemon/models/precision.hpp"
 #include "daemon/optim/optimizer.hpp"

@@ -13,7 +13,7 @@
 
 #include "common/errors.hpp"
 #include "config/loader.hpp"
-#include "daemon/core/npy.hpp"
+#include "daemon/formats/npy.hpp"
 #include "daemon/models/model.hpp"
 #include "daemon/models/precision.hpp"
 

@@ -14,7 +14,7 @@
 
 #include "comm/bf16.hpp"
 #include "offload/cpu_adam.hpp"
-#include "offload/thread_pool.hpp"
+#include "common/thread_pool.hpp"
 
 using thetad::offload::AdamHyper;
 using thetad::offload::adam_step;
@@ -212,7 +212,7 @@ TEST(CpuAdamKernels, SumSquaresIsTheDoubleSum) {
 // A chunk that throws (on whichever thread runs it) reaches parallel_for's caller once every
 // thread is out of the loop, and the pool keeps working (it used to call std::terminate).
 TEST(ThreadPoolTest, ExceptionReachesTheCallerAndThePoolStaysUsable) {
-  thetad::offload::ThreadPool pool(4);
+  thetad::ThreadPool pool(4);
   for (size_t bad : {size_t{0}, size_t{37}, size_t{99}}) {
     std::atomic<int> ran{0};
     EXPECT_THROW(pool.parallel_for(100,

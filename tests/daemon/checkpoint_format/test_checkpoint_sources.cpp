@@ -1,8 +1,8 @@
 // What makes a checkpoint resume onto the model it was written for, torch-free: the layout keys
-// (daemon/core/layout.hpp: every key that changes what the parameters compute, lora.alpha
+// (daemon/checkpoint_format/layout.hpp: every key that changes what the parameters compute, lora.alpha
 // included), the plan of an incremental checkpoint (daemon/state/checkpoint_plan.hpp: runs by
 // file and step count, damaged files never shared) and the sources of unstored groups
-// (daemon/core/init_sources.hpp).
+// (daemon/checkpoint_format/init_sources.hpp).
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -14,11 +14,11 @@
 
 #include "common/errors.hpp"
 #include "config/loader.hpp"
-#include "daemon/core/file_checksum.hpp"
-#include "daemon/core/init_sources.hpp"
-#include "daemon/core/layout.hpp"
+#include "daemon/checkpoint_format/file_checksum.hpp"
+#include "daemon/checkpoint_format/init_sources.hpp"
+#include "daemon/checkpoint_format/layout.hpp"
 #include "daemon/state/checkpoint_plan.hpp"
-#include "tests/daemon/core/test_util.hpp"
+#include "tests/daemon/test_util.hpp"
 
 namespace thetad::daemon {
 namespace {

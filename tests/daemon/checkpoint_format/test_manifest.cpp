@@ -1,4 +1,4 @@
-// The checkpoint manifest (daemon/core/manifest.hpp): format 6's checksum of its own text, each
+// The checkpoint manifest (daemon/checkpoint_format/manifest.hpp): format 6's checksum of its own text, each
 // run's step count, the sources of unstored groups ("init"), the names of step directories for
 // any step count, and format 5 still read.
 #include <gtest/gtest.h>
@@ -10,7 +10,7 @@
 #include <string>
 
 #include "common/errors.hpp"
-#include "daemon/core/manifest.hpp"
+#include "daemon/checkpoint_format/manifest.hpp"
 
 namespace thetad::daemon {
 namespace {

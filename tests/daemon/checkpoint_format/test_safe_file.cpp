@@ -12,7 +12,7 @@
 #include <string>
 
 #include "common/safe_file.hpp"
-#include "tests/daemon/core/test_util.hpp"
+#include "tests/daemon/test_util.hpp"
 
 namespace thetad {
 namespace {

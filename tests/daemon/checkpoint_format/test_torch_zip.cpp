@@ -1,4 +1,4 @@
-// The PyTorch zip writer (daemon/core/torch_zip.hpp) and the block checksum: layout (64-byte
+// The PyTorch zip writer (daemon/checkpoint_format/torch_zip.hpp) and the block checksum: layout (64-byte
 // aligned data, zip64 where sizes or offsets need it), CRCs against zlib, the checksum against
 // file_checksum of the bytes, failures and cancellation, and Python's zipfile reading the result.
 #include <fcntl.h>
@@ -12,9 +12,9 @@
 #include <thread>
 
 #include "comm/bucket_plan.hpp"
-#include "daemon/core/file_checksum.hpp"
-#include "daemon/core/torch_zip.hpp"
-#include "test_util.hpp"
+#include "daemon/checkpoint_format/file_checksum.hpp"
+#include "daemon/checkpoint_format/torch_zip.hpp"
+#include "tests/daemon/test_util.hpp"
 
 namespace thetad::daemon {
 namespace {

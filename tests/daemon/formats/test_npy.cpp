@@ -6,8 +6,8 @@
 #include <fstream>
 
 #include "common/errors.hpp"
-#include "daemon/core/npy.hpp"
-#include "test_util.hpp"
+#include "daemon/formats/npy.hpp"
+#include "tests/daemon/test_util.hpp"
 
 namespace thetad::daemon {
 namespace {

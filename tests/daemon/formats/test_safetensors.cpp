@@ -9,9 +9,9 @@
 #include <fstream>
 
 #include "common/errors.hpp"
-#include "daemon/core/hf_names.hpp"
-#include "daemon/core/safetensors.hpp"
-#include "test_util.hpp"
+#include "daemon/formats/hf_names.hpp"
+#include "daemon/formats/safetensors.hpp"
+#include "tests/daemon/test_util.hpp"
 
 namespace thetad::daemon {
 namespace {

@@ -14,8 +14,8 @@
 #include "comm/bootstrap.hpp"
 #include "comm/engine.hpp"
 #include "config/loader.hpp"
-#include "daemon/core/job_options.hpp"
-#include "daemon/core/schedule.hpp"
+#include "daemon/plan/job_options.hpp"
+#include "daemon/plan/schedule.hpp"
 #include "daemon/homes/homes.hpp"
 #include "daemon/reducer/grad_hooks.hpp"
 

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "config/loader.hpp"
-#include "daemon/core/safetensors.hpp"
+#include "daemon/formats/safetensors.hpp"
 #include "daemon/models/model.hpp"
 #include "daemon/models/precision.hpp"
 

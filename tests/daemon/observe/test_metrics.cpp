@@ -15,8 +15,8 @@
 #include <sys/wait.h>
 
 #include "common/errors.hpp"
-#include "daemon/core/metrics.hpp"
-#include "test_util.hpp"
+#include "daemon/observe/metrics.hpp"
+#include "tests/daemon/test_util.hpp"
 
 namespace thetad::daemon {
 namespace {

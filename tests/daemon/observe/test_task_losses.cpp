@@ -1,4 +1,4 @@
-// Per-task losses on their way to rank 0's record (daemon/core/task_losses.hpp): packed into a
+// Per-task losses on their way to rank 0's record (daemon/observe/task_losses.hpp): packed into a
 // fixed number of words per rank, unpacked rank by rank, merged one loss per task; and the
 // schedule's bound on the tasks of a plan that sizes the records.
 #include <gtest/gtest.h>
@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "common/errors.hpp"
-#include "daemon/core/schedule.hpp"
-#include "daemon/core/task_losses.hpp"
+#include "daemon/plan/schedule.hpp"
+#include "daemon/observe/task_losses.hpp"
 
 namespace thetad::daemon {
 namespace {

@@ -7,8 +7,8 @@
 #include <thread>
 
 #include "common/errors.hpp"
-#include "daemon/core/timeline.hpp"
-#include "test_util.hpp"
+#include "daemon/observe/timeline.hpp"
+#include "tests/daemon/test_util.hpp"
 
 namespace thetad::daemon {
 namespace {

@@ -1,4 +1,4 @@
-// The device memory estimate (daemon/core/device_memory_estimate.hpp): each term against the
+// The device memory estimate (daemon/plan/device_memory_estimate.hpp): each term against the
 // allocation it stands for, what is created lazily left out, growth with the model, and the
 // refusal naming the key and the sizes; the test aid that stands for a GPU's memory.
 #include <gtest/gtest.h>
@@ -9,8 +9,8 @@
 
 #include "common/errors.hpp"
 #include "config/loader.hpp"
-#include "daemon/core/device_memory_estimate.hpp"
-#include "daemon/core/memory_estimate.hpp"
+#include "daemon/plan/device_memory_estimate.hpp"
+#include "daemon/plan/memory_estimate.hpp"
 
 namespace thetad::daemon {
 namespace {

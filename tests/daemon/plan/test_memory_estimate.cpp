@@ -1,4 +1,4 @@
-// The host memory estimate (daemon/core/memory_estimate.hpp): the parameter counts validation
+// The host memory estimate (daemon/plan/memory_estimate.hpp): the parameter counts validation
 // finds, the terms per rank and per node, and the refusal naming the key and the sizes.
 #include <gtest/gtest.h>
 
@@ -6,7 +6,7 @@
 
 #include "common/errors.hpp"
 #include "config/loader.hpp"
-#include "daemon/core/memory_estimate.hpp"
+#include "daemon/plan/memory_estimate.hpp"
 
 namespace thetad::daemon {
 namespace {

@@ -8,7 +8,7 @@
 #include <map>
 
 #include "common/errors.hpp"
-#include "daemon/core/schedule.hpp"
+#include "daemon/plan/schedule.hpp"
 
 namespace thetad::daemon {
 namespace {

@@ -1,5 +1,5 @@
 // Input paths with their placeholders expanded (see input_path.hpp).
-#include "daemon/core/input_path.hpp"
+#include "daemon/plan/input_path.hpp"
 
 #include <mpi.h>
 
