@@ -1,6 +1,6 @@
 // The checkpoint manifest (see manifest.hpp): formats 4 to 6, the layout, the manifest's own
-// checksum and the names of checkpoint directories and files. JSON is YAML's flow style, so
-// yaml-cpp reads it. Formats 1 to 3: manifest_legacy.cpp.
+// checksum and the names of checkpoint directories and files, read and written with nlohmann's
+// JSON (manifest_parse.hpp). Formats 1 to 3: manifest_legacy.cpp.
 #include "daemon/checkpoint_format/manifest.hpp"
 
 #include <algorithm>
@@ -12,25 +12,22 @@
 
 #include "comm/bucket_plan.hpp"
 #include "common/errors.hpp"
-#include "common/text.hpp"
 #include "config/job.hpp"
 #include "daemon/checkpoint_format/manifest_parse.hpp"
 
 namespace thetad::daemon {
-
-
 namespace {
 
 using manifest_detail::hex16;
 using manifest_detail::is_hex16;
+using manifest_detail::Json;
 using manifest_detail::kMaxGroups;
-using manifest_detail::layout_json;
-using manifest_detail::parse_layout;
+using manifest_detail::OrderedJson;
 using manifest_detail::Reader;
 
 // {"path": ..., "size": ..., "mtime_ns": ...} at `where` (size -1: the path did not exist).
-InitFromPrint parse_print(const Reader& r, const YAML::Node& p, const std::string& where, bool may_be_absent) {
-  if (!p.IsMap()) r.fail(where, "not an object");
+InitFromPrint parse_print(const Reader& r, const Json& p, const std::string& where, bool may_be_absent) {
+  if (!p.is_object()) r.fail(where, "not an object");
   InitFromPrint f;
   f.path = r.text(p, "path", where + ".");
   if (f.path.empty() || f.path.size() > 4096) r.fail(where + ".path", "empty or longer than 4096 characters");
@@ -42,34 +39,33 @@ InitFromPrint parse_print(const Reader& r, const YAML::Node& p, const std::strin
   return f;
 }
 
-std::string print_json(const InitFromPrint& f) {
-  std::ostringstream os;
-  os << "{\"path\": " << json_string(f.path) << ", \"size\": " << (f.present ? f.size : -1)
-     << ", \"mtime_ns\": " << (f.present ? f.mtime_ns : 0) << "}";
-  return os.str();
+OrderedJson print_json(const InitFromPrint& f) {
+  return {{"path", f.path}, {"size", f.present ? f.size : -1}, {"mtime_ns", f.present ? f.mtime_ns : 0}};
 }
 
 // Format 6's "init": the seed, model.init_from and lora.init_from's directories of the initial
 // task groups (every such group listed, no other), checked against the runs.
-void parse_init(const Reader& r, const YAML::Node& n, const std::vector<int64_t>& initial_tasks, Manifest& m) {
-  if (!n.IsMap()) r.fail("init", "not an object");
+void parse_init(const Reader& r, const Json& n, const std::vector<int64_t>& initial_tasks, Manifest& m) {
+  if (!n.is_object()) r.fail("init", "not an object");
   InitSources& s = m.init;
   s.has_seed = true;
   s.seed = r.unsigned_integer(n, "seed", "init.");
-  if (const YAML::Node p = n["model.init_from"]) s.model = parse_print(r, p, "init.model.init_from", false);
-  if (const YAML::Node l = n["lora.init_from"]) {
-    if (!l.IsMap()) r.fail("init.lora.init_from", "not an object");
+  if (const auto p = n.find("model.init_from"); p != n.end()) s.model = parse_print(r, *p, "init.model.init_from", false);
+  if (const auto found = n.find("lora.init_from"); found != n.end()) {
+    const Json& l = *found;
+    if (!l.is_object()) r.fail("init.lora.init_from", "not an object");
     s.lora_pattern = r.text(l, "pattern", "init.lora.init_from.");
     if (s.lora_pattern.empty() || s.lora_pattern.size() > 4096)
       r.fail("init.lora.init_from.pattern", "empty or longer than 4096 characters");
-    const YAML::Node tasks = l["tasks"];
-    if (!tasks || !tasks.IsSequence()) r.fail("init.lora.init_from.tasks", "missing or not a list");
+    const auto tasks_at = l.find("tasks");
+    if (tasks_at == l.end() || !tasks_at->is_array()) r.fail("init.lora.init_from.tasks", "missing or not a list");
+    const Json& tasks = *tasks_at;
     if (tasks.size() != initial_tasks.size())
       r.fail("init.lora.init_from.tasks", std::to_string(tasks.size()) + " tasks where the runs hold " +
                                               std::to_string(initial_tasks.size()) + " initial task groups");
     for (size_t i = 0; i < tasks.size(); ++i) {
       const std::string where = "init.lora.init_from.tasks[" + std::to_string(i) + "]";
-      if (!tasks[i].IsSequence() || tasks[i].size() != 3) r.fail(where, "not [task, size, mtime_ns]");
+      if (!tasks[i].is_array() || tasks[i].size() != 3) r.fail(where, "not [task, size, mtime_ns]");
       TaskPrint t;
       t.task = r.element(tasks[i], 0, 0, kMaxGroups, where);
       if (t.task != initial_tasks[i])
@@ -92,18 +88,19 @@ void parse_init(const Reader& r, const YAML::Node& n, const std::vector<int64_t>
 // Formats 4 to 6's "groups", "files", "runs" and "init_from" (4, 5) or "init" (6): every file
 // named once by a fixed pattern (never a path) and used by a run; runs in group order covering
 // every group once (6: each with its step count, within the checkpoint's step).
-void parse_files(const Reader& r, const YAML::Node& root, Manifest& m) {
+void parse_files(const Reader& r, const Json& root, Manifest& m) {
   const bool v6 = m.format == kManifestFormat;
   m.num_groups = r.integer(root, "groups", 1, kMaxGroups);
-  const YAML::Node files = root["files"];
-  if (!files || !files.IsSequence()) r.fail("files", "missing or not a list");
+  const auto files_at = root.find("files");
+  if (files_at == root.end() || !files_at->is_array()) r.fail("files", "missing or not a list");
+  const Json& files = *files_at;
   if (files.size() > static_cast<size_t>(kMaxGroups)) r.fail("files", "more files than groups can fill");
   std::set<std::string> names;
   static const char* const kFileKeys[] = {"file", "bytes", "fnv1a64", nullptr};
   for (size_t i = 0; i < files.size(); ++i) {
-    const YAML::Node& n = files[i];
+    const Json& n = files[i];
     const std::string where = "files[" + std::to_string(i) + "].";
-    if (!n.IsMap()) r.fail("files[" + std::to_string(i) + "]", "not an object");
+    if (!n.is_object()) r.fail("files[" + std::to_string(i) + "]", "not an object");
     ManifestFile f;
     f.file = r.text(n, "file", where);
     if (!parse_file_name(f.file, nullptr)) r.fail(where + "file", "'" + f.file + "' is not shard-NNNNN.pt");
@@ -114,17 +111,18 @@ void parse_files(const Reader& r, const YAML::Node& root, Manifest& m) {
     r.only(n, kFileKeys, where);
     m.files.push_back(f);
   }
-  const YAML::Node runs = root["runs"];
-  if (!runs || !runs.IsSequence()) r.fail("runs", "missing or not a list");
+  const auto runs_at = root.find("runs");
+  if (runs_at == root.end() || !runs_at->is_array()) r.fail("runs", "missing or not a list");
+  const Json& runs = *runs_at;
   std::vector<uint8_t> used(m.files.size(), 0);
   std::vector<int64_t> initial_tasks;  // the tasks of groups >= 1 in kRunInitial runs, ascending
   int64_t next = 0;  // the first group the next run must hold
   bool init_from = false, initial = false;
   const size_t width = v6 ? 4 : 3;
   for (size_t i = 0; i < runs.size(); ++i) {
-    const YAML::Node& n = runs[i];
+    const Json& n = runs[i];
     const std::string where = "runs[" + std::to_string(i) + "]";
-    if (!n.IsSequence() || n.size() != width) r.fail(where, v6 ? "not [first, count, file, steps]" : "not [first, count, file]");
+    if (!n.is_array() || n.size() != width) r.fail(where, v6 ? "not [first, count, file, steps]" : "not [first, count, file]");
     ManifestRun run;
     run.first = r.element(n, 0, 0, kMaxGroups, where);
     if (run.first != next) r.fail(where, "first group " + std::to_string(run.first) + " where the runs before end at " +
@@ -152,59 +150,53 @@ void parse_files(const Reader& r, const YAML::Node& root, Manifest& m) {
   for (size_t i = 0; i < used.size(); ++i)
     if (!used[i]) r.fail("files[" + std::to_string(i) + "]", "'" + m.files[i].file + "' holds no group of the runs");
   if (v6) {
-    const YAML::Node n = root["init"];
-    if (!n != !(init_from || initial))
-      r.fail("init", n ? "present where no run is of groups not stored" : "missing where a run is of groups not stored");
-    if (n) parse_init(r, n, initial_tasks, m);
+    const auto n = root.find("init");
+    const bool given = n != root.end();
+    if (given != (init_from || initial))
+      r.fail("init", given ? "present where no run is of groups not stored" : "missing where a run is of groups not stored");
+    if (given) parse_init(r, *n, initial_tasks, m);
     if (init_from && !m.init.model.present) r.fail("init.model.init_from", "missing where a run is of model.init_from (-2)");
     return;
   }
-  if (const YAML::Node p = root["init_from"]) m.init.model = parse_print(r, p, "init_from", false);
+  if (const auto p = root.find("init_from"); p != root.end()) m.init.model = parse_print(r, *p, "init_from", false);
   if (init_from != m.init.model.present)
     r.fail("init_from", init_from ? "missing where a run is of model.init_from (-2)" : "present where no run is of model.init_from");
 }
 
-void files_json(std::ostream& os, const Manifest& m) {
+// Formats 4 to 6's "groups", "files", "runs" and their sources ("init_from" or "init").
+void add_files(OrderedJson& root, const Manifest& m) {
   const bool v6 = m.format == kManifestFormat;
-  os << ",\n  \"groups\": " << m.num_groups << ",\n  \"files\": [";
-  for (size_t i = 0; i < m.files.size(); ++i) {
-    const ManifestFile& f = m.files[i];
-    os << (i ? ",\n    " : "\n    ") << "{\"file\": " << json_string(f.file) << ", \"bytes\": " << f.bytes
-       << ", \"fnv1a64\": \"" << hex16(f.fnv1a64) << "\"}";
+  root["groups"] = m.num_groups;
+  OrderedJson files = OrderedJson::array(), runs = OrderedJson::array();
+  for (const ManifestFile& f : m.files) files.push_back({{"file", f.file}, {"bytes", f.bytes}, {"fnv1a64", hex16(f.fnv1a64)}});
+  for (const ManifestRun& r : m.runs) {
+    OrderedJson run = {r.first, r.count, r.file};
+    if (v6) run.push_back(r.steps);
+    runs.push_back(std::move(run));
   }
-  os << "\n  ],\n  \"runs\": [";
-  for (size_t i = 0; i < m.runs.size(); ++i) {
-    const ManifestRun& r = m.runs[i];
-    os << (i ? ", " : "") << "[" << r.first << ", " << r.count << ", " << r.file;
-    if (v6) os << ", " << r.steps;
-    os << "]";
-  }
-  os << "]";
-  const bool unstored = std::any_of(m.runs.begin(), m.runs.end(), [](const ManifestRun& r) { return r.file < 0; });
+  root["files"] = std::move(files);
+  root["runs"] = std::move(runs);
   if (!v6) {
-    if (m.init.model.present) os << ",\n  \"init_from\": " << print_json(m.init.model);
+    if (m.init.model.present) root["init_from"] = print_json(m.init.model);
     return;
   }
-  if (!unstored) return;
+  if (std::none_of(m.runs.begin(), m.runs.end(), [](const ManifestRun& r) { return r.file < 0; })) return;
   const InitSources& s = m.init;
-  os << ",\n  \"init\": {\"seed\": " << s.seed;
-  if (s.model.present) os << ",\n    \"model.init_from\": " << print_json(s.model);
+  OrderedJson init = {{"seed", s.seed}};
+  if (s.model.present) init["model.init_from"] = print_json(s.model);
   if (!s.lora_pattern.empty()) {
-    os << ",\n    \"lora.init_from\": {\"pattern\": " << json_string(s.lora_pattern) << ", \"tasks\": [";
-    for (size_t i = 0; i < s.lora.size(); ++i) {
-      const InitFromPrint& p = s.lora[i].print;
-      os << (i ? ", " : "") << "[" << s.lora[i].task << ", " << (p.present ? p.size : -1) << ", "
-         << (p.present ? p.mtime_ns : 0) << "]";
-    }
-    os << "]}";
+    OrderedJson tasks = OrderedJson::array();
+    for (const TaskPrint& t : s.lora)
+      tasks.push_back({t.task, t.print.present ? t.print.size : -1, t.print.present ? t.print.mtime_ns : 0});
+    init["lora.init_from"] = {{"pattern", s.lora_pattern}, {"tasks", std::move(tasks)}};
   }
-  os << "}";
+  root["init"] = std::move(init);
 }
 
 // Format 6: the text must end with its "checksum" key, `"checksum": "<16 hex>"` and the closing
 // brace, and that checksum must be of every byte before the key: checked before anything the
 // manifest says is believed.
-uint64_t check_text_checksum(const Reader& r, const std::string& text) {
+void check_text_checksum(const Reader& r, const std::string& text) {
   const std::string key = "\"checksum\"";
   const size_t at = text.rfind(key);
   if (at == std::string::npos) r.fail("checksum", "missing (format 6 manifests end with their checksum)");
@@ -230,7 +222,6 @@ uint64_t check_text_checksum(const Reader& r, const std::string& text) {
   if (hex16(computed) != value)
     r.fail("checksum", "the manifest's text hashes to " + hex16(computed) + " where its checksum says " + value +
                            ": manifest.json was changed or damaged after it was written");
-  return computed;
 }
 
 }  // namespace
@@ -312,41 +303,28 @@ bool has_block_checksums(const std::string& format) { return format == kManifest
 uint64_t manifest_text_checksum(const std::string& before_checksum_key) { return comm::fnv1a64(before_checksum_key); }
 
 std::string manifest_json(const Manifest& m) {
-  std::ostringstream os;
-  os << "{\n  \"format\": " << json_string(m.format) << ",\n  \"job\": " << json_string(m.job)
-     << ",\n  \"job_hash\": " << json_string(m.job_hash) << ",\n  \"step\": " << m.step
-     << ",\n  \"world_size\": " << m.world_size;
-  if (has_file_runs(m.format)) files_json(os, m);
-  else manifest_detail::legacy_json(os, m);
-  os << layout_json(m.layout);
-  if (m.format != kManifestFormat) {
-    os << "\n}\n";
-    return os.str();
-  }
-  os << ",\n  ";
-  const std::string body = os.str();
+  OrderedJson root = {{"format", m.format}, {"job", m.job}, {"job_hash", m.job_hash}, {"step", m.step},
+                      {"world_size", m.world_size}};
+  if (has_file_runs(m.format)) add_files(root, m);
+  else manifest_detail::add_legacy(root, m);
+  manifest_detail::add_layout(root, m.layout);
+  const std::string text = manifest_detail::open_text(root);
+  if (m.format != kManifestFormat) return text + "\n}\n";
+  // Format 6: its checksum last, of every byte before it.
+  const std::string body = text + ",\n  ";
   return body + "\"checksum\": \"" + hex16(manifest_text_checksum(body)) + "\"\n}\n";
 }
 
 Manifest parse_manifest(const std::string& text, const std::string& path) {
   const Reader r{path};
-  YAML::Node root;
-  try {
-    root = YAML::Load(text);
-  } catch (const YAML::Exception& e) {
-    r.fail("manifest", std::string("not valid JSON (") + e.msg + ")");
-  }
-  if (!root.IsMap()) r.fail("manifest", "not a JSON object");
+  const Json root = r.parse(text);
   Manifest m;
   m.format = r.text(root, "format");
   const bool linked = has_file_runs(m.format);
   if (!linked && m.format != kManifestFormatV3 && m.format != kManifestFormatV2 && m.format != kManifestFormatV1)
     r.fail("format", "'" + m.format + "' is not a format this release reads (" + kManifestFormat + ")");
-  // The text's checksum, and the parsed key the same (a duplicate key the parser kept instead).
-  if (m.format == kManifestFormat) {
-    const uint64_t sum = check_text_checksum(r, text);
-    if (r.hex(root, "checksum") != sum) r.fail("checksum", "given twice");
-  }
+  // The text's checksum, its last key (the parser keeps a key's last value: that one).
+  if (m.format == kManifestFormat) check_text_checksum(r, text);
   m.job = r.text(root, "job");
   if (!config::is_job_name(m.job)) r.fail("job", "'" + m.job + "' is not a job name");
   m.job_hash = r.text(root, "job_hash");
@@ -355,10 +333,10 @@ Manifest parse_manifest(const std::string& text, const std::string& path) {
   m.world_size = r.integer(root, "world_size", 1, int64_t{1} << 24);
   if (linked) parse_files(r, root, m);
   else manifest_detail::parse_legacy(r, root, m);
-  if (const YAML::Node layout = root["layout"]) m.layout = parse_layout(r, layout);
+  if (const auto layout = root.find("layout"); layout != root.end()) m.layout = manifest_detail::parse_layout(r, *layout);
   const bool v6 = m.format == kManifestFormat, sharded = m.format == kManifestFormatV3;
-  for (const auto& key : root) {
-    const std::string k = key.first.as<std::string>("");
+  for (auto it = root.begin(); it != root.end(); ++it) {
+    const std::string& k = it.key();
     if (k != "format" && k != "job" && k != "job_hash" && k != "step" && k != "world_size" && k != "groups" &&
         k != "layout" && !(sharded && k == "shards") && !(linked && (k == "files" || k == "runs")) &&
         !(linked && !v6 && k == "init_from") && !(v6 && (k == "init" || k == "checksum")))

@@ -5,29 +5,31 @@
 #include <sstream>
 
 #include "common/errors.hpp"
-#include "common/text.hpp"
 #include "daemon/checkpoint_format/manifest.hpp"
 #include "daemon/checkpoint_format/manifest_parse.hpp"
 
 namespace thetad::daemon {
 
 using manifest_detail::hex16;
+using manifest_detail::Json;
 using manifest_detail::kMaxGroups;
+using manifest_detail::OrderedJson;
 using manifest_detail::Reader;
 
 namespace {
 
 // Format 3's "groups" and "shards": shards named shard-NNNNN.pt in order, covering every group once.
-void parse_shards(const Reader& r, const YAML::Node& root, Manifest& m) {
+void parse_shards(const Reader& r, const Json& root, Manifest& m) {
   m.num_groups = r.integer(root, "groups", 1, kMaxGroups);
-  const YAML::Node shards = root["shards"];
-  if (!shards || !shards.IsSequence()) r.fail("shards", "missing or not a list");
+  const auto shards_at = root.find("shards");
+  if (shards_at == root.end() || !shards_at->is_array()) r.fail("shards", "missing or not a list");
+  const Json& shards = *shards_at;
   static const char* const kKeys[] = {"file", "first", "count", "fnv1a64", nullptr};
   int64_t next = 0;  // the first group the next shard must hold
   for (size_t i = 0; i < shards.size(); ++i) {
-    const YAML::Node& n = shards[i];
+    const Json& n = shards[i];
     const std::string where = "shards[" + std::to_string(i) + "].";
-    if (!n.IsMap()) r.fail("shards[" + std::to_string(i) + "]", "not an object");
+    if (!n.is_object()) r.fail("shards[" + std::to_string(i) + "]", "not an object");
     ManifestShard sh;
     sh.file = r.text(n, "file", where);
     if (sh.file != shard_file_name(static_cast<int64_t>(i)))  // a name, never a path
@@ -49,14 +51,15 @@ void parse_shards(const Reader& r, const YAML::Node& root, Manifest& m) {
 }
 
 // Formats 1 and 2's "groups": group g's file group-GGGG.pt at index g (2: with its checksum).
-void parse_group_files(const Reader& r, const YAML::Node& root, Manifest& m) {
+void parse_group_files(const Reader& r, const Json& root, Manifest& m) {
   const bool checksums = m.format != kManifestFormatV1;
-  const YAML::Node groups = root["groups"];
-  if (!groups || !groups.IsSequence()) r.fail("groups", "missing or not a list");
+  const auto groups_at = root.find("groups");
+  if (groups_at == root.end() || !groups_at->is_array()) r.fail("groups", "missing or not a list");
+  const Json& groups = *groups_at;
   for (size_t i = 0; i < groups.size(); ++i) {
-    const YAML::Node& g = groups[i];
+    const Json& g = groups[i];
     const std::string where = "groups[" + std::to_string(i) + "].";
-    if (!g.IsMap()) r.fail("groups[" + std::to_string(i) + "]", "not an object");
+    if (!g.is_object()) r.fail("groups[" + std::to_string(i) + "]", "not an object");
     ManifestGroup mg;
     mg.group = static_cast<int>(r.integer(g, "group", 0, kMaxGroups, where));
     if (mg.group != static_cast<int>(i)) r.fail(where + "group", "groups are not listed 0, 1, 2, ... in order");
@@ -76,30 +79,27 @@ void parse_group_files(const Reader& r, const YAML::Node& root, Manifest& m) {
 
 namespace manifest_detail {
 
-void parse_legacy(const Reader& r, const YAML::Node& root, Manifest& m) {
+void parse_legacy(const Reader& r, const Json& root, Manifest& m) {
   if (m.format == kManifestFormatV3) parse_shards(r, root, m);
   else parse_group_files(r, root, m);
 }
 
-void legacy_json(std::ostream& os, const Manifest& m) {
+void add_legacy(OrderedJson& root, const Manifest& m) {
   if (m.format == kManifestFormatV3) {
-    os << ",\n  \"groups\": " << m.num_groups << ",\n  \"shards\": [";
-    for (size_t i = 0; i < m.shards.size(); ++i) {
-      const ManifestShard& s = m.shards[i];
-      os << (i ? ",\n    " : "\n    ") << "{\"file\": " << json_string(s.file) << ", \"first\": " << s.first
-         << ", \"count\": " << s.count << ", \"fnv1a64\": \"" << hex16(s.fnv1a64) << "\"}";
-    }
-    os << "\n  ]";
+    root["groups"] = m.num_groups;
+    OrderedJson shards = OrderedJson::array();
+    for (const ManifestShard& s : m.shards)
+      shards.push_back({{"file", s.file}, {"first", s.first}, {"count", s.count}, {"fnv1a64", hex16(s.fnv1a64)}});
+    root["shards"] = std::move(shards);
     return;
   }
-  os << ",\n  \"groups\": [";
-  for (size_t i = 0; i < m.groups.size(); ++i) {
-    const ManifestGroup& g = m.groups[i];
-    os << (i ? ",\n    " : "\n    ") << "{\"group\": " << g.group << ", \"file\": " << json_string(g.file);
-    if (g.has_checksum) os << ", \"fnv1a64\": \"" << hex16(g.fnv1a64) << "\"";
-    os << "}";
+  OrderedJson groups = OrderedJson::array();
+  for (const ManifestGroup& g : m.groups) {
+    OrderedJson entry = {{"group", g.group}, {"file", g.file}};
+    if (g.has_checksum) entry["fnv1a64"] = hex16(g.fnv1a64);
+    groups.push_back(std::move(entry));
   }
-  os << "\n  ]";
+  root["groups"] = std::move(groups);
 }
 
 }  // namespace manifest_detail

@@ -1,8 +1,12 @@
-// The checkpoint manifest (daemon/checkpoint_format/manifest.hpp): format 6's checksum of its own text, each
-// run's step count, the sources of unstored groups ("init"), the names of step directories for
-// any step count, and format 5 still read.
+// The checkpoint manifest (daemon/checkpoint_format/manifest.hpp): format 6's checksum of its own
+// text, each run's step count, the sources of unstored groups ("init"), the names of step
+// directories for any step count, format 5 still read; manifests as earlier releases wrote them
+// (fixtures/: format 6 with its checksum, format 5 without, from the hand-made writer that came
+// before nlohmann's) parse, byte for byte as they are on disk, to the same manifest; and what is
+// read is JSON only (the parser before was YAML's, which took more than JSON), its nesting bounded.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -38,6 +42,14 @@ std::string replace_once(std::string s, const std::string& from, const std::stri
   EXPECT_NE(at, std::string::npos) << from;
   if (at != std::string::npos) s.replace(at, from.size(), to);
   return s;
+}
+
+std::string fixture(const std::string& name) {
+  std::ifstream in(THETAD_SOURCE_DIR "/tests/daemon/checkpoint_format/fixtures/" + name, std::ios::binary);
+  EXPECT_TRUE(in.good()) << name;
+  std::ostringstream os;
+  os << in.rdbuf();
+  return os.str();
 }
 
 std::string refusal(const std::string& text) {
@@ -155,6 +167,107 @@ TEST(Manifest, FuzzSeedsNamedValidParse) {
     ++seen;
   }
   EXPECT_GE(seen, 4);
+}
+
+// What both fixtures hold besides their format's own keys.
+void expect_common(const Manifest& m) {
+  EXPECT_EQ(m.job, "small");
+  EXPECT_EQ(m.job_hash, "0123456789abcdef");
+  EXPECT_EQ(m.step, 8);
+  EXPECT_EQ(m.world_size, 2);
+  EXPECT_EQ(m.num_groups, 7);
+  ASSERT_EQ(m.files.size(), 2u);
+  EXPECT_EQ(m.files[0].file, "shard-00001.pt");
+  EXPECT_EQ(m.files[0].bytes, 1200);
+  EXPECT_EQ(m.files[0].fnv1a64, 0x1111222233334444ULL);
+  EXPECT_EQ(m.files[1].file, "shard-00004.pt");
+  EXPECT_EQ(m.files[1].fnv1a64, 0xfedcba9876543210ULL);
+  ASSERT_TRUE(m.layout.present);
+  EXPECT_EQ(m.layout.digest, 0x0123456789abcdefULL);
+  ASSERT_EQ(m.layout.keys.size(), 3u);
+  const auto kind = std::find_if(m.layout.keys.begin(), m.layout.keys.end(), [](const auto& kv) { return kv.first == "model.kind"; });
+  ASSERT_NE(kind, m.layout.keys.end());
+  EXPECT_EQ(kind->second, "multitask_mlp");
+  ASSERT_EQ(m.layout.groups.size(), 2u);
+  ASSERT_EQ(m.layout.groups[0].size(), 2u);
+  EXPECT_EQ(m.layout.groups[0][0].name, "trunk.0.weight");
+  EXPECT_EQ(m.layout.groups[0][0].shape, (std::vector<int64_t>{32, 16}));
+  EXPECT_EQ(m.layout.groups[1][1].name, "heads.0.0.bias");
+}
+
+TEST(ManifestCompat, Format6AsWrittenBeforeStillParses) {
+  const std::string text = fixture("manifest-v6.json");
+  const Manifest m = parse_manifest(text, "manifest-v6.json");  // its checksum checked first
+  EXPECT_EQ(m.format, kManifestFormat);
+  expect_common(m);
+  ASSERT_EQ(m.runs.size(), 5u);
+  EXPECT_EQ(m.runs[0].file, kRunInitFrom);
+  EXPECT_EQ(m.runs[2].first, 3);
+  EXPECT_EQ(m.runs[2].file, 1);
+  EXPECT_EQ(m.runs[2].steps, 8);
+  EXPECT_EQ(m.runs[3].file, kRunInitial);
+  EXPECT_EQ(m.runs[3].count, 2);
+  EXPECT_TRUE(m.init.has_seed);
+  EXPECT_EQ(m.init.seed, 18446744073709551615ULL);
+  EXPECT_TRUE(m.init.model.present);
+  EXPECT_EQ(m.init.model.path, "base/model \"q\".safetensors");
+  EXPECT_EQ(m.init.model.mtime_ns, 1700000000000000000);
+  EXPECT_EQ(m.init.lora_pattern, "adapters/{task}");
+  ASSERT_EQ(m.init.lora.size(), 2u);
+  EXPECT_EQ(m.init.lora[0].print.size, 4096);
+  EXPECT_FALSE(m.init.lora[1].print.present);
+  // Written again by this release: the same manifest, its own checksum.
+  const Manifest again = parse_manifest(manifest_json(m), "again.json");
+  EXPECT_TRUE(again.init == m.init);
+  EXPECT_EQ(again.runs.size(), m.runs.size());
+  EXPECT_EQ(again.layout.keys, m.layout.keys);
+  // The fixture's checksum covers its bytes: one changed is refused.
+  EXPECT_NE(refusal(replace_once(text, "[3, 1, 1, 8]", "[3, 1, 0, 8]")).find("checksum: the manifest's text hashes to"),
+            std::string::npos);
+}
+
+TEST(ManifestCompat, Format5AsWrittenBeforeStillParses) {
+  const Manifest m = parse_manifest(fixture("manifest-v5.json"), "manifest-v5.json");
+  EXPECT_EQ(m.format, kManifestFormatV5);
+  expect_common(m);
+  ASSERT_EQ(m.runs.size(), 5u);
+  for (const ManifestRun& r : m.runs) EXPECT_EQ(r.steps, -1);
+  EXPECT_EQ(m.runs[0].file, kRunInitFrom);
+  EXPECT_FALSE(m.init.has_seed);
+  EXPECT_TRUE(m.init.model.present);
+  EXPECT_EQ(m.init.model.path, "base/model.safetensors");
+  EXPECT_EQ(m.init.model.mtime_ns, -5);
+  const Manifest again = parse_manifest(manifest_json(m), "again.json");
+  EXPECT_TRUE(again.init == m.init);
+  EXPECT_EQ(again.runs.size(), m.runs.size());
+}
+
+// YAML's flow style took these as the manifest they look like; JSON does not: a word without
+// quotes, quotes of the other kind, a comment, a number in quotes (a string, not a step count).
+TEST(ManifestCompat, OnlyJsonIsRead) {
+  const std::string text = fixture("manifest-v5.json");
+  for (const auto& [from, to] : std::vector<std::pair<std::string, std::string>>{
+           {"\"job\": \"small\"", "\"job\": small"},
+           {"\"job\": \"small\"", "\"job\": 'small'"},
+           {"\"step\": 8,", "\"step\": 8, # eight\n"},
+           {"{\n", "--- {\n"}}) {
+    const std::string why = refusal(replace_once(text, from, to));
+    EXPECT_NE(why.find("manifest.json: manifest: not valid JSON"), std::string::npos) << to << ": " << why;
+  }
+  const std::string quoted = refusal(replace_once(text, "\"step\": 8", "\"step\": \"8\""));
+  EXPECT_NE(quoted.find("manifest.json: step: \"8\" is not an integer"), std::string::npos) << quoted;
+  const std::string hex = refusal(replace_once(text, "\"fnv1a64\": \"1111222233334444\"", "\"fnv1a64\": 1111222233334444"));
+  EXPECT_NE(hex.find("files[0].fnv1a64: 1111222233334444 is not a string"), std::string::npos) << hex;
+}
+
+// A manifest nested far deeper than any thetad writes (4 levels) is refused by its depth, before
+// anything recurses over it.
+TEST(ManifestCompat, NestingIsBounded) {
+  const size_t depth = 100000;
+  const std::string text = "{\"format\": \"thetad-checkpoint-5\", \"layout\": " + std::string(depth, '[') +
+                           std::string(depth, ']') + "}";
+  const std::string why = refusal(text);
+  EXPECT_NE(why.find("manifest.json: manifest: nested deeper than 64 levels"), std::string::npos) << why.substr(0, 200);
 }
 
 }  // namespace
