@@ -12,10 +12,9 @@
 #include "config/job.hpp"
 #include "config/limits.hpp"
 #include "config/load_options.hpp"
-#include "config/loader.hpp"
+#include "config/param_counts.hpp"
 #include "config/placeholders.hpp"
 #include "config/schema.hpp"
-#include "config/validate.hpp"
 
 namespace thetad::config::detail {
 

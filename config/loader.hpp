@@ -9,6 +9,7 @@
 #include "common/errors.hpp"
 #include "config/job.hpp"
 #include "config/load_options.hpp"
+#include "config/param_counts.hpp"  // param_counts, for the loader's users
 
 namespace thetad::config {
 
@@ -43,15 +44,6 @@ std::string fingerprint(const Job& job);
 // schedule per_rank needs one task list per rank, and with more than one rank timeline.path
 // and log.file need {rank}. Throws JobError naming the job file and the key.
 void check_world(const Job& job, int world_size);
-
-// A built-in model's parameter counts (elements), found from its keys as validation finds them
-// (config/validate_model.cpp; nothing allocated): Θ, the largest θ[t] and every θ[t] together.
-// `known` is false for torchscript, and where a key is out of its range.
-struct ParamCounts {
-  bool known = false;
-  double shared = 0, per_task = 0, tasks_total = 0;
-};
-ParamCounts param_counts(const Job& job);
 
 // A path key's value with {job} and {rank} expanded (config/placeholders.hpp: in one pass).
 std::string expand_path(const std::string& path, const Job& job, int rank);

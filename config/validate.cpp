@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "config/checker.hpp"
+#include "config/validate.hpp"
 
 namespace thetad::config::detail {
 

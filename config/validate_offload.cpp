@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "config/checker.hpp"
+#include "config/validate.hpp"
 
 namespace thetad::config::detail {
 
