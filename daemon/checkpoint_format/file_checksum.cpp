@@ -1,7 +1,6 @@
 // Checkpoint file checksums in blocks, and the threads that compute them (file_checksum.hpp).
 #include "daemon/checkpoint_format/file_checksum.hpp"
 
-#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -9,12 +8,9 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
-#include <exception>
-#include <mutex>
-#include <system_error>
-#include <thread>
 
 #include "comm/bucket_plan.hpp"
+#include "common/thread_pool.hpp"
 
 namespace thetad::daemon {
 
@@ -51,10 +47,10 @@ uint64_t file_checksum(const void* data, size_t n, int threads) {
   const size_t blocks = static_cast<size_t>((n + kChecksumBlock - 1) / kChecksumBlock);
   std::vector<uint64_t> hashes(blocks);
   const auto* base = static_cast<const char*>(data);
-  for_each_index(blocks, threads, [&](size_t i) {
+  ThreadPool::files().parallel_for(blocks, [&](size_t i) {
     const size_t at = i * kChecksumBlock;
     hashes[i] = comm::fnv1a64_words(base + at, std::min<size_t>(kChecksumBlock, n - at));
-  });
+  }, static_cast<size_t>(std::max(1, threads)));
   return combine_block_hashes(hashes);
 }
 
@@ -62,7 +58,7 @@ bool file_checksum_of_fd(int fd, uint64_t size, int threads, uint64_t* sum) {
   const size_t blocks = static_cast<size_t>((size + kChecksumBlock - 1) / kChecksumBlock);
   std::vector<uint64_t> hashes(blocks);
   std::atomic<int> error{0};
-  for_each_index(blocks, threads, [&](size_t i) {
+  ThreadPool::files().parallel_for(blocks, [&](size_t i) {
     if (error.load()) return;
     thread_local std::vector<char> buf;
     const uint64_t at = i * kChecksumBlock, n = std::min<uint64_t>(kChecksumBlock, size - at);
@@ -78,7 +74,7 @@ bool file_checksum_of_fd(int fd, uint64_t size, int threads, uint64_t* sum) {
       got += static_cast<uint64_t>(k);
     }
     hashes[i] = comm::fnv1a64_words(buf.data(), static_cast<size_t>(n));
-  });
+  }, static_cast<size_t>(std::max(1, threads)));
   if (error.load()) {
     errno = error.load();
     return false;
@@ -87,52 +83,11 @@ bool file_checksum_of_fd(int fd, uint64_t size, int threads, uint64_t* sum) {
   return true;
 }
 
-int checkpoint_threads(int local_ranks) {
-  const int cores = static_cast<int>(std::thread::hardware_concurrency());
-  int mine = cores;
-#ifdef __linux__
-  cpu_set_t set;
-  if (::sched_getaffinity(0, sizeof set, &set) == 0) mine = CPU_COUNT(&set);
-#endif
-  // Bound to some of the cores (mpirun's or Slurm's binding): those are this rank's, and its
-  // threads cannot leave them. Unbound: the node's cores shared among its ranks.
-  return std::max(1, mine > 0 && mine < cores ? mine : cores / std::max(1, local_ranks));
-}
-
 int background_checkpoint_threads(int64_t bytes, double interval_s, double bytes_per_thread_s, int most) {
   most = std::max(1, most);
   if (interval_s <= 0 || bytes_per_thread_s <= 0) return most;
   const double needed = static_cast<double>(bytes) / (bytes_per_thread_s * interval_s / 2);
   return static_cast<int>(std::clamp(std::ceil(needed), 1.0, static_cast<double>(most)));
-}
-
-void for_each_index(size_t n, int threads, const std::function<void(size_t)>& fn) {
-  std::atomic<size_t> next{0};
-  std::atomic<bool> stop{false};
-  std::exception_ptr error;
-  std::mutex error_mutex;
-  const auto work = [&] {
-    for (size_t i; !stop.load(std::memory_order_relaxed) && (i = next.fetch_add(1)) < n;) {
-      try {
-        fn(i);
-      } catch (...) {
-        const std::lock_guard<std::mutex> lock(error_mutex);
-        if (!error) error = std::current_exception();
-        stop = true;
-      }
-    }
-  };
-  const size_t helpers = std::min<size_t>(n, static_cast<size_t>(std::max(1, threads))) - (n > 0 ? 1 : 0);
-  std::vector<std::thread> pool;
-  pool.reserve(helpers);
-  try {
-    for (size_t t = 0; t < helpers; ++t) pool.emplace_back(work);
-  } catch (const std::system_error&) {
-    // No more threads can be made (ulimit -u, -v): the ones made and this one do the work.
-  }
-  work();
-  for (std::thread& t : pool) t.join();
-  if (error) std::rethrow_exception(error);
 }
 
 }  // namespace thetad::daemon

@@ -5,7 +5,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <vector>
 
 namespace thetad::daemon {
@@ -31,15 +30,13 @@ class WordHash {
 // The file checksum from its blocks' hashes (block i: bytes [i, i + 1) * kChecksumBlock), as
 // little-endian 64-bit values hashed with comm::fnv1a64.
 uint64_t combine_block_hashes(const std::vector<uint64_t>& blocks);
-// The checksum of `n` bytes held in memory, its blocks hashed on up to `threads` threads.
+// The checksum of `n` bytes held in memory, its blocks hashed on up to `threads` threads of the
+// file pool (ThreadPool::files, common/thread_pool.hpp; a rank's file work: cpu_share).
 uint64_t file_checksum(const void* data, size_t n, int threads = 1);
 // The checksum of the file open as `fd`, its first `size` bytes read block by block (pread, one
-// block's buffer per thread) on up to `threads` threads, into *sum. False, errno kept, where a
-// block cannot be read whole (a read error, or the file shorter than `size`).
+// block's buffer per thread) on up to `threads` threads of the file pool, into *sum. False, errno
+// kept, where a block cannot be read whole (a read error, or the file shorter than `size`).
 bool file_checksum_of_fd(int fd, uint64_t size, int threads, uint64_t* sum);
-// The thread count a rank gives its file work: the cores it is bound to (its CPU affinity), or
-// where it is not bound, the machine's cores over the node's ranks; at least 1.
-int checkpoint_threads(int local_ranks);
 // The threads of a checkpoint written in the background: the fewest (1..`most`) that write
 // `bytes` within half of `interval_s` (the time until the next checkpoint) at `bytes_per_thread_s`
 // each. Every writer thread slows a trainer that feeds its GPU from the host, even at a lower
@@ -47,8 +44,5 @@ int checkpoint_threads(int local_ranks);
 // threads, +13 ms with 1, which is the snapshot alone); a write that finishes well before the
 // next checkpoint needs no more. `most` where the interval is unknown (<= 0).
 int background_checkpoint_threads(int64_t bytes, double interval_s, double bytes_per_thread_s, int most);
-// Calls fn(i) for i in 0..n-1 on up to `threads` threads (the caller's one of them), each index
-// once; the first exception stops the other threads taking more and is rethrown here.
-void for_each_index(size_t n, int threads, const std::function<void(size_t)>& fn);
 
 }  // namespace thetad::daemon

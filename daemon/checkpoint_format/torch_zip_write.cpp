@@ -7,6 +7,7 @@
 #include <atomic>
 
 #include "comm/bucket_plan.hpp"
+#include "common/thread_pool.hpp"
 #include "daemon/checkpoint_format/file_checksum.hpp"
 #include "daemon/checkpoint_format/torch_zip.hpp"
 
@@ -70,7 +71,7 @@ TorchZipResult write_torch_zip(const std::vector<TorchZipRecord>& records, const
   std::vector<uint64_t> hashes(blocks, 0);
   std::atomic<bool> stopped{false};
   const auto stop = [&] { return stopped.load(std::memory_order_relaxed) || (sink.cancel && sink.cancel->load()); };
-  for_each_index(blocks, sink.threads, [&](size_t k) {
+  ThreadPool::files().parallel_for(blocks, [&](size_t k) {
     if (stop()) return;
     const bool whole = pure(k);
     uint64_t h = comm::fnv1a64("", 0);  // the FNV basis: a pure block's hash, chained over sub-pieces
@@ -94,7 +95,7 @@ TorchZipResult write_torch_zip(const std::vector<TorchZipRecord>& records, const
       if (sink.written) sink.written(at + pc.from, pc.len);
     }
     if (whole) hashes[k] = h;
-  });
+  }, static_cast<size_t>(std::max(1, sink.threads)));
   TorchZipResult result;
   if (stop()) return result;
 
@@ -111,7 +112,7 @@ TorchZipResult write_torch_zip(const std::vector<TorchZipRecord>& records, const
   std::vector<size_t> mixed;
   for (size_t k = 0; k < blocks; ++k)
     if (!pure(k)) mixed.push_back(k);
-  for_each_index(mixed.size(), sink.threads, [&](size_t m) {
+  ThreadPool::files().parallel_for(mixed.size(), [&](size_t m) {
     const size_t k = mixed[m];
     const uint64_t lo = k * kChecksumBlock, hi = lo + block_len(k);
     WordHash h;
@@ -122,7 +123,7 @@ TorchZipResult write_torch_zip(const std::vector<TorchZipRecord>& records, const
       h.add(base + (a - g.at), b - a);
     }
     hashes[k] = h.value();
-  });
+  }, static_cast<size_t>(std::max(1, sink.threads)));
   result.ok = true;
   result.size = size;
   result.checksum = combine_block_hashes(hashes);

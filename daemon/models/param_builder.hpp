@@ -11,17 +11,14 @@
 #endif
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <exception>
-#include <mutex>
-#include <system_error>
-#include <thread>
 #include <map>
 #include <string>
 #include <vector>
 
 #include "common/errors.hpp"
+#include "common/thread_pool.hpp"
 #include "config/job.hpp"
 #include "daemon/models/model.hpp"
 #include "daemon/models/precision.hpp"
@@ -68,36 +65,19 @@ class ParamBuilder {
         base_bf16_(frozen_base_in_bf16(job)), shared_from_file_(!job.model.init_from.empty()) {}
   ParamBuilder(const ParamBuilder&) = delete;
   ParamBuilder& operator=(const ParamBuilder&) = delete;
-  // Draws the deferred values (see the class comment). Threads of its own, not at::parallel_for:
-  // the intra-op pool drew 2,048 heads one after another on the GPU image (8 s of start-up at
-  // 1,024 tasks). Throws what a draw or copy threw (not while the stack unwinds).
+  // Draws the deferred values (see the class comment), in parallel on the process's pool (idle
+  // while the model is built), not at::parallel_for: the intra-op pool drew 2,048 heads one after
+  // another on the GPU image (8 s of start-up at 1,024 tasks). Throws what a draw or copy threw
+  // (not while the stack unwinds).
   ~ParamBuilder() noexcept(false) {
-    const size_t n = deferred_.size();
-    const size_t threads = std::min<size_t>(n, std::clamp<size_t>(std::thread::hardware_concurrency(), 1, 32));
-    std::atomic<size_t> next{0};
-    std::mutex mu;
-    std::exception_ptr error;
-    const auto work = [&] {
-      torch::NoGradGuard no_grad;  // thread-local: in-place fills of leaves that require grad
-      try {
-        for (size_t i = next++; i < n; i = next++) draw(deferred_[i]);
-      } catch (...) {
-        std::lock_guard<std::mutex> lk(mu);
-        if (!error) error = std::current_exception();
-        next = n;
-      }
-    };
-    std::vector<std::thread> pool;
-    for (size_t t = 1; t < threads; ++t) {
-      try {
-        pool.emplace_back(work);
-      } catch (const std::system_error&) {  // no room for another thread (ulimit -v): fewer draw
-        break;
-      }
+    try {
+      ThreadPool::instance().parallel_for(deferred_.size(), [&](size_t i) {
+        torch::NoGradGuard no_grad;  // thread-local: in-place fills of leaves that require grad
+        draw(deferred_[i]);
+      }, kDrawThreads);
+    } catch (...) {
+      if (std::uncaught_exceptions() == 0) throw;
     }
-    work();
-    for (std::thread& t : pool) t.join();
-    if (error && std::uncaught_exceptions() == 0) std::rethrow_exception(error);
   }
   // Linear's weight and bias: read by addmm only (Linear, trunk_layer).
   torch::Tensor linear_w(const std::string& name, int group, int64_t in, int64_t out) {
@@ -148,6 +128,8 @@ class ParamBuilder {
   }
 
  private:
+  // At most this many threads draw (the copies to a GPU stop gaining beyond it).
+  static constexpr size_t kDrawThreads = 32;
   struct Deferred {
     torch::Tensor tensor;
     double bound;

@@ -85,7 +85,7 @@ struct CheckpointWriter {
   ManifestLayout layout;             // the parameters' layout (checkpoint_layout), in the manifest
   InitSources init;                  // the sources of the groups not stored (rank 0), in the manifest
   std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();  // for the log
-  int threads = 1;  // that write (and checksum) each file: checkpoint_threads (file_checksum.hpp)
+  int threads = 1;  // that write (and checksum) each file, of the file pool: cpu_share (common/thread_pool.hpp)
   std::function<void()> barrier;
   std::function<bool(bool)> all_ok;
   std::function<std::string(const std::string&)> broadcast;  // rank 0's text to every rank

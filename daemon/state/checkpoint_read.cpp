@@ -14,6 +14,7 @@
 
 #include "comm/bucket_plan.hpp"
 #include "common/errors.hpp"
+#include "common/thread_pool.hpp"
 #include "daemon/checkpoint_format/file_checksum.hpp"
 #include "daemon/checkpoint_format/manifest.hpp"
 #include "daemon/state/checkpoint.hpp"
@@ -48,7 +49,7 @@ int64_t first_bad(const at::Tensor& t, bool nonneg) {
 // A file's checksum as its manifest's format takes it: formats 5 and 6, of 4 MiB blocks (hashed on
 // the machine's cores); 4, over 64-bit words; 2 and 3, over bytes.
 uint64_t checksum_in_format(const std::string& format, const std::vector<char>& bytes) {
-  if (has_block_checksums(format)) return file_checksum(bytes.data(), bytes.size(), checkpoint_threads(1));
+  if (has_block_checksums(format)) return file_checksum(bytes.data(), bytes.size(), static_cast<int>(cpu_share(1)));
   if (format == kManifestFormatV4) return comm::fnv1a64_words(bytes.data(), bytes.size());
   return comm::fnv1a64(bytes.data(), bytes.size());
 }

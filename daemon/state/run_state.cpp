@@ -26,21 +26,19 @@ namespace {
 using Clock = SteadyClock;
 
 // FNV-1a (of 64-bit words) of a parameter's bytes: directly for up to 16 MiB, else over the
-// hashes of its 16 MiB pieces, hashed in parallel (rank 0 fingerprints 34 GB of parameters at
-// T = 256: bytewise on one thread that took over a minute); `parallel` false where the caller
-// already runs one such hash per thread.
+// hashes of its 16 MiB pieces, hashed in parallel on the process's pool, idle once training is
+// done (rank 0 fingerprints 34 GB of parameters at T = 256: bytewise on one thread that took over
+// a minute); `parallel` false where the caller already runs one such hash per thread.
 uint64_t bytes_hash(const void* data, size_t bytes, uint64_t seed, bool parallel = true) {
   constexpr size_t kPiece = size_t{16} << 20;
   const size_t pieces = (bytes + kPiece - 1) / kPiece;
   if (pieces <= 1) return comm::fnv1a64_words(data, bytes, seed);
   std::vector<uint64_t> hs(pieces);
   const char* base = static_cast<const char*>(data);
-  at::parallel_for(0, static_cast<int64_t>(pieces), parallel ? 1 : static_cast<int64_t>(pieces), [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) {
-      const size_t off = static_cast<size_t>(i) * kPiece;
-      hs[static_cast<size_t>(i)] = comm::fnv1a64_words(base + off, std::min(kPiece, bytes - off));
-    }
-  });
+  ThreadPool::instance().parallel_for(pieces, [&](size_t i) {
+    const size_t off = i * kPiece;
+    hs[i] = comm::fnv1a64_words(base + off, std::min(kPiece, bytes - off));
+  }, parallel ? 0 : 1);
   return comm::fnv1a64(hs.data(), hs.size() * sizeof(uint64_t), seed);
 }
 
@@ -237,7 +235,7 @@ CheckpointWriter RunState::writer(int64_t completed) {
   w.job_name = job_.name;
   w.job_hash = model_hash(job_);
   w.keep = job_.checkpoint.keep;
-  w.threads = checkpoint_threads(world_.local_size);  // the node's cores shared among its ranks
+  w.threads = static_cast<int>(cpu_share(world_.local_size));  // the node's cores shared among its ranks
   w.layout = checkpoint_layout(job_, groups_);
   const std::vector<int64_t>& steps = homes_.group_steps();
   std::vector<GroupSource> source;

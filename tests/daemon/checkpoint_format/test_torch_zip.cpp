@@ -2,7 +2,6 @@
 // aligned data, zip64 where sizes or offsets need it), CRCs against zlib, the checksum against
 // file_checksum of the bytes, failures and cancellation, and Python's zipfile reading the result.
 #include <fcntl.h>
-#include <sched.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -79,20 +78,6 @@ TEST(FileChecksum, BackgroundWriteTakesTheFewestThreadsThatFinishInTime) {
   // Nothing to write, or `most` below 1: one.
   EXPECT_EQ(background_checkpoint_threads(0, 5.0, 1e9, 8), 1);
   EXPECT_EQ(background_checkpoint_threads(gb, 0.0, 1e9, 0), 1);
-}
-
-TEST(FileChecksum, WriterThreadsFromTheCores) {
-  const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-  EXPECT_GE(checkpoint_threads(1), 1);
-  EXPECT_LE(checkpoint_threads(1), cores);
-  cpu_set_t set;
-  if (::sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) == cores)
-    EXPECT_EQ(checkpoint_threads(4 * cores), 1);  // unbound, more ranks than cores: one each
-  CPU_ZERO(&set);
-  CPU_SET(0, &set);
-  std::thread([&] {  // a thread bound to one core (as mpirun binds a rank): one thread, whatever the ranks
-    if (::sched_setaffinity(0, sizeof set, &set) == 0 && cores > 1) EXPECT_EQ(checkpoint_threads(1), 1);
-  }).join();
 }
 
 TEST(TorchZip, LayoutAlignsDataAndNamesRecordsUnderArchive) {
