@@ -6,6 +6,8 @@
 #include <cstdlib>
 
 #include "comm/control_plane.hpp"
+#include "comm/node_memory.hpp"
+#include "comm/mpi/node_comm.hpp"
 #include "comm/node_split.hpp"
 #include "common/errors.hpp"
 #include "common/log.hpp"
@@ -66,6 +68,12 @@ std::string exchange_bootstrap_id(ControlPlane& plane, const std::function<std::
   }
   plane.agree(error, what);  // a root that cannot make one fails every rank, not only itself
   return plane.broadcast(std::move(id), root, what);
+}
+
+void prepare_job_abort() noexcept {
+  int size = 1;  // (not world_info(): that one is collective)
+  MPI_CHECK_NOTHROW(MPI_Comm_size(MPI_COMM_WORLD, &size));
+  if (size > 1) abandon_node_memory();
 }
 
 void abort_job(int exit_code) {

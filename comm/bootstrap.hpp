@@ -48,4 +48,10 @@ std::string exchange_bootstrap_id(ControlPlane& plane, const std::function<std::
 // failures, where MPI_Finalize could hang on a dead or stalled peer.
 [[noreturn]] void abort_job(int exit_code);
 
+// A process whose job of more than one rank is about to end by abort_job, before it unwinds what
+// it built: nothing destroyed from now on waits in a collective for ranks that may never join it
+// (the node's shared memory: abandon_node_memory, node_memory.hpp), since they may not have heard
+// of the failure yet. Nothing changes in a world of one. Local; never throws.
+void prepare_job_abort() noexcept;
+
 }  // namespace thetad::comm

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/mpi/node_comm.hpp"
 #include "comm/mpi_check.hpp"
 #include "common/errors.hpp"
 

@@ -8,8 +8,6 @@
 // empty: nodes are the hosts (MPI_COMM_TYPE_SHARED). No other code reads the variable.
 #pragma once
 
-#include <mpi.h>
-
 #include <string>
 
 namespace thetad::comm {
@@ -20,10 +18,7 @@ inline constexpr const char* kSimulateNodesEnv = "THETAD_SIMULATE_NODES";
 // ConfigError (exit 2) unless 1 <= N <= world_size and world_size % N == 0.
 int simulated_nodes(int world_size);
 
-// A new communicator (the caller frees it) of the ranks of `comm` on the caller's node, ordered
-// as in `comm`. Collective over `comm`. Simulated nodes are blocks of MPI_COMM_WORLD's ranks,
-// whatever `comm` is, so every communicator splits alike.
-MPI_Comm split_node(MPI_Comm comm);
+// The node as a communicator (split_node) is for comm/'s MPI code: comm/mpi/node_comm.hpp.
 
 struct NodePlace {
   int node = 0;   // 0-based index of the node, ordered by the lowest world rank on each

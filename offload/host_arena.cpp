@@ -1,4 +1,4 @@
-// The per-host shared arena (see host_arena.hpp): size check, MPI shared window, pinning.
+// The per-host shared arena (see host_arena.hpp): size check, the node's shared segment, pinning.
 #include "offload/host_arena.hpp"
 
 #include <sys/mman.h>
@@ -16,16 +16,13 @@
 #include <string>
 #include <thread>
 
-#include "comm/bootstrap.hpp"
 #include "comm/control_plane.hpp"
-#include "comm/node_split.hpp"
-#include "comm/mpi/mpi_communicator.hpp"
 #include "common/errors.hpp"
 #include "common/log.hpp"
+#include "common/thread_pool.hpp"
 #include "offload/cpu_adam.hpp"
 #include "offload/device.hpp"
 #include "offload/meminfo.hpp"
-#include "common/thread_pool.hpp"
 #include "offload/util.hpp"
 
 namespace thetad::offload {
@@ -34,14 +31,18 @@ namespace {
 static_assert(std::atomic<uint64_t>::is_always_lock_free,
               "sequence numbers in shared memory need lock-free 64-bit atomics");
 
-constexpr size_t kPage = 4096;
+constexpr size_t kPage = comm::NodeMemory::kSegmentAlign;
 
 size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
-// Runs fn(i) for i in [0, n) on up to `threads` threads (a pool of its own: the arena's loops
-// run at startup and shutdown, not on the CPU Adam pool); the first exception is rethrown.
+// The most threads that fault in, pin and unpin the arena's pages (within the rank's CPU share).
+constexpr size_t kArenaThreads = 8;
+
+// Runs fn(i) for i in [0, n) on up to `threads` threads of the process's pool, idle while the
+// arena is built and freed (the update queue starts after it and stops before); the first
+// exception is rethrown.
 void parallel_over(size_t n, size_t threads, const std::function<void(size_t)>& fn) {
-  ThreadPool(std::max<size_t>(1, std::min(threads, n))).parallel_for(n, fn);
+  ThreadPool::instance().parallel_for(n, fn, threads);
 }
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -75,9 +76,9 @@ size_t HostArena::required_bytes(const std::vector<ArenaEntry>& entries, bool bf
   return total;
 }
 
-HostArena::HostArena(MPI_Comm comm, std::vector<ArenaEntry> entries, size_t host_limit_bytes,
-                     Device* pinner, std::chrono::milliseconds timeout, bool bf16_params)
-    : entries_(std::move(entries)), bf16_params_(bf16_params), pinner_(pinner) {
+HostArena::HostArena(std::unique_ptr<comm::NodeMemory> node, std::vector<ArenaEntry> entries,
+                     size_t host_limit_bytes, Device* pinner, bool bf16_params)
+    : entries_(std::move(entries)), bf16_params_(bf16_params), node_(std::move(node)), pinner_(pinner) {
   // Layout: one cache line per sequence number (no false sharing between owners), then each
   // group's params | m | v | grad, every buffer 64-byte aligned and every group page-aligned:
   // pinned chunks are cut at group boundaries, because a CUDA copy may not span two
@@ -95,21 +96,16 @@ HostArena::HostArena(MPI_Comm comm, std::vector<ArenaEntry> entries, size_t host
   }
   total_ = round_up(off, kPage);
 
-  node_ = comm::split_node(comm);  // the node's ranks: a host, or a simulated node
-  MPI_CHECK(MPI_Comm_set_errhandler(node_, MPI_ERRORS_RETURN));
-  MPI_CHECK(MPI_Comm_rank(node_, &local_rank_));
-  MPI_CHECK(MPI_Comm_size(node_, &local_size_));
-  // The host's agreements and barriers, each bounded by the timeout (a private duplicate of node_).
-  plane_ = std::make_unique<comm::ControlPlane>(std::make_shared<comm::MpiCommunicator>(node_), timeout);
+  comm::ControlPlane& plane = node_->plane();  // the host's agreements and barriers, bounded
+  const int local_rank = node_->local_rank(), local_size = node_->local_size();
 
   // One reading of MemAvailable, taken by local rank 0, so all ranks decide alike.
-  const auto avail = static_cast<uint64_t>(plane_->broadcast(
-      local_rank_ == 0 ? static_cast<int64_t>(mem_available_bytes()) : 0, 0,
+  const auto avail = static_cast<uint64_t>(plane.broadcast(
+      local_rank == 0 ? static_cast<int64_t>(mem_available_bytes()) : 0, 0,
       {"host arena: the reading of MemAvailable"}));
   const bool over_limit = host_limit_bytes > 0 && total_ > host_limit_bytes;
   const bool over_mem = avail > 0 && total_ > avail;
   if (over_limit || over_mem) {
-    release_node();
     std::ostringstream os;
     os << std::fixed << std::setprecision(1);
     os << "offload: the host arena needs " << mib(total_) << " MiB (" << entries_.size()
@@ -125,26 +121,15 @@ HostArena::HostArena(MPI_Comm comm, std::vector<ArenaEntry> entries, size_t host
     throw ConfigError(os.str());
   }
 
-  // Local rank 0 allocates everything (plus a page of slack to page-align the base, which the
-  // chunked pinning needs); the others allocate nothing and map rank 0's part.
-  local_alloc_ = local_rank_ == 0 ? total_ + kPage : 0;
-  void* mine = nullptr;
-  const int rc = MPI_Win_allocate_shared(static_cast<MPI_Aint>(local_alloc_), 1, MPI_INFO_NULL,
-                                         node_, &mine, &win_);
-  if (rc != MPI_SUCCESS) {
-    release_node();
+  // Local rank 0 allocates everything; the others map its segment, page-aligned (the chunked
+  // pinning needs it).
+  base_ = node_->allocate(total_);
+  if (base_ == nullptr)
     throw ConfigError(::thetad::detail::concat("offload: cannot allocate the ", mib(total_),
-                                     " MiB host arena as an MPI shared window; offload fewer "
-                                     "groups or lower offload.host_limit_mb"));
-  }
-  MPI_Aint size0 = 0;
-  int disp = 1;
-  void* base0 = nullptr;
-  MPI_CHECK(MPI_Win_shared_query(win_, 0, &size0, &disp, &base0));
-  const auto addr = reinterpret_cast<uintptr_t>(base0);
-  base_ = reinterpret_cast<char*>(round_up(addr, kPage));
+                                     " MiB host arena as memory shared by the host's ranks (an MPI "
+                                     "shared window); offload fewer groups or lower offload.host_limit_mb"));
 
-  if (local_rank_ == 0) {
+  if (local_rank == 0) {
     for (size_t i = 0; i < entries_.size(); ++i)
       new (base_ + i * kAlign) std::atomic<uint64_t>(0);
   }
@@ -169,11 +154,10 @@ HostArena::HostArena(MPI_Comm comm, std::vector<ArenaEntry> entries, size_t host
     // The window's pages are not backed yet: the host's ranks fault them in together, each
     // its share on several threads (a single thread faults ~10 GB/s; an arena can be 100+ GB),
     // then every rank pins the chunks on several threads.
-    const size_t threads = std::max<size_t>(
-        1, std::min<size_t>(8, std::thread::hardware_concurrency() / static_cast<unsigned>(local_size_)));
+    const size_t threads = std::min<size_t>(kArenaThreads, cpu_share(local_size));
     const auto t0 = std::chrono::steady_clock::now();
     std::vector<size_t> mine;
-    for (size_t c = static_cast<size_t>(local_rank_); c < chunks.size(); c += static_cast<size_t>(local_size_))
+    for (size_t c = static_cast<size_t>(local_rank); c < chunks.size(); c += static_cast<size_t>(local_size))
       mine.push_back(c);
     parallel_over(mine.size(), threads, [&](size_t k) {
       const auto [from, to] = chunks[mine[k]];
@@ -203,60 +187,46 @@ HostArena::HostArena(MPI_Comm comm, std::vector<ArenaEntry> entries, size_t host
       if (p) pinned_chunks_.push_back(p);
     pin_s = seconds_since(t1);
   }
-  if (!plane_->all_ok(ok, {"host arena: the pinning agreement"})) {
+  if (!plane.all_ok(ok, {"host arena: the pinning agreement"})) {
     for (void* p : pinned_chunks_) pinner_->unpin_host(p);
     pinned_chunks_.clear();
-    release_window();
-    release_node();
     throw ConfigError(pin_error.empty() ? "offload: another rank of this host could not pin the "
                                           "host arena"
                                         : pin_error);
   }
   node_barrier("host arena: sequence numbers constructed");  // before anyone reads them
   THETAD_LOG(info, "offload") << "host arena: " << mib(total_) << " MiB for " << entries_.size()
-                              << " groups shared by " << local_size_ << " local ranks"
-                              << " (this is node-local rank " << local_rank_ << ")"
+                              << " groups shared by " << local_size << " local ranks"
+                              << " (this is node-local rank " << local_rank << ")"
                               << (pinned() ? ", pinned" : ", not pinned") << std::fixed
                               << std::setprecision(2) << " (pages faulted in " << touch_s
                               << " s, pinned in " << pin_s << " s)";
 }
 
-namespace {
-std::atomic<bool> g_abandoned{false};
-}  // namespace
-
-void HostArena::abandon_on_destruction() { g_abandoned.store(true); }
-
 HostArena::~HostArena() {
-  if (g_abandoned.load()) {
+  if (comm::node_memory_abandoned()) {
+    // The job is aborting: the segment goes with the process (node_'s destructor leaves it), and
+    // so do its pages' pinning, which a driver in a failed state may not undo.
     THETAD_LOG(warn, "offload") << "host arena left to the process's exit (the job is aborting)";
-    (void)plane_.release();  // its communicator too: freeing it may wait for failed ranks
     return;
   }
-  if (!pinned_chunks_.empty()) {
-    const auto t0 = std::chrono::steady_clock::now();
-    try {
-      parallel_over(pinned_chunks_.size(), 8, [&](size_t c) { pinner_->unpin_host(pinned_chunks_[c]); });
-    } catch (...) {  // no threads to be had: one at a time
-      for (void* p : pinned_chunks_) pinner_->unpin_host(p);
+  unpin();
+}  // node_: the collective free of the segment
+
+void HostArena::unpin() noexcept {
+  if (pinned_chunks_.empty()) return;
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    parallel_over(pinned_chunks_.size(), kArenaThreads, [&](size_t c) { pinner_->unpin_host(pinned_chunks_[c]); });
+  } catch (...) {  // one that failed: the others one at a time (unpinning twice is harmless)
+    for (void* p : pinned_chunks_) {
+      try {
+        pinner_->unpin_host(p);
+      } catch (...) {
+      }
     }
-    THETAD_LOG(info, "offload") << "host arena unpinned in " << seconds_since(t0) << " s";
   }
-  release_window();
-  release_node();
-}
-
-void HostArena::release_window() noexcept {
-  if (win_ == MPI_WIN_NULL) return;
-  MPI_CHECK_NOTHROW(MPI_Win_free(&win_));
-  win_ = MPI_WIN_NULL;
-}
-
-void HostArena::release_node() noexcept {
-  plane_.reset();
-  if (node_ == MPI_COMM_NULL) return;
-  MPI_CHECK_NOTHROW(MPI_Comm_free(&node_));
-  node_ = MPI_COMM_NULL;
+  THETAD_LOG(info, "offload") << "host arena unpinned in " << seconds_since(t0) << " s";
 }
 
 void HostArena::refresh_bf16(size_t i) const {
@@ -293,7 +263,7 @@ void HostArena::wait_seq(size_t i, uint64_t expected, double timeout_s,
 // on the others.
 void HostArena::node_barrier(const std::string& what) const {
   std::atomic_thread_fence(std::memory_order_seq_cst);
-  plane_->barrier({what});
+  node_->plane().barrier({what});
   std::atomic_thread_fence(std::memory_order_seq_cst);
 }
 

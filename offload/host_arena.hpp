@@ -1,25 +1,24 @@
-// One host-resident arena per node, shared by all ranks of that node: an MPI shared-memory
-// window on the node communicator (comm/node_split.hpp: a host, or a simulated node) holding, per offloaded group, fp32 parameters, Adam m and v,
-// and a landing area for the reduced gradient, plus one sequence number per group; with
-// bf16_params, also the parameters rounded to bfloat16 (what a bf16 job copies to the device).
+// One host-resident arena per node, shared by all ranks of that node: the node's shared memory
+// (comm/node_memory.hpp; a node: a host, or a simulated node) holding, per offloaded group, fp32
+// parameters, Adam m and v, and a landing area for the reduced gradient, plus one sequence number
+// per group; with bf16_params, also the parameters rounded to bfloat16 (what a bf16 job copies to
+// the device).
 //
-// The node's local rank 0 allocates the whole segment, the others 0 bytes, and every rank maps
-// it (MPI_Win_shared_query), so a host holds one copy of θ however many ranks it runs. Given a
-// Device that pins (CudaDevice), every rank page-locks the segment at construction, in chunks
-// of at most kPinChunkBytes, and unpins it on destruction; never later.
+// The node's local rank 0 allocates the whole segment and every rank maps it, so a host holds one
+// copy of θ however many ranks it runs. Given a Device that pins (CudaDevice), every rank
+// page-locks the segment at construction, in chunks of at most kPinChunkBytes, and unpins it on
+// destruction; never later.
 //
 // Ordering: the group's owner (node-local rank group % local_size) bumps seq(i) with release
 // semantics after writing the group's parameters; readers load it with acquire semantics and
 // wait until it reaches the count they expect (every rank knows how many updates happened).
 //
-//   HostArena arena(MPI_COMM_WORLD, {{1, n1}, {2, n2}}, host_limit_bytes, &device);
+//   HostArena arena(comm::make_node_memory(timeout), {{1, n1}, {2, n2}}, host_limit_bytes, &device);
 //   if (arena.is_owner(0)) { write arena.params(0) ...; arena.publish(0); }
 //   arena.wait_seq(0, expected, timeout_s);  read arena.params(0) ...
 //
-// Construction and destruction are collective over the node communicator.
+// Construction and destruction are collective over the node's ranks.
 #pragma once
-
-#include <mpi.h>
 
 #include <atomic>
 #include <chrono>
@@ -30,11 +29,7 @@
 #include <string>
 #include <vector>
 
-#include "comm/communicator.hpp"
-
-namespace thetad::comm {
-class ControlPlane;
-}  // namespace thetad::comm
+#include "comm/node_memory.hpp"
 
 namespace thetad::offload {
 
@@ -52,10 +47,10 @@ class HostArena {
 
   // Throws ConfigError when the arena exceeds host_limit_bytes (> 0) or the host's
   // MemAvailable, or cannot be allocated or pinned. pinner may be null (no pinning). Every
-  // agreement and barrier of the host's ranks is bounded by `timeout` (TimeoutError naming it).
-  HostArena(MPI_Comm comm, std::vector<ArenaEntry> entries, size_t host_limit_bytes,
-            Device* pinner, std::chrono::milliseconds timeout = comm::kDefaultTimeout,
-            bool bf16_params = false);
+  // agreement and barrier of the host's ranks is the node's (bounded by its timeout:
+  // TimeoutError naming it).
+  HostArena(std::unique_ptr<comm::NodeMemory> node, std::vector<ArenaEntry> entries, size_t host_limit_bytes,
+            Device* pinner, bool bf16_params = false);
   ~HostArena();
   HostArena(const HostArena&) = delete;
   HostArena& operator=(const HostArena&) = delete;
@@ -81,39 +76,32 @@ class HostArena {
 
   // Owner side: makes the group's writes visible and bumps its sequence number.
   void publish(size_t i) const;
-  // A process about to abort: arenas destroyed from now on skip the collective MPI_Win_free
-  // (and the unpinning), which ranks that failed elsewhere may never join. The memory goes
-  // with the process.
-  static void abandon_on_destruction();
-
   // Reader side: waits until seq(i) >= expected; TimeoutError after timeout_s. `poll` (if any)
   // runs while it waits and may throw (the owner's own optimizer thread failed).
   void wait_seq(size_t i, uint64_t expected, double timeout_s,
                 const std::function<void()>& poll = {}) const;
   bool seq_reached(size_t i, uint64_t expected) const;
 
-  int owner(size_t i) const { return entries_[i].group % local_size_; }
-  bool is_owner(size_t i) const { return owner(i) == local_rank_; }
+  int owner(size_t i) const { return entries_[i].group % local_size(); }
+  bool is_owner(size_t i) const { return owner(i) == local_rank(); }
 
-  MPI_Comm node_comm() const { return node_; }
-  int local_rank() const { return local_rank_; }
-  int local_size() const { return local_size_; }
+  int local_rank() const { return node_->local_rank(); }
+  int local_size() const { return node_->local_size(); }
   // A barrier of the host's ranks with full memory fences on both sides (writes before it on
   // one rank are seen after it on the others); `what` names it in a TimeoutError.
   void node_barrier(const std::string& what) const;
 
   // Size of the shared segment (one per host): host_pinned_bytes.
   size_t bytes() const { return total_; }
-  // What this rank itself passed to MPI_Win_allocate_shared (local rank 0: bytes(); others: 0).
-  size_t local_alloc_bytes() const { return local_alloc_; }
+  // What this rank itself allocated for the segment (local rank 0: bytes() and a page; others: 0).
+  size_t local_alloc_bytes() const { return node_->allocated_here(); }
   // Start of the segment; pinned chunks start at base() + k * kPinChunkBytes.
   const char* base() const { return base_; }
   bool pinned() const { return !pinned_chunks_.empty(); }
 
  private:
   float* ptr(size_t i, int which) const;
-  void release_window() noexcept;  // collective MPI_Win_free
-  void release_node() noexcept;    // the plane, then node_
+  void unpin() noexcept;
 
   std::vector<ArenaEntry> entries_;
   std::vector<size_t> offset_;  // per entry: start of its 4 buffers
@@ -121,12 +109,7 @@ class HostArena {
   bool bf16_params_ = false;     // a fifth buffer per entry, after the four: params in bf16
   size_t header_ = 0;
   size_t total_ = 0;
-  size_t local_alloc_ = 0;
-  MPI_Comm node_ = MPI_COMM_NULL;
-  std::unique_ptr<comm::ControlPlane> plane_;  // over a duplicate of node_
-  MPI_Win win_ = MPI_WIN_NULL;
-  int local_rank_ = 0;
-  int local_size_ = 1;
+  std::unique_ptr<comm::NodeMemory> node_;  // the node's ranks, agreements and segment
   char* base_ = nullptr;
   Device* pinner_ = nullptr;
   std::vector<void*> pinned_chunks_;

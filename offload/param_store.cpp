@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "comm/node_memory.hpp"
 #include "common/errors.hpp"
 #include "common/log.hpp"
 #include "common/thread_pool.hpp"
@@ -34,8 +35,8 @@ void parallel_copy(void* dst, const void* src, size_t bytes) {
 }  // namespace
 
 ParamStore::ParamStore(const StoreOptions& opts, std::vector<GroupShape> groups, Device& device,
-                       Schedule groups_needed_at, MPI_Comm comm, Schedule groups_used_at)
-    : core_(opts, groups, device, comm), schedule_(std::move(groups_needed_at)), slots_(core_.plan.slots) {
+                       Schedule groups_needed_at, Schedule groups_used_at)
+    : core_(opts, groups, device), schedule_(std::move(groups_needed_at)), slots_(core_.plan.slots) {
   THETAD_CHECK(schedule_ != nullptr, InternalError, "ParamStore needs a schedule");
   try {
     alloc_slots();
@@ -46,7 +47,7 @@ ParamStore::ParamStore(const StoreOptions& opts, std::vector<GroupShape> groups,
     // way out (exit 3), and the arena's collective free would wait for that rank forever.
     free_slots();
     update_lines_.reset();
-    HostArena::abandon_on_destruction();
+    comm::abandon_node_memory();
     throw;
   } catch (...) {  // no destructor runs
     free_slots();
@@ -60,8 +61,9 @@ ParamStore::ParamStore(const StoreOptions& opts, std::vector<GroupShape> groups,
   released_.assign(units, 0);
   grad_fences_.resize(core_.plan.index.size());
   core_.stats.device_slot_bytes = core_.plan.slot_bytes * slot_mem_.size();
-  cpu_threads_ = core_.opts.cpu_threads > 0 ? static_cast<size_t>(core_.opts.cpu_threads)
-                                            : ThreadPool::default_threads(core_.arena->local_size());
+  // Unset: the rank's CPU share less one for its own training and communication threads.
+  const size_t share = cpu_share(core_.arena->local_size());
+  cpu_threads_ = core_.opts.cpu_threads > 0 ? static_cast<size_t>(core_.opts.cpu_threads) : share > 2 ? share - 1 : share;
   THETAD_LOG(info, "offload") << "parameter store: " << core_.plan.index.size() << " groups in " << units
                               << " units, " << slot_mem_.size() << " device slots of " << mib(core_.plan.slot_bytes)
                               << " MiB on " << core_.device.name()
@@ -173,7 +175,7 @@ ParamStore::~ParamStore() {
   lines_.reset();  // waits for the lines' copies
   update_lines_.reset();
   free_slots();
-  // core_'s arena (collective MPI_Win_free) goes with the members.
+  // core_'s arena (the collective free of the node's memory) goes with the members.
 }
 
 const std::vector<int>& ParamStore::needed_at(int64_t step) {

@@ -30,8 +30,6 @@
 // Construction and destruction are collective over the host's ranks.
 #pragma once
 
-#include <mpi.h>
-
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -59,12 +57,12 @@ class ParamStore {
 
   // Throws ConfigError for bad settings (slots < 1, a unit larger than the budget without
   // sharding, a row larger than the shard size, an arena over the host limit or memory), and
-  // TimeoutError naming the agreement a rank of `comm` never came to (comm.timeout_s: the
-  // arena is then left to the process's exit, HostArena::abandon_on_destruction).
-  // comm: the ranks of the job; the node's ranks are found by comm::split_node.
+  // TimeoutError naming the agreement a rank of the job never came to (comm.timeout_s: the
+  // arena is then left to the process's exit, comm::abandon_node_memory). Collective over the
+  // job's ranks; the arena over each node's (comm/node_memory.hpp).
   // groups_used_at: every rank's groups at a step (the device cache's placement; null: no cache).
   ParamStore(const StoreOptions& opts, std::vector<GroupShape> groups, Device& device,
-             Schedule groups_needed_at, MPI_Comm comm = MPI_COMM_WORLD, Schedule groups_used_at = nullptr);
+             Schedule groups_needed_at, Schedule groups_used_at = nullptr);
   ~ParamStore();
   ParamStore(const ParamStore&) = delete;
   ParamStore& operator=(const ParamStore&) = delete;

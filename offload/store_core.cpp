@@ -5,7 +5,8 @@
 #include <algorithm>
 #include <chrono>
 
-#include "comm/mpi/mpi_communicator.hpp"
+#include "comm/backends.hpp"
+#include "comm/node_memory.hpp"
 #include "common/errors.hpp"
 #include "offload/bandwidth_probe.hpp"
 #include "offload/util.hpp"
@@ -21,19 +22,19 @@ const StoreOptions& checked(const StoreOptions& o) {
 
 }  // namespace
 
-StoreCore::StoreCore(const StoreOptions& options, const std::vector<GroupShape>& groups, Device& dev, MPI_Comm ranks)
+StoreCore::StoreCore(const StoreOptions& options, const std::vector<GroupShape>& groups, Device& dev)
     : opts(checked(options)),
       device(dev),
       plan(plan_store(groups, {options.shard_bytes, options.device_slots, options.device_budget_bytes})),
-      plane(std::make_shared<comm::MpiCommunicator>(ranks), timeout_of(options.timeout_s)) {
+      plane(comm::make_mpi_communicator(), timeout_of(options.timeout_s)) {
   // Collective from here on; every rank reached it with the same decisions.
   held.assign(plan.index.size(), 0);
   for (const GroupShape& g : groups) held[index_of(g.group)] = g.held ? 1 : 0;
   std::vector<ArenaEntry> entries;  // a group the job never uses takes no arena memory
   for (size_t gi = 0; gi < plan.index.size(); ++gi)
     entries.push_back({plan.index.group_of(gi), held[gi] ? plan.group_numel[gi] : 0});
-  arena = std::make_unique<HostArena>(ranks, entries, opts.host_limit_bytes, &device, timeout_of(opts.timeout_s),
-                                      opts.bf16_copies);
+  arena = std::make_unique<HostArena>(comm::make_node_memory(timeout_of(opts.timeout_s)), entries,
+                                      opts.host_limit_bytes, &device, opts.bf16_copies);
   expected.assign(plan.index.size(), 0);
   stats.host_pinned_bytes = arena->bytes();
   updates = std::make_unique<UpdateQueue>(*arena, device, opts.async_step, opts.timeout_s, opts.lowest_group_first);

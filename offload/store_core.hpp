@@ -4,8 +4,6 @@
 // Built first and destroyed last by ParamStore; nothing outside offload/ uses it.
 #pragma once
 
-#include <mpi.h>
-
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -38,7 +36,7 @@ struct StoreOptions {
   // order): for groups that the next forward needs in group order (the streamed trunk's layers,
   // whose gradients arrive last layer first).
   bool lowest_group_first = false;
-  int64_t cpu_threads = 0;         // CPU Adam threads (0 = ThreadPool::default_threads)
+  int64_t cpu_threads = 0;         // CPU Adam threads (0: the rank's CPU share, cpu_share, less one)
   // Every blocking wait of the store and its arena: another rank's update, this rank's queued
   // steps, the host's and the job's agreements and barriers (TimeoutError naming what it waited for).
   double timeout_s = kDefaultTimeoutS;
@@ -81,9 +79,10 @@ struct StoreStats {
 };
 
 struct StoreCore {
-  // Plans the units (ConfigError for bad settings), then, collective over the host's ranks of
-  // `comm`, builds the arena and the owner's update queue.
-  StoreCore(const StoreOptions& options, const std::vector<GroupShape>& groups, Device& dev, MPI_Comm comm);
+  // Plans the units (ConfigError for bad settings), then, collective over the job's ranks, opens
+  // their control plane and the node's shared memory, and builds the arena and the owner's update
+  // queue.
+  StoreCore(const StoreOptions& options, const std::vector<GroupShape>& groups, Device& dev);
   StoreCore(const StoreCore&) = delete;
   StoreCore& operator=(const StoreCore&) = delete;
 

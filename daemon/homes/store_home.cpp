@@ -120,7 +120,6 @@ void StoreHome::build(comm::Engine& engine, const Schedule& schedule, int rank) 
   auto_cache_pending_ = job_.offload.device_cache_auto() && device_->memory(&free_bytes, &total);
   store_ = std::make_unique<offload::ParamStore>(
       options, shapes, *device_, [this, groups_used](int64_t step) { return groups_used(step, rank_, rank_); },
-      MPI_COMM_WORLD,
       [this, groups_used](int64_t step) { return groups_used(step, 0, schedule_->world_size() - 1); });
   // A budget given in MiB that holds no group is a mistake to say, not a cache to skip quietly.
   if (!job_.offload.device_cache_auto() && options.cache_bytes > 0 && store_->cache().cache_lines() == 0 &&

@@ -82,7 +82,7 @@ void StreamedTrunk::build(comm::Engine& engine, const Schedule& schedule, int ra
     return all;
   };
   try {
-    store_ = std::make_unique<offload::ParamStore>(o, shapes, *device, all_layers, MPI_COMM_WORLD, all_layers);
+    store_ = std::make_unique<offload::ParamStore>(o, shapes, *device, all_layers, all_layers);
   } catch (const ConfigError& e) {
     throw ConfigError(job_.source + ": offload.shared: stream: Θ's host store (" + std::to_string(L) +
                       " trunk layers, " + std::to_string(groups_.numel(0) * 4) + " bytes of parameters" +

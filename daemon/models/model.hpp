@@ -143,7 +143,8 @@ class TaskModel {
 // Builds the model of job.model on `device`; parameters are initialized identically on every
 // rank from (init seed, group, parameter index), independent of the other groups. With
 // `lazy_tasks` (the host store; device must be the CPU) task parameters are placeholders with
-// NamedParam::init set, where the model can (all but torchscript).
+// NamedParam::init set, where the model can (all but torchscript). model.path is read as given:
+// the caller expands its placeholders for its rank (with_input_paths, daemon/plan/input_path.hpp).
 std::unique_ptr<TaskModel> make_model(const config::Job& job, torch::Device device, bool lazy_tasks = false);
 
 // Training data: a pure function of (step, rank, task, rows) so that every rank, a resumed run
@@ -166,6 +167,7 @@ PassInputs pass_inputs(DataSource& data, const StepPlan& plan, size_t first, siz
                        int rank, int world, uint64_t seed);
 
 // Opens and checks all data before any step runs (ConfigError naming the file on a problem).
+// data.dir is read as given: the caller expands its placeholders (with_input_paths).
 std::unique_ptr<DataSource> make_data(const config::Job& job, const TaskModel& model,
                                       torch::Device device);
 

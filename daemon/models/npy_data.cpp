@@ -13,8 +13,8 @@
 #include <random>
 
 #include "common/errors.hpp"
-#include "daemon/plan/input_path.hpp"
 #include "daemon/formats/npy.hpp"
+#include "daemon/models/kinds.hpp"
 #include "daemon/models/model.hpp"
 
 namespace thetad::daemon {
@@ -26,7 +26,7 @@ class NpyData : public DataSource {
       : seed_(job.seed), in_(job.model.input_dim), out_(job.model.output_dim), labels_(labels),
         device_(device) {
     namespace fs = std::filesystem;
-    const std::string dir_text = input_path(job.data.dir, job);
+    const std::string dir_text = job.data.dir;
     const fs::path dir(dir_text);
     if (!fs::is_directory(dir))
       throw ConfigError(job.source + ": data.dir: '" + dir_text + "' is not a directory");

@@ -8,7 +8,6 @@
 
 #include "common/errors.hpp"
 #include "daemon/formats/mapped_file.hpp"
-#include "daemon/plan/input_path.hpp"
 #include "daemon/formats/npy.hpp"
 #include "daemon/models/param_builder.hpp"
 #include "daemon/models/transformer.hpp"
@@ -61,7 +60,7 @@ class TokenFiles : public DataSource {
   TokenFiles(const config::Job& job, torch::Device device)
       : seed_(job.seed), seq_(job.model.seq_len), vocab_(job.model.vocab), device_(device) {
     for (int64_t t = 0; t < job.model.tasks; ++t) {
-      const std::string path = input_path(job.data.dir, job) + "/task" + std::to_string(t);
+      const std::string path = job.data.dir + "/task" + std::to_string(t);
       if (job.data.token_dtype == config::TokenDtype::Npy) add_npy(path + ".npy");
       else add_bin(path + ".bin", job.data.token_dtype == config::TokenDtype::Uint32);
     }

@@ -1,16 +1,15 @@
-// The paths of a job's inputs (data.dir, model.path) as this process reads them: the placeholders
-// {job} and {rank} expanded once this process's rank is known, by the one expansion of every path
+// The paths of a job's inputs (data.dir, model.path) as one rank reads them: the placeholders
+// {job} and {rank} expanded once the rank is known, by the one expansion of every path
 // (config::expand_path, config/placeholders.hpp).
 #pragma once
-
-#include <string>
 
 #include "config/job.hpp"
 
 namespace thetad::daemon {
 
-// `path` with {job} and {rank} replaced (rank: this process's in MPI_COMM_WORLD; 0 outside MPI,
-// as in the single-process reference).
-std::string input_path(const std::string& path, const config::Job& job);
+// `job` with data.dir and model.path expanded for `rank` (the single-process reference: 0). What
+// builds the model and the data (make_model, make_data) takes this job; everything else reads the
+// job as given (its fingerprint, compared across ranks, holds the paths as written).
+config::Job with_input_paths(const config::Job& job, int rank);
 
 }  // namespace thetad::daemon

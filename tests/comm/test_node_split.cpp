@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/mpi/node_comm.hpp"
 #include "comm/node_split.hpp"
 #include "common/errors.hpp"
 

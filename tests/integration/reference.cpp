@@ -14,6 +14,7 @@
 
 #include "common/errors.hpp"
 #include "config/loader.hpp"
+#include "daemon/plan/input_path.hpp"
 #include "daemon/plan/job_options.hpp"
 #include "daemon/plan/schedule.hpp"
 #include "daemon/models/model.hpp"
@@ -52,8 +53,9 @@ int main(int argc, char** argv) {
     config::Job job = config::load_job(job_path, lo);
     auto schedule = Schedule::create(job, world);
     torch::Device cpu(torch::kCPU);
-    auto model = make_model(job, cpu);
-    auto data = make_data(job, *model, cpu);
+    const config::Job inputs = with_input_paths(job, 0);  // as rank 0 reads them
+    auto model = make_model(inputs, cpu);
+    auto data = make_data(inputs, *model, cpu);
     auto& params = model->params();
     const int G = static_cast<int>(job.model.tasks) + 1;
     std::vector<std::vector<int>> group_params(G);

@@ -32,7 +32,7 @@ void reach(const std::string& point, double timeout_s) {
     o.cache_bytes = 2 * 3 * 20 * sizeof(float);  // two lines: an agreement on their count
     off::HostDevice device;
     const auto every = [](int64_t) { return std::vector<int>{1, 2}; };
-    off::ParamStore store(o, {{1, 10, 1}, {2, 20, 1}}, device, every, MPI_COMM_WORLD, every);
+    off::ParamStore store(o, {{1, 10, 1}, {2, 20, 1}}, device, every, every);
     if (store.cache().cache_lines() != 2) throw thetad::InternalError("not two cache lines");
   } else {
     throw thetad::ConfigError("unknown point " + point);

@@ -331,7 +331,7 @@ INSTANTIATE_TEST_SUITE_P(
 
 TEST(HostArenaMpi, OneSharedWindowPerHost) {
   const std::vector<off::ArenaEntry> entries = {{1, 1000}, {2, 17}, {3, 4096}, {4, 5}, {5, 1}};
-  off::HostArena arena(MPI_COMM_WORLD, entries, 0, nullptr);
+  off::HostArena arena(thetad::comm::make_node_memory(), entries, 0, nullptr);
   // Only one rank of the host allocated; the others mapped its segment.
   const uint64_t allocated = node_sum(arena.local_alloc_bytes());
   const uint64_t allocators = node_sum(arena.local_alloc_bytes() > 0 ? 1 : 0);

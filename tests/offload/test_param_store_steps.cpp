@@ -127,7 +127,7 @@ TEST(StoreDeviceCache, SizedAfterTheFirstStep) {
   o.device_slots = 2;
   o.prefetch = 0;
   const auto every = [](int64_t) { return std::vector<int>{1, 2}; };
-  off::ParamStore store(o, {{1, 10, 1}, {2, 20, 1}}, dev, every, MPI_COMM_WORLD, every);
+  off::ParamStore store(o, {{1, 10, 1}, {2, 20, 1}}, dev, every, every);
   EXPECT_EQ(store.cache().cache_lines(), 0);
   store.init_all([](int g, float* dst) {
     for (int i = 0; i < (g == 1 ? 10 : 20); ++i) dst[i] = float(g * 100 + i);
