@@ -2,318 +2,26 @@
 // reducer (GradHooks into the engine, each launched bucket to its group's home) -> each group's
 // optimizer step in its home -> per-step records, stop agreement and checkpoints (RunState).
 // The trainer wires the pieces together and runs the loop; the pieces never call it, and it
-// never asks where a group lives (Homes does).
+// never asks where a group lives (Homes does). Here: the loop (Trainer::run) and run_worker;
+// trainer_build.cpp: the wiring; trainer_step.cpp: one step (trainer_class.hpp).
 #include "daemon/train/trainer.hpp"
 
 #include <torch/torch.h>
 
-#include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <iomanip>
 #include <memory>
 #include <new>
-#include <optional>
 #include <string>
-#include <utility>
-#include <vector>
 
 #include "comm/bootstrap.hpp"
-#include "comm/control_plane.hpp"
-#include "comm/engine.hpp"
 #include "common/errors.hpp"
 #include "common/log.hpp"
-#include "common/stopwatch.hpp"
-#include "config/loader.hpp"
-#include "daemon/plan/device_memory_estimate.hpp"
 #include "daemon/plan/job_options.hpp"
-#include "daemon/plan/schedule.hpp"
 #include "daemon/train/stop_agreement.hpp"
-#include "daemon/observe/timeline.hpp"
-#include "daemon/device/data_plane.hpp"
-#include "daemon/models/activation_stash.hpp"
-#include "daemon/models/precision.hpp"
-#include "daemon/models/model.hpp"
-#include "daemon/models/param_groups.hpp"
-#include "daemon/optim/optimizer.hpp"
-#include "daemon/reducer/grad_hooks.hpp"
-#include "daemon/state/run_state.hpp"
-#include "daemon/homes/homes.hpp"
-#include "daemon/train/graphed_pass.hpp"
-#include "daemon/train/memory_breakdown.hpp"
-#include "daemon/train/step_record.hpp"
-#include "offload/host_arena.hpp"
+#include "daemon/train/trainer_class.hpp"
 
 namespace thetad::daemon {
-namespace {
-
-using Clock = SteadyClock;
-
-class Trainer {
- public:
-  Trainer(const config::Job& job, const RunOptions& opts) : job_(job), opts_(opts), world_(comm::world_info()) {}
-  int run();
-
- private:
-  void build();
-  void build_model();
-  void build_engine();
-  void train_step(int64_t step, PendingStep& p);
-  torch::Tensor forward(int64_t micro, const StepPlan& plan, size_t first, size_t end, PendingStep& p);
-  bool backward_per_task() const;
-  std::vector<std::pair<size_t, size_t>> task_passes(const StepPlan& plan) const;
-  void backward(torch::Tensor& total, bool last, const StepPlan& plan, PendingStep& p);
-  void finish_reduce(PendingStep& p);
-  bool nonfinite(int64_t step, double loss, StepRecord& rec);
-  void optimizer_step(int64_t step, PendingStep& p, bool skip);
-  AdamSettings adam_settings(int64_t step) const;
-  void record_engine_stats(StepRecord& rec);
-
-  const config::Job& job_;
-  const RunOptions opts_;
-  const comm::WorldInfo world_;
-  std::shared_ptr<comm::Communicator> ctrl_;  // control plane: agreements, checkpoints (MPI)
-  std::unique_ptr<comm::ControlPlane> plane_;
-  DataPlane data_;                            // device, gradients' communicator, compute stream
-  std::unique_ptr<Timeline> timeline_;
-  std::unique_ptr<TaskModel> model_;
-  std::unique_ptr<DataSource> batches_;
-  std::unique_ptr<Schedule> schedule_;
-  std::unique_ptr<ParamGroups> groups_;
-  std::unique_ptr<comm::Engine> engine_;
-  // Where each group lives (device, host store, streamed). Destroyed before the engine: the
-  // stores' copies may still read the engine's gradient memory until their streams are done.
-  std::unique_ptr<Homes> homes_;
-  std::unique_ptr<PooledActivationStash> act_stash_;  // offload.activations: the trunk's saved tensors
-  std::unique_ptr<GradHooks> hooks_;
-  std::unique_ptr<GraphedPass> graphed_;       // train.cuda_graphs, where a pass can be captured
-  bool graphed_now_ = false;                   // the current pass ran from its graph
-  std::unique_ptr<RunState> state_;
-  std::unique_ptr<StepRecorder> recorder_;
-  std::unique_ptr<MemoryBreakdown> memory_;
-  bool declared_ = true;                      // comm.active: declared (else discovered)
-  bool per_task_ = false;                     // train.backward resolved: a backward per task
-  std::vector<TaskLossTensor> task_losses_;  // read once per step (one sync)
-  torch::Tensor loss_total_;
-  int64_t step_queued_ = -1;                 // the last step whose update is queued
-  int64_t nonfinite_checked_ = -1;           // the last step whose loss was checked (on every rank)
-  int64_t nonfinite_steps_ = 0;               // train.on_nonfinite: skip_step / warn, for the log
-  Clock::time_point setup_start_;             // build() after the data plane: the set-up logged at the first step
-};
-
-void Trainer::build() {
-  // Every rank must run the same job: compare the settings that matter, name the first
-  // differing key. First of all: ranks with different jobs must not start different collectives.
-  ctrl_ = comm::make_mpi_communicator();
-  ctrl_->set_default_timeout(comm_timeout(job_));
-  plane_ = std::make_unique<comm::ControlPlane>(ctrl_, comm_timeout(job_));
-  plane_->check_consistent("job", config::fingerprint(job_));
-  data_ = open_data_plane(job_, world_, *plane_, ctrl_);
-  // Before the model is built and anything is written: exit 2 on every rank where a device
-  // cannot hold the job's lower bound.
-  check_job_fits_device(job_, *plane_, world_.size, world_.rank, data_.gpu() ? data_.device.index() : -1,
-                        data_.compute_stream, data_.device_sharers);
-  if (!job_.timeline.path.empty())
-    timeline_ = std::make_unique<Timeline>(config::expand_path(job_.timeline.path, job_, world_.rank), world_.rank);
-  schedule_ = Schedule::create(job_, world_.size);
-  setup_start_ = Clock::now();  // after the device's and NCCL's initialisation (open_data_plane)
-  build_model();
-  build_engine();
-  // Before the hooks: the host stores move their groups' data to device placeholders.
-  homes_->build(*engine_, *schedule_, world_.rank);
-  hooks_ = std::make_unique<GradHooks>(*groups_, *engine_, data_, homes_->grad_memory());
-  graphed_ = make_graphed_pass(job_, *model_, *groups_, *hooks_, data_);
-  state_ = std::make_unique<RunState>(job_, world_, *plane_, *groups_, *homes_);
-  // A rank's (task, micro-step) losses of one step: the most tasks of a plan with a row each.
-  const int64_t per_micro = std::min(schedule_->max_tasks_per_plan(), job_.data.batch_per_rank);
-  recorder_ = std::make_unique<StepRecorder>(job_, data_, *plane_, static_cast<size_t>(per_micro * job_.accumulate_steps));
-  memory_ = std::make_unique<MemoryBreakdown>(data_);
-  per_task_ = backward_per_task();
-  if (per_task_ && schedule_->max_tasks_per_plan() > 1) {
-    THETAD_LOG(info, "train") << "train.backward " << config::to_string(job_.train.backward)
-                              << ": a forward and backward per task, one task's graph alive at a time";
-  }
-}
-
-// train.backward: auto takes a pass per task where nothing is shared between the tasks'
-// gradients (Θ frozen), so that the passes only split the work: each task's adapters get the same
-// bits, and the activations of one task, not of all, are alive at once. A trained Θ would
-// accumulate over the passes in another order, and a streamed trunk would stream its layers once
-// per pass: there auto keeps one backward over the sum (per_task still splits, as gradient
-// accumulation over the micro-step's tasks would).
-bool Trainer::backward_per_task() const {
-  switch (job_.train.backward) {
-    case config::Backward::Joint: return false;
-    case config::Backward::PerTask: return true;
-    case config::Backward::Auto: break;
-  }
-  // A model that fuses tasks (the transformer) runs a micro-step's tasks through its shared
-  // layers at once in one pass: fewer, larger kernels, which a pass per task would undo.
-  if (model_->fuses_tasks()) return false;
-  return !job_.model.train_shared && job_.offload.shared != config::SharedMode::Stream;
-}
-
-// With a host store, the model is built on the host and Homes moves the resident groups to the
-// device; the stores own the others from then on (θ[t] never lives on the device whole).
-void Trainer::build_model() {
-  const auto t_model = Clock::now();
-  model_ = make_model(job_, Homes::model_device(job_, data_), Homes::lazy_tasks(job_));
-  THETAD_LOG(info, "train") << "model " << config::to_string(job_.model.kind) << " built in " << std::fixed << std::setprecision(2)
-                            << ms_since(t_model) / 1000 << " s";
-  batches_ = make_data(job_, *model_, data_.device);
-  groups_ = std::make_unique<ParamGroups>(model_->params(), static_cast<int>(job_.model.tasks) + 1);
-  if (job_.offload.activations) {  // validation admits only models that can use it
-    THETAD_CHECK(model_->stashes_activations(), InternalError, "offload.activations: model.kind ",
-                 config::to_string(job_.model.kind), " has no activations to stash");
-    act_stash_ = make_activation_stash(data_.device, data_.compute_stream);
-    act_stash_->set_timeline(timeline_.get());
-    model_->set_activation_stash(act_stash_.get());
-  }
-  homes_ = std::make_unique<Homes>(job_, *model_, *groups_, data_, timeline_.get());
-}
-
-void Trainer::build_engine() {
-  const std::vector<comm::ParamInfo> infos = homes_->plan_params();
-  auto plan = comm::make_bucket_plan(infos, groups_->num_groups(), bucket_plan_options(job_));
-  plane_->check_consistent("bucket plan", plan.describe());
-  THETAD_LOG(info, "engine") << "bucket plan: " << plan.buckets.size() << " buckets over " << groups_->num_groups()
-                             << " groups, " << groups_->size() << " parameters, hash " << hex64(plan.hash);
-  comm::EngineOptions eopts = engine_options(job_);
-  declared_ = eopts.declared;
-  if (data_.gpu()) {
-    eopts.wait_stream = data_.compute_stream;
-    eopts.count_comm = ctrl_;  // host flags, host result: MPI, independent of the GPU's queue
-  }
-  homes_->engine_options(eopts);  // each group's gradient memory; each bucket to its home
-  engine_ = std::make_unique<comm::Engine>(data_.comm, std::move(plan), eopts);
-}
-
-// One optimizer step: accumulate_steps micro-steps (micro-step m of step s uses the schedule
-// and data of index s*k+m); the engine reduces once, over the union of the window's groups.
-void Trainer::train_step(int64_t step, PendingStep& p) {
-  const int64_t k = job_.accumulate_steps;
-  recorder_->mark(p, Phase::start);
-  memory_->start_step(homes_->device_memory());
-  engine_->start_window(step);
-  hooks_->start_window();
-  homes_->start_window(step, adam_settings(step));
-  p.rec.task_loss.clear();
-  task_losses_.clear();
-  p.rec.forward_ms = p.rec.backward_ms = 0;
-  torch::Tensor loss_sum;
-  for (int64_t m = 0; m < k; ++m) {
-    const int64_t micro = step * k + m;
-    const bool last = m + 1 == k;
-    const StepPlan plan = schedule_->plan(micro, world_.rank);
-    hooks_->set_trained(plan.trained);
-    homes_->start_micro(plan);
-    if (declared_) engine_->declare_active(plan.trained);
-    // Passes over the plan's tasks: one, or one per task with rows (train.backward). For the
-    // engine and the homes a pass is what a micro-step is: only the window's final pass syncs.
-    const std::vector<std::pair<size_t, size_t>> passes = task_passes(plan);
-    for (size_t i = 0; i < passes.size(); ++i) {
-      const bool final = last && i + 1 == passes.size();
-      if (declared_ && final) engine_->begin_sync();  // the count exchange overlaps forward
-      torch::Tensor total = forward(micro, plan, passes[i].first, passes[i].second, p);
-      if (!declared_) {  // discovered from the graph, still before backward
-        std::vector<uint8_t> found = hooks_->discover_groups(total);
-        homes_->add_reached(found);  // streamed Θ has no leaves in the graph
-        engine_->declare_active(found);
-        if (final) engine_->begin_sync();
-      }
-      backward(total, final, plan, p);
-      loss_sum = loss_sum.defined() ? loss_sum + total.detach() : total.detach();
-    }
-  }
-  loss_total_ = loss_sum;
-}
-
-// [first, end) ranges of plan.tasks, each with rows: all of them at once, or one task each.
-std::vector<std::pair<size_t, size_t>> Trainer::task_passes(const StepPlan& plan) const {
-  if (!per_task_) return {{0, plan.tasks.size()}};
-  std::vector<std::pair<size_t, size_t>> passes;
-  for (size_t i = 0; i < plan.tasks.size(); ++i)
-    if (plan.task_rows[i] > 0) passes.emplace_back(i, i + 1);
-  return passes;
-}
-
-// The loss of the micro-step's tasks [first, end): each task's rows through the model, weighted by
-// their share of the window's rows.
-torch::Tensor Trainer::forward(int64_t micro, const StepPlan& plan, size_t first, size_t end, PendingStep& p) {
-  const int64_t fwd_us = Timeline::now_us();
-  const auto t0 = Clock::now();
-  const int64_t rows_in_window = job_.data.batch_per_rank * job_.accumulate_steps;
-  const AutocastScope autocast(job_.precision, data_.device);  // forward only; backward follows its casts
-  const PassInputs in = pass_inputs(*batches_, plan, first, end, micro, world_.rank, world_.size, job_.seed);
-  std::vector<double> weights;
-  for (int64_t rows : in.rows) weights.push_back(double(rows) / double(rows_in_window));
-  std::vector<torch::Tensor> losses = graphed_ ? graphed_->forward(in, weights) : std::vector<torch::Tensor>{};
-  graphed_now_ = !losses.empty();
-  if (!graphed_now_) losses = model_->losses(in.parts);
-  torch::Tensor total;
-  for (size_t i = 0; i < in.parts.size(); ++i) {
-    task_losses_.push_back({in.parts[i].task, in.rows[i], losses[i].detach()});
-    torch::Tensor weighted = losses[i] * weights[i];
-    total = total.defined() ? total + weighted : weighted;
-  }
-  const double fwd_ms = ms_since(t0);
-  p.rec.forward_ms += fwd_ms;
-  recorder_->mark(p, Phase::forward);
-  if (timeline_) timeline_->record(Lane::compute, "forward", fwd_us, int64_t(fwd_ms * 1000));
-  return total;
-}
-
-// Backward through the hooks; in the window's last micro-step the engine launches buckets as
-// they fill and finish_reduce waits for the rest.
-void Trainer::backward(torch::Tensor& total, bool last, const StepPlan& plan, PendingStep& p) {
-  const int64_t bwd_us = Timeline::now_us();
-  const auto t1 = Clock::now();
-  homes_->before_backward(last, plan);
-  if (graphed_now_) graphed_->backward();  // its gradients, computed in the graph, to the hooks
-  else total.backward();
-  if (act_stash_) act_stash_->end_backward();
-  hooks_->rethrow_error();
-  homes_->after_backward(last);
-  // No host synchronization: on GPUs finish_backward makes the compute stream wait for the
-  // last buckets (EngineOptions::wait_stream) and the marks around it time that stall.
-  recorder_->mark(p, Phase::backward);
-  // backward_ms is autograd's own time; the wait for the last buckets is comm_wait_ms, so that
-  // the phases are disjoint and sum to at most step_ms.
-  p.rec.backward_ms += ms_since(t1);
-  if (last) {
-    finish_reduce(p);
-    homes_->after_reduce();
-    hooks_->end_window();
-  }
-  const double bwd_ms = ms_since(t1);
-  if (timeline_)
-    timeline_->record(Lane::compute, last ? "backward+reduce" : "backward", bwd_us, int64_t(bwd_ms * 1000),
-                      {{"bytes_allreduced", int64_t{last ? engine_->stats().bytes_allreduced : 0}}});
-}
-
-void Trainer::finish_reduce(PendingStep& p) {
-  if (timeline_) {  // separates the count exchange's wait from the launches that follow
-    Timeline::Scope span(timeline_.get(), Lane::comm, "wait for the count exchange");
-    engine_->contributors();
-  }
-  const int64_t t_us = Timeline::now_us();
-  engine_->finish_backward();
-  const int64_t mark_us = Timeline::now_us();
-  recorder_->mark(p, Phase::comm);
-  if (!timeline_) return;
-  const auto& st = engine_->stats();
-  timeline_->record(Lane::comm, "allreduce (wait for the last buckets)", t_us, Timeline::now_us() - t_us,
-                    {{"buckets_launched", int64_t{st.buckets_launched}},
-                     {"buckets_pruned", int64_t{st.buckets_pruned}},
-                     {"bytes", int64_t{st.bytes_allreduced}},
-                     {"finish_launched", int64_t{st.finish_launched}},
-                     {"finish_order_ms", st.finish_order_ms},
-                     {"finish_launch_ms", st.finish_launch_ms},
-                     {"finish_block_ms", st.finish_block_ms},
-                     {"mark_ms", double(Timeline::now_us() - mark_us) / 1000.0},
-                     {"launch_call_ms", st.launch_call_ms},
-                     {"on_launch_ms", st.on_launch_ms}});
-}
 
 // train.on_nonfinite: step `step`'s loss is finite on every rank (one scalar, one agreement per
 // step), or the policy decides: stop (every rank throws the first failing rank's message, exit 1),
@@ -354,54 +62,6 @@ bool Trainer::nonfinite(int64_t step, double loss, StepRecord& rec) {
   }
   return skip;
 }
-
-// Lazy semantics: a group no rank used this step is not stepped at all; each used group is
-// stepped in its home (some buckets were already, as they landed: optimizer.overlap).
-void Trainer::optimizer_step(int64_t step, PendingStep& p, bool skip) {
-  const auto t0 = Clock::now();
-  AdamSettings s = adam_settings(step);
-  p.rec.lr = s.lr;
-  homes_->step(engine_->contributors(), s, skip);
-  homes_->release_step(step);
-  p.rec.optimizer_ms = ms_since(t0);
-  recorder_->mark(p, Phase::optimizer);
-}
-
-AdamSettings Trainer::adam_settings(int64_t step) const {
-  AdamSettings s;
-  s.lr = lr_at(job_.optimizer, step, job_.steps);
-  s.beta1 = job_.optimizer.beta1;
-  s.beta2 = job_.optimizer.beta2;
-  s.eps = job_.optimizer.eps;
-  s.weight_decay = job_.optimizer.weight_decay;
-  s.kind = job_.optimizer.kind;
-  return s;
-}
-
-void Trainer::record_engine_stats(StepRecord& rec) {
-  const auto& st = engine_->stats();
-  if (!data_.gpu()) rec.comm_wait_ms = st.comm_wait_ms;  // GPUs: device time, StepRecorder::finish
-  rec.count_exchange_ms = st.count_exchange_ms;
-  rec.bytes_allreduced = st.bytes_allreduced;
-  rec.bytes_pruned = st.bytes_pruned;
-  rec.buckets_launched = st.buckets_launched;
-  rec.buckets_pruned = st.buckets_pruned;
-  rec.buckets_broadcast = st.buckets_broadcast;
-  rec.grad_stream_peak_bytes = st.streamed_bytes_peak;
-  rec.samples = job_.data.batch_per_rank;
-  homes_->add_stats(rec);
-  memory_->record(homes_->device_memory(), static_cast<int64_t>(engine_->buffer_bytes()),
-                  static_cast<int64_t>(engine_->adopted_bytes()), rec);
-  if (act_stash_) {
-    const ActivationStats as = act_stash_->step_stats();
-    rec.act_offload_bytes = as.d2h_bytes + as.h2d_bytes;
-    rec.act_device_peak_bytes = as.device_peak_bytes;
-    rec.act_layer_bytes = as.layer_peak_bytes;
-    rec.act_pool_allocations = as.pool_allocations;
-  }
-  recorder_->progress().queued(job_.data.batch_per_rank * world_.size, st.bytes_pruned);
-}
-
 int Trainer::run() {
   build();
   const int64_t start_step = state_->resume(opts_.resume);
@@ -495,7 +155,6 @@ int Trainer::run() {
   return exit_code;
 }
 
-}  // namespace
 
 namespace {
 
@@ -537,12 +196,10 @@ int run_worker(const config::Job& job, const RunOptions& opts) {
     }
   } catch (...) {
     // The job is about to be aborted (main): the trainer's destructor must not wait in the
-    // collective free of the host's shared window for ranks that may never join it, before
+    // collective free of the host's shared memory for ranks that may never join it, before
     // anyone heard of the failure. Its MPI threads still stop first (MPI_Abort hangs while a
     // thread is inside MPI).
-    int size = 1;  // (not world_info(): that one is collective; and nothing may throw here)
-    MPI_CHECK_NOTHROW(MPI_Comm_size(MPI_COMM_WORLD, &size));
-    if (size > 1) offload::HostArena::abandon_on_destruction();
+    comm::prepare_job_abort();
     throw;
   }
 }

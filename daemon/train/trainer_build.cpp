@@ -1,0 +1,110 @@
+// The Trainer's construction: the job checked alike on every rank, the data plane, the model and
+// its data, the groups' homes, the engine and its bucket plan, the hooks, the run state and the
+// records, each handed what it needs (trainer_class.hpp).
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <iomanip>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/errors.hpp"
+#include "common/log.hpp"
+#include "config/loader.hpp"
+#include "daemon/models/precision.hpp"
+#include "daemon/plan/device_memory_estimate.hpp"
+#include "daemon/plan/job_options.hpp"
+#include "daemon/train/trainer_class.hpp"
+
+namespace thetad::daemon {
+
+void Trainer::build() {
+  // Every rank must run the same job: compare the settings that matter, name the first
+  // differing key. First of all: ranks with different jobs must not start different collectives.
+  ctrl_ = comm::make_mpi_communicator();
+  ctrl_->set_default_timeout(comm_timeout(job_));
+  plane_ = std::make_unique<comm::ControlPlane>(ctrl_, comm_timeout(job_));
+  plane_->check_consistent("job", config::fingerprint(job_));
+  data_ = open_data_plane(job_, world_, *plane_, ctrl_);
+  // Before the model is built and anything is written: exit 2 on every rank where a device
+  // cannot hold the job's lower bound.
+  check_job_fits_device(job_, *plane_, world_.size, world_.rank, data_.gpu() ? data_.device.index() : -1,
+                        data_.compute_stream, data_.device_sharers);
+  if (!job_.timeline.path.empty())
+    timeline_ = std::make_unique<Timeline>(config::expand_path(job_.timeline.path, job_, world_.rank), world_.rank);
+  schedule_ = Schedule::create(job_, world_.size);
+  setup_start_ = Clock::now();  // after the device's and NCCL's initialisation (open_data_plane)
+  build_model();
+  build_engine();
+  // Before the hooks: the host stores move their groups' data to device placeholders.
+  homes_->build(*engine_, *schedule_, world_.rank);
+  hooks_ = std::make_unique<GradHooks>(*groups_, *engine_, data_, homes_->grad_memory());
+  graphed_ = make_graphed_pass(job_, *model_, *groups_, *hooks_, data_);
+  state_ = std::make_unique<RunState>(job_, world_, *plane_, *groups_, *homes_);
+  // A rank's (task, micro-step) losses of one step: the most tasks of a plan with a row each.
+  const int64_t per_micro = std::min(schedule_->max_tasks_per_plan(), job_.data.batch_per_rank);
+  recorder_ = std::make_unique<StepRecorder>(job_, data_, *plane_, static_cast<size_t>(per_micro * job_.accumulate_steps));
+  memory_ = std::make_unique<MemoryBreakdown>(data_);
+  per_task_ = backward_per_task();
+  if (per_task_ && schedule_->max_tasks_per_plan() > 1) {
+    THETAD_LOG(info, "train") << "train.backward " << config::to_string(job_.train.backward)
+                              << ": a forward and backward per task, one task's graph alive at a time";
+  }
+}
+
+// train.backward: auto takes a pass per task where nothing is shared between the tasks'
+// gradients (Θ frozen), so that the passes only split the work: each task's adapters get the same
+// bits, and the activations of one task, not of all, are alive at once. A trained Θ would
+// accumulate over the passes in another order, and a streamed trunk would stream its layers once
+// per pass: there auto keeps one backward over the sum (per_task still splits, as gradient
+// accumulation over the micro-step's tasks would).
+bool Trainer::backward_per_task() const {
+  switch (job_.train.backward) {
+    case config::Backward::Joint: return false;
+    case config::Backward::PerTask: return true;
+    case config::Backward::Auto: break;
+  }
+  // A model that fuses tasks (the transformer) runs a micro-step's tasks through its shared
+  // layers at once in one pass: fewer, larger kernels, which a pass per task would undo.
+  if (model_->fuses_tasks()) return false;
+  return !job_.model.train_shared && job_.offload.shared != config::SharedMode::Stream;
+}
+
+// With a host store, the model is built on the host and Homes moves the resident groups to the
+// device; the stores own the others from then on (θ[t] never lives on the device whole).
+void Trainer::build_model() {
+  const auto t_model = Clock::now();
+  model_ = make_model(inputs_, Homes::model_device(job_, data_), Homes::lazy_tasks(job_));
+  THETAD_LOG(info, "train") << "model " << config::to_string(job_.model.kind) << " built in " << std::fixed << std::setprecision(2)
+                            << ms_since(t_model) / 1000 << " s";
+  batches_ = make_data(inputs_, *model_, data_.device);
+  groups_ = std::make_unique<ParamGroups>(model_->params(), static_cast<int>(job_.model.tasks) + 1);
+  if (job_.offload.activations) {  // validation admits only models that can use it
+    THETAD_CHECK(model_->stashes_activations(), InternalError, "offload.activations: model.kind ",
+                 config::to_string(job_.model.kind), " has no activations to stash");
+    act_stash_ = make_activation_stash(data_.device, data_.compute_stream);
+    act_stash_->set_timeline(timeline_.get());
+    model_->set_activation_stash(act_stash_.get());
+  }
+  homes_ = std::make_unique<Homes>(job_, *model_, *groups_, data_, timeline_.get());
+}
+
+void Trainer::build_engine() {
+  const std::vector<comm::ParamInfo> infos = homes_->plan_params();
+  auto plan = comm::make_bucket_plan(infos, groups_->num_groups(), bucket_plan_options(job_));
+  plane_->check_consistent("bucket plan", plan.describe());
+  THETAD_LOG(info, "engine") << "bucket plan: " << plan.buckets.size() << " buckets over " << groups_->num_groups()
+                             << " groups, " << groups_->size() << " parameters, hash " << hex64(plan.hash);
+  comm::EngineOptions eopts = engine_options(job_);
+  declared_ = eopts.declared;
+  if (data_.gpu()) {
+    eopts.wait_stream = data_.compute_stream;
+    eopts.count_comm = ctrl_;  // host flags, host result: MPI, independent of the GPU's queue
+  }
+  homes_->engine_options(eopts);  // each group's gradient memory; each bucket to its home
+  engine_ = std::make_unique<comm::Engine>(data_.comm, std::move(plan), eopts);
+}
+
+}  // namespace thetad::daemon

@@ -1,0 +1,191 @@
+// One optimizer step of the Trainer (trainer_class.hpp): its micro-steps' passes (forward,
+// backward through the hooks into the engine, the reduce), the update of each used group in its
+// home, and the step's engine statistics for its record.
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "common/log.hpp"
+#include "daemon/models/precision.hpp"
+#include "daemon/plan/job_options.hpp"
+#include "daemon/train/trainer_class.hpp"
+
+namespace thetad::daemon {
+
+// One optimizer step: accumulate_steps micro-steps (micro-step m of step s uses the schedule
+// and data of index s*k+m); the engine reduces once, over the union of the window's groups.
+void Trainer::train_step(int64_t step, PendingStep& p) {
+  const int64_t k = job_.accumulate_steps;
+  recorder_->mark(p, Phase::start);
+  memory_->start_step(homes_->device_memory());
+  engine_->start_window(step);
+  hooks_->start_window();
+  homes_->start_window(step, adam_settings(step));
+  p.rec.task_loss.clear();
+  task_losses_.clear();
+  p.rec.forward_ms = p.rec.backward_ms = 0;
+  torch::Tensor loss_sum;
+  for (int64_t m = 0; m < k; ++m) {
+    const int64_t micro = step * k + m;
+    const bool last = m + 1 == k;
+    const StepPlan plan = schedule_->plan(micro, world_.rank);
+    hooks_->set_trained(plan.trained);
+    homes_->start_micro(plan);
+    if (declared_) engine_->declare_active(plan.trained);
+    // Passes over the plan's tasks: one, or one per task with rows (train.backward). For the
+    // engine and the homes a pass is what a micro-step is: only the window's final pass syncs.
+    const std::vector<std::pair<size_t, size_t>> passes = task_passes(plan);
+    for (size_t i = 0; i < passes.size(); ++i) {
+      const bool final = last && i + 1 == passes.size();
+      if (declared_ && final) engine_->begin_sync();  // the count exchange overlaps forward
+      torch::Tensor total = forward(micro, plan, passes[i].first, passes[i].second, p);
+      if (!declared_) {  // discovered from the graph, still before backward
+        std::vector<uint8_t> found = hooks_->discover_groups(total);
+        homes_->add_reached(found);  // streamed Θ has no leaves in the graph
+        engine_->declare_active(found);
+        if (final) engine_->begin_sync();
+      }
+      backward(total, final, plan, p);
+      loss_sum = loss_sum.defined() ? loss_sum + total.detach() : total.detach();
+    }
+  }
+  loss_total_ = loss_sum;
+}
+
+// [first, end) ranges of plan.tasks, each with rows: all of them at once, or one task each.
+std::vector<std::pair<size_t, size_t>> Trainer::task_passes(const StepPlan& plan) const {
+  if (!per_task_) return {{0, plan.tasks.size()}};
+  std::vector<std::pair<size_t, size_t>> passes;
+  for (size_t i = 0; i < plan.tasks.size(); ++i)
+    if (plan.task_rows[i] > 0) passes.emplace_back(i, i + 1);
+  return passes;
+}
+
+// The loss of the micro-step's tasks [first, end): each task's rows through the model, weighted by
+// their share of the window's rows.
+torch::Tensor Trainer::forward(int64_t micro, const StepPlan& plan, size_t first, size_t end, PendingStep& p) {
+  const int64_t fwd_us = Timeline::now_us();
+  const auto t0 = Clock::now();
+  const int64_t rows_in_window = job_.data.batch_per_rank * job_.accumulate_steps;
+  const AutocastScope autocast(job_.precision, data_.device);  // forward only; backward follows its casts
+  const PassInputs in = pass_inputs(*batches_, plan, first, end, micro, world_.rank, world_.size, job_.seed);
+  std::vector<double> weights;
+  for (int64_t rows : in.rows) weights.push_back(double(rows) / double(rows_in_window));
+  std::vector<torch::Tensor> losses = graphed_ ? graphed_->forward(in, weights) : std::vector<torch::Tensor>{};
+  graphed_now_ = !losses.empty();
+  if (!graphed_now_) losses = model_->losses(in.parts);
+  torch::Tensor total;
+  for (size_t i = 0; i < in.parts.size(); ++i) {
+    task_losses_.push_back({in.parts[i].task, in.rows[i], losses[i].detach()});
+    torch::Tensor weighted = losses[i] * weights[i];
+    total = total.defined() ? total + weighted : weighted;
+  }
+  const double fwd_ms = ms_since(t0);
+  p.rec.forward_ms += fwd_ms;
+  recorder_->mark(p, Phase::forward);
+  if (timeline_) timeline_->record(Lane::compute, "forward", fwd_us, int64_t(fwd_ms * 1000));
+  return total;
+}
+
+// Backward through the hooks; in the window's last micro-step the engine launches buckets as
+// they fill and finish_reduce waits for the rest.
+void Trainer::backward(torch::Tensor& total, bool last, const StepPlan& plan, PendingStep& p) {
+  const int64_t bwd_us = Timeline::now_us();
+  const auto t1 = Clock::now();
+  homes_->before_backward(last, plan);
+  if (graphed_now_) graphed_->backward();  // its gradients, computed in the graph, to the hooks
+  else total.backward();
+  if (act_stash_) act_stash_->end_backward();
+  hooks_->rethrow_error();
+  homes_->after_backward(last);
+  // No host synchronization: on GPUs finish_backward makes the compute stream wait for the
+  // last buckets (EngineOptions::wait_stream) and the marks around it time that stall.
+  recorder_->mark(p, Phase::backward);
+  // backward_ms is autograd's own time; the wait for the last buckets is comm_wait_ms, so that
+  // the phases are disjoint and sum to at most step_ms.
+  p.rec.backward_ms += ms_since(t1);
+  if (last) {
+    finish_reduce(p);
+    homes_->after_reduce();
+    hooks_->end_window();
+  }
+  const double bwd_ms = ms_since(t1);
+  if (timeline_)
+    timeline_->record(Lane::compute, last ? "backward+reduce" : "backward", bwd_us, int64_t(bwd_ms * 1000),
+                      {{"bytes_allreduced", int64_t{last ? engine_->stats().bytes_allreduced : 0}}});
+}
+
+void Trainer::finish_reduce(PendingStep& p) {
+  if (timeline_) {  // separates the count exchange's wait from the launches that follow
+    Timeline::Scope span(timeline_.get(), Lane::comm, "wait for the count exchange");
+    engine_->contributors();
+  }
+  const int64_t t_us = Timeline::now_us();
+  engine_->finish_backward();
+  const int64_t mark_us = Timeline::now_us();
+  recorder_->mark(p, Phase::comm);
+  if (!timeline_) return;
+  const auto& st = engine_->stats();
+  timeline_->record(Lane::comm, "allreduce (wait for the last buckets)", t_us, Timeline::now_us() - t_us,
+                    {{"buckets_launched", int64_t{st.buckets_launched}},
+                     {"buckets_pruned", int64_t{st.buckets_pruned}},
+                     {"bytes", int64_t{st.bytes_allreduced}},
+                     {"finish_launched", int64_t{st.finish_launched}},
+                     {"finish_order_ms", st.finish_order_ms},
+                     {"finish_launch_ms", st.finish_launch_ms},
+                     {"finish_block_ms", st.finish_block_ms},
+                     {"mark_ms", double(Timeline::now_us() - mark_us) / 1000.0},
+                     {"launch_call_ms", st.launch_call_ms},
+                     {"on_launch_ms", st.on_launch_ms}});
+}
+
+// Lazy semantics: a group no rank used this step is not stepped at all; each used group is
+// stepped in its home (some buckets were already, as they landed: optimizer.overlap).
+void Trainer::optimizer_step(int64_t step, PendingStep& p, bool skip) {
+  const auto t0 = Clock::now();
+  AdamSettings s = adam_settings(step);
+  p.rec.lr = s.lr;
+  homes_->step(engine_->contributors(), s, skip);
+  homes_->release_step(step);
+  p.rec.optimizer_ms = ms_since(t0);
+  recorder_->mark(p, Phase::optimizer);
+}
+
+AdamSettings Trainer::adam_settings(int64_t step) const {
+  AdamSettings s;
+  s.lr = lr_at(job_.optimizer, step, job_.steps);
+  s.beta1 = job_.optimizer.beta1;
+  s.beta2 = job_.optimizer.beta2;
+  s.eps = job_.optimizer.eps;
+  s.weight_decay = job_.optimizer.weight_decay;
+  s.kind = job_.optimizer.kind;
+  return s;
+}
+
+void Trainer::record_engine_stats(StepRecord& rec) {
+  const auto& st = engine_->stats();
+  if (!data_.gpu()) rec.comm_wait_ms = st.comm_wait_ms;  // GPUs: device time, StepRecorder::finish
+  rec.count_exchange_ms = st.count_exchange_ms;
+  rec.bytes_allreduced = st.bytes_allreduced;
+  rec.bytes_pruned = st.bytes_pruned;
+  rec.buckets_launched = st.buckets_launched;
+  rec.buckets_pruned = st.buckets_pruned;
+  rec.buckets_broadcast = st.buckets_broadcast;
+  rec.grad_stream_peak_bytes = st.streamed_bytes_peak;
+  rec.samples = job_.data.batch_per_rank;
+  homes_->add_stats(rec);
+  memory_->record(homes_->device_memory(), static_cast<int64_t>(engine_->buffer_bytes()),
+                  static_cast<int64_t>(engine_->adopted_bytes()), rec);
+  if (act_stash_) {
+    const ActivationStats as = act_stash_->step_stats();
+    rec.act_offload_bytes = as.d2h_bytes + as.h2d_bytes;
+    rec.act_device_peak_bytes = as.device_peak_bytes;
+    rec.act_layer_bytes = as.layer_peak_bytes;
+    rec.act_pool_allocations = as.pool_allocations;
+  }
+  recorder_->progress().queued(job_.data.batch_per_rank * world_.size, st.bytes_pruned);
+}
+
+}  // namespace thetad::daemon
