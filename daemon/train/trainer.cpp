@@ -269,7 +269,7 @@ void Trainer::backward(torch::Tensor& total, bool last, const StepPlan& plan, Pe
   const int64_t bwd_us = Timeline::now_us();
   const auto t1 = Clock::now();
   homes_->before_backward(last, plan);
-  if (graphed_now_) graphed_->backward();  // its gradients, computed in the graph, to the hooks
+  if (graphed_now_) graphed_->backward(last);  // its gradients, computed in the graph, to the hooks
   else total.backward();
   if (act_stash_) act_stash_->end_backward();
   hooks_->rethrow_error();
