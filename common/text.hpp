@@ -49,9 +49,10 @@ inline std::string json_string(const std::string& s) {
   return out;
 }
 
-// `s` safe to print in a one-line message: control characters and DEL as \xNN (a newline as
-// \n), and bytes that are not part of valid UTF-8 as \xNN, so that a binary file named in an
-// error cannot garble or drive the terminal. Valid UTF-8 passes through.
+// `s` safe to print in a one-line message: control characters (C0, DEL and C1) as \xNN (a
+// newline as \n), and bytes that are not part of valid UTF-8 as \xNN, so that a binary file
+// named in an error, or a name in a file's content, cannot garble or drive the terminal. Other
+// valid UTF-8 passes through.
 inline std::string printable(const std::string& s) {
   static const char* hex = "0123456789abcdef";
   std::string out;
@@ -77,6 +78,14 @@ inline std::string printable(const std::string& s) {
     const size_t len = u < 0x80 ? 1 : (u >> 5) == 0x6 && u >= 0xc2 ? 2 : (u >> 4) == 0xe ? 3 : (u >> 3) == 0x1e && u <= 0xf4 ? 4 : 0;
     bool valid = len > 0 && i + len <= s.size();
     for (size_t k = 1; valid && k < len; ++k) valid = (static_cast<unsigned char>(s[i + k]) & 0xc0) == 0x80;
+    // The C1 controls U+0080..U+009F (CSI among them) drive terminals as ESC sequences do.
+    const bool c1 = valid && len == 2 && u == 0xc2 && static_cast<unsigned char>(s[i + 1]) < 0xa0;
+    if (c1) {
+      escape(u);
+      escape(static_cast<unsigned char>(s[i + 1]));
+      i += 2;
+      continue;
+    }
     if (!valid) {
       escape(u);
       ++i;
