@@ -23,17 +23,8 @@ namespace {
 
 namespace fs = std::filesystem;
 using test::expect_config_error;
-
-void put(const std::string& path, const std::string& bytes) {
-  std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-}
-
-std::string st_bytes(std::string header, const std::string& data) {
-  header.append((8 - header.size() % 8) % 8, ' ');
-  std::string out(8, '\0');
-  for (int i = 0; i < 8; ++i) out[static_cast<size_t>(i)] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
-  return out + header + data;
-}
+using test::put;
+using test::st_bytes;
 
 // A value nested 100,000 levels deep was quoted whole in the error (dump() recursed per level).
 TEST(SafetensorsTrust, DeepShapeRefused) {
