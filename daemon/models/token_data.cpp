@@ -1,13 +1,23 @@
 // The transformer's token data (see transformer.hpp): synthetic walks, .npy token files, and flat
-// binary token files of uint16 or uint32 ids (data.token_dtype), memory-mapped and read window
-// by window, so a file of billions of tokens costs no copy.
+// binary token files of uint16 or uint32 ids (data.token_dtype), read window by window with
+// pread, so a file of billions of tokens costs no copy, and one cut short while the job runs is an
+// error naming it (a memory map of it killed the rank with SIGBUS at the next window past the new
+// end: no check of the size before a read closes the race with a truncation, a SIGBUS handler would
+// be process-wide; a short read is an ordinary error).
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
+#include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/errors.hpp"
-#include "daemon/core/mapped_file.hpp"
+#include "common/file_read.hpp"
 #include "daemon/core/input_path.hpp"
 #include "daemon/core/npy.hpp"
 #include "daemon/models/param_builder.hpp"
@@ -52,10 +62,83 @@ class SyntheticTokens : public DataSource {
   torch::Device device_;
 };
 
+// A flat token file open for reading (move-only): its size when opened, and reads at an offset
+// that fail with an Error naming it where the file has changed since.
+class TokenFile {
+ public:
+  TokenFile(const std::string& path, size_t item) : path_(path), item_(item) {
+    // Non-blocking: a FIFO is refused, not waited on (validation checked the kind already).
+    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd_ < 0) throw ConfigError(path + ": cannot open: " + std::strerror(errno));
+    struct stat st {};
+    const bool stat_ok = ::fstat(fd_, &st) == 0;
+    if (!stat_ok || !S_ISREG(st.st_mode)) {
+      const std::string why = !stat_ok ? std::string("cannot stat: ") + std::strerror(errno)
+                                       : "not a regular file (" + file_kind_name(st.st_mode) + ")";
+      ::close(fd_);
+      throw ConfigError(path + ": " + why);
+    }
+    size_ = static_cast<uint64_t>(st.st_size);
+  }
+  TokenFile(TokenFile&& o) noexcept
+      : path_(std::move(o.path_)), item_(o.item_), fd_(std::exchange(o.fd_, -1)), size_(o.size_) {}
+  TokenFile(const TokenFile&) = delete;
+  TokenFile& operator=(const TokenFile&) = delete;
+  TokenFile& operator=(TokenFile&&) = delete;
+  ~TokenFile() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  const std::string& path() const { return path_; }
+  uint64_t size() const { return size_; }
+  int64_t tokens() const { return static_cast<int64_t>(size_ / item_); }
+  // n bytes at `offset` into dst.
+  void read(uint64_t offset, size_t n, char* dst) const {
+    size_t done = 0;
+    while (done < n) {
+      const ssize_t r = ::pread(fd_, dst + done, n - done, static_cast<off_t>(offset + done));
+      if (r < 0 && errno == EINTR) continue;
+      if (r <= 0)
+        throw Error(path_ + ": changed while the job ran: " + (r < 0 ? std::string(std::strerror(errno)) : "it ends") +
+                    " at byte " + std::to_string(offset + done) + ", where it had " + std::to_string(size_) +
+                    " bytes at the start (token files must not change during a run)");
+      done += static_cast<size_t>(r);
+    }
+  }
+  // Ids [first, first + n) widened into dst (through `buf`, the caller's scratch); an id at or
+  // above `vocab` (the file rewritten since its ids were checked) is an Error naming the file.
+  void ids(int64_t first, int64_t n, int64_t vocab, int64_t* dst, std::vector<char>& buf) const {
+    buf.resize(static_cast<size_t>(n) * item_);
+    read(static_cast<uint64_t>(first) * item_, buf.size(), buf.data());
+    int64_t hi = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      if (item_ == 2) {
+        uint16_t v;
+        std::memcpy(&v, buf.data() + 2 * i, 2);
+        dst[i] = v;
+      } else {
+        uint32_t v;
+        std::memcpy(&v, buf.data() + 4 * i, 4);
+        dst[i] = v;
+      }
+      hi = std::max(hi, dst[i]);
+    }
+    if (hi >= vocab)
+      throw Error(path_ + ": changed while the job ran: token id " + std::to_string(hi) + " near token " +
+                  std::to_string(first) + " is outside [0, model.vocab = " + std::to_string(vocab) +
+                  ") (token files must not change during a run)");
+  }
+
+ private:
+  std::string path_;
+  size_t item_;
+  int fd_ = -1;
+  uint64_t size_ = 0;
+};
+
 // Token files, one per task: data.dir/task{t}.npy (copied out as int64), or flat little-endian
-// ids data.dir/task{t}.bin (data.token_dtype uint16/uint32: the files stay mapped and each batch
-// gathers its windows from the map, widening them to int64). Windows start at random offsets,
-// seeded like the synthetic data. Every id is checked against model.vocab before any step.
+// ids data.dir/task{t}.bin (data.token_dtype uint16/uint32: each batch reads its windows from the
+// file, widened to int64). Windows start at random offsets, seeded like the synthetic data. Every
+// id is checked against model.vocab before any step.
 class TokenFiles : public DataSource {
  public:
   TokenFiles(const config::Job& job, torch::Device device)
@@ -68,13 +151,22 @@ class TokenFiles : public DataSource {
   }
   Batch batch(int64_t step, int rank, int world, int task, int64_t rows) override {
     (void)world;
-    const torch::Tensor& ids = tokens_.at(static_cast<size_t>(task));
+    const auto t = static_cast<size_t>(task);
+    const int64_t n = bins_[t] >= 0 ? files_[static_cast<size_t>(bins_[t])].tokens() : tokens_.at(t).size(0);
     auto gen = generator(mix_seed(seed_, 0x70c3, static_cast<uint64_t>(step), static_cast<uint64_t>(rank) * 1000003u + task));
-    const torch::Tensor start = torch::randint(ids.size(0) - seq_, {rows, 1}, gen, torch::kInt64);
-    const torch::Tensor index = start + torch::arange(seq_ + 1, torch::kInt64).unsqueeze(0);
-    torch::Tensor w = ids.index_select(0, index.reshape({-1})).to(torch::kInt64);
-    if (ids.scalar_type() == torch::kInt16) w = w.bitwise_and(0xffff);  // uint16 ids read as int16 bits
-    return split_windows(w.view({rows, seq_ + 1}).to(device_));
+    const torch::Tensor start = torch::randint(n - seq_, {rows, 1}, gen, torch::kInt64);
+    torch::Tensor w;
+    if (bins_[t] >= 0) {
+      const TokenFile& f = files_[static_cast<size_t>(bins_[t])];
+      w = torch::empty({rows, seq_ + 1}, torch::kInt64);
+      const int64_t* s = start.data_ptr<int64_t>();
+      std::vector<char> buf;
+      for (int64_t r = 0; r < rows; ++r) f.ids(s[r], seq_ + 1, vocab_, w.data_ptr<int64_t>() + r * (seq_ + 1), buf);
+    } else {
+      const torch::Tensor index = start + torch::arange(seq_ + 1, torch::kInt64).unsqueeze(0);
+      w = tokens_[t].index_select(0, index.reshape({-1})).view({rows, seq_ + 1});
+    }
+    return split_windows(w.to(device_));
   }
 
  private:
@@ -102,36 +194,39 @@ class TokenFiles : public DataSource {
           : type == torch::kInt32 ? ids.to(torch::kInt64)
                                   : ids.clone();
     check(path, ids.numel(), ids.min().item<int64_t>(), ids.max().item<int64_t>());
+    bins_.push_back(-1);
     tokens_.push_back(ids);
   }
   void add_bin(const std::string& path, bool wide) {
     const size_t item = wide ? 4 : 2;
-    MappedFile f = MappedFile::open(path);
+    TokenFile f(path, item);
+    if (f.size() == 0) throw ConfigError(path + ": empty file");
     if (f.size() % item != 0)
       throw ConfigError(path + ": " + std::to_string(f.size()) + " bytes, not a whole number of " +
                         (wide ? "uint32" : "uint16") + " token ids (data.token_dtype)");
-    const auto n = static_cast<int64_t>(f.size() / item);
-    check(path, n, 0, static_cast<int64_t>(wide ? max_id<uint32_t>(f) : max_id<uint16_t>(f)));
-    // Read as the signed type of the same width (ids < vocab <= 2^31 are the same bits).
-    tokens_.push_back(torch::from_blob(const_cast<char*>(f.data()), {n}, wide ? torch::kInt32 : torch::kInt16));
-    maps_.push_back(std::move(f));
-  }
-  template <typename T>
-  static uint64_t max_id(const MappedFile& f) {
-    T hi = 0;
-    for (size_t i = 0; i < f.size() / sizeof(T); ++i) {
-      T v;
-      std::memcpy(&v, f.data() + i * sizeof(T), sizeof(T));
-      hi = std::max(hi, v);
+    if (f.tokens() < seq_ + 1) check(path, f.tokens(), 0, 0);
+    // Every id checked once, in pieces read from the file (the largest is all that matters).
+    int64_t hi = 0;
+    std::vector<int64_t> piece;
+    std::vector<char> buf;
+    for (int64_t first = 0; first < f.tokens(); first += kCheckPiece) {
+      piece.resize(static_cast<size_t>(std::min(kCheckPiece, f.tokens() - first)));
+      f.ids(first, static_cast<int64_t>(piece.size()), std::numeric_limits<int64_t>::max(), piece.data(), buf);
+      hi = std::max(hi, *std::max_element(piece.begin(), piece.end()));
     }
-    return hi;
+    check(path, f.tokens(), 0, hi);
+    bins_.push_back(static_cast<int64_t>(files_.size()));
+    tokens_.emplace_back();
+    files_.push_back(std::move(f));
   }
 
+  static constexpr int64_t kCheckPiece = int64_t{1} << 20;
   uint64_t seed_;
   int64_t seq_, vocab_;
   torch::Device device_;
-  std::vector<MappedFile> maps_;       // what the .bin files' tensors point into
-  std::vector<torch::Tensor> tokens_;  // per task: int64 ids (.npy) or the mapped ids (.bin)
+  std::vector<int64_t> bins_;          // per task: its .bin file in files_, or -1 (.npy)
+  std::vector<TokenFile> files_;       // the .bin files, open
+  std::vector<torch::Tensor> tokens_;  // per task: int64 ids (.npy)
 };
 
 }  // namespace
