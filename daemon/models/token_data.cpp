@@ -62,40 +62,76 @@ class SyntheticTokens : public DataSource {
   torch::Device device_;
 };
 
-// A flat token file open for reading (move-only): its size when opened, and reads at an offset
-// that fail with an Error naming it where the file has changed since.
+// A flat token file: its path and its size when the job started. Each batch opens it anew and
+// reads its windows with pread (a job may have a file per task, thousands of them: no descriptor
+// is held between batches); a file cut short since, or no longer a regular file, is an Error
+// naming it.
 class TokenFile {
  public:
   TokenFile(const std::string& path, size_t item) : path_(path), item_(item) {
-    // Non-blocking: a FIFO is refused, not waited on (validation checked the kind already).
-    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    if (fd_ < 0) throw ConfigError(path + ": cannot open: " + std::strerror(errno));
     struct stat st {};
-    const bool stat_ok = ::fstat(fd_, &st) == 0;
-    if (!stat_ok || !S_ISREG(st.st_mode)) {
-      const std::string why = !stat_ok ? std::string("cannot stat: ") + std::strerror(errno)
-                                       : "not a regular file (" + file_kind_name(st.st_mode) + ")";
-      ::close(fd_);
-      throw ConfigError(path + ": " + why);
-    }
+    const Fd fd{open_checked(&st, /*started=*/false)};
     size_ = static_cast<uint64_t>(st.st_size);
   }
-  TokenFile(TokenFile&& o) noexcept
-      : path_(std::move(o.path_)), item_(o.item_), fd_(std::exchange(o.fd_, -1)), size_(o.size_) {}
-  TokenFile(const TokenFile&) = delete;
-  TokenFile& operator=(const TokenFile&) = delete;
-  TokenFile& operator=(TokenFile&&) = delete;
-  ~TokenFile() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  const std::string& path() const { return path_; }
   uint64_t size() const { return size_; }
   int64_t tokens() const { return static_cast<int64_t>(size_ / item_); }
-  // n bytes at `offset` into dst.
-  void read(uint64_t offset, size_t n, char* dst) const {
+  // For each of `rows` starts, the n ids from there widened into dst (rows x n); an id at or above
+  // `vocab` (the file rewritten since its ids were checked) is an Error naming the file.
+  void windows(const int64_t* starts, int64_t rows, int64_t n, int64_t vocab, int64_t* dst) const {
+    struct stat st {};
+    const Fd fd{open_checked(&st, /*started=*/true)};
+    std::vector<char> buf(static_cast<size_t>(n) * item_);
+    for (int64_t r = 0; r < rows; ++r) {
+      read(fd.fd, static_cast<uint64_t>(starts[r]) * item_, buf);
+      int64_t* out = dst + r * n;
+      int64_t hi = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        if (item_ == 2) {
+          uint16_t v;
+          std::memcpy(&v, buf.data() + 2 * i, 2);
+          out[i] = v;
+        } else {
+          uint32_t v;
+          std::memcpy(&v, buf.data() + 4 * i, 4);
+          out[i] = v;
+        }
+        hi = std::max(hi, out[i]);
+      }
+      if (hi >= vocab)
+        throw Error(path_ + ": changed while the job ran: token id " + std::to_string(hi) + " near token " +
+                    std::to_string(starts[r]) + " is outside [0, model.vocab = " + std::to_string(vocab) +
+                    ") (token files must not change during a run)");
+    }
+  }
+
+ private:
+  struct Fd {
+    int fd;
+    ~Fd() { ::close(fd); }
+  };
+  // The file opened (non-blocking: a FIFO is refused, not waited on) and checked regular; a
+  // ConfigError before the job starts, an Error once it runs.
+  int open_checked(struct stat* st, bool started) const {
+    const auto fail = [&](const std::string& why) {
+      if (started) throw Error(path_ + ": changed while the job ran: " + why + " (token files must not change during a run)");
+      throw ConfigError(path_ + ": " + why);
+    };
+    const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) fail(std::string("cannot open: ") + std::strerror(errno));
+    const bool stat_ok = ::fstat(fd, st) == 0;
+    if (!stat_ok || !S_ISREG(st->st_mode)) {
+      const std::string why = !stat_ok ? std::string("cannot stat: ") + std::strerror(errno)
+                                       : "not a regular file (" + file_kind_name(st->st_mode) + ")";
+      ::close(fd);
+      fail(why);
+    }
+    return fd;
+  }
+  // buf.size() bytes at `offset`: a short read is the file cut short since the start.
+  void read(int fd, uint64_t offset, std::vector<char>& buf) const {
     size_t done = 0;
-    while (done < n) {
-      const ssize_t r = ::pread(fd_, dst + done, n - done, static_cast<off_t>(offset + done));
+    while (done < buf.size()) {
+      const ssize_t r = ::pread(fd, buf.data() + done, buf.size() - done, static_cast<off_t>(offset + done));
       if (r < 0 && errno == EINTR) continue;
       if (r <= 0)
         throw Error(path_ + ": changed while the job ran: " + (r < 0 ? std::string(std::strerror(errno)) : "it ends") +
@@ -104,34 +140,9 @@ class TokenFile {
       done += static_cast<size_t>(r);
     }
   }
-  // Ids [first, first + n) widened into dst (through `buf`, the caller's scratch); an id at or
-  // above `vocab` (the file rewritten since its ids were checked) is an Error naming the file.
-  void ids(int64_t first, int64_t n, int64_t vocab, int64_t* dst, std::vector<char>& buf) const {
-    buf.resize(static_cast<size_t>(n) * item_);
-    read(static_cast<uint64_t>(first) * item_, buf.size(), buf.data());
-    int64_t hi = 0;
-    for (int64_t i = 0; i < n; ++i) {
-      if (item_ == 2) {
-        uint16_t v;
-        std::memcpy(&v, buf.data() + 2 * i, 2);
-        dst[i] = v;
-      } else {
-        uint32_t v;
-        std::memcpy(&v, buf.data() + 4 * i, 4);
-        dst[i] = v;
-      }
-      hi = std::max(hi, dst[i]);
-    }
-    if (hi >= vocab)
-      throw Error(path_ + ": changed while the job ran: token id " + std::to_string(hi) + " near token " +
-                  std::to_string(first) + " is outside [0, model.vocab = " + std::to_string(vocab) +
-                  ") (token files must not change during a run)");
-  }
 
- private:
   std::string path_;
   size_t item_;
-  int fd_ = -1;
   uint64_t size_ = 0;
 };
 
@@ -157,11 +168,9 @@ class TokenFiles : public DataSource {
     const torch::Tensor start = torch::randint(n - seq_, {rows, 1}, gen, torch::kInt64);
     torch::Tensor w;
     if (bins_[t] >= 0) {
-      const TokenFile& f = files_[static_cast<size_t>(bins_[t])];
       w = torch::empty({rows, seq_ + 1}, torch::kInt64);
-      const int64_t* s = start.data_ptr<int64_t>();
-      std::vector<char> buf;
-      for (int64_t r = 0; r < rows; ++r) f.ids(s[r], seq_ + 1, vocab_, w.data_ptr<int64_t>() + r * (seq_ + 1), buf);
+      files_[static_cast<size_t>(bins_[t])].windows(start.data_ptr<int64_t>(), rows, seq_ + 1, vocab_,
+                                                    w.data_ptr<int64_t>());
     } else {
       const torch::Tensor index = start + torch::arange(seq_ + 1, torch::kInt64).unsqueeze(0);
       w = tokens_[t].index_select(0, index.reshape({-1})).view({rows, seq_ + 1});
@@ -208,10 +217,9 @@ class TokenFiles : public DataSource {
     // Every id checked once, in pieces read from the file (the largest is all that matters).
     int64_t hi = 0;
     std::vector<int64_t> piece;
-    std::vector<char> buf;
     for (int64_t first = 0; first < f.tokens(); first += kCheckPiece) {
       piece.resize(static_cast<size_t>(std::min(kCheckPiece, f.tokens() - first)));
-      f.ids(first, static_cast<int64_t>(piece.size()), std::numeric_limits<int64_t>::max(), piece.data(), buf);
+      f.windows(&first, 1, static_cast<int64_t>(piece.size()), std::numeric_limits<int64_t>::max(), piece.data());
       hi = std::max(hi, *std::max_element(piece.begin(), piece.end()));
     }
     check(path, f.tokens(), 0, hi);
@@ -225,7 +233,7 @@ class TokenFiles : public DataSource {
   int64_t seq_, vocab_;
   torch::Device device_;
   std::vector<int64_t> bins_;          // per task: its .bin file in files_, or -1 (.npy)
-  std::vector<TokenFile> files_;       // the .bin files, open
+  std::vector<TokenFile> files_;       // the .bin files
   std::vector<torch::Tensor> tokens_;  // per task: int64 ids (.npy)
 };
 

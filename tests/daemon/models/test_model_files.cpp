@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -300,6 +301,35 @@ TEST_F(ModelFiles, TokenFileTruncatedWhileRunning) {
     EXPECT_NE(std::string(e.what()).find(bin + ": "), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("changed while the job ran"), std::string::npos) << e.what();
   }
+}
+
+// A job may have a token file per task, thousands of them: no descriptor is held per file (the
+// soft limit on open files is set just above what the process holds, below the task count).
+TEST_F(ModelFiles, TokenFilesHoldNoDescriptors) {
+  const std::string data = file("tokens");
+  fs::create_directories(data);
+  const int tasks = 24;
+  std::vector<uint16_t> ids(64);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<uint16_t>(i % 16);
+  for (int t = 0; t < tasks; ++t)
+    put(data + "/task" + std::to_string(t) + ".bin", std::string(reinterpret_cast<const char*>(ids.data()), ids.size() * 2));
+  const config::Job j = job(kLlama, {"data.kind=tokens", "data.dir=" + data, "data.token_dtype=uint16",
+                                     "model.tasks=" + std::to_string(tasks)});
+  const auto model = make_model(j, torch::kCPU);
+  size_t open_fds = 0;
+  for ([[maybe_unused]] const auto& e : fs::directory_iterator("/proc/self/fd")) ++open_fds;
+  rlimit was {};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &was), 0);
+  rlimit low = was;
+  low.rlim_cur = open_fds + 8;
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &low), 0);
+  try {
+    const auto source = make_data(j, *model, torch::kCPU);
+    for (int t = 0; t < tasks; ++t) EXPECT_EQ(source->batch(0, 0, 1, t, 2).x.size(0), 2);
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << e.what();
+  }
+  ::setrlimit(RLIMIT_NOFILE, &was);
 }
 
 }  // namespace
