@@ -300,7 +300,8 @@ SafetensorsCheckpoint SafetensorsCheckpoint::open(const std::string& path) {
     for (const auto& item : j["weight_map"].items()) {
       if (!item.value().is_string()) fail(index, "weight_map: tensor '" + printable(item.key()) + "' has no file name");
       const std::string f = item.value().get<std::string>();
-      if (f.empty() || f.find('/') != std::string::npos || f == "." || f == "..")
+      // A plain name (printable: messages quote the paths built from it).
+      if (f.empty() || f.find('/') != std::string::npos || f == "." || f == ".." || printable(f) != f)
         fail(index, "weight_map: tensor '" + printable(item.key()) + "': '" + printable(f) +
                         "' is not a file name in the directory");
       weight_map[item.key()] = f;

@@ -74,6 +74,10 @@ TEST(SafetensorsTrust, IndexLinksStayInTheModel) {
   fs::create_symlink("/etc/passwd", dir / "b.safetensors");
   expect_config_error([&] { SafetensorsCheckpoint::open(dir.string()); }, (dir / "b.safetensors").string(),
                       "a symbolic link to /etc/passwd, outside");
+  // A shard's name with a control byte is no file name (paths built from it are quoted).
+  put((dir / "model.safetensors.index.json").string(), R"({"weight_map": {"x": "a\u001b[2J.safetensors"}})");
+  expect_config_error([&] { SafetensorsCheckpoint::open(dir.string()); }, "model.safetensors.index.json",
+                      "weight_map: tensor 'x': 'a\\x1b[2J.safetensors' is not a file name in the directory");
   // A Hugging Face cache: snapshots/REV/* -> ../../blobs/*: read.
   const fs::path repo = scratch.file("models--org--m"), snap = repo / "snapshots" / "r1";
   fs::create_directories(repo / "blobs");
