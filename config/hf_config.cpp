@@ -3,13 +3,18 @@
 
 #include <nlohmann/json.hpp>
 
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstdint>
+#include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <string>
 #include <type_traits>
 #include <utility>
 
+#include "common/file_read.hpp"
+#include "common/json_read.hpp"
 #include "config/schema.hpp"
 
 namespace thetad::config::detail {
@@ -36,9 +41,18 @@ class Apply {
                         : std::is_same_v<T, int64_t> ? it->is_number_integer()
                                                        : it->is_number();
       if (!good) {
-        diag_.error("model.init_from", file_ + ": '" + key + "' is " + it->dump() + ", not a " +
+        diag_.error("model.init_from", file_ + ": '" + key + "' is " + json_brief(*it) + ", not a " +
                                            (std::is_same_v<T, bool> ? "boolean" : "number"));
         return;
+      }
+      // Every integer key here is a count or a size: 1 or more, and within int64 (a larger one
+      // read as int64 wrapped negative and was blamed on the job's own key).
+      if constexpr (std::is_same_v<T, int64_t>) {
+        if (it->is_number_unsigned() ? it->template get<uint64_t>() > uint64_t(INT64_MAX) : it->template get<int64_t>() < 1) {
+          diag_.error("model.init_from", file_ + ": '" + key + "' is " + json_brief(*it) +
+                                             ", not an integer in 1.." + std::to_string(INT64_MAX));
+          return;
+        }
       }
       v = it->get<T>();
     }
@@ -53,7 +67,7 @@ class Apply {
   void require(const char* key, const json& want, const std::string& why) {
     const auto it = cfg_.find(key);
     if (it != cfg_.end() && *it != want)
-      diag_.error("model.init_from", file_ + ": " + key + " = " + it->dump() + " is not supported (" + why + ")");
+      diag_.error("model.init_from", file_ + ": " + key + " = " + json_brief(*it) + " is not supported (" + why + ")");
   }
 
  private:
@@ -72,21 +86,27 @@ void apply_hf_config(Job& job, Diagnostics& diag) {
   if (!fs::exists(from, ec)) return;
   const bool dir = fs::is_directory(from, ec);
   const fs::path file = dir ? from / "config.json" : from.parent_path() / "config.json";
-  if (!fs::exists(file, ec)) {
-    if (dir) diag.error("model.init_from", "'" + m.init_from + "' has no config.json (a Hugging Face model directory has one)");
-    return;
-  }
-  std::ifstream in(file);
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  const json cfg = json::parse(text, nullptr, /*allow_exceptions=*/false);
   const std::string where = file.string();
-  if (cfg.is_discarded() || !cfg.is_object()) {
-    diag.error("model.init_from", where + ": not a JSON object");
+  const auto fail = [&](const std::string& what) { diag.error("model.init_from", where + ": " + what); };
+  // Absent is told from unreadable (a directory without permission): stat's own reason.
+  struct stat st {};
+  if (::lstat(file.c_str(), &st) != 0) {
+    if (errno != ENOENT) fail(std::string("cannot read: ") + std::strerror(errno));
+    else if (dir) diag.error("model.init_from", "'" + m.init_from + "' has no config.json (a Hugging Face model directory has one)");
     return;
   }
+  const std::string outside = link_outside(file.has_parent_path() ? file.parent_path().string() : ".", "config.json");
+  if (!outside.empty()) return fail(outside);
+  std::string text;
+  const ReadResult read = read_regular_file(where, kMaxJsonFileBytes, text);
+  if (!read) return fail((read.failure == ReadFailure::io ? "cannot read: " : "") + read.why);
+  JsonProblem problem;
+  const json cfg = parse_json(text.data(), text.data() + text.size(), problem);
+  if (problem == JsonProblem::too_deep) return fail(json_problem_text(problem));
+  if (problem != JsonProblem::none || !cfg.is_object()) return fail("not a JSON object");
   const auto type = cfg.find("model_type");
   if (type != cfg.end() && *type != "llama") {
-    diag.error("model.init_from", where + ": model_type " + type->dump() + " is not one thetad builds (llama)");
+    diag.error("model.init_from", where + ": model_type " + json_brief(*type) + " is not one thetad builds (llama)");
     return;
   }
   if (diag.given("model.arch") && m.arch != ModelArch::Llama) {
@@ -111,12 +131,12 @@ void apply_hf_config(Job& job, Diagnostics& diag) {
   a.require("rope_scaling", nullptr, "plain rotary positions only");
   if (cfg.contains("head_dim") && !cfg["head_dim"].is_null() && m.heads > 0 &&
       (!cfg["head_dim"].is_number_integer() || cfg["head_dim"].get<int64_t>() != m.d_model / m.heads))
-    diag.error("model.init_from", where + ": head_dim = " + cfg["head_dim"].dump() +
+    diag.error("model.init_from", where + ": head_dim = " + json_brief(cfg["head_dim"]) +
                                       " is not hidden_size / num_attention_heads (" + std::to_string(m.d_model / m.heads) + ")");
   const auto max_pos = cfg.find("max_position_embeddings");
   if (max_pos != cfg.end() && max_pos->is_number_integer() && max_pos->get<int64_t>() < m.seq_len)
     diag.error("model.seq_len", "is " + std::to_string(m.seq_len) + ", beyond " + where + "'s max_position_embeddings = " +
-                                    max_pos->dump());
+                                    json_brief(*max_pos));
 }
 
 }  // namespace thetad::config::detail

@@ -33,8 +33,9 @@ void Checker::model() {
   if (!m.init_from.empty() && ok("model.init_from")) {
     std::error_code ec;
     if (!std::filesystem::exists(m.init_from, ec))
-      fail("model.init_from", "no such file or directory: '" + m.init_from +
-                                  "' (a torch.save'd state dict, a checkpoint group file, a .safetensors file or a "
+      fail("model.init_from", (ec && ec != std::errc::no_such_file_or_directory ? "cannot read '" + m.init_from + "': " + ec.message()
+                                   : "no such file or directory: '" + m.init_from + "'") +
+                                  " (a torch.save'd state dict, a checkpoint group file, a .safetensors file or a "
                                   "Hugging Face model directory)");
   }
   if (!ok("model.kind") || unknown("model.kind")) return;

@@ -14,7 +14,7 @@ secs=${1:-30}
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${FUZZ_BUILD_DIR:-$root/build-fuzz}
 cxx=${CXX_FUZZ:-clang++-14}
-targets=${FUZZ_TARGETS:-"fuzz_npy_header fuzz_job_config fuzz_manifest fuzz_shard_index fuzz_safetensors_header"}
+targets=${FUZZ_TARGETS:-"fuzz_npy_header fuzz_job_config fuzz_manifest fuzz_shard_index fuzz_safetensors_header fuzz_pt_file"}
 
 if ! command -v "$cxx" >/dev/null; then
   echo "fuzz.sh: $cxx not found (Debian: apt-get install clang-14)" >&2
@@ -41,6 +41,7 @@ for target in $targets; do
     fuzz_manifest) seeds=manifest ;;
     fuzz_shard_index) seeds=shard ;;
     fuzz_safetensors_header) seeds=safetensors ;;
+    fuzz_pt_file) seeds=pt ;;
     *) echo "fuzz.sh: unknown target $target" >&2; exit 1 ;;
   esac
   # The checked-in corpus holds every input that ever failed: each is replayed first, whole (the

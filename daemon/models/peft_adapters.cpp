@@ -13,14 +13,13 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <set>
 
 #include "common/errors.hpp"
+#include "common/file_read.hpp"
 #include "common/log.hpp"
 #include "common/safe_file.hpp"
 #include "common/text.hpp"
@@ -28,6 +27,7 @@
 #include "config/placeholders.hpp"
 #include "config/schema.hpp"
 #include "daemon/core/hf_names.hpp"
+#include "daemon/core/peft_config.hpp"
 #include "daemon/core/safetensors.hpp"
 #include "daemon/models/hf_weights.hpp"
 
@@ -39,41 +39,6 @@ using nlohmann::json;
 
 constexpr const char* kWeights = "adapter_model.safetensors";
 constexpr const char* kConfig = "adapter_config.json";
-
-// PEFT's word for a target: "q" -> "q_proj".
-std::string module_word(const std::string& target) {
-  const std::string m = hf_module_of_target(target);
-  return m.substr(m.find('.') + 1);
-}
-
-// adapter_config.json of a directory, checked against the job.
-void check_config(const std::string& file, const config::Job& job) {
-  std::ifstream in(file);
-  if (!in) throw ConfigError(file + ": lora.init_from: cannot open (a PEFT adapter directory has one)");
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  const json c = json::parse(text, nullptr, false);
-  if (c.is_discarded() || !c.is_object()) throw ConfigError(file + ": lora.init_from: not a JSON object");
-  const auto get = [&](const char* key) { return c.contains(key) ? c[key] : json(); };
-  const auto bad = [&](const std::string& what) { throw ConfigError(file + ": lora.init_from: " + what); };
-  if (get("peft_type") != "LORA") bad("peft_type is " + get("peft_type").dump() + ", not \"LORA\"");
-  if (!get("r").is_number_integer() || get("r").get<int64_t>() != job.lora.rank)
-    bad("r = " + get("r").dump() + " but lora.rank is " + std::to_string(job.lora.rank));
-  if (!get("lora_alpha").is_number() || get("lora_alpha").get<double>() != job.lora.alpha)
-    bad("lora_alpha = " + get("lora_alpha").dump() + " but lora.alpha is " + config::detail::format_double(job.lora.alpha));
-  std::set<std::string> want, have;
-  for (const std::string& t : job.lora.targets) want.insert(module_word(t));
-  if (get("target_modules").is_array())
-    for (const json& m : get("target_modules")) have.insert(m.is_string() ? m.get<std::string>() : m.dump());
-  if (want != have)
-    bad("target_modules = " + get("target_modules").dump() + " but lora.targets gives " + json(want).dump());
-  for (const char* key : {"use_rslora", "use_dora", "fan_in_fan_out"})
-    if (get(key).is_boolean() && get(key).get<bool>()) bad(std::string(key) + " is true; thetad's LoRA has no such form");
-  if (!get("bias").is_null() && get("bias") != "none") bad("bias = " + get("bias").dump() + "; thetad's adapters have none");
-  for (const char* key : {"layers_to_transform", "modules_to_save"})
-    if (!get(key).is_null()) bad(std::string(key) + " = " + get(key).dump() + " is not supported");
-  for (const char* key : {"rank_pattern", "alpha_pattern"})
-    if (!get(key).is_null() && !get(key).empty()) bad(std::string(key) + " = " + get(key).dump() + " is not supported");
-}
 
 // "lora.T.I.WORD.a" -> PEFT's name of that matrix.
 std::string peft_name_of(const std::string& name) {
@@ -146,7 +111,9 @@ void load_peft_adapters(const config::Job& job, TaskModel& model) {
     const std::string dir = adapter_dir(job.lora.init_from, job, t);
     std::error_code ec;
     if (!fs::exists(dir, ec)) continue;
-    check_config(dir + "/" + kConfig, job);
+    check_adapter_config(dir, job);
+    const std::string outside = link_outside(dir, kWeights);
+    if (!outside.empty()) throw ConfigError(dir + "/" + kWeights + ": lora.init_from: " + outside);
     auto ck = std::make_shared<const SafetensorsCheckpoint>(SafetensorsCheckpoint::open(dir + "/" + kWeights));
     std::set<std::string> used;
     for (int64_t i = 0; i < job.model.layers; ++i)
@@ -164,7 +131,8 @@ void load_peft_adapters(const config::Job& job, TaskModel& model) {
       if (!used.count(n)) extra.push_back(n);
     if (!extra.empty()) {
       THETAD_LOG(warn, "train") << ck->path() << ": lora.init_from: " << extra.size()
-                                << " tensors are not adapters of lora.targets and are ignored, the first '" << extra[0] << "'";
+                                << " tensors are not adapters of lora.targets and are ignored, the first '"
+                                << printable(extra[0]) << "'";
     }
     ++loaded;
   }
@@ -215,7 +183,7 @@ std::string AdapterExport::write(int64_t task, const GroupState& st) const {
   }
   write_safetensors_file(dir + "/" + kWeights + ".tmp", tensors, {{"format", "pt"}}, /*sync=*/false);
   std::vector<std::string> modules;
-  for (const std::string& t : job_.lora.targets) modules.push_back(module_word(t));
+  for (const std::string& t : job_.lora.targets) modules.push_back(peft_module_word(t));
   const json config = {
       {"peft_type", "LORA"},
       {"task_type", "CAUSAL_LM"},

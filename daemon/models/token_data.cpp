@@ -1,13 +1,23 @@
 // The transformer's token data (see transformer.hpp): synthetic walks, .npy token files, and flat
-// binary token files of uint16 or uint32 ids (data.token_dtype), memory-mapped and read window
-// by window, so a file of billions of tokens costs no copy.
+// binary token files of uint16 or uint32 ids (data.token_dtype), read window by window with
+// pread, so a file of billions of tokens costs no copy, and one cut short while the job runs is an
+// error naming it (a memory map of it killed the rank with SIGBUS at the next window past the new
+// end: no check of the size before a read closes the race with a truncation, a SIGBUS handler would
+// be process-wide; a short read is an ordinary error).
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
+#include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/errors.hpp"
-#include "daemon/core/mapped_file.hpp"
+#include "common/file_read.hpp"
 #include "daemon/core/input_path.hpp"
 #include "daemon/core/npy.hpp"
 #include "daemon/models/param_builder.hpp"
@@ -52,10 +62,94 @@ class SyntheticTokens : public DataSource {
   torch::Device device_;
 };
 
+// A flat token file: its path and its size when the job started. Each batch opens it anew and
+// reads its windows with pread (a job may have a file per task, thousands of them: no descriptor
+// is held between batches); a file cut short since, or no longer a regular file, is an Error
+// naming it.
+class TokenFile {
+ public:
+  TokenFile(const std::string& path, size_t item) : path_(path), item_(item) {
+    struct stat st {};
+    const Fd fd{open_checked(&st, /*started=*/false)};
+    size_ = static_cast<uint64_t>(st.st_size);
+  }
+  uint64_t size() const { return size_; }
+  int64_t tokens() const { return static_cast<int64_t>(size_ / item_); }
+  // For each of `rows` starts, the n ids from there widened into dst (rows x n); an id at or above
+  // `vocab` (the file rewritten since its ids were checked) is an Error naming the file.
+  void windows(const int64_t* starts, int64_t rows, int64_t n, int64_t vocab, int64_t* dst) const {
+    struct stat st {};
+    const Fd fd{open_checked(&st, /*started=*/true)};
+    std::vector<char> buf(static_cast<size_t>(n) * item_);
+    for (int64_t r = 0; r < rows; ++r) {
+      read(fd.fd, static_cast<uint64_t>(starts[r]) * item_, buf);
+      int64_t* out = dst + r * n;
+      int64_t hi = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        if (item_ == 2) {
+          uint16_t v;
+          std::memcpy(&v, buf.data() + 2 * i, 2);
+          out[i] = v;
+        } else {
+          uint32_t v;
+          std::memcpy(&v, buf.data() + 4 * i, 4);
+          out[i] = v;
+        }
+        hi = std::max(hi, out[i]);
+      }
+      if (hi >= vocab)
+        throw Error(path_ + ": changed while the job ran: token id " + std::to_string(hi) + " near token " +
+                    std::to_string(starts[r]) + " is outside [0, model.vocab = " + std::to_string(vocab) +
+                    ") (token files must not change during a run)");
+    }
+  }
+
+ private:
+  struct Fd {
+    int fd;
+    ~Fd() { ::close(fd); }
+  };
+  // The file opened (non-blocking: a FIFO is refused, not waited on) and checked regular; a
+  // ConfigError before the job starts, an Error once it runs.
+  int open_checked(struct stat* st, bool started) const {
+    const auto fail = [&](const std::string& why) {
+      if (started) throw Error(path_ + ": changed while the job ran: " + why + " (token files must not change during a run)");
+      throw ConfigError(path_ + ": " + why);
+    };
+    const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) fail(std::string("cannot open: ") + std::strerror(errno));
+    const bool stat_ok = ::fstat(fd, st) == 0;
+    if (!stat_ok || !S_ISREG(st->st_mode)) {
+      const std::string why = !stat_ok ? std::string("cannot stat: ") + std::strerror(errno)
+                                       : "not a regular file (" + file_kind_name(st->st_mode) + ")";
+      ::close(fd);
+      fail(why);
+    }
+    return fd;
+  }
+  // buf.size() bytes at `offset`: a short read is the file cut short since the start.
+  void read(int fd, uint64_t offset, std::vector<char>& buf) const {
+    size_t done = 0;
+    while (done < buf.size()) {
+      const ssize_t r = ::pread(fd, buf.data() + done, buf.size() - done, static_cast<off_t>(offset + done));
+      if (r < 0 && errno == EINTR) continue;
+      if (r <= 0)
+        throw Error(path_ + ": changed while the job ran: " + (r < 0 ? std::string(std::strerror(errno)) : "it ends") +
+                    " at byte " + std::to_string(offset + done) + ", where it had " + std::to_string(size_) +
+                    " bytes at the start (token files must not change during a run)");
+      done += static_cast<size_t>(r);
+    }
+  }
+
+  std::string path_;
+  size_t item_;
+  uint64_t size_ = 0;
+};
+
 // Token files, one per task: data.dir/task{t}.npy (copied out as int64), or flat little-endian
-// ids data.dir/task{t}.bin (data.token_dtype uint16/uint32: the files stay mapped and each batch
-// gathers its windows from the map, widening them to int64). Windows start at random offsets,
-// seeded like the synthetic data. Every id is checked against model.vocab before any step.
+// ids data.dir/task{t}.bin (data.token_dtype uint16/uint32: each batch reads its windows from the
+// file, widened to int64). Windows start at random offsets, seeded like the synthetic data. Every
+// id is checked against model.vocab before any step.
 class TokenFiles : public DataSource {
  public:
   TokenFiles(const config::Job& job, torch::Device device)
@@ -68,13 +162,20 @@ class TokenFiles : public DataSource {
   }
   Batch batch(int64_t step, int rank, int world, int task, int64_t rows) override {
     (void)world;
-    const torch::Tensor& ids = tokens_.at(static_cast<size_t>(task));
+    const auto t = static_cast<size_t>(task);
+    const int64_t n = bins_[t] >= 0 ? files_[static_cast<size_t>(bins_[t])].tokens() : tokens_.at(t).size(0);
     auto gen = generator(mix_seed(seed_, 0x70c3, static_cast<uint64_t>(step), static_cast<uint64_t>(rank) * 1000003u + task));
-    const torch::Tensor start = torch::randint(ids.size(0) - seq_, {rows, 1}, gen, torch::kInt64);
-    const torch::Tensor index = start + torch::arange(seq_ + 1, torch::kInt64).unsqueeze(0);
-    torch::Tensor w = ids.index_select(0, index.reshape({-1})).to(torch::kInt64);
-    if (ids.scalar_type() == torch::kInt16) w = w.bitwise_and(0xffff);  // uint16 ids read as int16 bits
-    return split_windows(w.view({rows, seq_ + 1}).to(device_));
+    const torch::Tensor start = torch::randint(n - seq_, {rows, 1}, gen, torch::kInt64);
+    torch::Tensor w;
+    if (bins_[t] >= 0) {
+      w = torch::empty({rows, seq_ + 1}, torch::kInt64);
+      files_[static_cast<size_t>(bins_[t])].windows(start.data_ptr<int64_t>(), rows, seq_ + 1, vocab_,
+                                                    w.data_ptr<int64_t>());
+    } else {
+      const torch::Tensor index = start + torch::arange(seq_ + 1, torch::kInt64).unsqueeze(0);
+      w = tokens_[t].index_select(0, index.reshape({-1})).view({rows, seq_ + 1});
+    }
+    return split_windows(w.to(device_));
   }
 
  private:
@@ -102,36 +203,38 @@ class TokenFiles : public DataSource {
           : type == torch::kInt32 ? ids.to(torch::kInt64)
                                   : ids.clone();
     check(path, ids.numel(), ids.min().item<int64_t>(), ids.max().item<int64_t>());
+    bins_.push_back(-1);
     tokens_.push_back(ids);
   }
   void add_bin(const std::string& path, bool wide) {
     const size_t item = wide ? 4 : 2;
-    MappedFile f = MappedFile::open(path);
+    TokenFile f(path, item);
+    if (f.size() == 0) throw ConfigError(path + ": empty file");
     if (f.size() % item != 0)
       throw ConfigError(path + ": " + std::to_string(f.size()) + " bytes, not a whole number of " +
                         (wide ? "uint32" : "uint16") + " token ids (data.token_dtype)");
-    const auto n = static_cast<int64_t>(f.size() / item);
-    check(path, n, 0, static_cast<int64_t>(wide ? max_id<uint32_t>(f) : max_id<uint16_t>(f)));
-    // Read as the signed type of the same width (ids < vocab <= 2^31 are the same bits).
-    tokens_.push_back(torch::from_blob(const_cast<char*>(f.data()), {n}, wide ? torch::kInt32 : torch::kInt16));
-    maps_.push_back(std::move(f));
-  }
-  template <typename T>
-  static uint64_t max_id(const MappedFile& f) {
-    T hi = 0;
-    for (size_t i = 0; i < f.size() / sizeof(T); ++i) {
-      T v;
-      std::memcpy(&v, f.data() + i * sizeof(T), sizeof(T));
-      hi = std::max(hi, v);
+    if (f.tokens() < seq_ + 1) check(path, f.tokens(), 0, 0);
+    // Every id checked once, in pieces read from the file (the largest is all that matters).
+    int64_t hi = 0;
+    std::vector<int64_t> piece;
+    for (int64_t first = 0; first < f.tokens(); first += kCheckPiece) {
+      piece.resize(static_cast<size_t>(std::min(kCheckPiece, f.tokens() - first)));
+      f.windows(&first, 1, static_cast<int64_t>(piece.size()), std::numeric_limits<int64_t>::max(), piece.data());
+      hi = std::max(hi, *std::max_element(piece.begin(), piece.end()));
     }
-    return hi;
+    check(path, f.tokens(), 0, hi);
+    bins_.push_back(static_cast<int64_t>(files_.size()));
+    tokens_.emplace_back();
+    files_.push_back(std::move(f));
   }
 
+  static constexpr int64_t kCheckPiece = int64_t{1} << 20;
   uint64_t seed_;
   int64_t seq_, vocab_;
   torch::Device device_;
-  std::vector<MappedFile> maps_;       // what the .bin files' tensors point into
-  std::vector<torch::Tensor> tokens_;  // per task: int64 ids (.npy) or the mapped ids (.bin)
+  std::vector<int64_t> bins_;          // per task: its .bin file in files_, or -1 (.npy)
+  std::vector<TokenFile> files_;       // the .bin files
+  std::vector<torch::Tensor> tokens_;  // per task: int64 ids (.npy)
 };
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "config/loader.hpp"
@@ -75,6 +76,74 @@ TEST_F(HfConfig, RefusesWhatItCannotCompute) {
   EXPECT_TRUE(test::contains(test::error_of(job("")), "config.json: not a JSON object"));
   fs::remove(dir_ / "config.json");
   EXPECT_TRUE(test::contains(test::error_of(job("")), "has no config.json"));
+}
+
+// config.json comes with a model from elsewhere: its nesting is bounded at parse (a 200 KB value
+// of nested arrays overflowed the stack when an error quoted it), it is read only as a regular
+// file of bounded size, never through a link out of its directory, and what it gives must fit.
+TEST_F(HfConfig, NestedDeepRefused) {
+  config(R"({"model_type": "llama", "hidden_size": )" + std::string(100000, '[') + std::string(100000, ']') + "}");
+  const std::string e = test::error_of(job(""));
+  EXPECT_TRUE(test::contains(e, (dir_ / "config.json").string() + ": nested deeper than 64 levels")) << e.substr(0, 400);
+}
+
+TEST_F(HfConfig, NotARegularFileOrTooLargeRefused) {
+  const std::string path = (dir_ / "config.json").string();
+  ASSERT_EQ(::mkfifo(path.c_str(), 0600), 0);
+  std::string e = test::error_of(job(""));
+  EXPECT_TRUE(test::contains(e, path + ": not a regular file (a FIFO)")) << e;
+  fs::remove(path);
+  config(std::string(17 << 20, ' ') + kLlama);
+  e = test::error_of(job(""));
+  EXPECT_TRUE(test::contains(e, path + ": larger than 16777216 bytes")) << e;
+}
+
+TEST_F(HfConfig, LinksOnlyWithinTheModel) {
+  const std::string path = (dir_ / "config.json").string();
+  fs::create_symlink("/etc/passwd", path);
+  std::string e = test::error_of(job(""));
+  EXPECT_TRUE(test::contains(e, path + ": a symbolic link to /etc/passwd, outside")) << e;
+  fs::remove(path);
+  std::ofstream(dir_ / "real.json") << kLlama;  // a link within the directory is followed
+  fs::create_symlink("real.json", path);
+  EXPECT_EQ(test::error_of(job("")), "(accepted)");
+  // A Hugging Face cache: REPO/snapshots/REV/config.json -> ../../blobs/HASH.
+  const fs::path repo = dir_ / "models--org--tiny", snap = repo / "snapshots" / "abc123";
+  fs::create_directories(snap);
+  fs::create_directories(repo / "blobs");
+  std::ofstream(repo / "blobs" / "f00d") << kLlama;
+  fs::create_symlink("../../blobs/f00d", snap / "config.json");
+  const std::string yaml = "steps: 1\nmodel: {kind: transformer, init_from: " + snap.string() + "}\ndata: {}\n";
+  EXPECT_EQ(test::error_of(yaml), "(accepted)");
+}
+
+TEST_F(HfConfig, IntegersMustFit) {
+  config(R"({"model_type": "llama", "hidden_size": 18446744073709551615, "num_hidden_layers": -2})");
+  const std::string e = test::error_of(job(""));
+  const std::string file = (dir_ / "config.json").string();
+  EXPECT_TRUE(test::contains(e, file + ": 'hidden_size' is 18446744073709551615, not an integer in 1..")) << e;
+  EXPECT_TRUE(test::contains(e, file + ": 'num_hidden_layers' is -2, not an integer in 1..")) << e;
+  EXPECT_FALSE(test::contains(e, "model.d_model:")) << e;  // not blamed on the job's own key
+}
+
+// A config.json, or a model directory, that cannot be read is reported with the system's reason,
+// not as missing or malformed. Root reads anything: the check runs as nobody in a child process.
+TEST_F(HfConfig, UnreadableReportedAsSuch) {
+  config(kLlama);
+  const std::string file = (dir_ / "config.json").string();
+  for (const bool whole_dir : {false, true}) {
+    ::chmod(whole_dir ? dir_.c_str() : file.c_str(), whole_dir ? 0700 : 0);
+    EXPECT_EXIT(
+        {
+          if (::geteuid() == 0 && (::setgid(65534) != 0 || ::setuid(65534) != 0)) std::exit(3);
+          const std::string e = test::error_of(job(""));
+          std::fprintf(stderr, "%s\n", e.c_str());
+          std::exit(test::contains(e, file + ": cannot read: Permission denied") ? 0 : 1);
+        },
+        ::testing::ExitedWithCode(0), "Permission denied");
+    ::chmod(dir_.c_str(), 0755);
+    ::chmod(file.c_str(), 0644);
+  }
 }
 
 }  // namespace

@@ -72,7 +72,7 @@ expect_code 2 lora_rank "$logits_bin" "$job" --set model.init_from="$base" --set
   --set lora.rank=2 --tokens "$WORK/tokens.npy" --task 0 --out "$WORK/x.npy"
 expect_in lora_rank "adapters/0/adapter_config.json: lora.init_from: r = 4 but lora.rank is 2"
 
-# Flat uint16 token files (one per task), memory-mapped; a file that is not whole ids: exit 2.
+# Flat uint16 token files (one per task), read window by window; a file that is not whole ids: exit 2.
 mkdir -p "$WORK/bin"
 $py - "$WORK/bin" <<'PY'
 import numpy as np, sys

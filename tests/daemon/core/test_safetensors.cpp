@@ -17,18 +17,8 @@ namespace thetad::daemon {
 namespace {
 
 using test::expect_config_error;
-
-void put(const std::string& path, const std::string& bytes) {
-  std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-}
-
-// A file of the given header text (padded to 8) followed by `data`.
-std::string st_bytes(std::string header, const std::string& data) {
-  header.append((8 - header.size() % 8) % 8, ' ');
-  std::string out(8, '\0');
-  for (int i = 0; i < 8; ++i) out[static_cast<size_t>(i)] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
-  return out + header + data;
-}
+using test::put;
+using test::st_bytes;
 
 TEST(Safetensors, WriteReadRoundTripAllFloatDtypes) {
   test::ScratchDir dir;

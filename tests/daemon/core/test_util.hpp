@@ -57,6 +57,19 @@ void expect_config_error(F&& f, const std::string& file, const std::string& what
   }
 }
 
+// Writes `bytes` to `path` (replaced).
+inline void put(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+// A safetensors file of the given header text (padded to 8) followed by `data`.
+inline std::string st_bytes(std::string header, const std::string& data) {
+  header.append((8 - header.size() % 8) % 8, ' ');
+  std::string out(8, '\0');
+  for (int i = 0; i < 8; ++i) out[static_cast<size_t>(i)] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
+  return out + header + data;
+}
+
 inline bool have_python() { return std::filesystem::exists("/usr/bin/python3"); }
 
 // Runs a python3 snippet with `path` as argv[1]; true if it exits 0.
