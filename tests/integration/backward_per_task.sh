@@ -85,9 +85,12 @@ same_hash "slots, host store == the plain fused pass bitwise" slots_store_np2 tf
 same_hash "slots, 4 llama tasks == the plain fused pass bitwise" slots_four four_tasks_joint
 
 # auto says what it picked, once: a pass per task for the MLP's frozen trunk, the fused joint
-# pass for the transformer.
+# pass for the transformer where a task's rows are under 1,024 tokens.
 expect_in mlp_np2_auto "train.backward auto: a forward and backward per task"
 expect_not_in tfm_np2_auto "a forward and backward per task"
+# ... and a pass per task for the transformer where a task's rows hold 1,024 tokens (4 x 256).
+run_np tfm_long_auto 1 "$tfm" "${frozen[@]}" --set model.seq_len=256 --set steps=1
+expect_in tfm_long_auto "train.backward auto: a forward and backward per task"
 run_np tfm_trained_auto 2 "$tfm" --set data.tasks_per_rank=2 --set steps=8
 if grep -q "a forward and backward per task" "$WORK/tfm_trained_auto.log"; then
   fail "auto with a trained Θ: split the backward"
