@@ -1,12 +1,9 @@
-# The integration scripts' helpers: the shared test library (tests/lib/test_lib.sh: $WORK,
-# pass/fail/skip/die/finish, wait_for, expect_code, expect_in), mpirun flags for loopback, and
-# helpers that read thetad's logs, checkpoints and processes.
+# The integration scripts' helpers: the shell tests' one library (tests/lib/test_lib.sh: $WORK,
+# pass/fail/skip/die/finish, wait_for, expect_code, expect_in, MPIRUN_FLAGS), and helpers that
+# read thetad's logs, checkpoints and processes.
 # shellcheck shell=bash
 # shellcheck source=../lib/test_lib.sh
 source "$(cd "$(dirname "${BASH_SOURCE[0]}")/../lib" && pwd)/test_lib.sh"
-MPIRUN_FLAGS=(--oversubscribe --bind-to none --mca btl self,vader,tcp --mca btl_tcp_if_include lo
-              --mca oob_tcp_if_include lo --mca pml ob1)
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # skip_without_gpu: ends the test as skipped (ctest: Skipped) where no GPU is visible.
 skip_without_gpu() {
