@@ -231,9 +231,11 @@ int report_error(const std::exception& e, const std::string& command) {
 // and MPI once per world instead of once per job (about 1.5 s of a 2-rank start against 0.2 s of
 // a small job's run). Each line of LIST: `LOG JOB.yaml [thetad run's options]` (words split at
 // blanks; `#` starts a comment line). A job's output, every rank's stdout and stderr, is
-// appended to its LOG, as `mpirun ... thetad run ... >>LOG 2>&1` would write it. The first job
-// that does not end 0 ends the list with its exit code (with several ranks a failure aborts the
-// whole list, as it aborts a job).
+// appended to its LOG, as `mpirun ... thetad run ... >>LOG 2>&1` would write it, and then each
+// rank's `thetad run-jobs: rank R of N: exit CODE`. A job that ends with a code on every rank (a
+// bad job: exit 2) is followed by the next; one that fails on one rank aborts the whole list, as
+// it aborts a job, and a stop signal ends it (exit 4). The list's exit code: its first job's
+// that did not end 0, else 0.
 struct ListedJob {
   std::string log;
   Args args;
@@ -305,6 +307,7 @@ int cmd_run_jobs(const Args& a) {
   thetad::comm::MpiSession session;
   const auto world = thetad::comm::world_info();
   report_faults();
+  int first_failure = thetad::kExitOk;
   for (const ListedJob& j : jobs) {
     const OutputTo output(j.log);
     int code = thetad::kExitOk;
@@ -314,9 +317,11 @@ int cmd_run_jobs(const Args& a) {
     } catch (const std::exception& e) {
       code = report_error(e, "run");
     }
-    if (code != thetad::kExitOk) return code;
+    std::cerr << "thetad run-jobs: rank " << world.rank << " of " << world.size << ": exit " << code << "\n";
+    if (first_failure == thetad::kExitOk) first_failure = code;
+    if (code == thetad::kExitInterrupted) break;  // a stop ends the list
   }
-  return thetad::kExitOk;
+  return first_failure;
 }
 
 }  // namespace
