@@ -92,12 +92,14 @@ wait_for() {
 # exists GLOB: a path matching GLOB exists (for wait_for).
 exists() { compgen -G "$1" >/dev/null; }
 
-# expect_code CODE NAME CMD...: runs CMD, its output in $WORK/NAME.log, checks its exit code.
+# expect_code CODE NAME CMD...: runs CMD, its output in $WORK/NAME.log, checks its exit code
+# (and says how long it took: where a test's time goes).
 expect_code() {
   local want=$1 name=$2; shift 2
-  local got=0
+  local got=0 start=${EPOCHREALTIME/./} tenths
   "$@" > "$WORK/$name.log" 2>&1 || got=$?
-  if [ "$got" -eq "$want" ]; then pass "$name (exit $got)"; else
+  tenths=$(( (${EPOCHREALTIME/./} - start) / 100000 ))
+  if [ "$got" -eq "$want" ]; then pass "$name (exit $got, $((tenths / 10)).$((tenths % 10)) s)"; else
     fail "$name: exit $got, expected $want"; tail -15 "$WORK/$name.log"; fi
 }
 # expect_in NAME PATTERN: the log of NAME has a line matching PATTERN (grep -E).
