@@ -14,36 +14,47 @@ skip_without_gpu() {
 final_hash() { grep -o 'final params hash: [0-9a-f]*' "$1" | awk '{print $4}' | tail -1; }
 # run_np NAME NP JOB ARGS...: `thetad run JOB` on NP ranks from scratch, expecting exit 0, with its
 # checkpoints in $WORK/NAME.ckpt, its metrics in $WORK/NAME.jsonl and its log in $WORK/NAME.log.
+# queue_np NAME NP JOB ARGS...: the same run, queued (run_queue below).
+fresh_args() { echo "--no-resume --set checkpoint.dir=$WORK/$1.ckpt --set metrics.path=$WORK/$1.jsonl --set log.level=info"; }
 run_np() {
   local name=$1 np=$2 job=$3; shift 3
-  expect_code 0 "$name" mpirun "${MPIRUN_FLAGS[@]}" -np "$np" "$thetad" run "$job" --no-resume \
-    --set checkpoint.dir="$WORK/$name.ckpt" --set metrics.path="$WORK/$name.jsonl" --set log.level=info "$@"
+  # shellcheck disable=SC2046  # $WORK holds no blank
+  expect_code 0 "$name" mpirun "${MPIRUN_FLAGS[@]}" -np "$np" "$thetad" run "$job" $(fresh_args "$name") "$@"
 }
-# Many runs, one start (thetad run-jobs, daemon/main.cpp: a process start per rank for the lot
-# instead of per run, about 1.5 s each on two cores):
-#   queue NAME CODE ARGS...        a run of `thetad run ARGS` that must end CODE on every rank, its
-#                                  output in $WORK/NAME.log (no word of ARGS may hold a blank)
-#   run_queue NP [MPIRUN_ARGS...]  runs the queue in order on NP ranks, then passes or fails each
-#                                  run as expect_code does; the queue is empty after
-# A run that fails on one rank only aborts the runs after it (they fail too, with no exit).
+queue_np() {
+  local name=$1 np=$2 job=$3; shift 3
+  # shellcheck disable=SC2046
+  queue "$name" "$np" 0 "$job" $(fresh_args "$name") "$@"
+}
+# Many runs, few starts (thetad run-jobs, daemon/main.cpp: one process start per rank for all the
+# runs of a world size instead of one per run, about 1.5 s each on two cores):
+#   queue NAME NP CODE ARGS...  a run of `thetad run ARGS` on NP ranks that must end CODE on every
+#                               rank, its output in $WORK/NAME.log (no word of ARGS may hold a blank)
+#   run_queue [MPIRUN_ARGS...]  runs the queue, in order, one start per world size, then passes
+#                               or fails each run as expect_code does; the queue is empty after
+# Queue runs whose outcome every rank reaches alike: a run that fails on one rank (or is refused
+# after start-up, which aborts the job) aborts the list, and the runs after it fail with no exit.
 QUEUE=()
 queue() {
-  local name=$1 code=$2 word; shift 2
+  local name=$1 np=$2 code=$3 word; shift 3
   for word in "$@"; do [[ $word != *[[:space:]]* ]] || die "queue $name: the word '$word' holds a blank"; done
-  QUEUE+=("$name $code $*")
+  QUEUE+=("$np $name $code $*")
 }
 run_queue() {
-  local np=$1 entry name code args got list
-  shift
-  list=$(mktemp "$WORK/queue.XXXXXX")
-  for entry in "${QUEUE[@]}"; do
-    read -r name code args <<<"$entry"
-    : > "$WORK/$name.log"
-    echo "$WORK/$name.log $args" >> "$list"
+  local nps np entry name code args got list
+  nps=$(for entry in "${QUEUE[@]}"; do echo "${entry%% *}"; done | awk '!seen[$0]++')
+  for np in $nps; do
+    list=$(mktemp "$WORK/queue.XXXXXX")
+    for entry in "${QUEUE[@]}"; do
+      read -r _ name code args <<<"$entry"
+      [ "${entry%% *}" = "$np" ] || continue
+      : > "$WORK/$name.log"
+      echo "$WORK/$name.log $args" >> "$list"
+    done
+    mpirun "${MPIRUN_FLAGS[@]}" "$@" -np "$np" "$thetad" run-jobs "$list" > "$list.out" 2>&1 || true
   done
-  mpirun "${MPIRUN_FLAGS[@]}" "$@" -np "$np" "$thetad" run-jobs "$list" > "$list.out" 2>&1 || true
   for entry in "${QUEUE[@]}"; do
-    read -r name code _ <<<"$entry"
+    read -r np name code _ <<<"$entry"
     got=$(sed -n -E "s/^thetad run-jobs: rank [0-9]+ of $np: exit ([0-9]+)$/\1/p" "$WORK/$name.log" | sort | uniq -c |
           awk '{printf "%s%s x %s", sep, $2, $1; sep = ", "}')
     if [ "$got" = "$code x $np" ]; then pass "$name (exit $code)"; else

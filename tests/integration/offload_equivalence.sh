@@ -8,13 +8,13 @@ source "$(dirname "$0")/lib.sh"
 thetad=$1
 reference=$2
 job=$HERE/jobs/small.yaml
-# on_off NP NAME ARGS...: queues the job with offload off and on for run_queue NP (each run's
+# on_off NP NAME ARGS...: queues the job with offload off and on on NP ranks (each run's
 # log $WORK/NAME_offload_{false,true}.log, metrics $WORK/NAME_{false,true}.jsonl); on_off_check
 # NAME, after the runs: the same final hash, and swaps in the offload run's metrics.
 on_off() {
   local np=$1 name=$2; shift 2
   for off in false true; do
-    queue "${name}_offload_$off" 0 "$job" --no-resume --set steps=20 --set offload.enabled=$off \
+    queue "${name}_offload_$off" "$np" 0 "$job" --no-resume --set steps=20 --set offload.enabled=$off \
       --set offload.device_slots=2 --set offload.prefetch=1 --set metrics.path="$WORK/${name}_$off.jsonl" "$@"
   done
   CHECKS+=("$name")
@@ -37,16 +37,13 @@ CHECKS=()
 xc=(--set model.kind=extreme_classifier --set model.classes=400 --set optimizer.lr=0.03
     --set offload.shard_mb=0.004)
 # Every run of a world size in one start (run_queue); the checks after.
-for np in 1 4; do
+for np in 1 2 4; do
   on_off "$np" "np$np" --set model.tasks=6
   on_off "$np" "xc_np$np" "${xc[@]}" --set checkpoint.dir="$WORK/xc_ck_np$np"
-  run_queue "$np"
 done
-on_off 2 np2 --set model.tasks=6
 # DDP's semantics (prune off, average world): every bucket is reduced, groups nobody used
 # included; those are not stepped (their copies to the host are discarded), as with offload off.
 on_off 2 np2_prune_off --set model.tasks=6 --set comm.prune=false --set comm.average=world
-on_off 2 xc_np2 "${xc[@]}" --set checkpoint.dir="$WORK/xc_ck_np2"
 on_off 2 xc_accumulate_np2 "${xc[@]}" --set accumulate_steps=2
 # Sampled softmax over the shards (the label classes plus 20 sampled ones per step): offload on
 # == off bitwise, and the single-process reference agrees.
@@ -64,17 +61,17 @@ on_off 2 xc_sparse_accumulate_np2 "${xcs[@]}" --set accumulate_steps=2
 # Gradient clipping of offloaded groups: the owner clips by the norm of the reduced gradient on
 # the host (it never is whole on the device with shards); the reference clips on the tensors.
 # clip_norm 0.05 clips most steps; same parameters within 1e-5.
-queue xc_clip 0 "$job" --no-resume --set steps=20 "${xc[@]}" --set optimizer.clip_norm=0.05 \
+queue xc_clip 2 0 "$job" --no-resume --set steps=20 "${xc[@]}" --set optimizer.clip_norm=0.05 \
   --set offload.enabled=true --set offload.device_slots=2 --set checkpoint.dir="$WORK/xc_ck_clip"
 # The unsharded model (weight and bias apart, one matmul per slice), compared below.
-queue xc_unsharded 0 "$job" --no-resume --set steps=20 "${xc[@]}" --set offload.shard_mb=0 \
+queue xc_unsharded 2 0 "$job" --no-resume --set steps=20 "${xc[@]}" --set offload.shard_mb=0 \
   --set offload.enabled=true --set offload.device_slots=2 --set checkpoint.dir="$WORK/xc_ck_unsharded"
 # Bad settings exit 2 with a clear message: slots < 1, an arena larger than the host limit, row
 # shards on a model that does not compute over them, one slot for two-at-a-time shards.
-queue zero_slots 2 "$job" --no-resume --set offload.enabled=true --set offload.device_slots=0
-queue host_limit 2 "$job" --no-resume --set offload.enabled=true --set offload.host_limit_mb=0.001
-queue shard_mlp 2 "$job" --no-resume --set offload.enabled=true --set offload.shard_mb=1
-run_queue 2
+queue zero_slots 2 2 "$job" --no-resume --set offload.enabled=true --set offload.device_slots=0
+queue host_limit 2 2 "$job" --no-resume --set offload.enabled=true --set offload.host_limit_mb=0.001
+queue shard_mlp 2 2 "$job" --no-resume --set offload.enabled=true --set offload.shard_mb=1
+run_queue
 # (Refused once the store is planned, after start-up: the ranks abort the job with exit 2.)
 expect_code 2 shard_one_slot mpirun "${MPIRUN_FLAGS[@]}" -np 2 "$thetad" run "$job" --no-resume \
   "${xc[@]}" --set offload.enabled=true --set offload.device_slots=1
