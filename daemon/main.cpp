@@ -317,7 +317,11 @@ int cmd_run_jobs(const Args& a) {
     } catch (const std::exception& e) {
       code = report_error(e, "run");
     }
-    std::cerr << "thetad run-jobs: rank " << world.rank << " of " << world.size << ": exit " << code << "\n";
+    // One write: the ranks append to the same file, line by whole line.
+    const std::string said = "thetad run-jobs: rank " + std::to_string(world.rank) + " of " +
+                             std::to_string(world.size) + ": exit " + std::to_string(code) + "\n";
+    std::cerr.flush();
+    (void)!::write(STDERR_FILENO, said.data(), said.size());
     if (first_failure == thetad::kExitOk) first_failure = code;
     if (code == thetad::kExitInterrupted) break;  // a stop ends the list
   }
