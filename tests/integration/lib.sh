@@ -26,39 +26,55 @@ queue_np() {
   # shellcheck disable=SC2046
   queue "$name" "$np" 0 "$job" $(fresh_args "$name") "$@"
 }
-# Many runs, few starts (thetad run-jobs, daemon/main.cpp: one process start per rank for all the
-# runs of a world size instead of one per run, about 1.5 s each on two cores):
+# Many runs, few starts (thetad run-jobs, daemon/main.cpp, and thetad_reference --cases: one
+# process start per rank for all the runs of a world size, one for all the comparisons, instead
+# of one per run, about 1.5 s each on two cores):
 #   queue NAME NP CODE ARGS...  a run of `thetad run ARGS` on NP ranks that must end CODE on every
-#                               rank, its output in $WORK/NAME.log (no word of ARGS may hold a blank)
-#   run_queue [MPIRUN_ARGS...]  runs the queue, in order, one start per world size, then passes
-#                               or fails each run as expect_code does; the queue is empty after
-# Queue runs whose outcome every rank reaches alike: a run that fails on one rank (or is refused
-# after start-up, which aborts the job) aborts the list, and the runs after it fail with no exit.
+#                               rank, its output in $WORK/NAME.log
+#   queue_ref NAME CODE ARGS... a comparison `thetad_reference ARGS` (after the runs) that must end
+#                               CODE (0: the parameters agree, 1: they do not), its verdict in
+#                               $WORK/NAME.log
+#   run_queue [MPIRUN_ARGS...]  runs the queue, the runs in order, one start per world size, then
+#                               the comparisons in one start, and passes or fails each as
+#                               expect_code does; the queue is empty after
+# No word of ARGS may hold a blank. Queue runs whose outcome every rank reaches alike: a run that
+# fails on one rank (or is refused after start-up, which aborts the job) aborts the list, and the
+# runs after it fail with no exit.
 QUEUE=()
 queue() {
   local name=$1 np=$2 code=$3 word; shift 3
   for word in "$@"; do [[ $word != *[[:space:]]* ]] || die "queue $name: the word '$word' holds a blank"; done
   QUEUE+=("$np $name $code $*")
 }
+queue_ref() { local name=$1 code=$2; shift 2; queue "$name" ref "$code" "$@"; }
 run_queue() {
   local nps np entry name code args got list
-  nps=$(for entry in "${QUEUE[@]}"; do echo "${entry%% *}"; done | awk '!seen[$0]++')
-  for np in $nps; do
+  nps=$(for entry in "${QUEUE[@]}"; do echo "${entry%% *}"; done | awk '$0 != "ref" && !seen[$0]++')
+  for np in $nps ref; do
     list=$(mktemp "$WORK/queue.XXXXXX")
     for entry in "${QUEUE[@]}"; do
       read -r _ name code args <<<"$entry"
       [ "${entry%% *}" = "$np" ] || continue
       : > "$WORK/$name.log"
-      echo "$WORK/$name.log $args" >> "$list"
+      if [ "$np" = ref ]; then echo "$name $args"; else echo "$WORK/$name.log $args"; fi >> "$list"
     done
-    mpirun "${MPIRUN_FLAGS[@]}" "$@" -np "$np" "$thetad" run-jobs "$list" > "$list.out" 2>&1 || true
+    if [ "$np" != ref ]; then
+      mpirun "${MPIRUN_FLAGS[@]}" "$@" -np "$np" "$thetad" run-jobs "$list" > "$list.out" 2>&1 || true
+    elif [ -s "$list" ]; then
+      "$reference" --cases "$list" > "$list.out" 2>&1 || true
+      while read -r name _; do grep "^$name " "$list.out" > "$WORK/$name.log" || true; done < "$list"
+    fi
   done
   for entry in "${QUEUE[@]}"; do
     read -r np name code _ <<<"$entry"
-    got=$(sed -n -E "s/^thetad run-jobs: rank [0-9]+ of $np: exit ([0-9]+)$/\1/p" "$WORK/$name.log" | sort | uniq -c |
-          awk '{printf "%s%s x %s", sep, $2, $1; sep = ", "}')
+    if [ "$np" = ref ]; then
+      got=$(sed -n -E -e "s/^$name ok: .*/0 x ref/p" -e "s/^$name FAIL: .*/1 x ref/p" "$WORK/$name.log")
+    else
+      got=$(sed -n -E "s/^thetad run-jobs: rank [0-9]+ of $np: exit ([0-9]+)$/\1/p" "$WORK/$name.log" | sort | uniq -c |
+            awk '{printf "%s%s x %s", sep, $2, $1; sep = ", "}')
+    fi
     if [ "$got" = "$code x $np" ]; then pass "$name (exit $code)"; else
-      fail "$name: exit ${got:-none: the list was aborted}, expected $code on $np ranks"; tail -15 "$WORK/$name.log"; fi
+      fail "$name: exit ${got:-none: the list was aborted}, expected $code ($np)"; tail -15 "$WORK/$name.log"; fi
   done
   QUEUE=()
 }
