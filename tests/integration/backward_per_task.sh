@@ -14,14 +14,15 @@ tfm=$HERE/jobs/transformer.yaml
 mlp=$HERE/jobs/small.yaml
 frozen=(--set model.train_shared=false --set data.tasks_per_rank=2 --set steps=8)
 
-# joint_vs NAME NP JOB ARGS...: train.backward joint, per_task and auto: one final hash.
+# Every run is queued first and run by world size, one start each (run_queue); the checks after.
+# joint_vs NAME NP JOB ARGS...: train.backward joint, per_task and auto, queued: one final hash.
+JOINT=()
 joint_vs() {
   local name=$1 np=$2 job=$3; shift 3
   for mode in joint per_task auto; do
-    run_np "${name}_$mode" "$np" "$job" "$@" --set train.backward=$mode
+    queue_np "${name}_$mode" "$np" "$job" "$@" --set train.backward=$mode
   done
-  same_hash "$name: per_task == joint bitwise" "${name}_joint" "${name}_per_task"
-  same_hash "$name: auto == joint bitwise" "${name}_joint" "${name}_auto"
+  JOINT+=("$name")
 }
 joint_vs tfm_np1 1 "$tfm" "${frozen[@]}"
 joint_vs tfm_np2 2 "$tfm" "${frozen[@]}" --set comm.prune=true
@@ -30,22 +31,29 @@ joint_vs tfm_llama_bf16_np2 2 "$tfm" "${frozen[@]}" --set model.arch=llama --set
 joint_vs mlp_np2 2 "$mlp" "${frozen[@]}" --set model.trunk_layers=3
 joint_vs tfm_discover_np2 2 "$tfm" "${frozen[@]}" --set comm.active=discover
 joint_vs tfm_store_np2 2 "$tfm" "${frozen[@]}" --set offload.enabled=true --set offload.device_slots=2
-expect_code 0 tfm_np2_reference "$reference" "$tfm" --world 2 "${frozen[@]}" --set comm.prune=true \
+queue_ref tfm_np2_reference 0 "$tfm" --world 2 "${frozen[@]}" --set comm.prune=true \
   --compare "$WORK/tfm_np2_per_task.ckpt"
+queue_np tfm_trained_auto 2 "$tfm" --set data.tasks_per_rank=2 --set steps=8
+# The stash's pinned buffers: the blocks of one task alive at a time, not of both.
+for mode in joint per_task; do
+  queue_np "act_$mode" 1 "$tfm" "${frozen[@]}" --set offload.activations=true --set train.backward=$mode
+done
+# A trained Θ, per_task: gradient accumulation over the tasks, the same parameters up to rounding.
+queue_np trained_joint 2 "$tfm" --set data.tasks_per_rank=2 --set steps=8 --set train.backward=joint
+queue_np trained_per_task 2 "$tfm" --set data.tasks_per_rank=2 --set steps=8 --set train.backward=per_task
+run_queue
 
+for name in "${JOINT[@]}"; do
+  same_hash "$name: per_task == joint bitwise" "${name}_joint" "${name}_per_task"
+  same_hash "$name: auto == joint bitwise" "${name}_joint" "${name}_auto"
+done
 # auto says what it picked, once.
 expect_in tfm_np2_auto "train.backward auto: a forward and backward per task"
-run_np tfm_trained_auto 2 "$tfm" --set data.tasks_per_rank=2 --set steps=8
 if grep -q "a forward and backward per task" "$WORK/tfm_trained_auto.log"; then
   fail "auto with a trained Θ: split the backward"
 else
   pass "auto with a trained Θ: one backward over the sum"
 fi
-
-# The stash's pinned buffers: the blocks of one task alive at a time, not of both.
-for mode in joint per_task; do
-  run_np "act_$mode" 1 "$tfm" "${frozen[@]}" --set offload.activations=true --set train.backward=$mode
-done
 same_hash "activations: per_task == joint bitwise" act_joint act_per_task
 /usr/bin/python3 - "$WORK/act_joint.jsonl" "$WORK/act_per_task.jsonl" <<'PY' \
   && pass "activations: per_task holds half the stash's buffers" || fail "activations: stash buffers"
@@ -54,10 +62,6 @@ joint, per_task = ([json.loads(l)["act_pool_allocations"] for l in open(p)] for 
 assert joint[0] > 0 and per_task[0] * 2 == joint[0], (joint[0], per_task[0])
 print("pinned buffers: joint %d, per_task %d" % (joint[0], per_task[0]))
 PY
-
-# A trained Θ, per_task: gradient accumulation over the tasks, the same parameters up to rounding.
-run_np trained_joint 2 "$tfm" --set data.tasks_per_rank=2 --set steps=8 --set train.backward=joint
-run_np trained_per_task 2 "$tfm" --set data.tasks_per_rank=2 --set steps=8 --set train.backward=per_task
 if out=$(/usr/bin/python3 "$HERE/compare_checkpoints.py" "$WORK/trained_joint.ckpt" "$WORK/trained_per_task.ckpt" 1e-5 2>&1); then
   pass "trained Θ: per_task == joint within 1e-5 ($out)"
 else
