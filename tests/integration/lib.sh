@@ -37,9 +37,9 @@ queue_np() {
 #   run_queue [MPIRUN_ARGS...]  runs the queue, the runs in order, one start per world size, then
 #                               the comparisons in one start, and passes or fails each as
 #                               expect_code does; the queue is empty after
-# No word of ARGS may hold a blank. Queue runs whose outcome every rank reaches alike: a run that
-# fails on one rank (or is refused after start-up, which aborts the job) aborts the list, and the
-# runs after it fail with no exit.
+# The script's $thetad runs them, and its $reference compares. No word of ARGS may hold a blank.
+# Queue runs whose outcome every rank reaches alike: a run that fails on one rank (or is refused
+# after start-up, which aborts the job) aborts the list, and the runs after it fail with no exit.
 QUEUE=()
 queue() {
   local name=$1 np=$2 code=$3 word; shift 3
