@@ -27,8 +27,8 @@ outcome slow_wait_returns 0 '^ok   timed out$' "" 'wait_for 1 false || pass "tim
 outcome error_says_so 3 'stopped early \(exit 3\)' "" 'pass one; (exit 3); pass never'
 outcome mpirun_flags 0 '^ok   --oversubscribe' "" 'pass "${MPIRUN_FLAGS[*]}"; finish'
 
-# The temp dir goes, and so do the processes that carry its name (a sleep left running).
-body='echo "$WORK" > '"$WORK/leftover.dir"'; bash -c "sleep 300; : $WORK" & sleep 0.5; echo "$!" > '"$WORK/leftover.pid"'; finish'
+# The temp dir goes, and so do the processes that carry its name (a tail left running).
+body='echo "$WORK" > '"$WORK/leftover.dir"'; touch "$WORK/alive"; tail -f "$WORK/alive" & echo "$!" > '"$WORK/leftover.pid"'; finish'
 outcome cleans_up 0 '^0 passed, 0 failed$' "" "$body"
 left=$(cat "$WORK/leftover.dir")
 if [ -n "$left" ] && [ ! -e "$left" ]; then pass "its temp dir is removed"; else fail "its temp dir $left is left"; fi
