@@ -1,4 +1,4 @@
-// A Hugging Face config.json next to model.init_from (issue 35): the Llama keys it sets become the
+// A Hugging Face config.json next to model.init_from: the Llama keys it sets become the
 // job's model keys where the job does not give them, and are checked where it does.
 #pragma once
 

@@ -198,7 +198,7 @@ struct OffloadConfig {
   // others by the host's CPU AdamW (4 B of gradient out, 28 B through host memory): a count, or
   // "auto" (from the PCIe and CPU AdamW bandwidths measured at start-up, so that both end
   // together; none on the CPU). 0 by default: on the H100 host measured so far no split was
-  // faster than none (docs/BENCHMARKS.md, issue 38).
+  // faster than none (docs/BENCHMARKS.md).
   std::string shared_split_layers = "0";
   // The device cache of whole task groups with their Adam state (updated on the device while
   // cached): "auto" (GPUs: the device memory free after set-up, less a margin; none on the CPU)

@@ -50,7 +50,7 @@ Job load_job_from_string(const std::string& yaml, const std::string& source,
   job.source = source;
   const bool document_ok = detail::read_document(yaml, job, diag);
   for (const auto& assignment : opts.overrides) detail::apply_override(assignment, job, diag);
-  if (document_ok) detail::apply_hf_config(job, diag);  // issue 35: dimensions from model.init_from's config.json
+  if (document_ok) detail::apply_hf_config(job, diag);  // dimensions from model.init_from's config.json
   if (document_ok) detail::validate(job, opts, diag);
   if (!diag.empty()) throw JobError(diag.messages());
   detail::warn_irrelevant(job, diag);

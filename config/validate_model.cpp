@@ -15,7 +15,7 @@ void Checker::model() {
   const ModelConfig& m = j_.model;
   one_of("model.kind");
   one_of("model.arch");
-  one_of("data.token_dtype");  // (issue 35's keys are checked together here)
+  one_of("data.token_dtype");  // (the llama keys are checked together here)
   above<int64_t>("model.tasks", m.tasks, 0);
   above<int64_t>("model.input_dim", m.input_dim, 0);
   above<int64_t>("model.hidden", m.hidden, 0);
@@ -127,7 +127,7 @@ void Checker::transformer() {
          "model");
 }
 
-// model.arch and its keys, lora.init_from and the export section (issue 35).
+// model.arch and its keys, lora.init_from and the export section.
 void Checker::llama() {
   const ModelConfig& m = j_.model;
   if (!(m.norm_eps > 0) || !std::isfinite(m.norm_eps)) fail("model.norm_eps", "must be a finite number > 0, got " + num(m.norm_eps));

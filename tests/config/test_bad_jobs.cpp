@@ -120,7 +120,7 @@ const std::vector<BadJob>& bad_jobs() {
       {"first_bucket_above_cap", kHead + "comm:\n  bucket_cap_mb: 4\n  first_bucket_mb: 8\n",
        {"bad.yaml:6:3: comm.first_bucket_mb:", "must be <= comm.bucket_cap_mb (4)"}},
       {"timeout_zero", kHead + "comm:\n  timeout_s: 0\n", {"bad.yaml:5:3: comm.timeout_s: must be >= 1 s"}},
-      // Input files validate can see (issue 36, item 10): run would refuse them on every rank.
+      // Input files validate can see: run would refuse them on every rank.
       {"tokens_dir_missing", "steps: 10\nmodel: {kind: transformer, tasks: 2}\ndata: {kind: tokens, dir: /nonexistent-thetad-dir}\n",
        {"bad.yaml:3:", "data.dir: '/nonexistent-thetad-dir' is not a directory (no such directory)"}},
       {"npy_dir_missing", "steps: 10\nmodel: {kind: multitask_mlp, tasks: 2}\ndata: {kind: npy, dir: \"/nonexistent-{job}\"}\n",
@@ -203,12 +203,12 @@ const std::vector<BadJob>& bad_jobs() {
        {"bad.yaml:4:", "offload.uncached_update: must be one of auto, host, device; got 'gpu'"}},
       {"h2d_bf16_with_fp32", kHead + "offload:\n  enabled: true\n  h2d_dtype: bf16\n",
        {"bad.yaml:6:3: offload.h2d_dtype: bf16 copies are for precision: bf16", "precision is fp32"}},
-      // The transformer and its LoRA adapters (issue 20).
+      // The transformer and its LoRA adapters.
       {"transformer_heads", "steps: 1\nmodel: {kind: transformer, d_model: 10, heads: 4}\ndata: {}\n",
        {"bad.yaml:2:", "model.heads: must divide model.d_model (10) into equal heads, got 4"}},
       {"lora_target_unknown", "steps: 1\nmodel: {kind: transformer}\nlora: {targets: [q, gates]}\ndata: {}\n",
        {"bad.yaml:3:", "lora.targets[1]: must be one of q, k, v, o, gate, up, down; got 'gates'"}},
-      // The llama architecture, PEFT adapters and token files (issue 35).
+      // The llama architecture, PEFT adapters and token files.
       {"lora_gate_gpt2", "steps: 1\nmodel: {kind: transformer}\nlora: {targets: [q, gate]}\ndata: {}\n",
        {"bad.yaml:3:", "lora.targets[1]: 'gate' is the llama MLP's gate; model.arch is gpt2"}},
       {"llama_kv_heads", "steps: 1\nmodel: {kind: transformer, arch: llama, heads: 4, kv_heads: 3}\ndata: {}\n",
@@ -326,7 +326,7 @@ const std::vector<BadJob>& bad_jobs() {
        {"bad.yaml:5:3: checkpoint.dir: unknown placeholder '{jobname}'"}},
       {"job_name_with_slash", kHead + "job: a/b\n", {"bad.yaml:4:1: job: must be a non-empty name"}},
       {"job_name_dotdot", kHead + "job: ..\n", {"bad.yaml:4:1: job: must be a non-empty name", "not '.' or '..'"}},
-      // Decidable from the job, else found only by `run` (issue 19, class 6).
+      // Decidable from the job, else found only by `run`.
       {"device_slots_below_step_groups",
        "steps: 10\nmodel: {kind: multitask_mlp, tasks: 4}\ndata: {tasks_per_rank: 3}\n"
        "offload:\n  enabled: true\n  device_slots: 1\n",

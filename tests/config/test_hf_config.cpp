@@ -1,4 +1,4 @@
-// model.init_from's config.json (issue 35): its Llama keys fill the job's model keys the job does
+// model.init_from's config.json: its Llama keys fill the job's model keys the job does
 // not give, and a key the job gives with another value is an error naming both.
 #include <gtest/gtest.h>
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 36, items 3 and 11: a damaged newest checkpoint (its manifest gone) is never skipped for an
+# a damaged newest checkpoint (its manifest gone) is never skipped for an
 # older one: resume exits 2 naming it, and nothing is removed; `keep` never prunes a step-*
 # directory that is not a complete checkpoint (a warning names it). Values a hand-edited shard
 # carries past a recomputed checksum are checked at load: moments finite, second moments >= 0,
@@ -13,7 +13,7 @@ run() { "$thetad" run "$job" --set checkpoint.every_steps=2 "$@"; }
 
 # The newest checkpoint's manifest removed: refused, not skipped; both checkpoints stay.
 expect_code 0 base run --no-resume --set steps=6 --set checkpoint.keep=2 --set checkpoint.dir="$WORK/a"
-# (Issue 36 item 14: an asynchronous checkpoint is never said complete after a step past the end.)
+# (an asynchronous checkpoint is never said complete after a step past the end.)
 late=$(grep -oE "complete after step [0-9]+" "$WORK/base.log" | awk '$4 > 6' | head -1)
 [ -z "$late" ] && pass "no checkpoint complete after a step past steps" || fail "log says: $late"
 rm "$WORK/a/step-00000006/manifest.json"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Proof against the real libraries (issue 35; ctest label gpu, exit 77 = skipped: no GPU, or no
+# Proof against the real libraries (ctest label gpu, exit 77 = skipped: no GPU, or no
 # transformers/peft/safetensors in python3). A small Llama built by transformers and saved with
 # save_pretrained (safetensors):
 #  1. thetad's step-0 logits (on the GPU and on the CPU) equal LlamaForCausalLM's within 1e-5

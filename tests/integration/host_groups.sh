@@ -22,7 +22,7 @@ for np in 1 2; do
   queue_np all_np$np $np "$job" --set steps=6 "${T[@]}" "${ALL[@]}"
   queue_np sch_np$np $np "$job" --set steps=6 "${T[@]}" "${SCH[@]}"
 done
-# The llama transformer (issue 35) the same way, on 2 ranks.
+# The llama transformer the same way, on 2 ranks.
 LLAMA=(--set model.arch=llama --set model.kv_heads=1 --set lora.targets=[q,gate,down])
 queue_np llama_off 2 "$job" --set steps=6 "${T[@]}" "${LLAMA[@]}" "${OFF[@]}"
 queue_np llama_sch 2 "$job" --set steps=6 "${T[@]}" "${LLAMA[@]}" "${SCH[@]}"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A real base in, real adapters out (issue 35), on the CPU build, against llama_ref.py (Hugging
+# A real base in, real adapters out, on the CPU build, against llama_ref.py (Hugging
 # Face's Llama and PEFT's LoRA formulas in plain torch; the GPU test gpu_llama_peft.sh checks the
 # same against transformers and peft themselves):
 #  - a Hugging Face directory (config.json, two safetensors shards with BF16, F16 and F32 tensors,

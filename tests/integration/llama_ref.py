@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The CPU stand-in for Hugging Face in llama_peft.sh (issue 35), with python3-torch only: writes a
+"""The CPU stand-in for Hugging Face in llama_peft.sh, with python3-torch only: writes a
 tiny Llama as a Hugging Face directory (config.json, safetensors shards and their index, written
 here byte by byte), computes its logits with Hugging Face's LlamaForCausalLM formulas (and a PEFT
 LoRA adapter's: W x + lora_alpha / r * B A x), checks exported adapter directories, and writes the

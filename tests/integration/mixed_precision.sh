@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# precision: bf16 and comm.grad_dtype: bf16 on the CPU build (issue 15):
+# precision: bf16 and comm.grad_dtype: bf16 on the CPU build:
 #  - every model trains in bf16 (loss falls), the TorchScript path included;
 #  - N ranks equal the single-process reference (which runs the same bf16 forward and rounds
 #    each rank's share as the bf16 wire does): bitwise on 1 and 2 ranks, where the wire's sum is

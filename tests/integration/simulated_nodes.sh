@@ -97,7 +97,7 @@ same_hash full30 resume_1to2 "1-node checkpoint resumed on 2 nodes == uninterrup
 expect_code 2 bad_thetad mpirun "${MPIRUN_FLAGS[@]}" -x THETAD_SIMULATE_NODES=3 -np 4 "$thetad" run "$job" --no-resume
 expect_in bad_thetad "THETAD_SIMULATE_NODES='3': .*divides"
 expect_code 2 bad_launcher "$launcher" --thetad "$thetad" --simulate-nodes 0 --nproc-per-node 2 "$job"
-expect_in bad_launcher "--simulate-nodes must be a positive integer"
+expect_in bad_launcher "--simulate-nodes must be a whole number from 1 to"
 expect_code 2 bad_launcher_env env THETAD_SIMULATE_NODES=5 "$launcher" --thetad "$thetad" --nproc-per-node 2 \
   --log-dir "$WORK/bad_logs" "$job"
 expect_in bad_launcher_env "THETAD_SIMULATE_NODES='5'"

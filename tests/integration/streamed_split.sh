@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# offload.shared_split_layers (issue 38): the lowest streamed trunk layers updated on the device
+# offload.shared_split_layers: the lowest streamed trunk layers updated on the device
 # within the step through the store's update lines (values and Adam moments in and back out),
 # the others by the host's CPU AdamW. Every split gives the bits of resident Θ (which equal
 # all-host streaming, tests/integration/streamed_trunk.sh): on 1, 2 and 4 ranks, beside device

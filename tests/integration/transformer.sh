@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The transformer with per-task LoRA adapters (issue 20), on the CPU build:
+# The transformer with per-task LoRA adapters, on the CPU build:
 #  - N ranks (1, 2, 3) equal the single-process reference bitwise, with the base trained and
 #    frozen (model.train_shared: false); prune on == off bitwise;
 #  - a frozen base puts no byte on the wire: bytes_allreduced per step = exactly 4 x the active
@@ -8,7 +8,7 @@
 #  - resume is bitwise (10 steps, then resumed to 20 = 20 straight);
 #  - the loss falls (synthetic token walks; token files), and bad token files are exit 2 naming
 #    the file before any step;
-#  - model.arch: llama (issue 35) keeps the same promises (reference, frozen base, prune,
+#  - model.arch: llama keeps the same promises (reference, frozen base, prune,
 #    offload with the device cache, bf16, resume), a frozen base held in bf16 included.
 source "$(dirname "$0")/lib.sh"
 thetad=$1
@@ -42,7 +42,7 @@ queue_ref bf16-reference 0 "$job" --world 2 --set precision=bf16 --compare "$WOR
 job_in resume_first 1 resume --set steps=10
 job_in resume_second 1 resume
 
-# model.arch: llama (issue 35): RMSNorm, rotary positions, grouped-query attention (1 key/value
+# model.arch: llama: RMSNorm, rotary positions, grouped-query attention (1 key/value
 # head for 2), SwiGLU with an adapted gate, tied embeddings. The same promises on 2 ranks: equal to
 # the reference with the base trained and frozen, frozen base = adapters' bytes only, prune on ==
 # off, offload (device cache) on == off, bf16 equals its reference, resume bitwise.
@@ -56,7 +56,7 @@ job_np llama_noprune 2 "${llama[@]}" --set model.train_shared=false --set comm.p
 job_np llama_offload 2 "${llama[@]}" --set offload.enabled=true --set offload.device_slots=2 --set offload.device_cache_mb=0.01
 job_np llama_bf16 2 "${llama[@]}" --set precision=bf16
 queue_ref llama_bf16-reference 0 "$job" --world 2 "${llama[@]}" --set precision=bf16 --compare "$WORK/llama_bf16.ckpt"
-# A frozen base under bf16 is held in bf16 only (issue 34.2): equal to the reference (whose model
+# A frozen base under bf16 is held in bf16 only: equal to the reference (whose model
 # holds it so too; test_frozen_bf16 checks it against a float32-held base bitwise), its checkpoint
 # holds the base widened, and a resume from it is bitwise (the restored base rounded back).
 frozen_bf16=("${llama[@]}" --set precision=bf16 --set model.train_shared=false)
