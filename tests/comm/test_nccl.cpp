@@ -7,6 +7,7 @@
 #include <mpi.h>
 
 #include <chrono>
+#include <cmath>
 
 #include "comm/bootstrap.hpp"
 #include "comm/control_plane.hpp"
@@ -117,6 +118,36 @@ TEST(Nccl, EngineOnABf16Wire) {
       const bool exact = avg == Average::world && (world & (world - 1)) == 0;
       expect_matches_reference(r, model_plan(), world, 1, o, exact ? 0.0 : world * 0.004);
     }
+}
+
+// Send/recv in one group call: a ring in both directions (each rank sends to the next and
+// receives from the previous at once), reduce-scatter, and the device time of each operation.
+TEST(Nccl, SendRecvRingReduceScatterAndTimes) {
+  if (!gpus_available()) GTEST_SKIP() << "fewer GPUs than ranks on this host";
+  auto comm = nccl();
+  const int r = comm->rank(), n = comm->size();
+  const size_t count = 4096;
+  auto out = comm->allocate(count * 4), in = comm->allocate(count * 4);
+  std::vector<float> h(count);
+  for (size_t i = 0; i < count; ++i) h[i] = static_cast<float>(r) * 10000.0f + static_cast<float>(i);
+  cudaMemcpy(out.get(), h.data(), count * 4, cudaMemcpyHostToDevice);
+  WorkPtr w = comm->exchange({send_op(out.get(), count, DType::f32, (r + 1) % n),
+                              recv_op(in.get(), count, DType::f32, (r + n - 1) % n)},
+                             {"ring", 1, -1});
+  w->wait(30s);
+  EXPECT_GE(w->elapsed_ms(), 0.0);
+  cudaMemcpy(h.data(), in.get(), count * 4, cudaMemcpyDeviceToHost);
+  const int prev = (r + n - 1) % n;
+  for (size_t i = 0; i < count; i += 511) ASSERT_EQ(h[i], static_cast<float>(prev) * 10000.0f + static_cast<float>(i)) << i;
+  // Every rank's block b holds b + 1: the sum of block r is n (r + 1).
+  std::vector<float> blocks(static_cast<size_t>(n) * 8);
+  for (size_t i = 0; i < blocks.size(); ++i) blocks[i] = static_cast<float>(i / 8 + 1);
+  cudaMemcpy(out.get(), blocks.data(), blocks.size() * 4, cudaMemcpyHostToDevice);
+  comm->reduce_scatter(out.get(), in.get(), 8, DType::f32, ReduceOp::sum, {"rs", 1, -1})->wait(30s);
+  std::vector<float> mine(8);
+  cudaMemcpy(mine.data(), in.get(), 32, cudaMemcpyDeviceToHost);
+  EXPECT_EQ(mine, std::vector<float>(8, static_cast<float>(n * (r + 1))));
+  EXPECT_THROW(comm->send(out.get(), 1, DType::f32, r, {}), thetad::InternalError);
 }
 
 TEST(Nccl, TimeoutAbortsAndNamesTheBucket) {
