@@ -150,6 +150,33 @@ TEST(Nccl, SendRecvRingReduceScatterAndTimes) {
   EXPECT_THROW(comm->send(out.get(), 1, DType::f32, r, {}), thetad::InternalError);
 }
 
+// Engine::keep on the device: a kept bucket is not sent, its keeper's gradient is its own, divided
+// on the compute stream as NCCL's PreMulSum would (average world), never rounded to bf16.
+TEST(Nccl, EngineKeepsASoleContributorsGradient) {
+  if (!gpus_available()) GTEST_SKIP() << "fewer GPUs than ranks on this host";
+  auto comm = nccl();
+  const int world = comm->size(), rank = comm->rank();
+  for (DType wire : {DType::f32, DType::bf16}) {
+    EngineOptions o = options(true, Average::world);
+    o.wire = wire;
+    Engine engine(comm, model_plan(), o);
+    // Group 4: rank 0 alone, at even steps (the harness's schedule).
+    RunResult r = run_engine(engine, device_memory(), 8, 1, {}, [&](int64_t) { engine.keep(4, 0); });
+    const BucketPlan& plan = model_plan();
+    for (size_t step = 0; step < r.stats.size(); step += 2) {
+      EXPECT_GT(r.stats[step].buckets_kept, 0) << step;
+      if (rank != 0) continue;
+      const Reference ref = reference(plan, world, static_cast<int64_t>(step), 1, Average::world);
+      for (size_t p = 0; p < plan.params.size(); ++p) {
+        if (plan.params[p].group != 4) continue;
+        for (size_t i = 0; i < plan.params[p].numel; ++i) {
+          ASSERT_NEAR(r.grads[step][p][i], ref.grads[p][i], 1e-6 * std::max(1.0f, std::abs(ref.grads[p][i])));
+        }
+      }
+    }
+  }
+}
+
 TEST(Nccl, TimeoutAbortsAndNamesTheBucket) {
   if (!gpus_available()) GTEST_SKIP() << "fewer GPUs than ranks on this host";
   auto comm = nccl();
