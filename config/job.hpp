@@ -30,6 +30,7 @@ enum class UncachedUpdate { Auto, Host, Device };             // auto | host | d
 enum class ModelArch { Gpt2, Llama };                         // gpt2 | llama (model.arch)
 enum class TokenDtype { Npy, Uint16, Uint32 };                // npy | uint16 | uint32 (data.token_dtype)
 enum class Backward { Auto, Joint, PerTask };                 // auto | joint | per_task (train.backward)
+enum class SoleUser { Keep, Broadcast };                      // keep | broadcast (comm.sole_user)
 
 const std::string& to_string(Precision v);
 const std::string& to_string(GradDtype v);
@@ -49,6 +50,7 @@ const std::string& to_string(UncachedUpdate v);
 const std::string& to_string(ModelArch v);
 const std::string& to_string(TokenDtype v);
 const std::string& to_string(Backward v);
+const std::string& to_string(SoleUser v);
 
 // False (and `out` unchanged) when `word` is not one of the type's YAML words.
 bool from_string(const std::string& word, Precision& out);
@@ -68,6 +70,7 @@ bool from_string(const std::string& word, HostGroups& out);
 bool from_string(const std::string& word, UncachedUpdate& out);
 bool from_string(const std::string& word, ModelArch& out);
 bool from_string(const std::string& word, TokenDtype& out);
+bool from_string(const std::string& word, SoleUser& out);
 bool from_string(const std::string& word, Backward& out);
 
 // One entry of data.alternate: the groups trained in that step.
@@ -170,6 +173,10 @@ struct CommConfig {
   // The dtype gradients travel in: bf16 rounds each rank's share (already divided by the
   // contributors or the world) to bfloat16, halving the bytes; the sum lands in fp32 gradients.
   GradDtype grad_dtype = GradDtype::Fp32;
+  // A resident group one rank trains in a window: keep its gradient on that rank (the others'
+  // replicas go stale until the schedule needs them: docs/architecture.md, "Who holds a group's
+  // current values"), or broadcast it as any other.
+  SoleUser sole_user = SoleUser::Keep;
 
   size_t bucket_cap_bytes() const { return mib_to_bytes(bucket_cap_mb); }
   size_t first_bucket_bytes() const { return mib_to_bytes(first_bucket_mb); }

@@ -45,6 +45,7 @@ THETAD_ENUM_WORDS(HostGroups, "all", "scheduled")
 THETAD_ENUM_WORDS(UncachedUpdate, "auto", "host", "device")
 THETAD_ENUM_WORDS(ModelArch, "gpt2", "llama")
 THETAD_ENUM_WORDS(TokenDtype, "npy", "uint16", "uint32")
+THETAD_ENUM_WORDS(SoleUser, "keep", "broadcast")
 
 #undef THETAD_ENUM_WORDS
 
@@ -92,6 +93,7 @@ THETAD_ENUM_API(Backward)
 THETAD_ENUM_API(SharedMode)
 THETAD_ENUM_API(ModelArch)
 THETAD_ENUM_API(TokenDtype)
+THETAD_ENUM_API(SoleUser)
 
 #undef THETAD_ENUM_API
 
@@ -189,6 +191,7 @@ const std::vector<Field> kFields = {
     THETAD_ENUM_FIELD("comm", "active", comm.active),
     THETAD_FIELD("comm", "timeout_s", Double, comm.timeout_s, true),
     THETAD_ENUM_FIELD("comm", "grad_dtype", comm.grad_dtype),
+    THETAD_ENUM_FIELD("comm", "sole_user", comm.sole_user),
 
     THETAD_FIELD("offload", "enabled", Bool, offload.enabled, true),
     THETAD_FIELD("offload", "device_slots", Int, offload.device_slots, true),
@@ -258,6 +261,7 @@ const std::map<std::string, std::vector<std::string>> kEnums = {
     {"comm.average", words<Average>()},
     {"comm.active", words<Active>()},
     {"comm.grad_dtype", words<GradDtype>()},
+    {"comm.sole_user", words<SoleUser>()},
     {"optimizer.kind", words<OptimizerKind>()},
     {"optimizer.lr_schedule", words<LrSchedule>()},
     {"train.on_nonfinite", words<NonFinite>()},

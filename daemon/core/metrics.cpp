@@ -75,6 +75,14 @@ std::string to_json(const StepRecord& r) {
   field(out, "buckets_launched", r.buckets_launched);
   field(out, "buckets_pruned", r.buckets_pruned);
   field(out, "buckets_broadcast", r.buckets_broadcast);
+  field(out, "buckets_kept", r.buckets_kept);
+  field(out, "bytes_kept", r.bytes_kept);
+  field(out, "bytes_state_moved", r.bytes_state_moved);
+  field(out, "state_moves", r.state_moves);
+  field(out, "allreduce_algbw_gbs", r.allreduce_algbw_gbs);
+  field(out, "allreduce_busbw_gbs", r.allreduce_busbw_gbs);
+  field(out, "broadcast_algbw_gbs", r.broadcast_algbw_gbs);
+  field(out, "comm_busy_ms", r.comm_busy_ms);
   field(out, "grad_stream_peak_bytes", r.grad_stream_peak_bytes);
   field(out, "h2d_bytes", r.store.h2d_bytes);
   field(out, "d2h_bytes", r.store.d2h_bytes);

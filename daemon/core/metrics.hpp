@@ -53,6 +53,16 @@ struct StepRecord {
   int64_t buckets_launched = 0;
   int64_t buckets_pruned = 0;
   int64_t buckets_broadcast = 0;  // of the launched: sent from their one contributor
+  int64_t buckets_kept = 0;       // not sent: their one contributor kept the gradient (the replica rule)
+  int64_t bytes_kept = 0;         // their bytes (what sending them would have put on the wire)
+  int64_t bytes_state_moved = 0;  // group state (values, moments) moved to where the schedule needs it
+  int64_t state_moves = 0;        // such moves (point-to-point or broadcast)
+  // The bandwidth the engine's collectives achieved (comm/bandwidth.hpp): GB/s over the buckets
+  // that completed since the last record, and the time they took.
+  double allreduce_algbw_gbs = 0.0;
+  double allreduce_busbw_gbs = 0.0;
+  double broadcast_algbw_gbs = 0.0;
+  double comm_busy_ms = 0.0;
   int64_t grad_stream_peak_bytes = 0;  // shard gradients (streamed groups) the engine held at once
   int64_t device_mem_peak_bytes = 0;
   StoreTraffic store;               // θ[t]'s host store (offload)

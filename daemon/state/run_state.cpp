@@ -263,6 +263,8 @@ CheckpointWriter RunState::writer(int64_t completed) {
 }
 
 void RunState::checkpoint(int64_t completed, bool last) {
+  // Files, the final hash and adapter exports (all after this call) never see a stale replica.
+  if (last || !job_.checkpoint.dir.empty() || (export_ && job_.export_.at_checkpoints)) homes_.make_current();
   if (job_.checkpoint.dir.empty()) return;
   finish_checkpoint(completed);  // at most one in flight
   if (write_or_start(completed, last)) return;

@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "comm/bandwidth.hpp"
 #include "comm/bootstrap.hpp"
 #include "comm/control_plane.hpp"
 #include "comm/engine.hpp"
@@ -389,6 +390,12 @@ void Trainer::record_engine_stats(StepRecord& rec) {
   rec.buckets_launched = st.buckets_launched;
   rec.buckets_pruned = st.buckets_pruned;
   rec.buckets_broadcast = st.buckets_broadcast;
+  rec.buckets_kept = st.buckets_kept;
+  rec.bytes_kept = st.bytes_kept;
+  rec.allreduce_algbw_gbs = comm::algbw_gbs(static_cast<double>(st.allreduce_time.bytes), st.allreduce_time.ms);
+  rec.allreduce_busbw_gbs = rec.allreduce_algbw_gbs * comm::bus_factor(comm::CollectiveKind::allreduce, world_.size);
+  rec.broadcast_algbw_gbs = comm::algbw_gbs(static_cast<double>(st.broadcast_time.bytes), st.broadcast_time.ms);
+  rec.comm_busy_ms = st.allreduce_time.ms + st.broadcast_time.ms;
   rec.grad_stream_peak_bytes = st.streamed_bytes_peak;
   rec.samples = job_.data.batch_per_rank;
   homes_->add_stats(rec);

@@ -122,19 +122,20 @@ for run in "${runs[@]}"; do
   esac
 done
 
-# Bytes: with the fixed per_rank schedule the active tasks are known: task 0 and tasks 1..min(3,W-1).
+# Bytes: with the fixed per_rank schedule the active tasks are known: task 0 (every rank: reduced)
+# and tasks 1..min(3,W-1), one rank each: kept by it (comm.sole_user: keep), nothing sent.
 theta_shared=$(( (12 * 16 + 16) + (16 * 16 + 16) ))
 theta_task=$(( (16 * 16 + 16) + (16 * 1 + 1) ))
-active=1; for ((r = 1; r < world && r < 4; r++)); do active=$((active + 1)); done
-expect=$(( 4 * (theta_shared + active * theta_task) ))
+alone=0; for ((r = 1; r < world && r < 4; r++)); do alone=$((alone + 1)); done
+expect="$(( 4 * (theta_shared + theta_task) )) $(( 4 * alone * theta_task ))"
 got=$(/usr/bin/python3 -c '
 import json,sys
-vals={json.loads(l)["bytes_allreduced"] for l in open(sys.argv[1])}
-print(" ".join(str(v) for v in sorted(vals)))' "$WORK/task_shared_by_ranks-contributors-declared-prune_true/metrics.jsonl" || true)
+vals={(json.loads(l)["bytes_allreduced"], json.loads(l)["bytes_kept"]) for l in open(sys.argv[1])}
+print(" ".join("%d %d" % v for v in sorted(vals)))' "$WORK/task_shared_by_ranks-contributors-declared-prune_true/metrics.jsonl" || true)
 if [ "$got" != "$expect" ]; then
-  fail "bytes_allreduced per step: got $got, expected exactly $expect"
+  fail "bytes_allreduced and bytes_kept per step: got $got, expected exactly $expect"
 else
-  pass "bytes_allreduced per step = $got = 4 x (|Θ| + $active x |θ[t]|)"
+  pass "bytes_allreduced, bytes_kept per step = $got = 4 x (|Θ| + |θ[0]|), 4 x $alone x |θ[t]|"
 fi
 # From 3 ranks on, the buckets of a task one rank trained go as a broadcast from that rank (the
 # parameters were checked above); with 2 ranks, never.

@@ -1,8 +1,9 @@
 // The single-process reference of the equivalence tests: it plays all W ranks of a job in one
 // process with plain autograd (no engine, no MPI), applies the math the engine promises (per
-// group, the sum of the contributing ranks' gradients divided by the contributor count or by W),
-// steps the same optimizer, and compares the result with a checkpoint written by a real
-// multi-rank `thetad run`.
+// group, the sum of the contributing ranks' gradients divided by the contributor count or by W;
+// with comm.grad_dtype bf16 rounded as the wire rounds it, except a group the replica rule kept
+// on its one trainer, whose gradient never travels), steps the same optimizer, and compares the
+// result with a checkpoint written by a real multi-rank `thetad run`.
 //
 //   thetad_reference JOB.yaml --world W [--set k=v ...] --compare CKPT_DIR [--tol 1e-6]
 //   thetad_reference --cases LIST
@@ -21,6 +22,7 @@
 #include "common/errors.hpp"
 #include "config/loader.hpp"
 #include "daemon/core/job_options.hpp"
+#include "daemon/core/replica_plan.hpp"
 #include "daemon/core/schedule.hpp"
 #include "daemon/models/model.hpp"
 #include "daemon/models/precision.hpp"
@@ -60,6 +62,7 @@ int compare(const std::vector<std::string>& args, std::ostream& out, std::ostrea
   try {
     config::Job job = config::load_job(job_path, lo);
     auto schedule = Schedule::create(job, world);
+    ReplicaPlan replicas(*schedule, job.accumulate_steps, replica_keepable(job, world), replica_costs(job));
     torch::Device cpu(torch::kCPU);
     auto model = make_model(job, cpu);
     auto data = make_data(job, *model, cpu);
@@ -133,10 +136,12 @@ int compare(const std::vector<std::string>& args, std::ostream& out, std::ostrea
         if (contributors[g] == 0 && job.comm.prune) continue;
         if (contributors[g] == 0) continue;  // lazy semantics hold with prune off as well
         const double div = job.comm.average == config::Average::World ? world : contributors[g];
+        // Kept by its one trainer (its only possible contributor): nothing travels, nothing rounds.
+        const bool kept = contributors[g] == 1 && replicas.decision(step, g).mode == ReplicaMode::keep;
         std::vector<torch::Tensor> ps, gs, ms, vs;
         for (int p : group_params[g]) {
           ps.push_back(params[p].tensor);
-          gs.push_back(bf16_wire ? bf16_wire_sum(shares[p], sum[p], div) : sum[p] / div);
+          gs.push_back(bf16_wire && !kept ? bf16_wire_sum(shares[p], sum[p], div) : sum[p] / div);
           ms.push_back(m[p]);
           vs.push_back(v[p]);
         }

@@ -2,8 +2,9 @@
 # The transformer with per-task LoRA adapters, on the CPU build:
 #  - N ranks (1, 2, 3) equal the single-process reference bitwise, with the base trained and
 #    frozen (model.train_shared: false); prune on == off bitwise;
-#  - a frozen base puts no byte on the wire: bytes_allreduced per step = exactly 4 x the active
-#    adapters' parameters, and the base's parameters end as they began;
+#  - a frozen base puts no byte on the wire: bytes_allreduced + bytes_kept per step = exactly 4 x
+#    the active adapters' parameters (on 2 ranks each adapter stays with its user: all kept), and
+#    the base's parameters end as they began;
 #  - offload on == off bitwise (adapters through 2 device slots), bf16 equals its reference;
 #  - resume is bitwise (10 steps, then resumed to 20 = 20 straight);
 #  - the loss falls (synthetic token walks; token files), and bad token files are exit 2 naming
@@ -117,12 +118,15 @@ run_np torchscript_transformer 1 "$job" "${tokens[@]}" --set model.kind=torchscr
   --set 'model.shared=["embed.*", "pos.*", "blocks.*", "ln_f.*", "lm_head.*"]' --set 'model.task=lora.{t}.*'
 
 for np in 1 2 3; do
-  # Round robin with 4 tasks: each step's ranks train min(np, 4) distinct adapters.
-  /usr/bin/python3 - "$WORK/np${np}_shared_false.jsonl" $((4 * per_task * np)) <<'PY' \
+  # Round robin with 4 tasks: each step's ranks train min(np, 4) distinct adapters; on 2 ranks each
+  # adapter has one user for good, who keeps its gradient (sent: nothing).
+  /usr/bin/python3 - "$WORK/np${np}_shared_false.jsonl" $((4 * per_task * np)) "$np" <<'PY' \
     && pass "np$np frozen base: bytes per step = 4 x the active adapters ($((4 * per_task * np)))" \
     || fail "np$np frozen base: bytes per step"
 import json, sys
-got = {json.loads(l)["bytes_allreduced"] for l in open(sys.argv[1])}
+recs = [json.loads(l) for l in open(sys.argv[1])]
+got = {r["bytes_allreduced"] + r["bytes_kept"] for r in recs}
+if sys.argv[3] == "2": assert {r["bytes_allreduced"] for r in recs} == {0}, "kept adapters were sent"
 assert got == {int(sys.argv[2])}, got
 PY
 done
@@ -136,7 +140,7 @@ same_hash "resume at step 10 == 20 straight, bitwise" resume_second np1_shared_t
 /usr/bin/python3 - "$WORK/llama_shared_false.jsonl" $((4 * 416 * 2)) <<'PY' \
   && pass "llama frozen base: bytes per step = 4 x the active adapters" || fail "llama frozen base: bytes per step"
 import json, sys
-got = {json.loads(l)["bytes_allreduced"] for l in open(sys.argv[1])}
+got = {json.loads(l)["bytes_allreduced"] + json.loads(l)["bytes_kept"] for l in open(sys.argv[1])}
 assert got == {int(sys.argv[2])}, got
 PY
 same_hash "llama frozen base: prune on == off bitwise" llama_shared_false llama_noprune

@@ -75,6 +75,8 @@ StepRecord sample() {
 const char* kKeys[] = {"step", "rank", "loss", "task_loss", "lr", "samples", "step_ms", "forward_ms",
                        "backward_ms", "comm_wait_ms", "optimizer_ms", "count_exchange_ms",
                        "bytes_allreduced", "bytes_pruned", "buckets_launched", "buckets_pruned", "buckets_broadcast",
+                       "buckets_kept", "bytes_kept", "bytes_state_moved", "state_moves", "allreduce_algbw_gbs",
+                       "allreduce_busbw_gbs", "broadcast_algbw_gbs", "comm_busy_ms",
                        "grad_stream_peak_bytes",
                        "h2d_bytes", "d2h_bytes", "swap_hits", "swap_misses",
                        "device_mem_peak_bytes", "host_pinned_bytes", "cpu_adam_ms",

@@ -13,8 +13,22 @@
 #include <unistd.h>
 
 #include "common/errors.hpp"
+#include "config/job.hpp"
 
 namespace thetad::test {
+
+// A job with the data section a Schedule reads: `schedule` (its YAML word) over `tasks` tasks,
+// `batch` rows per rank, seed 1234, 100 steps.
+inline config::Job schedule_job(const std::string& schedule, int64_t tasks, int64_t batch) {
+  config::Job job;
+  job.source = "test.yaml";
+  job.seed = 1234;
+  job.steps = 100;
+  job.model.tasks = tasks;
+  EXPECT_TRUE(config::from_string(schedule, job.data.schedule)) << schedule;
+  job.data.batch_per_rank = batch;
+  return job;
+}
 
 // A fresh directory under the system temp dir, removed at scope exit.
 class ScratchDir {
