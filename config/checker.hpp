@@ -135,6 +135,9 @@ class Checker {
   // validate_data.cpp
   void data();
   void data_files(int64_t T);
+  void token_ids();
+  void eval();
+  void eval_tasks_given(int64_t T, bool tasks_ok);
   void batch_covers_tasks(int64_t T);
   void weighted(int64_t T, bool tasks_ok);
   void per_rank(int64_t T, bool tasks_ok);

@@ -31,6 +31,7 @@ enum class ModelArch { Gpt2, Llama };                         // gpt2 | llama (m
 enum class TokenDtype { Npy, Uint16, Uint32 };                // npy | uint16 | uint32 (data.token_dtype)
 enum class Backward { Auto, Joint, PerTask };                 // auto | joint | per_task (train.backward)
 enum class SoleUser { Keep, Broadcast };                      // keep | broadcast (comm.sole_user)
+enum class ExportPick { Last, EvalLoss };                     // last | eval_loss (export.best)
 
 const std::string& to_string(Precision v);
 const std::string& to_string(GradDtype v);
@@ -51,6 +52,7 @@ const std::string& to_string(ModelArch v);
 const std::string& to_string(TokenDtype v);
 const std::string& to_string(Backward v);
 const std::string& to_string(SoleUser v);
+const std::string& to_string(ExportPick v);
 
 // False (and `out` unchanged) when `word` is not one of the type's YAML words.
 bool from_string(const std::string& word, Precision& out);
@@ -72,6 +74,7 @@ bool from_string(const std::string& word, ModelArch& out);
 bool from_string(const std::string& word, TokenDtype& out);
 bool from_string(const std::string& word, SoleUser& out);
 bool from_string(const std::string& word, Backward& out);
+bool from_string(const std::string& word, ExportPick& out);
 
 // One entry of data.alternate: the groups trained in that step.
 struct AlternateEntry {
@@ -153,13 +156,39 @@ struct DataConfig {
   double noise = 0.01;             // synthetic: label noise stddev
   // tokens: task{t}.npy, or flat little-endian task{t}.bin of uint16 or uint32 token ids
   TokenDtype token_dtype = TokenDtype::Npy;
+  // tokens (and eval.dir): task{t}.mask.bin beside each token file, a uint8 per token (1: the
+  // token is a target the loss counts, 0: a prompt token it skips); the loss is the mean over the
+  // counted targets
+  bool loss_mask = false;
 };
+
+// Held-out evaluation per task (section `eval`, the transformer): eval.dir holds task{t} token
+// files as data.dir does; every `every_steps` steps and at the run's end, the first `rows`
+// windows of each evaluated task's file are run forward only and their mean loss recorded.
+struct EvalConfig {
+  std::string dir;                 // "" = no evaluation
+  int64_t every_steps = 0;         // 0 = at the run's end only
+  int64_t rows = 32;               // windows of seq_len + 1 tokens per task (fewer if its file is short)
+  // "all", "scheduled" (the tasks trained since the previous evaluation) or task ids
+  std::vector<std::string> tasks = {"all"};
+};
+
+// eval.tasks read: which tasks an evaluation covers.
+struct EvalTasks {
+  enum class Kind { All, Scheduled, List };
+  Kind kind = Kind::All;
+  std::vector<int64_t> ids;  // Kind::List, ascending
+};
+// eval.tasks of a validated job.
+EvalTasks eval_tasks(const std::vector<std::string>& words);
 
 // PEFT adapter directories written per task (section `export`, transformer with arch llama).
 struct ExportConfig {
   std::string adapters_dir;        // with {task} (and {job}); empty: no export
   bool at_checkpoints = false;     // also at every checkpoint step (only adapters trained since)
   std::string base_model;          // adapter_config.json's base_model_name_or_path; "" = model.init_from
+  // Which adapter of a task is exported: the last one, or the one at its lowest eval loss
+  ExportPick best = ExportPick::Last;
 };
 
 struct CommConfig {
@@ -315,6 +344,7 @@ struct Job {
   ModelConfig model;
   LoraConfig lora;
   DataConfig data;
+  EvalConfig eval;
   ExportConfig export_;           // section `export`
   CommConfig comm;
   OffloadConfig offload;

@@ -46,6 +46,7 @@ THETAD_ENUM_WORDS(UncachedUpdate, "auto", "host", "device")
 THETAD_ENUM_WORDS(ModelArch, "gpt2", "llama")
 THETAD_ENUM_WORDS(TokenDtype, "npy", "uint16", "uint32")
 THETAD_ENUM_WORDS(SoleUser, "keep", "broadcast")
+THETAD_ENUM_WORDS(ExportPick, "last", "eval_loss")
 
 #undef THETAD_ENUM_WORDS
 
@@ -94,6 +95,7 @@ THETAD_ENUM_API(SharedMode)
 THETAD_ENUM_API(ModelArch)
 THETAD_ENUM_API(TokenDtype)
 THETAD_ENUM_API(SoleUser)
+THETAD_ENUM_API(ExportPick)
 
 #undef THETAD_ENUM_API
 
@@ -182,6 +184,12 @@ const std::vector<Field> kFields = {
     THETAD_FIELD("data", "per_rank", IntListList, data.per_rank, true),
     THETAD_FIELD("data", "alternate", StringList, data.alternate, true),
     THETAD_FIELD("data", "noise", Double, data.noise, true),
+    THETAD_FIELD("data", "loss_mask", Bool, data.loss_mask, true),
+
+    THETAD_FIELD("eval", "dir", String, eval.dir, true),
+    THETAD_FIELD("eval", "every_steps", Int, eval.every_steps, true),
+    THETAD_FIELD("eval", "rows", Int, eval.rows, true),
+    THETAD_FIELD("eval", "tasks", Patterns, eval.tasks, true),
 
     THETAD_ENUM_FIELD("comm", "backend", comm.backend),
     THETAD_FIELD("comm", "bucket_cap_mb", Double, comm.bucket_cap_mb, true),
@@ -243,12 +251,13 @@ const std::vector<Field> kFields = {
     THETAD_FIELD("export", "adapters_dir", String, export_.adapters_dir, true),
     THETAD_FIELD("export", "at_checkpoints", Bool, export_.at_checkpoints, true),
     THETAD_FIELD("export", "base_model", String, export_.base_model, true),
+    THETAD_ENUM_FIELD("export", "best", export_.best),
 };
 
 #undef THETAD_FIELD
 #undef THETAD_ENUM_FIELD
 
-const std::vector<std::string> kSections = {"model",     "lora",  "data",       "comm",    "offload",
+const std::vector<std::string> kSections = {"model",     "lora",  "data",       "eval",    "comm",    "offload",
                                             "optimizer", "train", "checkpoint", "metrics", "log",
                                             "timeline",  "export"};
 
@@ -272,6 +281,7 @@ const std::map<std::string, std::vector<std::string>> kEnums = {
     {"offload.uncached_update", words<UncachedUpdate>()},
     {"model.arch", words<ModelArch>()},
     {"data.token_dtype", words<TokenDtype>()},
+    {"export.best", words<ExportPick>()},
     {"log.level", {"trace", "debug", "info", "warn", "error", "critical", "off"}},
 };
 

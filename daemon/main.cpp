@@ -24,6 +24,7 @@
 #include "daemon/core/device_memory_estimate.hpp"
 #include "daemon/core/memory_estimate.hpp"
 #include "daemon/core/stop_agreement.hpp"
+#include "daemon/core/token_files.hpp"
 #include "daemon/train/trainer.hpp"
 #include "daemon/version.hpp"
 
@@ -160,6 +161,17 @@ void report_device_memory(const thetad::config::Job& job) {
             << " per rank (counted for one rank): " << need.parts() << " (" << need.not_counted << " on top)\n";
 }
 
+// The token files of the tasks the run trains and evaluates (their ids against model.vocab, their
+// masks): exit 2 before anything starts. validate counts one rank (data.per_rank: its ranks); a
+// run on more ranks may train more tasks, and checks those before its first step.
+void check_token_files(const thetad::config::Job& job, int world, bool say) {
+  if (job.data.kind != thetad::config::DataKind::Tokens && job.eval.dir.empty()) return;
+  const int64_t files = thetad::daemon::check_token_inputs(job, world);
+  if (say)
+    std::cerr << "thetad: token files: " << files << " checked (the tasks a run of " << world
+              << " rank(s) trains and evaluates; a run on more ranks checks the tasks it adds before it starts)\n";
+}
+
 // Stop signals and the launcher's ready word: the first thing `run` does.
 void install_stop_handlers() {
   // A stop asked for during start-up (a launcher's SIGTERM after Ctrl-C or preemption) is
@@ -195,6 +207,7 @@ int run_in_session(const Args& a, const thetad::config::Job& job, const thetad::
                              << world.local_rank << " of " << world.local_size;
     thetad::log::check_file();  // a log.file that takes no line (a full disk) stops the run now
     check_memory(job, world.local_size, "this node (" + std::to_string(world.local_size) + " rank(s))");
+    check_token_files(job, world.size, false);  // a rank whose files are bad ends the job (below)
     code = thetad::daemon::run_worker(job, thetad::daemon::RunOptions{a.resume});
     thetad::log::check_file();  // the run's last lines (the final hash) too
   } catch (const std::exception& e) {
@@ -350,6 +363,8 @@ int main(int argc, char** argv) {
       thetad::config::Job job = load(args);
       check_memory(job, 1, "this host (counted for one rank)");
       report_device_memory(job);
+      const bool per_rank = job.data.schedule == thetad::config::ScheduleKind::PerRank;
+      check_token_files(job, per_rank ? static_cast<int>(job.data.per_rank.size()) : 1, true);
       std::cout << thetad::config::to_yaml(job);
       return thetad::kExitOk;
     }

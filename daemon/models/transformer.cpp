@@ -46,7 +46,8 @@ struct Block {
 class Transformer : public TaskModel {
  public:
   Transformer(const config::Job& job, torch::Device device, bool lazy)
-      : m_(job.model), llama_(job.model.arch == config::ModelArch::Llama), train_shared_(job.model.train_shared) {
+      : m_(job.model), llama_(job.model.arch == config::ModelArch::Llama), train_shared_(job.model.train_shared),
+        masked_(job.data.loss_mask) {
     num_tasks_ = static_cast<int>(m_.tasks);
     const int64_t d = m_.d_model, ff = m_.d_ff;
     dh_ = d / m_.heads;
@@ -167,8 +168,9 @@ class Transformer : public TaskModel {
   };
   using Segments = std::vector<Segment>;
 
+  // data.loss_mask: targets of -1 (prompt tokens) are left out, the mean is over the others.
   torch::Tensor head_loss(const torch::Tensor& h, const torch::Tensor& next) const {
-    return linear_cross_entropy(h.reshape({-1, h.size(-1)}), head_, next.reshape({-1}));
+    return linear_cross_entropy(h.reshape({-1, h.size(-1)}), head_, next.reshape({-1}), 0, masked_);
   }
 
   // The final norm's output [rows, seq, d_model]: what the output layer multiplies. The
@@ -337,6 +339,7 @@ class Transformer : public TaskModel {
   config::ModelConfig m_;
   bool llama_;
   bool train_shared_ = true;
+  bool masked_ = false;                   // data.loss_mask
   std::array<bool, kTargets> adapted_{};  // lora.targets
   int64_t dh_ = 0, kv_heads_ = 0;
   double scale_ = 1.0;

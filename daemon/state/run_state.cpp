@@ -144,7 +144,11 @@ void RunState::export_adapters(int64_t completed, bool last, bool again) {
         : "";
     throw Error((error.empty() ? "export.adapters_dir: another rank failed to write its adapters" : error) + redo);
   };
-  agree([&] { export_->stage_changed(world_.rank, world_.size, homes_.group_steps(), [this](int g) { return state(g); }, again); },
+  const auto read = [this](int g) {
+    std::optional<GroupState> kept = export_pick_ ? export_pick_(g) : std::nullopt;
+    return kept ? std::move(*kept) : state(g);
+  };
+  agree([&] { export_->stage_changed(world_.rank, world_.size, homes_.group_steps(), read, again); },
         "allreduce of the adapter export status");
   agree([&] { export_->publish_staged(); }, "allreduce of the adapter export's publish status");
 }

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -68,6 +69,9 @@ class RunState {
   // finite; once every rank staged its share all are put in place (Error, exit 1, on every rank
   // and nothing published, if any failed).
   void export_adapters(int64_t completed, bool last, bool again = false);
+  // export.best: eval_loss: the state an export writes for group g where `pick` gives one (the
+  // adapter kept at its best eval loss), else the group's own.
+  void export_from(std::function<std::optional<GroupState>(int g)> pick) { export_pick_ = std::move(pick); }
 
  private:
   GroupState state(int g);
@@ -108,6 +112,7 @@ class RunState {
   ParamGroups& groups_;
   Homes& homes_;
   std::unique_ptr<AdapterExport> export_;  // export.adapters_dir (null: none)
+  std::function<std::optional<GroupState>(int)> export_pick_;  // export.best
 };
 
 }  // namespace thetad::daemon

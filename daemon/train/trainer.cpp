@@ -40,7 +40,9 @@
 #include "daemon/reducer/grad_hooks.hpp"
 #include "daemon/state/run_state.hpp"
 #include "daemon/homes/homes.hpp"
+#include "daemon/train/evaluation.hpp"
 #include "daemon/train/graphed_pass.hpp"
+#include "daemon/train/grad_norms.hpp"
 #include "daemon/train/memory_breakdown.hpp"
 #include "daemon/train/step_record.hpp"
 #include "offload/host_arena.hpp"
@@ -92,6 +94,7 @@ class Trainer {
   std::unique_ptr<RunState> state_;
   std::unique_ptr<StepRecorder> recorder_;
   std::unique_ptr<MemoryBreakdown> memory_;
+  std::unique_ptr<Evaluation> eval_;          // eval.dir: held-out losses per task
   bool declared_ = true;                      // comm.active: declared (else discovered)
   bool per_task_ = false;                     // train.backward resolved: a backward per task
   std::vector<TaskLossTensor> task_losses_;  // read once per step (one sync)
@@ -129,6 +132,7 @@ void Trainer::build() {
   const int64_t per_micro = std::min(schedule_->max_tasks_per_plan(), job_.data.batch_per_rank);
   recorder_ = std::make_unique<StepRecorder>(job_, data_, *plane_, static_cast<size_t>(per_micro * job_.accumulate_steps));
   memory_ = std::make_unique<MemoryBreakdown>(data_);
+  eval_ = Evaluation::create(job_, *model_, *groups_, *homes_, *plane_, data_, *recorder_, *state_);
   per_task_ = backward_per_task();
   if (per_task_ && schedule_->max_tasks_per_plan() > 1) {
     THETAD_LOG(info, "train") << "train.backward " << config::to_string(job_.train.backward)
@@ -285,6 +289,8 @@ void Trainer::backward(torch::Tensor& total, bool last, const StepPlan& plan, Pe
   p.rec.backward_ms += ms_since(t1);
   if (last) {
     finish_reduce(p);
+    if (recorder_->writes_metrics())  // the reduced gradient's norms, read with the step's losses
+      p.grad = grad_norm_parts(*engine_, *groups_, homes_->grad_memory(), engine_->contributors(), data_.device);
     homes_->after_reduce();
     hooks_->end_window();
   }
@@ -470,6 +476,7 @@ int Trainer::run() {
       THETAD_LOG(warn, "train") << "stop requested (signal); " << (job_.checkpoint.dir.empty()
           ? "no checkpoint.dir: nothing is written, stopping after step " : "checkpointing at step ") << completed;
     }
+    if (eval_) eval_->after_step(completed, stop_now || completed == job_.steps);  // before its checkpoint and export
     if (stop_now || completed == job_.steps ||
         (job_.checkpoint.every_steps > 0 && completed % job_.checkpoint.every_steps == 0))
     {

@@ -272,8 +272,10 @@ TEST(ToYaml, RoundTripsEveryKey) {
   EXPECT_TRUE(contains(text, "optimizer:\n  kind: adamw\n"));
   EXPECT_TRUE(contains(text, "  betas: [0.5, 0.75]\n"));
   EXPECT_TRUE(contains(text, "timeline:\n  path: \"\"\n"));
-  // Every key is there: 5 top-level keys + 12 section headers + section keys.
-  EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 1 + 5 + 12 + 28 + 4 + 10 + 9 + 16 + 10 + 3 + 4 + 2 + 3 + 1 + 3);
+  // Every key is there: 5 top-level keys + 13 section headers + section keys (model, lora, data,
+  // eval, comm, offload, optimizer, train, checkpoint, metrics, log, timeline, export).
+  EXPECT_EQ(std::count(text.begin(), text.end(), '\n'),
+            1 + 5 + 13 + 28 + 4 + 11 + 4 + 9 + 16 + 10 + 3 + 4 + 2 + 3 + 1 + 4);
 }
 
 TEST(Fingerprint, ChangesWithSharedSettingsOnly) {
