@@ -65,8 +65,9 @@ class RunState {
   // export.adapters_dir: at the run's end (`last`) and, with export.at_checkpoints, at every
   // checkpoint step, each rank stages its share of the adapters trained since the last export
   // (`again`: every trained one, for a run found complete at start) as PEFT directories, checked
-  // finite; once every rank staged its share all are put in place (Error, exit 1, on every rank
-  // and nothing published, if any failed).
+  // finite, and at the run's end its share of export.merged_dir's models; once every rank staged
+  // its share all are put in place (Error, exit 1, on every rank and nothing published, if any
+  // failed).
   void export_adapters(int64_t completed, bool last, bool again = false);
 
  private:
@@ -107,7 +108,7 @@ class RunState {
   comm::ControlPlane& plane_;
   ParamGroups& groups_;
   Homes& homes_;
-  std::unique_ptr<AdapterExport> export_;  // export.adapters_dir (null: none)
+  std::unique_ptr<AdapterExport> export_;  // export.adapters_dir, export.merged_dir (null: none)
 };
 
 }  // namespace thetad::daemon
