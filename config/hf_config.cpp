@@ -95,16 +95,19 @@ class Apply {
 
 // The rotary positions: rope_theta and the frequencies' scaling, from rope_scaling and rope_theta
 // (transformers 4) or rope_parameters, which holds both (transformers 5; rope_scaling wins where
-// both are given, as transformers reads them).
+// both are given, as transformers reads them; rope_theta is looked for in either, then alone).
 void rotary(Apply& a, const json& cfg, ModelConfig& m) {
   const auto object = [&](const char* k) { return cfg.contains(k) && cfg[k].is_object() && !cfg[k].empty(); };
   const char* name = object("rope_scaling") ? "rope_scaling" : object("rope_parameters") ? "rope_parameters" : nullptr;
   static const json kNone = json::object();
   const json& rope = name ? cfg[name] : kNone;
   const std::string in = name ? std::string(name) + "." : std::string();
-  const double theta = rope.contains("rope_theta") ? a.value<double>(rope, "rope_theta", in + "rope_theta", 10000.0)
-                                                   : a.value<double>(cfg, "rope_theta", "rope_theta", 10000.0);
-  a.set<double>("model.rope_theta", m.rope_theta, theta, in + "rope_theta", m.rope_theta);
+  std::string theta_key = "rope_theta";
+  const json* theta_in = &cfg;
+  for (const char* k : {"rope_parameters", "rope_scaling"})
+    if (object(k) && cfg[k].contains("rope_theta")) theta_in = &cfg[k], theta_key = std::string(k) + ".rope_theta";
+  const double theta = a.value<double>(*theta_in, "rope_theta", theta_key, 10000.0);
+  a.set<double>("model.rope_theta", m.rope_theta, theta, theta_key, m.rope_theta);
   for (const json* where : {&cfg, &rope})
     if (where->contains("partial_rotary_factor") && !(*where)["partial_rotary_factor"].is_null() &&
         (*where)["partial_rotary_factor"] != 1.0)

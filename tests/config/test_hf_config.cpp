@@ -125,6 +125,11 @@ TEST_F(HfConfig, RopeParameters) {
   EXPECT_EQ(j.model.rope_factor, 8.0);
   config(R"({"model_type": "qwen3", "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"}})");
   EXPECT_EQ(load_job_from_string(job(""), "job.yaml").model.rope_theta, 1000000.0);
+  // The scaling under its old name, rope_theta under the new one.
+  config(R"({"model_type": "llama", "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}, "rope_parameters": {"rope_theta": 500000.0}})");
+  EXPECT_EQ(load_job_from_string(job(""), "job.yaml").model.rope_theta, 500000.0);
+  EXPECT_TRUE(test::contains(test::error_of(job(", rope_theta: 10000")), "has rope_parameters.rope_theta = 500000"));
   config(R"({"model_type": "llama", "rope_parameters": {"rope_theta": 10000.0, "rope_type": "dynamic", "factor": 2.0}})");
   EXPECT_TRUE(test::contains(test::error_of(job("")), "rope_parameters of type \"dynamic\" is not supported"));
   config(R"({"model_type": "llama", "partial_rotary_factor": 0.5})");
