@@ -33,8 +33,9 @@ std::string param_text(const LayoutParam& p) { return "'" + p.name + "' " + shap
 const std::vector<std::string>& layout_keys() {
   // The keys that shape the parameters, then those that change what the same parameters compute
   // (LoRA's scale alpha / rank, the transformer's architecture, its attention's key/value heads,
-  // head width, rotary base and scaling, norm epsilon and tied embeddings): a checkpoint trained under one of those is
-  // another model under another value, and resuming it would train on silently.
+  // head width, rotary base and scaling, norm epsilon and tied embeddings): a checkpoint trained
+  // under one of those is another model under another value, and resuming it would train on
+  // silently.
   static const std::vector<std::string> keys = {
       "model.kind",   "model.input_dim", "model.hidden",       "model.output_dim", "model.trunk_layers",
       "model.head_layers", "model.tasks", "model.adapter_rank", "model.classes",   "model.path",
