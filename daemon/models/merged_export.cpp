@@ -131,6 +131,7 @@ void MergedExport::stage(int rank, int world, const std::function<GroupState(int
 
 void MergedExport::write(int64_t task, const std::string& dir, const GroupState& adapters, StagedFiles& staged) {
   const auto t0 = std::chrono::steady_clock::now();
+  torch::NoGradGuard no_grad;  // values out, no graph: the parameters may require gradients
   const config::ExportDtype dtype = job_.export_.dtype;
   const size_t item = dtype == config::ExportDtype::Fp32 ? 4 : 2;
   // A task never trained (and not held: initial) has its initial adapters, B = 0: the base.
