@@ -128,10 +128,13 @@ class Checker {
   void model();
   void transformer();
   void llama();
+  void rope_llama3();
   void model_size();
   void torchscript();
+  // validate_export.cpp
   void per_task_dir(const char* key, const std::string& v);
-  void export_adapters();
+  void export_section();
+  void merged();
   // validate_data.cpp
   void data();
   void data_files(int64_t T);

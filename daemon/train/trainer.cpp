@@ -426,10 +426,10 @@ int Trainer::run() {
   recorder_->start(start_step);
   if (start_step == job_.steps) {
     THETAD_LOG(info, "train") << "job " << job_.name << " is already complete: resumed at step " << start_step
-                              << " = steps; nothing to " << (job_.export_.adapters_dir.empty() ? "do" : "train")
+                              << " = steps; nothing to " << (job_.export_.any() ? "train" : "do")
                               << " (raise steps to train further)";
     // Its export is written again (it may have failed after the final checkpoint, or be stale).
-    if (!job_.export_.adapters_dir.empty()) state_->export_adapters(start_step, true, /*again=*/true);
+    if (job_.export_.any()) state_->export_adapters(start_step, true, /*again=*/true);
   } else {
     THETAD_LOG(info, "train") << "job " << job_.name << ": " << world_.size << " ranks, " << job_.model.tasks
                               << " tasks, steps " << start_step << ".." << job_.steps;
@@ -490,7 +490,7 @@ int Trainer::run() {
       if (lagged_check && !state_->checkpoints_in_background(last))
         nonfinite(step, loss_total_.item<double>(), pending->rec);
       state_->checkpoint(completed, last);
-      state_->export_adapters(completed, completed == job_.steps);  // PEFT adapters (export.adapters_dir)
+      state_->export_adapters(completed, completed == job_.steps);  // export.adapters_dir, export.merged_dir
     }
     // step_ms: this iteration's wall time, its checkpoint included (written one step late).
     pending->rec.step_ms = ms_since(t_step);

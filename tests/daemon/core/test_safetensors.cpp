@@ -166,13 +166,20 @@ TEST(HfNames, LlamaBothWays) {
       {"model.layers.7.mlp.down_proj.weight", "blocks.7.mlp.down.weight"},
       {"model.norm.weight", "ln_f.weight"},
       {"lm_head.weight", "lm_head.weight"},
+      // Qwen2's biases of q, k and v; Qwen3's norms of each query and key head.
+      {"model.layers.2.self_attn.q_proj.bias", "blocks.2.attn.q.bias"},
+      {"model.layers.2.self_attn.k_proj.bias", "blocks.2.attn.k.bias"},
+      {"model.layers.2.self_attn.v_proj.bias", "blocks.2.attn.v.bias"},
+      {"model.layers.4.self_attn.q_norm.weight", "blocks.4.attn.q_norm.weight"},
+      {"model.layers.4.self_attn.k_norm.weight", "blocks.4.attn.k_norm.weight"},
   };
   for (const auto& [hf, ours] : pairs) {
     EXPECT_EQ(thetad_name_of_hf(hf), ours) << hf;
     EXPECT_EQ(hf_name_of_thetad(ours), hf) << ours;
   }
   for (const char* other : {"model.layers.0.self_attn.rotary_emb.inv_freq", "model.layers.x.mlp.up_proj.weight",
-                            "model.layers.01.mlp.up_proj.weight", "model.layers..mlp.up_proj.weight", "pos.weight"}) {
+                            "model.layers.01.mlp.up_proj.weight", "model.layers..mlp.up_proj.weight", "pos.weight",
+                            "model.layers.0.self_attn.o_proj.bias", "model.layers.0.mlp.up_proj.bias"}) {
     EXPECT_EQ(thetad_name_of_hf(other), "") << other;
     EXPECT_EQ(hf_name_of_thetad(other), "") << other;
   }
