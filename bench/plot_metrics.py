@@ -7,8 +7,9 @@ Writes loss_per_task.png (loss of each task over steps: rank 0's records hold th
 task any rank trained in the step; each task's raw points and a moving average over them; the
 number of tasks drawn is noted on stderr), step_time.png (the phases of each step stacked,
 averaged over the ranks present) and bytes.png (cumulative bytes allreduced, against what DDP,
-which reduces every gradient every step, would have sent: bytes_allreduced + bytes_pruned).
-Needs matplotlib (Debian: python3-matplotlib; without it, exit 2 saying so).
+which reduces every gradient every step, would have sent: bytes_allreduced + bytes_pruned) and,
+where the file has evaluation records (eval.dir: `"kind": "eval"`), eval_loss_per_task.png (each
+evaluated task's held-out loss at each evaluation, its lowest point marked). Needs matplotlib (Debian: python3-matplotlib; without it, exit 2 saying so).
 
 The phases are disjoint (docs/configuration.md, `metrics`): forward, backward (autograd and the
 hooks, buckets launched as they fill), comm_wait (waiting for the last buckets after backward),
@@ -119,13 +120,41 @@ def plot_loss(records, out):
         note = f"no finite loss in {len(records)} records: every loss is NaN or Inf (see train.on_nonfinite)"
         ax.text(0.5, 0.5, note, transform=ax.transAxes, ha="center", va="center", wrap=True)
         print(f"plot_metrics: note: {note}", file=sys.stderr)
+    return save_per_task(fig, ax, per_task, out, "loss_per_task.png")
+
+
+def save_per_task(fig, ax, per_task, out, name):
+    """A plot of one line per task: the legend where it is readable, the grid, the file. Returns the tasks."""
     if len(per_task) <= 20:
         ax.legend(fontsize="small", ncol=2)
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(os.path.join(out, "loss_per_task.png"), dpi=120)
+    fig.savefig(os.path.join(out, name), dpi=120)
     plt.close(fig)
     return sorted(per_task)
+
+
+def plot_eval(evals, out):
+    """Each task's eval loss over the evaluations, its best (lowest) point marked. Returns the tasks."""
+    per_task = defaultdict(list)  # task -> [(step, loss)]
+    for r in evals:
+        for task, loss in (r.get("eval_loss") or {}).items():
+            per_task[int(task)].append((r["step"], num(loss)))
+    if not per_task:
+        return []
+    fig, ax = plt.subplots(figsize=(9, 5))
+    for i, task in enumerate(sorted(per_task)):
+        pts = sorted(per_task[task])
+        color = f"C{i % 10}"
+        ax.plot([s for s, _ in pts], [v for _, v in pts], marker=".", linewidth=1.2, color=color, label=f"task {task}")
+        finite = [(v, s) for s, v in pts if not math.isnan(v)]
+        if finite:
+            v, s = min(finite)
+            ax.plot([s], [v], marker="*", markersize=9, color=color)
+    ax.set_xlabel("step")
+    ax.set_ylabel("eval loss")
+    ax.set_title("Held-out loss per task (* = lowest)")
+    return save_per_task(fig, ax, per_task, out, "eval_loss_per_task.png")
 
 
 def plot_step_time(records, out):
@@ -200,6 +229,17 @@ def main(argv=None):
     out = args.outdir or os.path.dirname(os.path.abspath(args.metrics))
     os.makedirs(out, exist_ok=True)
     records = read_records(args.metrics)
+    # Evaluation records (a kind of their own) are drawn apart; records without kind are steps.
+    evals = [r for r in records if r.get("kind") == "eval"]
+    records = [r for r in records if r.get("kind", "train") == "train"]
+    if not records:
+        fail(f"{args.metrics}: no step records")
+    names = ["loss_per_task.png", "step_time.png", "bytes.png"]
+    evaluated = plot_eval(evals, out)
+    if evaluated:
+        names.append("eval_loss_per_task.png")
+        print(f"plot_metrics: eval_loss_per_task.png: {len(evaluated)} task(s) over {len(evals)} evaluation(s)",
+              file=sys.stderr)
     tasks = plot_loss(records, out)
     if tasks:  # rank 0's records hold every rank's tasks (all_ranks files: that rank's own)
         print(f"plot_metrics: loss_per_task.png: {len(tasks)} task(s), {tasks[0]}..{tasks[-1]}", file=sys.stderr)
@@ -207,7 +247,7 @@ def main(argv=None):
     ratio = plot_bytes(records, out)
     if ratio is not None:
         print(f"plot_metrics: bytes.png: thetad sent {ratio:.2f}x the bytes DDP would have sent", file=sys.stderr)
-    for name in ("loss_per_task.png", "step_time.png", "bytes.png"):
+    for name in names:
         print(os.path.join(out, name))
     return 0
 

@@ -6,6 +6,8 @@
 #include <cstring>
 #include <sstream>
 
+#include "common/errors.hpp"
+
 namespace thetad::comm {
 
 size_t dtype_size(DType t) {
@@ -84,6 +86,26 @@ WorkPtr completed_work(uint64_t sequence) { return std::make_shared<CompletedWor
 WorkPtr Communicator::after_compute(const CollectiveTag& tag) {
   (void)tag;
   return completed_work();
+}
+
+void Communicator::divide(float* buf, size_t count, double divisor) {
+  for (size_t i = 0; i < count; ++i) buf[i] = static_cast<float>(buf[i] / divisor);
+}
+
+PeerOp send_op(const void* buf, size_t count, DType dtype, int peer) {
+  return {PeerOp::Kind::send, peer, const_cast<void*>(buf), count, dtype};  // only read
+}
+
+PeerOp recv_op(void* buf, size_t count, DType dtype, int peer) { return {PeerOp::Kind::recv, peer, buf, count, dtype}; }
+
+void check_peer_ops(const std::vector<PeerOp>& ops, int rank, int size, const CollectiveTag& tag) {
+  for (const PeerOp& op : ops) {
+    if (op.peer < 0 || op.peer >= size || op.peer == rank)
+      throw InternalError(detail::concat(tag.describe(), ": peer ", op.peer, " is not another rank (rank ", rank,
+                                         " of ", size, ")"));
+    if (op.count > 0 && op.buf == nullptr)
+      throw InternalError(detail::concat(tag.describe(), ": no buffer for ", op.count, " elements"));
+  }
 }
 
 void Communicator::copy_from_host(void* dst, const void* src, size_t bytes) {

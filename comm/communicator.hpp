@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace thetad::comm {
 
@@ -52,7 +53,9 @@ class Work {
   // Device backends: make `stream` (a cudaStream_t) wait for completion without blocking the
   // host. Host backends: same as wait().
   virtual void block_stream(void* stream, std::chrono::milliseconds timeout) { (void)stream; wait(timeout); }
-  // Seconds from launch to completion, once completed (host backends), else -1.
+  // Milliseconds the operation took, once completed, else -1: host backends from submission to
+  // completion; NCCL on the device, from the moment its stream reached the operation (after the
+  // compute it waited for) to its end, so that bytes / elapsed is the bandwidth it achieved.
   virtual double elapsed_ms() const { return -1.0; }
   // Its number among its communicator's collectives, 1, 2, 3... in launch order (0: unnumbered),
   // so that a timeout names "collective #N" and ranks' logs can be lined up.
@@ -85,6 +88,22 @@ struct AllreduceOptions {
   bool bf16_wire = false;
 };
 
+// One side of a point-to-point transfer (Communicator::exchange): `count` elements of `dtype` at
+// `buf` sent to `peer` (read) or received from it (written).
+struct PeerOp {
+  enum class Kind { send, recv };
+  Kind kind = Kind::send;
+  int peer = 0;
+  void* buf = nullptr;
+  size_t count = 0;
+  DType dtype = DType::f32;
+};
+PeerOp send_op(const void* buf, size_t count, DType dtype, int peer);
+PeerOp recv_op(void* buf, size_t count, DType dtype, int peer);
+// Every backend's check of an exchange's ops on rank `rank` of `size` (InternalError naming the
+// tag): peers are other ranks, buffers are given.
+void check_peer_ops(const std::vector<PeerOp>& ops, int rank, int size, const CollectiveTag& tag);
+
 // Where a communicator's buffers live.
 enum class MemoryKind { host, device };
 
@@ -107,6 +126,23 @@ class Communicator {
   // recv holds size() * count elements, rank r's contribution at r * count.
   virtual WorkPtr allgather(const void* send, void* recv, size_t count, DType dtype,
                             const CollectiveTag& tag) = 0;
+  // `send` holds size() * count elements; rank r's `recv` gets the reduction (`op`) over the ranks
+  // of their elements [r * count, (r + 1) * count). bf16 sums round each addition.
+  virtual WorkPtr reduce_scatter(const void* send, void* recv, size_t count, DType dtype, ReduceOp op,
+                                 const CollectiveTag& tag) = 0;
+  // Point-to-point: the sends and receives of `ops`, posted together (NCCL: one group call, so a
+  // rank may send to and receive from the same peer without deadlock; MPI: nonblocking sends and
+  // receives), complete as one Work, bounded by the timeout like a collective. Each op must meet
+  // its peer's opposite op of the same count and dtype; the transfers between two ranks match in
+  // the order both post them, so every rank must issue its exchanges at the same point of its
+  // sequence of collectives. Ranks not named by any op take no part. A peer may not be this rank.
+  virtual WorkPtr exchange(const std::vector<PeerOp>& ops, const CollectiveTag& tag) = 0;
+  WorkPtr send(const void* buf, size_t count, DType dtype, int peer, const CollectiveTag& tag) {
+    return exchange({send_op(buf, count, dtype, peer)}, tag);
+  }
+  WorkPtr recv(void* buf, size_t count, DType dtype, int peer, const CollectiveTag& tag) {
+    return exchange({recv_op(buf, count, dtype, peer)}, tag);
+  }
   virtual WorkPtr barrier(const CollectiveTag& tag) = 0;
   // No collective: a Work that completes once the work queued on the compute stream so far has
   // (device backends: an event after it on the communication stream; host backends: complete
@@ -123,6 +159,10 @@ class Communicator {
   virtual std::shared_ptr<void> allocate(size_t bytes) = 0;
   // Sets `bytes` at `ptr` to zero (device backends: asynchronously on the compute stream).
   virtual void zero(void* ptr, size_t bytes) = 0;
+  // Divides `count` floats at `buf` by `divisor` where they are, with the bits this backend's
+  // allreduce gives a sum with one nonzero share (the engine's kept buckets under average
+  // world): host backends float(x / divisor), NCCL x * float(1 / divisor) on the compute stream.
+  virtual void divide(float* buf, size_t count, double divisor);
 
   // Small control-sized copies between host memory and this communicator's memory (the engine's
   // count exchange). copy_from_host is ordered before collectives issued after it and `src` may be

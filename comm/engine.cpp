@@ -9,12 +9,15 @@
 // gradient will come: it is the zero-filled stand-in for a group other ranks trained). A ready
 // bucket waits for the lower-indexed buckets of the order; finish_backward launches whatever is
 // left. The order (and the divisors) need the count exchange, which mark_ready never waits for:
-// until it has landed, ready buckets just accumulate.
+// until it has landed, ready buckets just accumulate. A bucket of a kept group (keep: its one
+// contributor keeps the gradient) is in no rank's order: finish_backward finishes it on that rank
+// in place.
 #include "comm/engine.hpp"
 
 #include <algorithm>
 #include <mutex>
 
+#include "comm/engine/collective_timer.hpp"
 #include "comm/engine/count_exchange.hpp"
 #include "comm/engine/grad_buffers.hpp"
 #include "common/errors.hpp"
@@ -23,6 +26,7 @@
 namespace thetad::comm {
 
 using Clock = std::chrono::steady_clock;
+using engine_detail::CollectiveTimer;
 using engine_detail::CountExchange;
 using engine_detail::GradBuffers;
 
@@ -40,6 +44,10 @@ struct Engine::Impl {
   std::vector<uint8_t> ready;                  // per param: marked since begin_sync
   std::vector<int> pending;                    // per bucket: params not yet ready
   std::vector<uint8_t> launched;               // per bucket
+  std::vector<int> keeper;                     // per group, this window: keep(group, rank), else -1
+  bool any_keeper = false;
+  std::vector<uint8_t> kept;                   // per bucket, once the order is known: not sent
+  CollectiveTimer timer;  // the buckets' collectives, into the stats' bandwidth once complete
 
   bool synced = false;     // begin_sync called in this window
   bool finished = false;   // finish_backward done in this window
@@ -62,6 +70,8 @@ struct Engine::Impl {
     ready.assign(np, 0);
     pending.assign(nb, 0);
     launched.assign(nb, 0);
+    keeper.assign(plan.num_groups, -1);
+    kept.assign(nb, 0);
   }
 
   // All below run with `mu` held.
@@ -76,13 +86,39 @@ struct Engine::Impl {
   // counts, so launching can start before the exchange lands.
   bool ensure_order(bool block) {
     if (order_ready) return true;
-    const bool need_counts = opts.prune || opts.average == Average::contributors;
+    const bool need_counts = opts.prune || opts.average == Average::contributors || any_keeper;
     if (need_counts && !counts.fetch(block)) return false;
     order.clear();
-    for (const Bucket& b : plan.buckets)
-      if (!opts.prune || counts.counts()[b.group] > 0) order.push_back(b.index);
+    for (const Bucket& b : plan.buckets) {
+      kept[b.index] = any_keeper && kept_group(b.group) ? 1 : 0;
+      if (!kept[b.index] && (!opts.prune || counts.counts()[b.group] > 0)) order.push_back(b.index);
+    }
     order_ready = true;
     return true;
+  }
+
+  // The counts have landed: whether group g's one contributor is the rank that keeps it.
+  bool kept_group(int g) const {
+    const int k = keeper[static_cast<size_t>(g)];
+    return k >= 0 && counts.counts()[static_cast<size_t>(g)] == 1 && counts.only_root(g) == k;
+  }
+
+  double divisor(int group) const {
+    if (opts.average == Average::world) return comm.size();
+    return std::max<int32_t>(1, counts.counts()[static_cast<size_t>(group)]);  // 0 only with prune off: zeros
+  }
+
+  // A kept bucket, at finish_backward: on its keeper, the gradient as a sent one would arrive
+  // (unwritten parameters zeroed, divided), nothing elsewhere.
+  void finish_kept(int b) {
+    const Bucket& bucket = plan.buckets[static_cast<size_t>(b)];
+    stats.buckets_kept += 1;
+    stats.bytes_kept += static_cast<int64_t>(bucket.numel * dtype_size(opts.wire));
+    if (keeper[static_cast<size_t>(bucket.group)] != comm.rank()) return;
+    buffers.zero_unwritten(b, seen);
+    const double d = divisor(bucket.group);
+    if (d != 1.0) comm.divide(buffers.bucket_ptr(b), bucket.numel, d);
+    buffers.mark_written(b);
   }
 
   bool bucket_ready(int b) const { return pending[b] == 0 || !local_active[plan.buckets[b].group]; }
@@ -91,10 +127,7 @@ struct Engine::Impl {
     const Bucket& bucket = plan.buckets[b];
     AllreduceOptions o;
     o.op = ReduceOp::sum;
-    if (opts.average == Average::world)
-      o.divisor = comm.size();
-    else
-      o.divisor = std::max<int32_t>(1, counts.counts()[bucket.group]);  // 0 only with prune off: zeros
+    o.divisor = divisor(bucket.group);
     o.tag = CollectiveTag{"allreduce", stats.step, b};
     o.bf16_wire = opts.wire == DType::bf16;
     // Only where the launch order waited for the counts: with prune off and average world a rank
@@ -127,7 +160,9 @@ struct Engine::Impl {
     launched[b] = 1;
     buffers.mark_written(b);
     stats.buckets_launched += 1;
-    stats.bytes_allreduced += static_cast<int64_t>(bucket.numel * dtype_size(opts.wire));
+    const auto bytes = static_cast<int64_t>(bucket.numel * dtype_size(opts.wire));
+    stats.bytes_allreduced += bytes;
+    if (!adopted && comm.size() > 1) timer.launched(works.back(), bytes, o.from_root >= 0);
     if (!local_active[bucket.group]) stats.buckets_zero_filled += 1;
   }
 
@@ -239,8 +274,35 @@ void Engine::start_window(int64_t step) {
   s.order.clear();
   s.next = 0;
   s.works.clear();
+  std::fill(s.keeper.begin(), s.keeper.end(), -1);
+  std::fill(s.kept.begin(), s.kept.end(), 0);
+  s.any_keeper = false;
   stats_ = StepStats{};
   stats_.step = step;
+  s.timer.harvest(stats_);  // the last window's buckets that completed since its stats
+}
+
+void Engine::keep(int group, int rank) {
+  if (group < 0 || group >= plan_.num_groups || rank < 0 || rank >= comm_->size())
+    throw InternalError(detail::concat("keep: no group ", group, " or rank ", rank));
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  Impl& s = *impl_;
+  const GradMemory m = s.buffers.mode(group);
+  if (m != GradMemory::owned && m != GradMemory::overwrite && m != GradMemory::pooled)
+    throw InternalError(detail::concat("keep: group ", group, "'s gradients are not in engine buffers of its own"));
+  if (s.synced) throw InternalError("keep after begin_sync: the launch order may already be known");
+  s.keeper[static_cast<size_t>(group)] = rank;
+  s.any_keeper = true;
+}
+
+int Engine::kept_by(int group) {
+  if (group < 0 || group >= plan_.num_groups) throw InternalError(detail::concat("no group ", group));
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  Impl& s = *impl_;
+  if (!s.synced) throw InternalError("kept_by() before begin_sync()");
+  if (!s.any_keeper) return -1;
+  s.counts.fetch(true);
+  return s.kept_group(group) ? s.keeper[static_cast<size_t>(group)] : -1;
 }
 
 void Engine::declare_active(const std::vector<uint8_t>& local_groups) {
@@ -372,6 +434,8 @@ void Engine::finish_backward() {
   stats_.finish_order_ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
   stats_.finish_launch_ms = std::chrono::duration<double, std::milli>(t2 - t1).count();
   stats_.finish_launched = static_cast<int>(s.works.size() - before);
+  for (const Bucket& b : plan_.buckets)
+    if (s.kept[b.index]) s.finish_kept(b.index);
   if (opts_.wait_stream && comm_->completes_in_order()) {
     // One stream wait for the last bucket orders the stream after all of them: fewer commands
     // in a compute queue that the host has filled a step ahead.
@@ -388,7 +452,7 @@ void Engine::finish_backward() {
   s.counts.fetch(true);  // for the stats, also when the order needed none
   stats_.comm_wait_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
   for (const Bucket& b : plan_.buckets)
-    if (!s.launched[b.index]) {
+    if (!s.launched[b.index] && !s.kept[b.index]) {
       stats_.buckets_pruned += 1;
       stats_.bytes_pruned += static_cast<int64_t>(b.numel * dtype_size(opts_.wire));
     }
@@ -401,6 +465,7 @@ void Engine::finish_backward() {
   }
   stats_.count_exchange_ms = s.counts.latency_ms();
   stats_.contributors = s.counts.counts();
+  s.timer.harvest(stats_);
   s.finished = true;
   THETAD_LOG(debug, "comm") << "step " << stats_.step << ": " << stats_.buckets_launched
                             << " buckets launched (" << stats_.bytes_allreduced << " B), "

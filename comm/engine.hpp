@@ -105,6 +105,14 @@ struct EngineOptions {
   DType wire = DType::f32;
 };
 
+// Collectives of one kind and the bandwidth they achieved: payload bytes and their own time
+// (Work::elapsed_ms), summed; algbw = bytes / ms.
+struct CollectiveTime {
+  int64_t bytes = 0;
+  double ms = 0;
+  int count = 0;
+};
+
 struct StepStats {
   int64_t step = -1;
   int64_t bytes_allreduced = 0;  // payload bytes of launched buckets (per rank, in the wire dtype)
@@ -113,6 +121,8 @@ struct StepStats {
   int buckets_pruned = 0;
   int buckets_zero_filled = 0;   // launched for groups active on other ranks only
   int buckets_broadcast = 0;     // launched as a broadcast from their one contributor
+  int buckets_kept = 0;          // not sent: their group's one contributor keeps the gradient (keep)
+  int64_t bytes_kept = 0;        // their payload bytes in the wire dtype (what sending would have cost)
   int declared_without_grad = 0; // params of locally declared groups that got no gradient
   double count_exchange_ms = 0;  // latency of the count exchange
   double comm_wait_ms = 0;       // finish_backward's (host) wait for outstanding buckets
@@ -125,6 +135,12 @@ struct StepStats {
   double finish_block_ms = 0;    // making the wait stream (or the host) wait for the buckets
   int64_t streamed_bytes_peak = 0;  // streamed groups: most bytes of handed-over buffers held at once
   int finish_launched = 0;       // buckets that finish_backward launched (not the hooks)
+  // The buckets' collectives that completed since the previous window's stats (the host sees a
+  // window's last buckets complete only when it waits for them: on GPUs, where it does not, those
+  // are counted with the next window), by kind: allreduces (bf16 wire included) and broadcasts
+  // from one contributor. A world of one times nothing.
+  CollectiveTime allreduce_time;
+  CollectiveTime broadcast_time;
   std::vector<int32_t> contributors;  // per group, ranks that used it this window
 };
 
@@ -178,6 +194,17 @@ class Engine {
   void mark_absent(int param);
   // Whether this rank declared (or discovered) the group active in the current window.
   bool locally_active(int group) const;
+  // This window (before begin_sync): if `rank` turns out to be the group's one contributor, its
+  // gradient stays there and nothing is sent: no rank launches the group's buckets, `rank`'s
+  // buckets hold its own gradient (divided as a sent one would be: by the world with average
+  // world, by 1 otherwise; never rounded to bf16), the others' buckets are not reduced (the
+  // caller must not step the group there). The count exchange decides, the same on every rank:
+  // with any other contributors the buckets go as usual. Groups whose gradient memory is owned,
+  // overwrite or pooled only.
+  void keep(int group, int rank);
+  // After the count exchange (waits for it): the rank that kept the group's gradient this window,
+  // or -1 where it was sent (or nobody used the group).
+  int kept_by(int group);
   // Launches every globally active bucket not yet launched (zero-filled where this rank had no
   // gradient), waits for all of them, divides (contributors or world). After it the gradients
   // of every globally active group are final on every rank; others are zero (overwrite groups:

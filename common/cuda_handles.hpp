@@ -57,14 +57,14 @@ class CudaStream : public CudaHandle<cudaStream_t, &cudaStreamDestroy> {
   }
 };
 
-// An event without timing on `device`. Destroying a pending event is allowed: CUDA releases it
-// once it completes.
+// An event on `device`, without timing unless `timing` (cudaEventElapsedTime between two such).
+// Destroying a pending event is allowed: CUDA releases it once it completes.
 class CudaEvent : public CudaHandle<cudaEvent_t, &cudaEventDestroy> {
  public:
-  explicit CudaEvent(int device) {
+  explicit CudaEvent(int device, bool timing = false) {
     device_ = device;
     CUDA_CHECK(cudaSetDevice(device));
-    CUDA_CHECK(cudaEventCreateWithFlags(&h_, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventCreateWithFlags(&h_, timing ? cudaEventDefault : cudaEventDisableTiming));
   }
 };
 

@@ -127,13 +127,19 @@ class Checker {
   void model();
   void transformer();
   void llama();
+  void rope_llama3();
   void model_size();
   void torchscript();
+  // validate_export.cpp
   void per_task_dir(const char* key, const std::string& v);
-  void export_adapters();
+  void export_section();
+  void merged();
   // validate_data.cpp
   void data();
   void data_files(int64_t T);
+  void token_ids();
+  void eval();
+  void eval_tasks_given(int64_t T, bool tasks_ok);
   void batch_covers_tasks(int64_t T);
   void weighted(int64_t T, bool tasks_ok);
   void per_rank(int64_t T, bool tasks_ok);

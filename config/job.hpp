@@ -27,9 +27,14 @@ enum class SharedMode { Resident, Stream };                   // resident | stre
 enum class H2dDtype { Fp32, Bf16 };                           // fp32 | bf16 (offload.h2d_dtype)
 enum class HostGroups { All, Scheduled };                     // all | scheduled (offload.host_groups)
 enum class UncachedUpdate { Auto, Host, Device };             // auto | host | device (offload.uncached_update)
-enum class ModelArch { Gpt2, Llama };                         // gpt2 | llama (model.arch)
+// gpt2 | llama | mistral | qwen2 | qwen3 (model.arch; the last four: Hugging Face's model_type)
+enum class ModelArch { Gpt2, Llama, Mistral, Qwen2, Qwen3 };
+enum class RopeScaling { None, Llama3 };                      // none | llama3 (model.rope_scaling)
+enum class ExportDtype { Fp32, Bf16, Fp16 };                  // fp32 | bf16 | fp16 (export.dtype)
 enum class TokenDtype { Npy, Uint16, Uint32 };                // npy | uint16 | uint32 (data.token_dtype)
 enum class Backward { Auto, Joint, PerTask };                 // auto | joint | per_task (train.backward)
+enum class SoleUser { Keep, Broadcast };                      // keep | broadcast (comm.sole_user)
+enum class ExportPick { Last, EvalLoss };                     // last | eval_loss (export.best)
 
 const std::string& to_string(Precision v);
 const std::string& to_string(GradDtype v);
@@ -47,8 +52,12 @@ const std::string& to_string(H2dDtype v);
 const std::string& to_string(HostGroups v);
 const std::string& to_string(UncachedUpdate v);
 const std::string& to_string(ModelArch v);
+const std::string& to_string(RopeScaling v);
+const std::string& to_string(ExportDtype v);
 const std::string& to_string(TokenDtype v);
 const std::string& to_string(Backward v);
+const std::string& to_string(SoleUser v);
+const std::string& to_string(ExportPick v);
 
 // False (and `out` unchanged) when `word` is not one of the type's YAML words.
 bool from_string(const std::string& word, Precision& out);
@@ -67,8 +76,12 @@ bool from_string(const std::string& word, H2dDtype& out);
 bool from_string(const std::string& word, HostGroups& out);
 bool from_string(const std::string& word, UncachedUpdate& out);
 bool from_string(const std::string& word, ModelArch& out);
+bool from_string(const std::string& word, RopeScaling& out);
+bool from_string(const std::string& word, ExportDtype& out);
 bool from_string(const std::string& word, TokenDtype& out);
+bool from_string(const std::string& word, SoleUser& out);
 bool from_string(const std::string& word, Backward& out);
+bool from_string(const std::string& word, ExportPick& out);
 
 // One entry of data.alternate: the groups trained in that step.
 struct AlternateEntry {
@@ -88,6 +101,10 @@ inline size_t mib_to_bytes(double mib) {
   if (bytes >= 18446744073709551615.0) return static_cast<size_t>(-1);
   return static_cast<size_t>(bytes);
 }
+
+// The transformers of Hugging Face's decoder layout (all but gpt2): RMSNorm, rotary positions,
+// SwiGLU, grouped-query attention.
+inline bool llama_family(ModelArch a) { return a != ModelArch::Gpt2; }
 
 struct ModelConfig {
   ModelKind kind = ModelKind::MultitaskMlp;
@@ -112,7 +129,9 @@ struct ModelConfig {
   // Hugging Face model directory (safetensors, config.json)
   std::string init_from;
   // transformer: decoder-only, pre-norm (docs/configuration.md). gpt2: LayerNorm, learned
-  // positions, GELU; llama: RMSNorm, rotary positions, SwiGLU, grouped-query attention.
+  // positions, GELU; llama: RMSNorm, rotary positions, SwiGLU, grouped-query attention; mistral:
+  // llama's computation; qwen2: llama with biases on q, k and v; qwen3: llama with an RMSNorm of
+  // each query and key head before the rotary positions.
   ModelArch arch = ModelArch::Gpt2;
   int64_t layers = 2;
   int64_t d_model = 64;
@@ -122,9 +141,21 @@ struct ModelConfig {
   int64_t seq_len = 32;
   int64_t kv_heads = 0;         // llama: key/value heads (grouped-query attention); 0 = heads
   double rope_theta = 10000.0;  // llama: base of the rotary position angles
+  int64_t head_dim = 0;         // llama: width of an attention head; 0 = d_model / heads
+  // llama: the rotary frequencies remapped as Llama 3.1 does (rope_scaling llama3): those of
+  // wavelength above original_max_positions / low_freq_factor divided by rope_factor, those below
+  // original_max_positions / high_freq_factor kept, those between interpolated.
+  RopeScaling rope_scaling = RopeScaling::None;
+  double rope_factor = 8.0;
+  double rope_low_freq_factor = 1.0;
+  double rope_high_freq_factor = 4.0;
+  int64_t rope_original_max_positions = 8192;
   double norm_eps = 1e-5;       // the epsilon of LayerNorm (gpt2) or RMSNorm (llama)
   bool tie_embeddings = false;  // the output layer is the token embedding (no lm_head)
   bool train_shared = true;     // false: Θ (the base) frozen: no gradients, buckets or optimizer state
+
+  // The width of an attention head: head_dim, or d_model / heads where it is 0.
+  int64_t head_size() const { return head_dim > 0 ? head_dim : heads > 0 ? d_model / heads : 0; }
 };
 
 // transformer: the per-task LoRA adapters θ[t] (section `lora`).
@@ -150,13 +181,48 @@ struct DataConfig {
   double noise = 0.01;             // synthetic: label noise stddev
   // tokens: task{t}.npy, or flat little-endian task{t}.bin of uint16 or uint32 token ids
   TokenDtype token_dtype = TokenDtype::Npy;
+  // tokens (and eval.dir): task{t}.mask.bin beside each token file, a uint8 per token (1: the
+  // token is a target the loss counts, 0: a prompt token it skips); the loss is the mean over the
+  // counted targets
+  bool loss_mask = false;
 };
 
-// PEFT adapter directories written per task (section `export`, transformer with arch llama).
+// Held-out evaluation per task (section `eval`, the transformer): eval.dir holds task{t} token
+// files as data.dir does; every `every_steps` steps and at the run's end, the first `rows`
+// windows of each evaluated task's file are run forward only and their mean loss recorded.
+struct EvalConfig {
+  std::string dir;                 // "" = no evaluation
+  int64_t every_steps = 0;         // 0 = at the run's end only
+  int64_t rows = 32;               // windows of seq_len + 1 tokens per task (fewer if its file is short)
+  // "all", "scheduled" (the tasks trained since the previous evaluation) or task ids
+  std::vector<std::string> tasks = {"all"};
+};
+
+// eval.tasks read: which tasks an evaluation covers.
+struct EvalTasks {
+  enum class Kind { All, Scheduled, List };
+  Kind kind = Kind::All;
+  std::vector<int64_t> ids;  // Kind::List, ascending
+};
+// eval.tasks of a validated job.
+EvalTasks eval_tasks(const std::vector<std::string>& words);
+
+// What a transformer of Hugging Face's layout writes at the end (section `export`): PEFT adapter
+// directories per task, and merged model directories of chosen tasks.
 struct ExportConfig {
   std::string adapters_dir;        // with {task} (and {job}); empty: no export
   bool at_checkpoints = false;     // also at every checkpoint step (only adapters trained since)
   std::string base_model;          // adapter_config.json's base_model_name_or_path; "" = model.init_from
+  // Which adapter of a task is exported: the last one, or the one at its lowest eval loss
+  ExportPick best = ExportPick::Last;
+  ExportDtype dtype = ExportDtype::Fp32;  // of the adapters' and the merged models' tensors
+  // A Hugging Face model directory per task of merged_tasks (with {task}; empty: none): the base
+  // with the task's adapters folded into its matrices, config.json copied from model.init_from.
+  std::string merged_dir;
+  std::vector<int64_t> merged_tasks;  // the tasks merged; empty with one task: task 0
+  double max_shard_mb = 4096;      // a merged model's safetensors files hold at most this each
+
+  bool any() const { return !adapters_dir.empty() || !merged_dir.empty(); }
 };
 
 struct CommConfig {
@@ -170,6 +236,10 @@ struct CommConfig {
   // The dtype gradients travel in: bf16 rounds each rank's share (already divided by the
   // contributors or the world) to bfloat16, halving the bytes; the sum lands in fp32 gradients.
   GradDtype grad_dtype = GradDtype::Fp32;
+  // A resident group one rank trains in a window: keep its gradient on that rank (the others'
+  // replicas go stale until the schedule needs them: docs/architecture.md, "Who holds a group's
+  // current values"), or broadcast it as any other.
+  SoleUser sole_user = SoleUser::Keep;
 
   size_t bucket_cap_bytes() const { return mib_to_bytes(bucket_cap_mb); }
   size_t first_bucket_bytes() const { return mib_to_bytes(first_bucket_mb); }
@@ -198,7 +268,7 @@ struct OffloadConfig {
   // others by the host's CPU AdamW (4 B of gradient out, 28 B through host memory): a count, or
   // "auto" (from the PCIe and CPU AdamW bandwidths measured at start-up, so that both end
   // together; none on the CPU). 0 by default: on the H100 host measured so far no split was
-  // faster than none (docs/BENCHMARKS.md, issue 38).
+  // faster than none (docs/BENCHMARKS.md).
   std::string shared_split_layers = "0";
   // The device cache of whole task groups with their Adam state (updated on the device while
   // cached): "auto" (GPUs: the device memory free after set-up, less a margin; none on the CPU)
@@ -308,6 +378,7 @@ struct Job {
   ModelConfig model;
   LoraConfig lora;
   DataConfig data;
+  EvalConfig eval;
   ExportConfig export_;           // section `export`
   CommConfig comm;
   OffloadConfig offload;

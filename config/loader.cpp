@@ -3,14 +3,11 @@
 #include "config/loader.hpp"
 
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
-#include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <utility>
 #include <vector>
 
+#include "common/file_read.hpp"
+#include "common/text.hpp"
 #include "config/diagnostics.hpp"
 #include "config/hf_config.hpp"
 #include "config/placeholders.hpp"
@@ -53,7 +50,7 @@ Job load_job_from_string(const std::string& yaml, const std::string& source,
   job.source = source;
   const bool document_ok = detail::read_document(yaml, job, diag);
   for (const auto& assignment : opts.overrides) detail::apply_override(assignment, job, diag);
-  if (document_ok) detail::apply_hf_config(job, diag);  // issue 35: dimensions from model.init_from's config.json
+  if (document_ok) detail::apply_hf_config(job, diag);  // dimensions from model.init_from's config.json
   if (document_ok) detail::validate(job, opts, diag);
   if (!diag.empty()) throw JobError(diag.messages());
   detail::warn_irrelevant(job, diag);
@@ -66,45 +63,17 @@ Job load_job_from_string(const std::string& yaml, const std::string& source,
   return job;
 }
 
-namespace {
-
-// What a path that is not a regular file is, for the message.
-std::string file_kind(std::filesystem::file_type t) {
-  switch (t) {
-    case std::filesystem::file_type::fifo: return "a FIFO";
-    case std::filesystem::file_type::socket: return "a socket";
-    case std::filesystem::file_type::character: return "a character device";
-    case std::filesystem::file_type::block: return "a block device";
-    case std::filesystem::file_type::directory: return "a directory";
-    default: return "not a plain file";
-  }
-}
-
-}  // namespace
-
 Job load_job(const std::string& path, const LoadOptions& opts) {
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec))
-    throw JobError({path + ": cannot read job file: it is a directory"});
-  // Before opening: a FIFO blocks open() until a writer comes, a device never ends.
-  const auto st = std::filesystem::status(path, ec);
-  if (!ec && std::filesystem::exists(st) && !std::filesystem::is_regular_file(st))
-    throw JobError({path + ": cannot read job file: not a regular file (" + file_kind(st.type()) +
-                    "); a job is a YAML file"});
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    const int err = errno;
-    throw JobError({path + ": cannot read job file: " + std::strerror(err)});
-  }
-  // Bounded: a job is a small text; /dev/zero or a data file given by mistake must not be read
-  // without end.
-  std::string text(kMaxJobFileBytes + 1, '\0');
-  in.read(text.data(), static_cast<std::streamsize>(text.size()));
-  if (in.bad()) throw JobError({path + ": cannot read job file: read error"});
-  text.resize(static_cast<size_t>(in.gcount()));
-  if (text.size() > kMaxJobFileBytes)
+  // Bounded, regular files only (refused before the open: a FIFO blocks open() until a writer
+  // comes, a device never ends): a job is a small text.
+  std::string text;
+  const ReadResult read = read_regular_file(path, kMaxJobFileBytes, text);
+  if (read.failure == ReadFailure::too_large)
     throw JobError({path + ": larger than " + std::to_string(kMaxJobFileBytes >> 20) +
                     " MiB: not a job file (a job is a small YAML text)"});
+  if (!read)
+    throw JobError({path + ": cannot read job file: " + read.why +
+                    (read.failure == ReadFailure::not_regular ? "; a job is a YAML file" : "")});
   return load_job_from_string(text, path, opts);
 }
 

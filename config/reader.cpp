@@ -186,7 +186,8 @@ class Reader {
         else
           read_string_list(v, path, ko, member);
         break;
-      case ValueType::DoubleList: read_double_list(v, path, ko, member); break;
+      case ValueType::DoubleList: read_number_list<double>(v, path, ko, member, "numbers", &Reader::read_double); break;
+      case ValueType::IntList: read_number_list<int64_t>(v, path, ko, member, "integers", &Reader::read_int); break;
       case ValueType::IntListList: read_int_lists(v, path, ko, member); break;
       case ValueType::Betas: read_betas(v, path, ko, member); break;
     }
@@ -267,18 +268,21 @@ class Reader {
     *static_cast<std::vector<std::string>*>(member) = std::move(out);
   }
 
-  void read_double_list(const YAML::Node& v, const std::string& path, Origin o, void* member) {
-    if (!list_ok(v, path, o, "numbers")) return;
-    std::vector<double> out(v.size());
+  // A list of numbers, each read by `one` (read_double, read_int): all or nothing.
+  template <typename T>
+  void read_number_list(const YAML::Node& v, const std::string& path, Origin o, void* member, const char* what,
+                        bool (Reader::*one)(const YAML::Node&, const std::string&, Origin, T&)) {
+    if (!list_ok(v, path, o, what)) return;
+    std::vector<T> out(v.size());
     bool ok = true;
     for (size_t i = 0; i < v.size(); ++i) {
       const std::string ip = path + "[" + std::to_string(i) + "]";
       const Origin io = origin(v[i], o);
       d_.note(ip, io);
-      ok = read_double(v[i], ip, io, out[i]) && ok;
+      ok = (this->*one)(v[i], ip, io, out[i]) && ok;
     }
     if (ok)
-      *static_cast<std::vector<double>*>(member) = std::move(out);
+      *static_cast<std::vector<T>*>(member) = std::move(out);
     else
       d_.mark_bad(path);
   }

@@ -24,7 +24,9 @@ void warn_irrelevant(const Job& job, Diagnostics& diag) {
   const bool transformer = mk == ModelKind::Transformer;
   const bool stream = job.offload.shared == SharedMode::Stream;
   const bool token_model = transformer || job.data.kind == DataKind::Tokens;
-  const bool llama = transformer && job.model.arch == ModelArch::Llama;
+  const bool llama = transformer && llama_family(job.model.arch);
+  const bool llama3 = llama && job.model.rope_scaling == RopeScaling::Llama3;
+  const bool merged = !job.export_.merged_dir.empty();
   const std::vector<Rule> rules = {
       {"model.adapter_rank", mk == ModelKind::MultitaskAdapter, model + " (used by multitask_adapter)"},
       {"model.classes", mk == ModelKind::ExtremeClassifier, model + " (used by extreme_classifier)"},
@@ -51,13 +53,27 @@ void warn_irrelevant(const Job& job, Diagnostics& diag) {
       {"model.arch", transformer, model + " (used by transformer)"},
       {"model.norm_eps", transformer, model + " (used by transformer)"},
       {"model.tie_embeddings", transformer, model + " (used by transformer)"},
-      {"model.kv_heads", llama, "model.arch is not llama (used by the llama transformer)"},
-      {"model.rope_theta", llama, "model.arch is not llama (used by the llama transformer)"},
+      {"model.kv_heads", llama, "model.arch is gpt2 (used by the llama family)"},
+      {"model.rope_theta", llama, "model.arch is gpt2 (used by the llama family)"},
+      {"model.head_dim", llama, "model.arch is gpt2 (used by the llama family)"},
+      {"model.rope_scaling", llama, "model.arch is gpt2 (used by the llama family)"},
+      {"model.rope_factor", llama3, "model.rope_scaling is not llama3"},
+      {"model.rope_low_freq_factor", llama3, "model.rope_scaling is not llama3"},
+      {"model.rope_high_freq_factor", llama3, "model.rope_scaling is not llama3"},
+      {"model.rope_original_max_positions", llama3, "model.rope_scaling is not llama3"},
       {"lora.init_from", transformer, model + " (LoRA adapters are the transformer's)"},
       {"export.adapters_dir", transformer, model + " (LoRA adapters are the transformer's)"},
       {"export.base_model", !job.export_.adapters_dir.empty(), "export.adapters_dir is empty (no export)"},
       {"export.at_checkpoints", !job.export_.adapters_dir.empty(), "export.adapters_dir is empty (no export)"},
-      {"data.token_dtype", job.data.kind == DataKind::Tokens, "data.kind is " + to_string(job.data.kind) + " (used by tokens)"},
+      {"export.merged_dir", transformer, model + " (merged models are the transformer's)"},
+      {"export.dtype", job.export_.any(), "export.adapters_dir and export.merged_dir are empty (no export)"},
+      {"export.max_shard_mb", merged, "export.merged_dir is empty (no merged model)"},
+      {"data.token_dtype", job.data.kind == DataKind::Tokens || !job.eval.dir.empty(),
+       "data.kind is " + to_string(job.data.kind) + " and there is no eval.dir (used by token files)"},
+      {"eval.every_steps", !job.eval.dir.empty(), "eval.dir is empty (no evaluation)"},
+      {"eval.rows", !job.eval.dir.empty(), "eval.dir is empty (no evaluation)"},
+      {"eval.tasks", !job.eval.dir.empty(), "eval.dir is empty (no evaluation)"},
+      {"export.best", !job.export_.adapters_dir.empty(), "export.adapters_dir is empty (no export)"},
       {"data.dir", job.data.kind == DataKind::Npy || job.data.kind == DataKind::Tokens,
        "data.kind is " + to_string(job.data.kind) + " (used by npy and tokens)"},
       {"data.noise", job.data.kind == DataKind::Synthetic, "data.kind is " + to_string(job.data.kind) + " (used by synthetic)"},

@@ -43,8 +43,12 @@ THETAD_ENUM_WORDS(SharedMode, "resident", "stream")
 THETAD_ENUM_WORDS(H2dDtype, "fp32", "bf16")
 THETAD_ENUM_WORDS(HostGroups, "all", "scheduled")
 THETAD_ENUM_WORDS(UncachedUpdate, "auto", "host", "device")
-THETAD_ENUM_WORDS(ModelArch, "gpt2", "llama")
+THETAD_ENUM_WORDS(ModelArch, "gpt2", "llama", "mistral", "qwen2", "qwen3")
+THETAD_ENUM_WORDS(RopeScaling, "none", "llama3")
+THETAD_ENUM_WORDS(ExportDtype, "fp32", "bf16", "fp16")
 THETAD_ENUM_WORDS(TokenDtype, "npy", "uint16", "uint32")
+THETAD_ENUM_WORDS(SoleUser, "keep", "broadcast")
+THETAD_ENUM_WORDS(ExportPick, "last", "eval_loss")
 
 #undef THETAD_ENUM_WORDS
 
@@ -91,7 +95,11 @@ THETAD_ENUM_API(NonFinite)
 THETAD_ENUM_API(Backward)
 THETAD_ENUM_API(SharedMode)
 THETAD_ENUM_API(ModelArch)
+THETAD_ENUM_API(RopeScaling)
+THETAD_ENUM_API(ExportDtype)
 THETAD_ENUM_API(TokenDtype)
+THETAD_ENUM_API(SoleUser)
+THETAD_ENUM_API(ExportPick)
 
 #undef THETAD_ENUM_API
 
@@ -161,6 +169,12 @@ const std::vector<Field> kFields = {
     THETAD_ENUM_FIELD("model", "arch", model.arch),
     THETAD_FIELD("model", "kv_heads", Int, model.kv_heads, true),
     THETAD_FIELD("model", "rope_theta", Double, model.rope_theta, true),
+    THETAD_FIELD("model", "head_dim", Int, model.head_dim, true),
+    THETAD_ENUM_FIELD("model", "rope_scaling", model.rope_scaling),
+    THETAD_FIELD("model", "rope_factor", Double, model.rope_factor, true),
+    THETAD_FIELD("model", "rope_low_freq_factor", Double, model.rope_low_freq_factor, true),
+    THETAD_FIELD("model", "rope_high_freq_factor", Double, model.rope_high_freq_factor, true),
+    THETAD_FIELD("model", "rope_original_max_positions", Int, model.rope_original_max_positions, true),
     THETAD_FIELD("model", "norm_eps", Double, model.norm_eps, true),
     THETAD_FIELD("model", "tie_embeddings", Bool, model.tie_embeddings, true),
     THETAD_FIELD("model", "train_shared", Bool, model.train_shared, true),
@@ -180,6 +194,12 @@ const std::vector<Field> kFields = {
     THETAD_FIELD("data", "per_rank", IntListList, data.per_rank, true),
     THETAD_FIELD("data", "alternate", StringList, data.alternate, true),
     THETAD_FIELD("data", "noise", Double, data.noise, true),
+    THETAD_FIELD("data", "loss_mask", Bool, data.loss_mask, true),
+
+    THETAD_FIELD("eval", "dir", String, eval.dir, true),
+    THETAD_FIELD("eval", "every_steps", Int, eval.every_steps, true),
+    THETAD_FIELD("eval", "rows", Int, eval.rows, true),
+    THETAD_FIELD("eval", "tasks", Patterns, eval.tasks, true),
 
     THETAD_ENUM_FIELD("comm", "backend", comm.backend),
     THETAD_FIELD("comm", "bucket_cap_mb", Double, comm.bucket_cap_mb, true),
@@ -189,6 +209,7 @@ const std::vector<Field> kFields = {
     THETAD_ENUM_FIELD("comm", "active", comm.active),
     THETAD_FIELD("comm", "timeout_s", Double, comm.timeout_s, true),
     THETAD_ENUM_FIELD("comm", "grad_dtype", comm.grad_dtype),
+    THETAD_ENUM_FIELD("comm", "sole_user", comm.sole_user),
 
     THETAD_FIELD("offload", "enabled", Bool, offload.enabled, true),
     THETAD_FIELD("offload", "device_slots", Int, offload.device_slots, true),
@@ -240,12 +261,17 @@ const std::vector<Field> kFields = {
     THETAD_FIELD("export", "adapters_dir", String, export_.adapters_dir, true),
     THETAD_FIELD("export", "at_checkpoints", Bool, export_.at_checkpoints, true),
     THETAD_FIELD("export", "base_model", String, export_.base_model, true),
+    THETAD_ENUM_FIELD("export", "best", export_.best),
+    THETAD_ENUM_FIELD("export", "dtype", export_.dtype),
+    THETAD_FIELD("export", "merged_dir", String, export_.merged_dir, true),
+    THETAD_FIELD("export", "merged_tasks", IntList, export_.merged_tasks, true),
+    THETAD_FIELD("export", "max_shard_mb", Double, export_.max_shard_mb, true),
 };
 
 #undef THETAD_FIELD
 #undef THETAD_ENUM_FIELD
 
-const std::vector<std::string> kSections = {"model",     "lora",  "data",       "comm",    "offload",
+const std::vector<std::string> kSections = {"model",     "lora",  "data",       "eval",    "comm",    "offload",
                                             "optimizer", "train", "checkpoint", "metrics", "log",
                                             "timeline",  "export"};
 
@@ -258,6 +284,7 @@ const std::map<std::string, std::vector<std::string>> kEnums = {
     {"comm.average", words<Average>()},
     {"comm.active", words<Active>()},
     {"comm.grad_dtype", words<GradDtype>()},
+    {"comm.sole_user", words<SoleUser>()},
     {"optimizer.kind", words<OptimizerKind>()},
     {"optimizer.lr_schedule", words<LrSchedule>()},
     {"train.on_nonfinite", words<NonFinite>()},
@@ -267,7 +294,10 @@ const std::map<std::string, std::vector<std::string>> kEnums = {
     {"offload.host_groups", words<HostGroups>()},
     {"offload.uncached_update", words<UncachedUpdate>()},
     {"model.arch", words<ModelArch>()},
+    {"model.rope_scaling", words<RopeScaling>()},
+    {"export.dtype", words<ExportDtype>()},
     {"data.token_dtype", words<TokenDtype>()},
+    {"export.best", words<ExportPick>()},
     {"log.level", {"trace", "debug", "info", "warn", "error", "critical", "off"}},
 };
 
@@ -400,6 +430,11 @@ std::string format_value(const Field& f, const Job& job) {
     case ValueType::DoubleList: {
       std::vector<std::string> items;
       for (double d : get<std::vector<double>>(f, job)) items.push_back(format_double(d));
+      return "[" + join(items) + "]";
+    }
+    case ValueType::IntList: {
+      std::vector<std::string> items;
+      for (int64_t v : get<std::vector<int64_t>>(f, job)) items.push_back(std::to_string(v));
       return "[" + join(items) + "]";
     }
     case ValueType::IntListList: {

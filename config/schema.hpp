@@ -19,6 +19,7 @@ enum class ValueType {
   StringList,   // std::vector<std::string>
   Patterns,     // std::vector<std::string> written as one string or a list of them
   DoubleList,   // std::vector<double>
+  IntList,      // std::vector<int64_t>
   IntListList,  // std::vector<std::vector<int64_t>>
   Betas,        // optimizer.betas: [beta1, beta2] stored in OptimizerConfig
 };

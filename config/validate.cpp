@@ -68,6 +68,7 @@ void Checker::comm() {
   one_of("comm.average");
   one_of("comm.active");
   one_of("comm.grad_dtype");
+  one_of("comm.sole_user");
   if (is("comm.backend", c.backend, Backend::Nccl) && !opts_.cuda_build)
     fail("comm.backend", "'nccl' is not available: this build has no CUDA LibTorch "
                          "(use 'auto' or 'mpi')");

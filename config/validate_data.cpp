@@ -1,5 +1,6 @@
-// The data section of a job: the data kind, batch sizes and the task schedules (weighted, per
-// rank, alternate) against the model's tasks (Checker, checker.hpp).
+// The data section of a job: the data kind, batch sizes, token files and their loss masks, the
+// task schedules (weighted, per rank, alternate) against the model's tasks, and the held-out
+// evaluation (eval) that reads token files as data does (Checker, checker.hpp).
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -34,6 +35,8 @@ void Checker::data() {
   placeholders("data.dir", dc.dir);
   if ((is("data.kind", dc.kind, DataKind::Npy) || is("data.kind", dc.kind, DataKind::Tokens)) && tasks_ok)
     data_files(T);
+  token_ids();
+  eval();
   at_least<int64_t>("data.tasks_per_rank", dc.tasks_per_rank, 1);
   if (tasks_ok && dc.tasks_per_rank > T)
     fail("data.tasks_per_rank", "must be <= model.tasks (" + num(T) + "), got " +
@@ -50,8 +53,10 @@ void Checker::data() {
 }
 
 // The input files are where the run will look for them (exit 2 from `validate`, not from every
-// rank after start): data.dir a directory, each task's files regular files. Their contents (dtype,
-// shapes) are checked by the run before any step. Skipped with {rank}: each rank has its own.
+// rank after start): data.dir a directory, each task's npy files regular files. Token files are
+// needed only for the tasks the schedule trains, which depends on the ranks: they are checked,
+// ids and masks included, by daemon/plan/token_files (`thetad validate`, and every rank before
+// the run starts). Skipped with {rank}: each rank has its own.
 void Checker::data_files(int64_t T) {
   const DataConfig& dc = j_.data;
   if (dc.dir.empty() || !ok("data.dir") || dc.dir.find("{rank}") != std::string::npos) return;
@@ -62,17 +67,99 @@ void Checker::data_files(int64_t T) {
     fail("data.dir", "'" + dir + "' is not a directory" + (fs::exists(dir, ec) ? "" : " (no such directory)"));
     return;
   }
-  const bool npy = dc.kind == DataKind::Npy;
-  // Token ids: task{t}.npy, or flat task{t}.bin with data.token_dtype uint16/uint32.
-  const char* tokens = dc.token_dtype == TokenDtype::Npy ? ".npy" : ".bin";
+  if (dc.kind != DataKind::Npy) return;
   for (int64_t t = 0; t < T; ++t)
-    for (const char* suffix : npy ? std::vector<const char*>{"_x.npy", "_y.npy"} : std::vector<const char*>{tokens}) {
+    for (const char* suffix : {"_x.npy", "_y.npy"}) {
       const fs::path f = fs::path(dir) / ("task" + std::to_string(t) + suffix);
       if (fs::is_regular_file(f, ec)) continue;
       fail("data.dir", f.string() + ": " + (fs::exists(f, ec) ? "not a regular file" : "missing") + " (task " +
-                           std::to_string(t) + "'s " + (npy ? "features and targets" : "token ids") + ")");
+                           std::to_string(t) + "'s features and targets)");
       return;
     }
+}
+
+// What the token files' ids can hold: uint16 wraps ids of a larger vocabulary silently (Llama
+// 3's 128,256 ids), so it is refused where model.vocab (or config.json's vocab_size) needs more.
+// data.loss_mask: masks beside the transformer's token files.
+void Checker::token_ids() {
+  const DataConfig& dc = j_.data;
+  const bool reads_tokens = is("data.kind", dc.kind, DataKind::Tokens) || !j_.eval.dir.empty();
+  constexpr int64_t kUint16Ids = int64_t{1} << 16;
+  if (reads_tokens && is("data.token_dtype", dc.token_dtype, TokenDtype::Uint16) && ok("model.vocab") &&
+      j_.model.vocab > kUint16Ids)
+    fail("data.token_dtype", "uint16 holds ids up to 65535, but model.vocab is " + num(j_.model.vocab) +
+                                 ": larger ids would have wrapped when the file was written; write the ids as "
+                                 "uint32 (tools/tokenize_tasks.py picks it for such a vocabulary) and set "
+                                 "data.token_dtype: uint32", "model.vocab");
+  if (!dc.loss_mask) return;
+  if (ok("model.kind") && !is("model.kind", j_.model.kind, ModelKind::Transformer))
+    fail("data.loss_mask", "is for the transformer's token files; model.kind is '" + to_string(j_.model.kind) + "'");
+  else if (!reads_tokens && ok("data.kind"))
+    fail("data.loss_mask", "is true but no token files are read (data.kind is '" + to_string(dc.kind) +
+                               "' and there is no eval.dir): the masks lie beside token files", "data.kind");
+}
+
+// eval: held-out token files per task, read forward only. Not with the host store or a streamed
+// trunk: the adapters (or the base) are then on the device only within a step's window.
+void Checker::eval() {
+  const EvalConfig& e = j_.eval;
+  const int64_t T = j_.model.tasks;
+  const bool tasks_ok = ok("model.tasks") && T > 0;
+  at_least<int64_t>("eval.every_steps", e.every_steps, 0);
+  above<int64_t>("eval.rows", e.rows, 0);
+  at_most<int64_t>("eval.rows", e.rows, kMaxDim, "windows of one task's evaluation");
+  placeholders("eval.dir", e.dir);
+  eval_tasks_given(T, tasks_ok);
+  one_of("export.best");
+  if (j_.export_.best == ExportPick::EvalLoss && !unknown("export.best")) {
+    if (e.dir.empty())
+      fail("export.best", "eval_loss needs an evaluation: set eval.dir (held-out task{t} token files)", "eval.dir");
+    if (j_.export_.adapters_dir.empty())
+      fail("export.best", "is eval_loss but there is no export.adapters_dir to write the adapters to",
+           "export.adapters_dir");
+  }
+  if (e.dir.empty()) return;
+  if (ok("model.kind") && !is("model.kind", j_.model.kind, ModelKind::Transformer)) {
+    fail("eval.dir", "evaluation is for the transformer (token files); model.kind is '" + to_string(j_.model.kind) + "'",
+         "model.kind");
+    return;
+  }
+  if (j_.offload.enabled && ok("offload.enabled"))
+    fail("eval.dir", "cannot evaluate adapters held in the host store (offload.enabled: true): they reach the device "
+                     "only within a training step; evaluate a job with resident adapters", "offload.enabled");
+  if (j_.offload.shared == SharedMode::Stream && !unknown("offload.shared"))
+    fail("eval.dir", "cannot evaluate with a streamed base (offload.shared: stream): its layers reach the device "
+                     "only within a training step", "offload.shared");
+  if (!ok("eval.dir") || e.dir.find("{rank}") != std::string::npos) return;
+  const std::string dir = with_job(e.dir);
+  std::error_code ec;
+  if (!std::filesystem::is_directory(dir, ec))
+    fail("eval.dir", "'" + dir + "' is not a directory" +
+                         (std::filesystem::exists(dir, ec) ? "" : " (no such directory)"));
+}
+
+// eval.tasks: `all`, `scheduled`, or task ids.
+void Checker::eval_tasks_given(int64_t T, bool tasks_ok) {
+  const std::vector<std::string>& words = j_.eval.tasks;
+  if (words.empty()) {
+    fail("eval.tasks", "must be 'all', 'scheduled' or a list of task ids");
+    return;
+  }
+  if (words.size() == 1 && (words[0] == "all" || words[0] == "scheduled")) return;
+  std::unordered_set<std::string> seen;
+  for (size_t i = 0; i < words.size(); ++i) {
+    const std::string& w = words[i];
+    const std::string ip = words.size() == 1 ? std::string("eval.tasks") : "eval.tasks[" + std::to_string(i) + "]";
+    bool digits = !w.empty() && w.size() <= 9;
+    for (char c : w) digits = digits && c >= '0' && c <= '9';
+    if (!digits) {
+      fail(ip, "must be a task id, or eval.tasks one of 'all' and 'scheduled' alone; got '" + w + "'");
+      continue;
+    }
+    if (tasks_ok && std::stoll(w) >= T)
+      fail(ip, "task id must be in [0, " + num(T) + ") (tasks are numbered from 0), got " + w);
+    if (!seen.insert(std::to_string(std::stoll(w))).second) fail(ip, "task " + w + " is listed twice");
+  }
 }
 
 // A rank's batch is cut into one slice per task of its step; each slice needs a row.
@@ -152,3 +239,20 @@ void Checker::alternate(int64_t T, bool tasks_ok) {
 }
 
 }  // namespace thetad::config::detail
+
+namespace thetad::config {
+
+EvalTasks eval_tasks(const std::vector<std::string>& words) {
+  EvalTasks out;
+  if (words.size() == 1 && words[0] == "all") return out;
+  if (words.size() == 1 && words[0] == "scheduled") {
+    out.kind = EvalTasks::Kind::Scheduled;
+    return out;
+  }
+  out.kind = EvalTasks::Kind::List;
+  for (const std::string& w : words) out.ids.push_back(std::stoll(w));
+  std::sort(out.ids.begin(), out.ids.end());
+  return out;
+}
+
+}  // namespace thetad::config

@@ -15,7 +15,7 @@ void Checker::model() {
   const ModelConfig& m = j_.model;
   one_of("model.kind");
   one_of("model.arch");
-  one_of("data.token_dtype");  // (issue 35's keys are checked together here)
+  one_of("data.token_dtype");  // (the llama keys are checked together here)
   above<int64_t>("model.tasks", m.tasks, 0);
   above<int64_t>("model.input_dim", m.input_dim, 0);
   above<int64_t>("model.hidden", m.hidden, 0);
@@ -33,8 +33,9 @@ void Checker::model() {
   if (!m.init_from.empty() && ok("model.init_from")) {
     std::error_code ec;
     if (!std::filesystem::exists(m.init_from, ec))
-      fail("model.init_from", "no such file or directory: '" + m.init_from +
-                                  "' (a torch.save'd state dict, a checkpoint group file, a .safetensors file or a "
+      fail("model.init_from", (ec && ec != std::errc::no_such_file_or_directory ? "cannot read '" + m.init_from + "': " + ec.message()
+                                   : "no such file or directory: '" + m.init_from + "'") +
+                                  " (a torch.save'd state dict, a checkpoint group file, a .safetensors file or a "
                                   "Hugging Face model directory)");
   }
   if (!ok("model.kind") || unknown("model.kind")) return;
@@ -80,13 +81,15 @@ void Checker::transformer() {
   at_least<int64_t>("model.layers", m.layers, 1);
   at_most<int64_t>("model.layers", m.layers, kMaxLayers, "layers");
   at_least<int64_t>("model.heads", m.heads, 1);
-  if (sizes_ok && m.d_model % m.heads != 0)
+  // (A llama-family model with model.head_dim has heads of that width, whatever d_model is.)
+  const bool own_heads = m.head_dim > 0 && llama_family(m.arch) && !unknown("model.arch");
+  if (sizes_ok && !own_heads && m.d_model % m.heads != 0)
     fail("model.heads", "must divide model.d_model (" + num(m.d_model) + ") into equal heads, got " + num(m.heads));
   llama();
   at_least<int64_t>("lora.rank", l.rank, 1);
   at_most<int64_t>("lora.rank", l.rank, kMaxDim, "a layer dimension");
   if (!(l.alpha > 0) || !std::isfinite(l.alpha)) fail("lora.alpha", "must be a finite number > 0, got " + num(l.alpha));
-  const bool llama = is("model.arch", m.arch, ModelArch::Llama);
+  const bool llama = !unknown("model.arch") && llama_family(m.arch);
   static const std::vector<std::string> kTargets = {"q", "k", "v", "o", "gate", "up", "down"};
   if (l.targets.empty()) fail("lora.targets", "needs at least one of q, k, v, o, gate, up, down");
   for (size_t i = 0; i < l.targets.size(); ++i) {
@@ -102,9 +105,11 @@ void Checker::transformer() {
   for (const char* key : {"model.d_model", "model.d_ff", "model.seq_len", "model.vocab", "model.layers",
                           "model.heads", "model.tasks", "lora.rank"})
     if (!ok(key)) return;
-  if (!sizes_ok || m.tasks < 1) return;
+  if (!sizes_ok || m.tasks < 1 || !ok("model.head_dim") || m.head_dim < 0 || m.head_dim > kMaxDim) return;
   const double d = double(m.d_model), ff = double(m.d_ff), L = double(m.layers), r = double(l.rank);
-  const double largest = std::max({double(m.vocab) * d, d * ff, d * d});
+  // The attention's width: heads x their size (d_model unless model.head_dim sets it).
+  const double attn = std::max(d, double(m.heads) * double(own_heads ? m.head_dim : m.d_model / m.heads));
+  const double largest = std::max({double(m.vocab) * d, d * ff, d * attn});
   if (largest > kMaxTensorElems) {
     fail(double(m.vocab) * d >= d * ff ? culprit({"model.vocab", "model.d_model"}) : culprit({"model.d_ff", "model.d_model"}),
          "the largest parameter of transformer has " + num(largest) + " elements (" + fp32_size(largest) +
@@ -113,9 +118,10 @@ void Checker::transformer() {
     return;
   }
   double per_layer_lora = 0;  // r x (in + out) per adapted matrix
-  for (const std::string& t : l.targets) per_layer_lora += r * (t == "up" || t == "down" || t == "gate" ? d + ff : 2 * d);
-  // An upper bound for both architectures (llama: no positions, a third MLP matrix, kv <= heads).
-  const double shared = 2 * double(m.vocab) * d + double(m.seq_len) * d + L * (4 * d * d + 3 * d * ff + 4 * d) + 2 * d;
+  for (const std::string& t : l.targets) per_layer_lora += r * (t == "up" || t == "down" || t == "gate" ? d + ff : d + attn);
+  // An upper bound for every architecture (llama: no positions, a third MLP matrix, kv <= heads;
+  // qwen2's biases and qwen3's head norms within the 3 x attn).
+  const double shared = 2 * double(m.vocab) * d + double(m.seq_len) * d + L * (4 * d * attn + 3 * d * ff + 4 * d + 3 * attn) + 2 * d;
   const double total = shared + double(m.tasks) * L * per_layer_lora;
   offload_sizes(shared, L * per_layer_lora, double(m.tasks) * L * per_layer_lora);
   if (total > kMaxModelParams)
@@ -126,58 +132,46 @@ void Checker::transformer() {
          "model");
 }
 
-// model.arch and its keys, lora.init_from and the export section (issue 35).
+// model.arch and its keys, lora.init_from and the export section.
 void Checker::llama() {
   const ModelConfig& m = j_.model;
   if (!(m.norm_eps > 0) || !std::isfinite(m.norm_eps)) fail("model.norm_eps", "must be a finite number > 0, got " + num(m.norm_eps));
   if (!(m.rope_theta > 0) || !std::isfinite(m.rope_theta))
     fail("model.rope_theta", "must be a finite number > 0, got " + num(m.rope_theta));
   at_least<int64_t>("model.kv_heads", m.kv_heads, 0);
-  const bool llama = is("model.arch", m.arch, ModelArch::Llama);
+  at_least<int64_t>("model.head_dim", m.head_dim, 0);
+  at_most<int64_t>("model.head_dim", m.head_dim, kMaxDim, "a layer dimension");
+  one_of("model.rope_scaling");
+  const bool llama = !unknown("model.arch") && llama_family(m.arch);
   if (llama && ok("model.heads") && m.heads >= 1 && m.kv_heads > 0 && m.heads % m.kv_heads != 0)
     fail("model.kv_heads", "must divide model.heads (" + num(m.heads) + ") into equal groups, got " + num(m.kv_heads));
-  if (llama && ok("model.heads") && ok("model.d_model") && m.heads >= 1 && m.d_model % m.heads == 0 &&
-      (m.d_model / m.heads) % 2 != 0)
-    fail("model.heads", "llama's rotary positions need an even head size; model.d_model / model.heads = " +
-                            num(m.d_model / m.heads));
+  const int64_t size = m.head_size();
+  if (llama && ok("model.heads") && ok("model.d_model") && ok("model.head_dim") && m.heads >= 1 && size > 0 &&
+      (m.head_dim > 0 || m.d_model % m.heads == 0) && size % 2 != 0)
+    fail(m.head_dim > 0 ? "model.head_dim" : "model.heads",
+         std::string("the rotary positions need an even head size; ") +
+             (m.head_dim > 0 ? "model.head_dim is " : "model.d_model / model.heads = ") + num(size));
+  if (is("model.rope_scaling", m.rope_scaling, RopeScaling::Llama3)) rope_llama3();
   placeholders("lora.init_from", j_.lora.init_from, true);
   per_task_dir("lora.init_from", j_.lora.init_from);
-  export_adapters();
+  export_section();
   if (!j_.lora.init_from.empty() && !llama && ok("model.arch"))
-    fail("lora.init_from", "reads PEFT adapters, which are for model.arch: llama", "model.arch");
+    fail("lora.init_from", "reads PEFT adapters, which are for the Hugging Face layouts (model.arch llama, mistral, qwen2 "
+                           "or qwen3)", "model.arch");
 }
 
-// A {task} that a later ".." takes away again ("ex/{task}/..") names one directory for every
-// task: each task's adapter would overwrite (or be read from) the one before.
-void Checker::per_task_dir(const char* key, const std::string& v) {
-  if (v.find("{task}") == std::string::npos || !ok(key)) return;
-  const std::string normal = std::filesystem::path(v).lexically_normal().string();
-  if (normal.find("{task}") == std::string::npos)
-    fail(key, "'" + v + "' is the same directory for every task: it normalises to '" + normal +
-                  "', a later '..' undoing {task}; give each task its own directory, e.g. 'adapters/{task}'");
-}
-
-void Checker::export_adapters() {
+// rope_scaling llama3's numbers, as Hugging Face requires them (its smoothing divides by
+// high_freq_factor - low_freq_factor).
+void Checker::rope_llama3() {
   const ModelConfig& m = j_.model;
-  const ExportConfig& e = j_.export_;
-  placeholders("export.adapters_dir", e.adapters_dir, true);
-  per_task_dir("export.adapters_dir", e.adapters_dir);
-  if (!e.adapters_dir.empty()) {
-    if (!is("model.arch", m.arch, ModelArch::Llama) && ok("model.arch"))
-      fail("export.adapters_dir", "PEFT adapters are written for model.arch: llama (the Hugging Face layout)", "model.arch");
-    else if (m.train_shared && ok("model.train_shared"))
-      // A PEFT loader computes the base it is given plus the adapter: with the base trained too
-      // that is not the model trained (a job measured 3.19 against the trained model's 1.66).
-      fail("export.adapters_dir", std::string("PEFT adapters hold the LoRA weights alone, but model.train_shared is true") +
-                                      (d_.given("model.train_shared") ? ";" : " (the default);") +
-                                      " the base is trained too, so the base with an exported adapter is not the model "
-                                      "trained. Set model.train_shared: false to train the adapters on a frozen base, or "
-                                      "leave export.adapters_dir empty and keep the checkpoints");
-    if (m.tasks > 1 && e.adapters_dir.find("{task}") == std::string::npos)
-      fail("export.adapters_dir", "has no {task} but model.tasks is " + num(m.tasks) + ": every task needs a directory of its own");
-  }
-  if (e.at_checkpoints && e.adapters_dir.empty())
-    fail("export.at_checkpoints", "is true but there is no export.adapters_dir to write to", "export.adapters_dir");
+  for (const auto& [key, v] : {std::pair<const char*, double>{"model.rope_factor", m.rope_factor},
+                               {"model.rope_low_freq_factor", m.rope_low_freq_factor},
+                               {"model.rope_high_freq_factor", m.rope_high_freq_factor}})
+    if (!(v > 0) || !std::isfinite(v)) fail(key, "must be a finite number > 0, got " + num(v));
+  if (std::isfinite(m.rope_high_freq_factor) && !(m.rope_high_freq_factor > m.rope_low_freq_factor))
+    fail("model.rope_high_freq_factor", "must be above model.rope_low_freq_factor (" + num(m.rope_low_freq_factor) +
+                                            "), got " + num(m.rope_high_freq_factor));
+  at_least<int64_t>("model.rope_original_max_positions", m.rope_original_max_positions, 1);
 }
 
 // The built-in models' parameter shapes follow from the model keys (daemon/models/models.cpp

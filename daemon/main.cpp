@@ -1,13 +1,17 @@
-// The `thetad` program: `run`, `validate`, `version`. Parses the command line, loads the job,
-// starts MPI for `run`, and maps every failure to an exit code in one place (exit_code_for).
+// The `thetad` program: `run`, `validate`, `version` (and `run-jobs`, a test aid). Parses the
+// command line, loads the job, starts MPI for `run`, and maps every failure to an exit code in
+// one place (exit_code_for).
 #include <execinfo.h>
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <iostream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -18,7 +22,9 @@
 #include "common/text.hpp"
 #include "config/loader.hpp"
 #include "daemon/plan/device_memory_estimate.hpp"
+#include "daemon/plan/input_path.hpp"
 #include "daemon/plan/memory_estimate.hpp"
+#include "daemon/plan/token_files.hpp"
 #include "daemon/train/stop_agreement.hpp"
 #include "daemon/train/trainer.hpp"
 #include "daemon/version.hpp"
@@ -69,8 +75,8 @@ Args parse_args(int argc, char** argv) {
       throw thetad::ConfigError("unexpected argument '" + arg + "'");
     }
   }
-  if ((a.command == "run" || a.command == "validate") && a.job_path.empty())
-    throw thetad::ConfigError(a.command + ": missing JOB.yaml");
+  if ((a.command == "run" || a.command == "validate" || a.command == "run-jobs") && a.job_path.empty())
+    throw thetad::ConfigError(a.command + ": missing " + (a.command == "run-jobs" ? "LIST" : "JOB.yaml"));
   return a;
 }
 
@@ -156,9 +162,22 @@ void report_device_memory(const thetad::config::Job& job) {
             << " per rank (counted for one rank): " << need.parts() << " (" << need.not_counted << " on top)\n";
 }
 
-int cmd_run(const Args& a) {
-  // First: a stop asked for during start-up (a launcher's SIGTERM after Ctrl-C or preemption)
-  // is honoured at the first step, with a checkpoint and exit 4, instead of killing the rank.
+// The token files of the tasks the run trains and evaluates (their ids against model.vocab, their
+// masks): exit 2 before anything starts. validate counts one rank (data.per_rank: its ranks); a
+// run on more ranks may train more tasks, and checks those before its first step. The paths are
+// `rank`'s ({rank} expanded; validate reads rank 0's, as the single-process reference does).
+void check_token_files(const thetad::config::Job& job, int world, int rank, bool say) {
+  if (job.data.kind != thetad::config::DataKind::Tokens && job.eval.dir.empty()) return;
+  const int64_t files = thetad::daemon::check_token_inputs(thetad::daemon::with_input_paths(job, rank), world);
+  if (say)
+    std::cerr << "thetad: token files: " << files << " checked (the tasks a run of " << world
+              << " rank(s) trains and evaluates; a run on more ranks checks the tasks it adds before it starts)\n";
+}
+
+// Stop signals and the launcher's ready word: the first thing `run` does.
+void install_stop_handlers() {
+  // A stop asked for during start-up (a launcher's SIGTERM after Ctrl-C or preemption) is
+  // honoured at the first step, with a checkpoint and exit 4, instead of killing the rank.
   std::signal(SIGTERM, on_signal);
   std::signal(SIGINT, on_signal);
   std::signal(SIGUSR1, on_signal);  // `kill -USR1 <mpirun>` stops a plain mpirun job gracefully
@@ -169,10 +188,10 @@ int cmd_run(const Args& a) {
     ::close(std::atoi(fd));
     ::unsetenv("THETAD_READY_FD");
   }
-  thetad::config::Job job = load(a, /*warn=*/false);  // before MPI: a bad job starts nothing
-  thetad::comm::MpiSession session;
-  const auto world = thetad::comm::world_info();
-  report_faults();
+}
+
+// One job on this rank inside the MPI session: everything of `thetad run` after MPI's start.
+int run_in_session(const Args& a, const thetad::config::Job& job, const thetad::comm::WorldInfo& world) {
   if (world.rank == 0) print_notes(job);
   thetad::config::check_world(job, world.size);  // every rank alike: exit 2 before anything starts
   thetad::log::Options lo;
@@ -190,6 +209,7 @@ int cmd_run(const Args& a) {
                              << world.local_rank << " of " << world.local_size;
     thetad::log::check_file();  // a log.file that takes no line (a full disk) stops the run now
     check_memory(job, world.local_size, "this node (" + std::to_string(world.local_size) + " rank(s))");
+    check_token_files(job, world.size, world.rank, false);  // a rank whose files are bad ends the job (below)
     code = thetad::daemon::run_worker(job, thetad::daemon::RunOptions{a.resume});
     thetad::log::check_file();  // the run's last lines (the final hash) too
   } catch (const std::exception& e) {
@@ -201,6 +221,130 @@ int cmd_run(const Args& a) {
   }
   thetad::log::flush();
   return code;
+}
+
+int cmd_run(const Args& a) {
+  install_stop_handlers();
+  thetad::config::Job job = load(a, /*warn=*/false);  // before MPI: a bad job starts nothing
+  thetad::comm::MpiSession session;
+  const auto world = thetad::comm::world_info();
+  report_faults();
+  return run_in_session(a, job, world);
+}
+
+// The error of a command that failed, on stderr as one or more `thetad: error:` lines; its exit code.
+int report_error(const std::exception& e, const std::string& command) {
+  if (const auto* job_error = dynamic_cast<const thetad::config::JobError*>(&e)) {
+    for (const auto& m : job_error->messages()) std::cerr << "thetad: error: " << m << "\n";
+    std::cerr << "thetad: " << job_error->messages().size() << " error(s); nothing was started\n";
+    return job_error->exit_code();
+  }
+  const int code = thetad::exit_code_for(e);
+  std::cerr << "thetad: error: " << thetad::printable(e.what()) << "\n";
+  if (code == thetad::kExitBadInput && command.empty()) std::cerr << kUsage;
+  return code;
+}
+
+// `thetad run-jobs LIST`, a test aid (not in the usage text): the jobs of LIST run one after
+// another in one process and one MPI session, so that a test of many small jobs starts LibTorch
+// and MPI once per world instead of once per job (about 1.5 s of a 2-rank start against 0.2 s of
+// a small job's run). Each line of LIST: `LOG JOB.yaml [thetad run's options]` (words split at
+// blanks; `#` starts a comment line). A job's output, every rank's stdout and stderr, is
+// appended to its LOG, as `mpirun ... thetad run ... >>LOG 2>&1` would write it, and then each
+// rank's `thetad run-jobs: rank R of N: exit CODE`. A job that ends with a code on every rank (a
+// bad job: exit 2) is followed by the next; one that fails on one rank aborts the whole list, as
+// it aborts a job, and a stop signal ends it (exit 4). The list's exit code: its first job's
+// that did not end 0, else 0.
+struct ListedJob {
+  std::string log;
+  Args args;
+};
+
+std::vector<ListedJob> read_job_list(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw thetad::ConfigError(path + ": cannot read the job list");
+  std::vector<ListedJob> jobs;
+  std::string line;
+  for (int number = 1; std::getline(in, line); ++number) {
+    std::istringstream words(line);
+    std::vector<std::string> argv{"thetad", "run"};
+    for (std::string w; words >> w;) argv.push_back(w);
+    if (argv.size() == 2 || argv[2][0] == '#') continue;
+    const std::string where = path + ":" + std::to_string(number) + ": ";
+    if (argv.size() < 4) throw thetad::ConfigError(where + "expected LOG JOB.yaml [options]");
+    ListedJob j;
+    j.log = argv[2];
+    argv.erase(argv.begin() + 2);
+    std::vector<char*> ptrs;
+    for (auto& w : argv) ptrs.push_back(w.data());
+    try {
+      j.args = parse_args(static_cast<int>(ptrs.size()), ptrs.data());
+    } catch (const thetad::ConfigError& e) {
+      throw thetad::ConfigError(where + e.what());
+    }
+    jobs.push_back(std::move(j));
+  }
+  return jobs;
+}
+
+// This process's stdout and stderr go to `path` (appended) while it lives, then back.
+class OutputTo {
+ public:
+  explicit OutputTo(const std::string& path) {
+    flush_all();
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (fd < 0) throw thetad::Error(path + ": cannot open the job's log: " + std::strerror(errno));
+    out_ = ::dup(STDOUT_FILENO);
+    err_ = ::dup(STDERR_FILENO);
+    ::dup2(fd, STDOUT_FILENO);
+    ::dup2(fd, STDERR_FILENO);
+    ::close(fd);
+  }
+  ~OutputTo() {
+    flush_all();
+    ::dup2(out_, STDOUT_FILENO);
+    ::dup2(err_, STDERR_FILENO);
+    ::close(out_);
+    ::close(err_);
+  }
+  OutputTo(const OutputTo&) = delete;
+  OutputTo& operator=(const OutputTo&) = delete;
+
+ private:
+  static void flush_all() {
+    thetad::log::flush();
+    std::cout.flush();
+    std::cerr.flush();
+    std::fflush(nullptr);
+  }
+  int out_ = -1, err_ = -1;
+};
+
+int cmd_run_jobs(const Args& a) {
+  const std::vector<ListedJob> jobs = read_job_list(a.job_path);  // before MPI: a bad list starts nothing
+  install_stop_handlers();
+  thetad::comm::MpiSession session;
+  const auto world = thetad::comm::world_info();
+  report_faults();
+  int first_failure = thetad::kExitOk;
+  for (const ListedJob& j : jobs) {
+    const OutputTo output(j.log);
+    int code = thetad::kExitOk;
+    try {
+      thetad::daemon::g_training_started.store(false);  // each job's start-up has its grace period
+      code = run_in_session(j.args, load(j.args, /*warn=*/false), world);
+    } catch (const std::exception& e) {
+      code = report_error(e, "run");
+    }
+    // One write: the ranks append to the same file, line by whole line.
+    const std::string said = "thetad run-jobs: rank " + std::to_string(world.rank) + " of " +
+                             std::to_string(world.size) + ": exit " + std::to_string(code) + "\n";
+    std::cerr.flush();
+    (void)!::write(STDERR_FILENO, said.data(), said.size());
+    if (first_failure == thetad::kExitOk) first_failure = code;
+    if (code == thetad::kExitInterrupted) break;  // a stop ends the list
+  }
+  return first_failure;
 }
 
 }  // namespace
@@ -221,19 +365,15 @@ int main(int argc, char** argv) {
       thetad::config::Job job = load(args);
       check_memory(job, 1, "this host (counted for one rank)");
       report_device_memory(job);
+      const bool per_rank = job.data.schedule == thetad::config::ScheduleKind::PerRank;
+      check_token_files(job, per_rank ? static_cast<int>(job.data.per_rank.size()) : 1, 0, true);
       std::cout << thetad::config::to_yaml(job);
       return thetad::kExitOk;
     }
     if (args.command == "run") return cmd_run(args);
+    if (args.command == "run-jobs") return cmd_run_jobs(args);
     throw thetad::ConfigError("unknown command '" + args.command + "'");
-  } catch (const thetad::config::JobError& e) {
-    for (const auto& m : e.messages()) std::cerr << "thetad: error: " << m << "\n";
-    std::cerr << "thetad: " << e.messages().size() << " error(s); nothing was started\n";
-    return e.exit_code();
   } catch (const std::exception& e) {
-    const int code = thetad::exit_code_for(e);
-    std::cerr << "thetad: error: " << thetad::printable(e.what()) << "\n";
-    if (code == thetad::kExitBadInput && args.command.empty()) std::cerr << kUsage;
-    return code;
+    return report_error(e, args.command);
   }
 }

@@ -36,6 +36,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_args.hpp"
 #include "comm/bootstrap.hpp"
 #include "comm/bucket_plan.hpp"
 #include "comm/control_plane.hpp"
@@ -72,31 +73,20 @@ struct Args {
 
 Args parse(int argc, char** argv) {
   Args a;
-  for (int i = 1; i < argc; ++i) {
-    const std::string k = argv[i];
-    auto val = [&]() -> std::string {
-      if (i + 1 >= argc) usage(k + " needs a value");
-      return argv[++i];
-    };
-    try {
-      if (k == "--total-mb") a.total_mb = std::stod(val());
-      else if (k == "--bucket-mb") a.bucket_mb = std::stod(val());
-      else if (k == "--first-bucket-mb") a.first_bucket_mb = std::stod(val());
-      else if (k == "--param-mb") a.param_mb = std::stod(val());
-      else if (k == "--groups") a.groups = std::stoi(val());
-      else if (k == "--warmup") a.warmup = std::stoi(val());
-      else if (k == "--iters") a.iters = std::stoi(val());
-      else if (k == "--min-ratio") a.min_ratio = std::stod(val());
-      else if (k == "--gate") a.gate = val();
-      else if (k == "--json") a.json = val();
-      else if (k == "--help" || k == "-h") usage("help");
-      else usage("unknown argument '" + k + "'");
-    } catch (const std::invalid_argument&) {
-      usage("bad value for " + k);
-    } catch (const std::out_of_range&) {
-      usage("bad value for " + k);
-    }
-  }
+  thetad::bench::parse_flags(argc, argv, usage, [&](const std::string& k, const std::string& v) {
+    if (k == "--total-mb") a.total_mb = std::stod(v);
+    else if (k == "--bucket-mb") a.bucket_mb = std::stod(v);
+    else if (k == "--first-bucket-mb") a.first_bucket_mb = std::stod(v);
+    else if (k == "--param-mb") a.param_mb = std::stod(v);
+    else if (k == "--groups") a.groups = std::stoi(v);
+    else if (k == "--warmup") a.warmup = std::stoi(v);
+    else if (k == "--iters") a.iters = std::stoi(v);
+    else if (k == "--min-ratio") a.min_ratio = std::stod(v);
+    else if (k == "--gate") a.gate = v;
+    else if (k == "--json") a.json = v;
+    else return false;
+    return true;
+  });
   if (a.total_mb <= 0 || a.bucket_mb <= 0 || a.first_bucket_mb <= 0 || a.param_mb <= 0 || a.groups < 1 ||
       a.warmup < 0 || a.iters < 1)
     usage("sizes, --groups and --iters must be positive");
@@ -153,11 +143,7 @@ double time_median_ms(const Args& a, const std::function<void(int)>& prep, const
     const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
     if (i >= a.warmup) t.push_back(ms);
   }
-  std::vector<double> worst(t.size());
-  MPI_CHECK(MPI_Allreduce(t.data(), worst.data(), static_cast<int>(t.size()), MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
-  std::sort(worst.begin(), worst.end());
-  const size_t n = worst.size();
-  return n % 2 ? worst[n / 2] : 0.5 * (worst[n / 2 - 1] + worst[n / 2]);
+  return thetad::bench::median_of_slowest(t);
 }
 
 int run_gpu(const Args& a, const thetad::comm::WorldInfo& w) {

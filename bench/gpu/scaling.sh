@@ -2,7 +2,11 @@
 # Weak scaling on one host: a job on 1, 2, 4, ... GPUs with the work per rank fixed, thetad and
 # (optionally) the PyTorch DDP peer, in one command so that every ratio is taken within one
 # call. Prints the windows of steps (bench/gpu/steady.sh) and one table of the last window's
-# medians: step, backward, comm_wait, bytes, and step(N)/step(1), thetad/DDP.
+# medians: step, backward, comm_wait, bytes (reduced or broadcast gradients, state moved between
+# ranks, gradients kept by their one trainer: comm.sole_user), the bandwidth the engine's
+# allreduces achieved (busbw, to set beside bench/comm/bench_comm_bw), and step(N)/step(1),
+# thetad/DDP. SCALING_VARIANTS="broadcast||--set comm.sole_user=broadcast" adds the run that sends
+# every gradient, on the same build.
 #
 #   bash bench/gpu/scaling.sh BUILD_DIR [JOB.yaml]
 #
@@ -85,8 +89,9 @@ def ddp(name):
     p = os.path.join(out, "ddp_" + name, "result.json")
     try: return json.load(open(p)).get("step_ms_median")
     except Exception: return None
-print("| run | windows (step ms) | step ms | backward | comm_wait | comm_wait % | MB/step | step(N)/step(1) | DDP ms | thetad/DDP |")
-print("|---|---|---|---|---|---|---|---|---|---|")
+print("| run | windows (step ms) | step ms | backward | comm_wait | comm_wait % | MB/step | state MB/step | kept MB/step "
+      "| allreduce busbw GB/s | step(N)/step(1) | DDP ms | thetad/DDP |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 base = {}
 for n in names:
     rs = rows(n)
@@ -100,6 +105,8 @@ for n in names:
     series = ", ".join("%.2f" % med(w, "step_ms") for w in wins)
     print(f"| {n} | {series} | {step:.2f} | {med(last, 'backward_ms'):.2f} | "
           f"{med(last, 'comm_wait_ms'):.2f} | {100 * med(last, 'comm_wait_ms') / step:.1f} | "
-          f"{med(last, 'bytes_allreduced') / 1e6:.0f} | {step / base[prec] if prec in base else float('nan'):.3f} | "
+          f"{med(last, 'bytes_allreduced') / 1e6:.0f} | {sum((r.get('bytes_state_moved') or 0) for r in last) / len(last) / 1e6:.1f} | "
+          f"{med(last, 'bytes_kept') / 1e6:.0f} | {med(last, 'allreduce_busbw_gbs'):.1f} | "
+          f"{step / base[prec] if prec in base else float('nan'):.3f} | "
           f"{'' if d is None else f'{d:.2f}'} | {'' if d is None else f'{step / d:.3f}'} |")
 PY

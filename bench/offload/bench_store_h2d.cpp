@@ -1,5 +1,5 @@
-// Host->device bandwidth of the parameter store against a plain pinned copy (issue 4's
-// benchmark; a benchmark that can fail, nccl-tests style, not a test).
+// Host->device bandwidth of the parameter store against a plain pinned copy (a
+// benchmark that can fail, nccl-tests style, not a test).
 //
 // One process per GPU under mpirun (or alone). Each rank builds an offload::ParamStore over a
 // CudaDevice with --groups groups of --group-mb MiB and 2 device slots, so that every acquire()

@@ -1,4 +1,4 @@
-// How fast a safetensors base becomes fp32 (model.init_from, issue 35): writes a BF16 checkpoint
+// How fast a safetensors base becomes fp32 (model.init_from): writes a BF16 checkpoint
 // of SIZE_MB in tensors of 16 MiB (or reads PATH), warms the page cache with `cat > /dev/null`
 // (timed: the yardstick), then converts every tensor to float32 with THREADS threads, as
 // load_safetensors_weights does over parameters. Prints both rates in GB/s of file bytes.

@@ -1,6 +1,7 @@
 // The MPI backend of Communicator: host buffers, a private duplicate of a parent communicator,
-// and one progress thread that posts nonblocking collectives in submission order and polls them
-// with MPI_Testsome, so a bucket is reduced while the caller keeps computing. In a world of one
+// and one progress thread (progress.hpp) that posts nonblocking collectives, sends and receives
+// in submission order and polls them with MPI_Testsome, so a bucket is reduced while the caller
+// keeps computing. In a world of one
 // every collective is computed where it is called and returned complete: no trip through the
 // progress thread (two thread hand-offs each; a one-rank step makes several: the count exchange,
 // the stop and loss agreements).
@@ -18,7 +19,7 @@
 
 namespace thetad::comm {
 
-class MpiProgress;  // the progress thread and its queue (mpi_communicator.cpp)
+class MpiProgress;  // the progress thread and its queue (progress.hpp)
 
 class MpiCommunicator : public Communicator {
  public:
@@ -37,6 +38,9 @@ class MpiCommunicator : public Communicator {
   WorkPtr broadcast(void* buf, size_t count, DType dtype, int root, const CollectiveTag& tag) override;
   WorkPtr allgather(const void* send, void* recv, size_t count, DType dtype,
                     const CollectiveTag& tag) override;
+  WorkPtr reduce_scatter(const void* send, void* recv, size_t count, DType dtype, ReduceOp op,
+                         const CollectiveTag& tag) override;
+  WorkPtr exchange(const std::vector<PeerOp>& ops, const CollectiveTag& tag) override;
   WorkPtr barrier(const CollectiveTag& tag) override;
   void abort(const std::string& why) override;
 
@@ -46,6 +50,8 @@ class MpiCommunicator : public Communicator {
  private:
   // A world of one that has not been aborted: collectives are computed where they are called.
   bool done_here() const;
+  // The MPI tag of every send and receive (exchange).
+  static constexpr int kPeerTag = 1;
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   MPI_Op bf16_sum_ = MPI_OP_NULL;

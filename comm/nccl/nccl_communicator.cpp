@@ -83,6 +83,7 @@ WorkPtr NcclCommunicator::launch(CollectiveTag tag, bool after_compute, F&& enqu
     CUDA_CHECK(cudaStreamWaitEvent(stream, ready.get(), 0));
   }  // destroying a recorded event is fine: the wait already captured it
   auto work = std::make_shared<NcclWork>(core_, next_sequence(), std::move(tag));
+  CUDA_CHECK(cudaEventRecord(work->start_event(), stream));
   enqueue(core_->comm.get(), stream);
   CUDA_CHECK(cudaEventRecord(work->event(), stream));
   core_->outstanding.push_back(work);
@@ -164,6 +165,33 @@ WorkPtr NcclCommunicator::allgather(const void* send, void* recv, size_t count, 
   });
 }
 
+WorkPtr NcclCommunicator::reduce_scatter(const void* send, void* recv, size_t count, DType dtype, ReduceOp op,
+                                         const CollectiveTag& t) {
+  return launch(named(t, "reduce-scatter"), true, [&](ncclComm_t comm, cudaStream_t stream) {
+    NCCL_CHECK(ncclReduceScatter(send, recv, count, nccl_type(dtype), op == ReduceOp::sum ? ncclSum : ncclMax, comm,
+                                 stream));
+  });
+}
+
+// One group call: NCCL starts a rank's sends and receives together, so that two ranks may send to
+// each other at once. The group is always closed, also when an enqueue failed.
+WorkPtr NcclCommunicator::exchange(const std::vector<PeerOp>& ops, const CollectiveTag& t) {
+  CollectiveTag tag = named(t, "send/recv");
+  check_peer_ops(ops, rank_, size_, tag);
+  return launch(std::move(tag), true, [&](ncclComm_t comm, cudaStream_t stream) {
+    NCCL_CHECK(ncclGroupStart());
+    ncclResult_t rc = ncclSuccess;
+    for (const PeerOp& op : ops) {
+      if (rc != ncclSuccess) break;
+      rc = op.kind == PeerOp::Kind::send ? ncclSend(op.buf, op.count, nccl_type(op.dtype), op.peer, comm, stream)
+                                         : ncclRecv(op.buf, op.count, nccl_type(op.dtype), op.peer, comm, stream);
+    }
+    const ncclResult_t end = ncclGroupEnd();
+    NCCL_CHECK(rc);
+    NCCL_CHECK(end);
+  });
+}
+
 WorkPtr NcclCommunicator::barrier(const CollectiveTag& t) {
   // NCCL has no barrier; a one-element allreduce is one.
   void* buf = barrier_buf_.get();
@@ -202,6 +230,12 @@ std::shared_ptr<void> NcclCommunicator::allocate(size_t bytes) {
 void NcclCommunicator::zero(void* ptr, size_t bytes) {
   CUDA_CHECK(cudaSetDevice(core_->device));
   if (bytes) CUDA_CHECK(cudaMemsetAsync(ptr, 0, bytes, core_->compute_stream));
+}
+
+// The kept bucket's PreMulSum factor, applied on the compute stream where the gradient is.
+void NcclCommunicator::divide(float* buf, size_t count, double divisor) {
+  CUDA_CHECK(cudaSetDevice(core_->device));
+  if (count) scale_f32_async(buf, count, static_cast<float>(1.0 / divisor), core_->compute_stream);
 }
 
 void NcclCommunicator::copy_from_host(void* dst, const void* src, size_t bytes) {

@@ -36,6 +36,9 @@ class NcclCommunicator : public Communicator {
   WorkPtr broadcast(void* buf, size_t count, DType dtype, int root, const CollectiveTag& tag) override;
   WorkPtr allgather(const void* send, void* recv, size_t count, DType dtype,
                     const CollectiveTag& tag) override;
+  WorkPtr reduce_scatter(const void* send, void* recv, size_t count, DType dtype, ReduceOp op,
+                         const CollectiveTag& tag) override;
+  WorkPtr exchange(const std::vector<PeerOp>& ops, const CollectiveTag& tag) override;
   WorkPtr barrier(const CollectiveTag& tag) override;
   WorkPtr after_compute(const CollectiveTag& tag) override;
   void abort(const std::string& why) override;
@@ -43,6 +46,7 @@ class NcclCommunicator : public Communicator {
 
   std::shared_ptr<void> allocate(size_t bytes) override;
   void zero(void* ptr, size_t bytes) override;
+  void divide(float* buf, size_t count, double divisor) override;
   void copy_from_host(void* dst, const void* src, size_t bytes) override;
   void copy_to_host(void* dst, const void* src, size_t bytes) override;
 

@@ -26,7 +26,17 @@ void NcclCore::abort_locked(const std::string& why, std::exception_ptr error) {
 }
 
 NcclWork::NcclWork(std::shared_ptr<NcclCore> core, uint64_t sequence, CollectiveTag tag)
-    : core_(std::move(core)), sequence_(sequence), tag_(std::move(tag)), done_(core_->device) {}
+    : core_(std::move(core)),
+      sequence_(sequence),
+      tag_(std::move(tag)),
+      start_(core_->device, /*timing=*/true),
+      done_(core_->device, /*timing=*/true) {}
+
+double NcclWork::elapsed_ms() const {
+  if (state_.load() != 1) return -1.0;
+  float ms = 0;
+  return cudaEventElapsedTime(&ms, start_.get(), done_.get()) == cudaSuccess ? static_cast<double>(ms) : -1.0;
+}
 
 void NcclWork::fail(std::exception_ptr error) {
   std::lock_guard<std::mutex> lock(mu_);

@@ -1,6 +1,7 @@
 // The NCCL backend's Work and the state it shares with its communicator (NcclCore): a completion
-// event recorded on the communication stream, polled by wait() and by the watchdog; the
-// communicator's abort fails every outstanding work.
+// event recorded on the communication stream, polled by wait() and by the watchdog (and a start
+// event before the operation, for its device time); the communicator's abort fails every
+// outstanding work.
 #pragma once
 
 #include <atomic>
@@ -49,8 +50,11 @@ class NcclWork : public Work {
   // cudaStreamWaitEvent: `stream` waits on the device, the host does not.
   void block_stream(void* stream, std::chrono::milliseconds timeout) override;
   uint64_t sequence() const override { return sequence_; }
+  // The device time between the start and the completion events, once completed.
+  double elapsed_ms() const override;
 
   cudaEvent_t event() const { return done_.get(); }
+  cudaEvent_t start_event() const { return start_.get(); }
   const CollectiveTag& tag() const { return tag_; }
   Clock::time_point launched() const { return launched_; }
   // Queries the event; true once finished (or failed). Records failures of the query itself.
@@ -62,7 +66,8 @@ class NcclWork : public Work {
   const uint64_t sequence_;
   const CollectiveTag tag_;
   const Clock::time_point launched_ = Clock::now();
-  CudaEvent done_;
+  CudaEvent start_;  // recorded where the communication stream reaches the operation (timing)
+  CudaEvent done_;   // after it (timing)
   std::atomic<int> state_{0};  // 0 pending, 1 done, 2 failed
   std::mutex mu_;
   std::exception_ptr error_;

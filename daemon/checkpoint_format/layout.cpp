@@ -33,15 +33,17 @@ std::string param_text(const LayoutParam& p) { return "'" + p.name + "' " + shap
 const std::vector<std::string>& layout_keys() {
   // The keys that shape the parameters, then those that change what the same parameters compute
   // (LoRA's scale alpha / rank, the transformer's architecture, its attention's key/value heads,
-  // rotary base, norm epsilon and tied embeddings): a checkpoint trained under one of those is
-  // another model under another value, and resuming it would train on silently.
+  // head width, rotary base and scaling, norm epsilon and tied embeddings): a checkpoint trained
+  // under one of those is another model under another value, and resuming it would train on
+  // silently.
   static const std::vector<std::string> keys = {
       "model.kind",   "model.input_dim", "model.hidden",       "model.output_dim", "model.trunk_layers",
       "model.head_layers", "model.tasks", "model.adapter_rank", "model.classes",   "model.path",
       "model.shared", "model.task",      "model.layers",       "model.d_model",    "model.heads",
       "model.d_ff",   "model.vocab",     "model.seq_len",      "lora.rank",        "lora.targets",
       "offload.shard_mb", "lora.alpha",  "model.arch",         "model.kv_heads",   "model.rope_theta",
-      "model.norm_eps", "model.tie_embeddings"};
+      "model.norm_eps", "model.tie_embeddings", "model.head_dim", "model.rope_scaling", "model.rope_factor",
+      "model.rope_low_freq_factor", "model.rope_high_freq_factor", "model.rope_original_max_positions"};
   return keys;
 }
 

@@ -34,9 +34,10 @@ constexpr size_t kLayoutGroupsInFull = 2;
 
 // The job keys whose value shapes the parameters (names, shapes, groups, row shards: the model's
 // dimensions, the TorchScript file and patterns, LoRA's rank and targets, offload.shard_mb) or
-// changes the function they compute (lora.alpha, model.arch, model.kv_heads, model.rope_theta,
-// model.norm_eps, model.tie_embeddings). Every key a layout depends on is here
-// (tests/integration/layout_resume.sh changes them one by one); a key missing from it is still
+// changes the function they compute (lora.alpha, model.arch, model.kv_heads, model.head_dim,
+// model.rope_theta and the model.rope_* keys of its scaling, model.norm_eps,
+// model.tie_embeddings). Every key a layout depends on is here (tests/integration/layout_resume.sh
+// and test_checkpoint_sources.cpp change them one by one); a key missing from it is still
 // caught by the digest (shapes) or the model hash (model.* keys), though not named.
 const std::vector<std::string>& layout_keys();
 // The layout keys that apply to `job`'s model (LoRA's only for the transformer, shard_mb only

@@ -9,12 +9,19 @@ namespace thetad::daemon {
 namespace {
 
 // Per layer: (HF suffix after "model.layers.N.", thetad suffix after "blocks.N.").
-constexpr std::array<std::pair<const char*, const char*>, 9> kLayer = {{
+// Qwen2's biases of q, k and v and Qwen3's norms of each query and key head are parameters of
+// those families only.
+constexpr std::array<std::pair<const char*, const char*>, 14> kLayer = {{
     {"input_layernorm.weight", "ln1.weight"},
     {"self_attn.q_proj.weight", "attn.q.weight"},
+    {"self_attn.q_proj.bias", "attn.q.bias"},
     {"self_attn.k_proj.weight", "attn.k.weight"},
+    {"self_attn.k_proj.bias", "attn.k.bias"},
     {"self_attn.v_proj.weight", "attn.v.weight"},
+    {"self_attn.v_proj.bias", "attn.v.bias"},
     {"self_attn.o_proj.weight", "attn.o.weight"},
+    {"self_attn.q_norm.weight", "attn.q_norm.weight"},
+    {"self_attn.k_norm.weight", "attn.k_norm.weight"},
     {"post_attention_layernorm.weight", "ln2.weight"},
     {"mlp.gate_proj.weight", "mlp.gate.weight"},
     {"mlp.up_proj.weight", "mlp.up.weight"},

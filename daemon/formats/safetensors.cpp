@@ -6,12 +6,17 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <set>
 #include <sys/stat.h>
 
 #include "common/errors.hpp"
+#include "common/file_read.hpp"
+#include "common/json_read.hpp"
+#include "common/text.hpp"
 
 namespace thetad::daemon {
 namespace {
@@ -26,23 +31,23 @@ using nlohmann::json;
 // A non-negative JSON integer that fits int64, else a ConfigError naming `what`.
 uint64_t nonneg(const json& v, const std::string& file, const std::string& what) {
   if (!v.is_number_unsigned() || v.get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max()))
-    fail(file, what + " must be a non-negative integer, found " + v.dump().substr(0, 40));
+    fail(file, what + " must be a non-negative integer, found " + json_brief(v));
   return v.get<uint64_t>();
 }
 
 StTensor parse_tensor(const std::string& name, const json& v, size_t data_size, const std::string& file) {
-  const std::string where = "safetensors tensor '" + name + "': ";
+  const std::string where = "safetensors tensor '" + printable(name) + "': ";
   if (!v.is_object()) fail(file, where + "expected an object {dtype, shape, data_offsets}");
   for (const auto& item : v.items())
     if (item.key() != "dtype" && item.key() != "shape" && item.key() != "data_offsets")
-      fail(file, where + "unknown field '" + item.key() + "'");
+      fail(file, where + "unknown field '" + printable(item.key()) + "'");
   StTensor t;
   t.name = name;
   const auto d = v.find("dtype"), s = v.find("shape"), o = v.find("data_offsets");
   if (d == v.end() || !d->is_string()) fail(file, where + "no dtype string");
   t.dtype = d->get<std::string>();
   const size_t item = st_itemsize(t.dtype);
-  if (item == 0) fail(file, where + "unknown dtype '" + t.dtype.substr(0, 40) + "'");
+  if (item == 0) fail(file, where + "unknown dtype '" + printable(t.dtype.substr(0, 40)) + "'");
   if (s == v.end() || !s->is_array()) fail(file, where + "no shape list");
   if (s->size() > kStMaxDims) fail(file, where + std::to_string(s->size()) + " dimensions, more than " + std::to_string(kStMaxDims));
   for (const json& dim : *s) t.shape.push_back(static_cast<int64_t>(nonneg(dim, file, where + "a dimension")));
@@ -97,7 +102,7 @@ int64_t st_numel(const std::vector<int64_t>& shape, const std::string& file, con
   int64_t n = 1;
   for (int64_t d : shape) {
     if (d < 0 || (d != 0 && n > std::numeric_limits<int64_t>::max() / d))
-      fail(file, "safetensors tensor '" + tensor + "': shape " + st_shape_string(shape) + " overflows int64");
+      fail(file, "safetensors tensor '" + printable(tensor) + "': shape " + st_shape_string(shape) + " overflows int64");
     n *= d;
   }
   return n;
@@ -120,8 +125,9 @@ StHeader parse_safetensors_header(const char* data, size_t size, const std::stri
   if (n > size - 8)
     fail(file, "truncated safetensors file: its header has " + std::to_string(n) + " bytes, the file " +
                    std::to_string(size - 8) + " after the length");
-  const json j = json::parse(data + 8, data + 8 + n, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) fail(file, "safetensors header is not valid JSON");
+  JsonProblem problem;
+  const json j = parse_json(data + 8, data + 8 + n, problem);
+  if (problem != JsonProblem::none) fail(file, "safetensors header is " + json_problem_text(problem));
   if (!j.is_object()) fail(file, "safetensors header is not a JSON object");
   StHeader h;
   h.data_offset = 8 + static_cast<size_t>(n);
@@ -130,7 +136,7 @@ StHeader parse_safetensors_header(const char* data, size_t size, const std::stri
     if (item.key() == "__metadata__") {
       if (!item.value().is_object()) fail(file, "safetensors __metadata__ is not an object");
       for (const auto& m : item.value().items()) {
-        if (!m.value().is_string()) fail(file, "safetensors __metadata__ '" + m.key() + "' is not a string");
+        if (!m.value().is_string()) fail(file, "safetensors __metadata__ '" + printable(m.key()) + "' is not a string");
         h.metadata[m.key()] = m.value().get<std::string>();
       }
       continue;
@@ -141,7 +147,8 @@ StHeader parse_safetensors_header(const char* data, size_t size, const std::stri
             [](const StTensor& a, const StTensor& b) { return a.begin != b.begin ? a.begin < b.begin : a.end < b.end; });
   for (size_t i = 1; i < h.tensors.size(); ++i)
     if (h.tensors[i].begin < h.tensors[i - 1].end)
-      fail(file, "safetensors tensors '" + h.tensors[i - 1].name + "' and '" + h.tensors[i].name + "' overlap (bytes " +
+      fail(file, "safetensors tensors '" + printable(h.tensors[i - 1].name) + "' and '" + printable(h.tensors[i].name) +
+                     "' overlap (bytes " +
                      std::to_string(h.tensors[i].begin) + " to " + std::to_string(h.tensors[i - 1].end) + ")");
   return h;
 }
@@ -171,6 +178,42 @@ void st_to_fp32(const std::string& dtype, const void* src, size_t n, float* dst,
   } else {
     throw ConfigError(where + ": dtype " + dtype + " is not a floating-point type thetad reads (F32, BF16, F16)");
   }
+}
+
+namespace {
+
+// The first of n values of type T whose exponent bits (`exp`) are all ones: NaN or infinity.
+// Block by block through an aligned buffer, a branch-free test per block (vectorized).
+template <typename T>
+int64_t first_all_ones(const unsigned char* p, size_t n, T exp) {
+  constexpr size_t kBlock = 1024;
+  T buf[kBlock];
+  for (size_t b = 0; b < n; b += kBlock) {
+    const size_t m = std::min(kBlock, n - b);
+    std::memcpy(buf, p + b * sizeof(T), m * sizeof(T));
+    bool any = false;
+    for (size_t i = 0; i < m; ++i) any |= (buf[i] & exp) == exp;
+    if (!any) continue;
+    for (size_t i = 0; i < m; ++i)
+      if ((buf[i] & exp) == exp) return static_cast<int64_t>(b + i);
+  }
+  return -1;
+}
+
+}  // namespace
+
+int64_t st_first_nonfinite(const std::string& dtype, const void* src, size_t n) {
+  const auto* p = static_cast<const unsigned char*>(src);
+  if (dtype == "F32") return first_all_ones<uint32_t>(p, n, 0x7f800000u);
+  if (dtype == "BF16") return first_all_ones<uint16_t>(p, n, 0x7f80u);
+  if (dtype == "F16") return first_all_ones<uint16_t>(p, n, 0x7c00u);
+  return -1;
+}
+
+std::string st_nonfinite_text(const std::string& dtype, const void* src, int64_t i) {
+  float v = 0;
+  st_to_fp32(dtype, static_cast<const unsigned char*>(src) + static_cast<size_t>(i) * st_itemsize(dtype), 1, &v, "");
+  return "value " + std::to_string(i) + " is " + (std::isnan(v) ? "nan" : v > 0 ? "inf" : "-inf");
 }
 
 uint16_t st_fp32_to_bf16(float f) {
@@ -213,34 +256,60 @@ const StTensor* SafetensorsFile::find(const std::string& name) const {
   return it == index_.end() ? nullptr : &header_.tensors[it->second];
 }
 
+namespace {
+
+// A file the model directory `dir` names (its index, a shard, model.safetensors): refused where
+// it is a link that leaves the directory (a shard named "b.safetensors" pointing at /etc/shadow
+// had its first bytes printed as a header's length).
+std::string in_directory(const std::string& dir, const std::string& name) {
+  const std::string path = dir + "/" + name;
+  const std::string outside = link_outside(dir, name);
+  if (!outside.empty()) fail(path, outside);
+  return path;
+}
+
+}  // namespace
+
 SafetensorsCheckpoint SafetensorsCheckpoint::open(const std::string& path) {
   SafetensorsCheckpoint c;
   c.path_ = path;
   struct stat st {};
-  const auto exists = [&st](const std::string& p) { return ::stat(p.c_str(), &st) == 0; };
+  // Whether `p` exists; an error other than "no such file" (a directory without permission) is
+  // reported as it is, not taken for a missing file.
+  const auto exists = [&st](const std::string& p) {
+    if (::stat(p.c_str(), &st) == 0) return true;
+    if (errno != ENOENT) fail(p, std::string("cannot read: ") + std::strerror(errno));
+    return false;
+  };
   if (!exists(path)) fail(path, "no such file or directory");
   std::map<std::string, std::string> weight_map;  // from the index: tensor -> file
   std::vector<std::string> files;
   if (!S_ISDIR(st.st_mode)) {
     files.push_back(path);
   } else if (exists(path + "/model.safetensors.index.json")) {
-    const std::string index = path + "/model.safetensors.index.json";
-    const MappedFile m = MappedFile::open(index);
-    const json j = json::parse(m.data(), m.data() + m.size(), nullptr, false);
-    if (j.is_discarded() || !j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
+    const std::string index = in_directory(path, "model.safetensors.index.json");
+    std::string text;
+    const ReadResult read = read_regular_file(index, kMaxJsonFileBytes, text);
+    if (!read) fail(index, read.why);
+    JsonProblem problem;
+    const json j = parse_json(text.data(), text.data() + text.size(), problem);
+    if (problem != JsonProblem::none) fail(index, json_problem_text(problem));
+    if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
       fail(index, "expected a JSON object with a \"weight_map\" object {tensor: file}");
     std::set<std::string> seen;
     for (const auto& item : j["weight_map"].items()) {
-      if (!item.value().is_string()) fail(index, "weight_map: tensor '" + item.key() + "' has no file name");
+      if (!item.value().is_string()) fail(index, "weight_map: tensor '" + printable(item.key()) + "' has no file name");
       const std::string f = item.value().get<std::string>();
-      if (f.empty() || f.find('/') != std::string::npos || f == "." || f == "..")
-        fail(index, "weight_map: tensor '" + item.key() + "': '" + f + "' is not a file name in the directory");
+      // A plain name (printable: messages quote the paths built from it).
+      if (f.empty() || f.find('/') != std::string::npos || f == "." || f == ".." || printable(f) != f)
+        fail(index, "weight_map: tensor '" + printable(item.key()) + "': '" + printable(f) +
+                        "' is not a file name in the directory");
       weight_map[item.key()] = f;
-      if (seen.insert(f).second) files.push_back(path + "/" + f);
+      if (seen.insert(f).second) files.push_back(in_directory(path, f));
     }
     if (files.empty()) fail(index, "weight_map lists no tensor");
   } else if (exists(path + "/model.safetensors")) {
-    files.push_back(path + "/model.safetensors");
+    files.push_back(in_directory(path, "model.safetensors"));
   } else {
     fail(path, "neither model.safetensors nor model.safetensors.index.json in the directory");
   }
@@ -249,13 +318,13 @@ SafetensorsCheckpoint SafetensorsCheckpoint::open(const std::string& path) {
     const size_t k = c.files_.size() - 1;
     for (const StTensor& t : c.files_[k]->header().tensors) {
       const auto [it, fresh] = c.where_.emplace(t.name, std::make_pair(k, &t));
-      if (!fresh) fail(f, "tensor '" + t.name + "' is also in " + c.files_[it->second.first]->path());
+      if (!fresh) fail(f, "tensor '" + printable(t.name) + "' is also in " + c.files_[it->second.first]->path());
     }
   }
   for (const auto& [name, f] : weight_map) {
     const auto it = c.where_.find(name);
     if (it == c.where_.end() || c.files_[it->second.first]->path() != path + "/" + f)
-      fail(path + "/" + f, "tensor '" + name + "', listed there by model.safetensors.index.json, is not in the file");
+      fail(path + "/" + f, "tensor '" + printable(name) + "', listed there by model.safetensors.index.json, is not in the file");
   }
   return c;
 }
@@ -268,7 +337,7 @@ std::vector<std::string> SafetensorsCheckpoint::names() const {
 
 const StTensor& SafetensorsCheckpoint::tensor(const std::string& name) const {
   const auto it = where_.find(name);
-  if (it == where_.end()) fail(path_, "tensor '" + name + "' is missing");
+  if (it == where_.end()) fail(path_, "tensor '" + printable(name) + "' is missing");
   return *it->second.second;
 }
 
@@ -286,9 +355,10 @@ void SafetensorsCheckpoint::read_fp32(const std::string& name, const std::vector
   const StTensor& t = tensor(name);
   const SafetensorsFile& f = *files_[where_.at(name).first];
   if (t.shape != expect)
-    fail(f.path(), "tensor '" + name + "' has shape " + st_shape_string(t.shape) + ", expected " + st_shape_string(expect));
+    fail(f.path(), "tensor '" + printable(name) + "' has shape " + st_shape_string(t.shape) + ", expected " +
+                       st_shape_string(expect));
   st_to_fp32(t.dtype, f.bytes(t), static_cast<size_t>(st_numel(t.shape, f.path(), name)), dst,
-             f.path() + ": tensor '" + name + "'");
+             f.path() + ": tensor '" + printable(name) + "'");
 }
 
 }  // namespace thetad::daemon

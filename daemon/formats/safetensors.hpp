@@ -51,6 +51,12 @@ std::string st_shape_string(const std::vector<int64_t>& shape);
 // Converts n elements of F32, BF16 or F16 at `src` (any alignment, little-endian) to float32.
 // Throws ConfigError naming `where` for another dtype.
 void st_to_fp32(const std::string& dtype, const void* src, size_t n, float* dst, const std::string& where);
+// The index of the first of n F32, BF16 or F16 values (raw little-endian bits, any alignment)
+// that is NaN or infinite, or -1 (also for another dtype). A pass over the bits alone, cheap next
+// to a conversion: model.init_from and lora.init_from refuse such values before any step.
+int64_t st_first_nonfinite(const std::string& dtype, const void* src, size_t n);
+// "value I is nan" ("inf", "-inf") for element i of such values, for messages.
+std::string st_nonfinite_text(const std::string& dtype, const void* src, int64_t i);
 // float32 to bf16 bits, rounding to nearest even (NaN stays NaN).
 uint16_t st_fp32_to_bf16(float f);
 // Converts n elements of F32, BF16 or F16 to bf16 bits: BF16 copied, the others rounded to nearest

@@ -87,6 +87,10 @@ class GroupHome {
   virtual void release_step(int64_t step) { (void)step; }
 
   // ---- state: checkpoints, resume, the final hash ----
+  // Every rank's copy of its groups current (collective: every rank calls it at the same point),
+  // before anything reads them for a file, a hash or an export: a home whose groups may be
+  // current on one rank only (ResidentHome's replicas) brings them to the others.
+  virtual void make_current() {}
   // Tensors in the group's parameter order; `initial` where the group was never held.
   virtual GroupState state(int g) = 0;
   virtual void restore(int g, const GroupState& st) = 0;

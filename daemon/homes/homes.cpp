@@ -147,7 +147,8 @@ void Homes::after_reduce() {
   for (GroupHome* h : in_use_) h->after_reduce();
 }
 
-// Lazy: a group no rank used this step is not stepped at all (its step count stays).
+// Lazy: a group no rank used this step is not stepped at all (its step count stays). A group
+// one rank kept (the replica rule) counts the step on every rank, and its home steps it there only.
 void Homes::step(const std::vector<int>& contributors, const AdamSettings& settings, bool skip) {
   torch::NoGradGuard no_grad;
   adam_.join();  // the buckets stepped as they landed come first
@@ -165,6 +166,10 @@ void Homes::step(const std::vector<int>& contributors, const AdamSettings& setti
 
 void Homes::release_step(int64_t step) {
   for (GroupHome* h : in_use_) h->release_step(step);
+}
+
+void Homes::make_current() {
+  for (GroupHome* h : in_use_) h->make_current();
 }
 
 HomeMemory Homes::device_memory() const {

@@ -60,6 +60,8 @@ class Homes {
   // `skip` (train.on_nonfinite: skip_step: nothing is updated); the others are skipped.
   void step(const std::vector<int>& contributors, const AdamSettings& settings, bool skip);
   void release_step(int64_t step);
+  // Every home's groups current on every rank (GroupHome::make_current; collective).
+  void make_current();
 
   // Optimizer steps per group (resume sets them; checkpoints record them).
   std::vector<int64_t>& group_steps() { return group_steps_; }

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "common/errors.hpp"
+#include "daemon/plan/replica_plan.hpp"
 #include "daemon/models/precision.hpp"
 
 namespace thetad::daemon {
@@ -34,6 +35,46 @@ void ResidentHome::build(comm::Engine& engine, const Schedule& schedule, int ran
   schedule_ = &schedule;
   rank_ = rank;
   bucket_stepped_.assign(engine.plan().buckets.size(), 0);
+  // The replica rule: for the groups held here that have a gradient of the engine's own.
+  std::vector<uint8_t> keepable = replica_keepable(job_, plane_.comm->size()), held_here(keepable.size(), 0);
+  for (int g : held()) held_here[static_cast<size_t>(g)] = 1;
+  bool any = false;
+  for (size_t g = 0; g < keepable.size(); ++g) {
+    const comm::GradMemory m = held_here[g] ? grad_memory(static_cast<int>(g)) : comm::GradMemory::none;
+    keepable[g] = keepable[g] && (m == comm::GradMemory::owned || m == comm::GradMemory::overwrite ||
+                                  m == comm::GradMemory::pooled);
+    any = any || keepable[g];
+  }
+  if (!any) return;
+  std::vector<int64_t> state_numel;  // replica_state's elements: values, and Adam's two moments
+  const int64_t tensors = job_.optimizer.kind == config::OptimizerKind::Sgd ? 1 : 3;
+  for (size_t g = 0; g < keepable.size(); ++g) state_numel.push_back(tensors * groups_.numel(static_cast<int>(g)));
+  replicas_ = std::make_unique<ResidentReplicas>(job_, plane_, engine, schedule, std::move(keepable),
+                                                 std::move(state_numel), [this](int g) { return replica_state(g); },
+                                                 timeline_);
+}
+
+// Values, then Adam's moments (created as zeros where this rank never updated the group: the
+// moments it would hold), in the group's parameter order.
+std::vector<torch::Tensor> ResidentHome::replica_state(int g) {
+  std::vector<torch::Tensor> parts;
+  const auto& members = groups_.members[static_cast<size_t>(g)];
+  for (int p : members) parts.push_back(groups_[p].tensor.detach());
+  if (job_.optimizer.kind == config::OptimizerKind::Sgd) return parts;
+  for (int p : members) {
+    if (!exp_avg_[static_cast<size_t>(p)].defined()) create_moments(p);
+    parts.push_back(exp_avg_[static_cast<size_t>(p)]);
+  }
+  for (int p : members) parts.push_back(exp_avg_sq_[static_cast<size_t>(p)]);
+  return parts;
+}
+
+void ResidentHome::make_current() {
+  if (replicas_) replicas_->make_current();
+}
+
+void ResidentHome::add_stats(StepRecord& rec) {
+  if (replicas_) replicas_->add_stats(rec);
 }
 
 // The pooled groups this rank uses in the window get their .grad in the pool buffer bound to
@@ -48,6 +89,7 @@ void ResidentHome::start_window(int64_t step, const WindowSettings& w) {
     for (int p : groups_.members[static_cast<size_t>(g)])
       groups_[p].tensor.mutable_grad() = torch::from_blob(engine_->grad(p), groups_[p].tensor.sizes(), opts);
   }
+  if (replicas_) replicas_->start_window(step);  // before forward reads any replica
 }
 
 void ResidentHome::create_moments(int p) {
@@ -89,6 +131,7 @@ void ResidentHome::add_operands(int p, float* grad, AdamOperands& ops) {
 void ResidentHome::on_bucket_launch(int b, int contributors, comm::Work& work, float* data) {
   if (!adam_.overlap() || !window_->update_known || contributors <= 0) return;
   const comm::Bucket& bucket = engine_->plan().buckets[static_cast<size_t>(b)];
+  if (replicas_ && replicas_->stale_here(bucket.group)) return;  // made current first, in step
   adam_.step_after(work, window_->for_group(bucket.group), [&](AdamOperands& ops) {
     for (size_t k = 0; k < bucket.params.size(); ++k) {  // on the side stream: first moments too
       const int p = bucket.params[k];
@@ -100,6 +143,8 @@ void ResidentHome::on_bucket_launch(int b, int contributors, comm::Work& work, f
 
 void ResidentHome::step(int g, const AdamSettings& s) {
   if (grad_memory(g) == comm::GradMemory::none) return;  // never a gradient: never updated
+  // Another rank kept the gradient: it alone steps the group; this replica goes stale.
+  if (replicas_ && replicas_->applies(g) && !replicas_->before_update(g)) return;
   const int64_t t_us = Timeline::now_us();
   AdamOperands ops;
   const auto& param_bucket = engine_->plan().param_bucket;

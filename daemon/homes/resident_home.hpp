@@ -2,17 +2,20 @@
 // θ[t] without the host store): their values are the model's tensors, their gradients the
 // engine's buckets, their Adam moments device tensors created at a group's first update (as
 // torch.optim does: a group never trained holds none), stepped by the device AdamW, bucket by
-// bucket as allreduces land where optimizer.overlap allows.
+// bucket as allreduces land where optimizer.overlap allows. From 2 ranks on, a group one rank
+// trains for a while stays current on that rank only (ResidentReplicas).
 #pragma once
 
 #include <torch/torch.h>
 
+#include <memory>
 #include <vector>
 
 #include "config/job.hpp"
 #include "daemon/observe/timeline.hpp"
 #include "daemon/device/data_plane.hpp"
 #include "daemon/homes/group_home.hpp"
+#include "daemon/homes/resident_replicas.hpp"
 #include "daemon/models/model.hpp"
 #include "daemon/optim/device_adam.hpp"
 
@@ -29,6 +32,7 @@ class ResidentHome final : public GroupHome {
   void start_window(int64_t step, const WindowSettings& w) override;
   void on_bucket_launch(int b, int contributors, comm::Work& work, float* data) override;
   void step(int g, const AdamSettings& s) override;
+  void make_current() override;
   GroupState state(int g) override;
   void restore(int g, const GroupState& st) override;
   bool on_device(int g) const override {
@@ -36,10 +40,12 @@ class ResidentHome final : public GroupHome {
     return true;
   }
   HomeMemory device_memory() const override;
+  void add_stats(StepRecord& rec) override;
 
  private:
   void add_operands(int p, float* grad, AdamOperands& ops);
   void create_moments(int p);
+  std::vector<torch::Tensor> replica_state(int g);
   const config::Job& job_;
   const TaskModel& model_;
   ParamGroups& groups_;
@@ -53,6 +59,7 @@ class ResidentHome final : public GroupHome {
   std::vector<torch::Tensor> exp_avg_, exp_avg_sq_;  // per parameter: created at its first update
   int64_t moment_bytes_ = 0;                         // of those, allocated so far
   std::vector<uint8_t> bucket_stepped_;              // per bucket, this window
+  std::unique_ptr<ResidentReplicas> replicas_;       // null: no group follows the replica rule
 };
 
 }  // namespace thetad::daemon

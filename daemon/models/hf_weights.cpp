@@ -15,6 +15,7 @@
 
 #include "common/errors.hpp"
 #include "common/log.hpp"
+#include "common/text.hpp"
 #include "daemon/formats/hf_names.hpp"
 #include "daemon/formats/safetensors.hpp"
 
@@ -32,19 +33,36 @@ namespace {
 void check(const SafetensorsCheckpoint& ck, const std::string& name, const NamedParam& p, const std::string& what) {
   const StTensor& t = ck.tensor(name);
   if (t.shape != p.tensor.sizes().vec())
-    throw ConfigError(ck.file_of(name) + ": " + what + ": tensor '" + name + "' has shape " + st_shape_string(t.shape) +
+    throw ConfigError(ck.file_of(name) + ": " + what + ": tensor '" + printable(name) + "' has shape " + st_shape_string(t.shape) +
                       ", the model's " + p.name + " has " + st_shape_string(p.tensor.sizes().vec()));
   if (t.dtype != "F32" && t.dtype != "BF16" && t.dtype != "F16")
-    throw ConfigError(ck.file_of(name) + ": " + what + ": tensor '" + name + "' is " + t.dtype + ", not F32, BF16 or F16");
+    throw ConfigError(ck.file_of(name) + ": " + what + ": tensor '" + printable(name) + "' is " + t.dtype +
+                      ", not F32, BF16 or F16");
+}
+
+// Elements [first, first + count) of the file's tensor `name`: none may be NaN or infinite
+// (training from them fails at the first step, blaming the learning rate), checked on the bits
+// before they are converted or copied.
+void check_finite(const SafetensorsCheckpoint& ck, const std::string& name, int64_t first, int64_t count,
+                  const std::string& what) {
+  const StTensor& t = ck.tensor(name);
+  const char* src = static_cast<const char*>(ck.data(name)) + static_cast<size_t>(first) * st_itemsize(t.dtype);
+  const int64_t bad = st_first_nonfinite(t.dtype, src, static_cast<size_t>(count));
+  if (bad >= 0)
+    throw ConfigError(ck.file_of(name) + ": " + what + ": tensor '" + printable(name) + "' " +
+                      st_nonfinite_text(t.dtype, ck.data(name), first + bad) + " (thetad trains only from finite values)");
 }
 
 // Elements [first, first + count) of the file's tensor `name` into parameter p (float32, or bf16:
-// a frozen base held so): converted straight into a host parameter; onto a device from the map
-// itself where the file holds p's dtype (no conversion, no host copy), else through a host buffer.
-void read_range(const SafetensorsCheckpoint& ck, const std::string& name, NamedParam& p, int64_t first, int64_t count) {
+// a frozen base held so), checked finite: converted straight into a host parameter; onto a device
+// from the map itself where the file holds p's dtype (no conversion, no host copy), else through
+// a host buffer.
+void read_range(const SafetensorsCheckpoint& ck, const std::string& name, NamedParam& p, int64_t first, int64_t count,
+                const std::string& what) {
+  check_finite(ck, name, first, count, what);
   const StTensor& t = ck.tensor(name);
   const char* src = static_cast<const char*>(ck.data(name)) + static_cast<size_t>(first) * st_itemsize(t.dtype);
-  const std::string where = ck.file_of(name) + ": tensor '" + name + "'";
+  const std::string where = ck.file_of(name) + ": tensor '" + printable(name) + "'";
   const bool bf16 = p.tensor.scalar_type() == torch::kBFloat16;
   THETAD_CHECK(bf16 || p.tensor.scalar_type() == torch::kFloat32, InternalError, "parameter ", p.name, " is ",
                p.tensor.scalar_type(), ", neither float32 nor bf16");
@@ -77,11 +95,12 @@ constexpr int64_t kPieceElems = int64_t{4} << 20;
 void assign_from(const std::shared_ptr<const SafetensorsCheckpoint>& ck, const std::string& name, NamedParam& p,
                  const std::string& what) {
   check(*ck, name, p, what);
-  if (p.init) {  // a placeholder the host store fills later, from the map
+  if (p.init) {  // a placeholder the host store fills later, from the map: checked now, every rank alike
+    check_finite(*ck, name, 0, p.tensor.numel(), what);
     p.init = [ck, name](torch::Tensor& dst) { ck->read_fp32(name, dst.sizes().vec(), dst.data_ptr<float>()); };
     return;
   }
-  read_range(*ck, name, p, 0, p.tensor.numel());
+  read_range(*ck, name, p, 0, p.tensor.numel(), what);
 }
 
 void load_safetensors_weights(const config::Job& job, TaskModel& model) {
@@ -102,8 +121,8 @@ void load_safetensors_weights(const config::Job& job, TaskModel& model) {
     }
     const auto [prev, fresh] = source.emplace(it->second, name);
     if (!fresh)
-      throw ConfigError(ck->file_of(name) + ": model.init_from: tensors '" + prev->second + "' and '" + name +
-                        "' both hold parameter '" + it->first + "'");
+      throw ConfigError(ck->file_of(name) + ": model.init_from: tensors '" + printable(prev->second) + "' and '" +
+                        printable(name) + "' both hold parameter '" + it->first + "'");
   }
   std::vector<std::pair<NamedParam*, std::string>> now;
   for (NamedParam& p : model.params()) {
@@ -138,12 +157,12 @@ void load_safetensors_weights(const config::Job& job, TaskModel& model) {
   at::parallel_for(0, static_cast<int64_t>(pieces.size()), 1, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
       const Piece& piece = pieces[static_cast<size_t>(i)];
-      read_range(*ck, *piece.name, *piece.p, piece.first, piece.count);
+      read_range(*ck, *piece.name, *piece.p, piece.first, piece.count, "model.init_from");
     }
   });
   if (!extra.empty()) {
     std::string list;
-    for (size_t i = 0; i < extra.size() && i < 8; ++i) list += (i ? ", " : "") + extra[i];
+    for (size_t i = 0; i < extra.size() && i < 8; ++i) list += (i ? ", " : "") + printable(extra[i]);
     THETAD_LOG(warn, "train") << path << ": model.init_from: " << extra.size()
                               << " tensors name no parameter of the model and are ignored: " << list
                               << (extra.size() > 8 ? ", ..." : "");

@@ -1,8 +1,6 @@
 // load_initial_weights (see initial_weights.hpp).
 #include "daemon/models/initial_weights.hpp"
 
-#include <fstream>
-#include <iterator>
 #include <map>
 #include <sstream>
 #include <string>
@@ -10,8 +8,11 @@
 
 #include "common/errors.hpp"
 #include "common/log.hpp"
+#include "common/text.hpp"
+#include "daemon/formats/safetensors.hpp"
 #include "daemon/models/hf_weights.hpp"
 #include "daemon/models/peft_adapters.hpp"
+#include "daemon/models/pt_dict.hpp"
 
 namespace thetad::daemon {
 namespace {
@@ -24,17 +25,7 @@ std::string shape_of(const torch::Tensor& t) {
 
 // name -> tensor from the file; thetad checkpoint files: "param/NAME" keys, the rest skipped.
 std::map<std::string, torch::Tensor> read_state_dict(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw ConfigError(path + ": model.init_from: cannot open the file");
-  const std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  c10::IValue v;
-  try {
-    v = torch::pickle_load(bytes);
-  } catch (const c10::Error& e) {
-    throw ConfigError(path + ": model.init_from: not a file of torch.save (zip format): " + e.what_without_backtrace());
-  }
-  if (!v.isGenericDict()) throw ConfigError(path + ": model.init_from: expected a dict {name: tensor} (a state dict)");
-  const c10::impl::GenericDict dict = v.toGenericDict();
+  const c10::impl::GenericDict dict = load_pt_dict(path, "model.init_from");
   bool checkpoint = false;
   for (const auto& item : dict)
     if (item.key().isString() && item.key().toStringRef().rfind("param/", 0) == 0) checkpoint = true;
@@ -46,10 +37,22 @@ std::map<std::string, torch::Tensor> read_state_dict(const std::string& path) {
       if (key.rfind("param/", 0) != 0) continue;  // exp_avg/..., steps: the optimizer's
       key = key.substr(6);
     }
-    if (!item.value().isTensor()) throw ConfigError(path + ": model.init_from: key '" + key + "' is not a tensor");
+    if (!item.value().isTensor())
+      throw ConfigError(path + ": model.init_from: key '" + printable(key) + "' is not a tensor");
     out[key] = item.value().toTensor();
   }
   return out;
+}
+
+// `value` as float32, contiguous; a NaN or an infinity is refused naming the file and the key
+// (training from it would fail at the first step, blaming the learning rate).
+torch::Tensor finite_fp32(const torch::Tensor& value, const std::string& path, const std::string& key) {
+  const torch::Tensor v = value.to(torch::kFloat32).contiguous();
+  const int64_t bad = st_first_nonfinite("F32", v.data_ptr(), static_cast<size_t>(v.numel()));
+  if (bad >= 0)
+    throw ConfigError(path + ": model.init_from: tensor '" + printable(key) + "' " +
+                      st_nonfinite_text("F32", v.data_ptr(), bad) + " (thetad trains only from finite values)");
+  return v;
 }
 
 // A state dict of torch.save or a checkpoint group file.
@@ -61,11 +64,11 @@ void load_pickled_weights(const config::Job& job, TaskModel& model) {
   for (const auto& [name, t] : values) {
     auto it = by_name.find(name);
     if (it == by_name.end())
-      throw ConfigError(path + ": model.init_from: key '" + name + "' is not a parameter of the model (" +
+      throw ConfigError(path + ": model.init_from: key '" + printable(name) + "' is not a parameter of the model (" +
                         config::to_string(job.model.kind) + "; its first is '" + model.params().front().name + "')");
     const NamedParam& p = *it->second;
     if (!p.tensor.sizes().equals(t.sizes()))
-      throw ConfigError(path + ": model.init_from: key '" + name + "' has shape " + shape_of(t) +
+      throw ConfigError(path + ": model.init_from: key '" + printable(name) + "' has shape " + shape_of(t) +
                         ", the model's parameter has " + shape_of(p.tensor));
   }
   int loaded = 0;
@@ -76,7 +79,7 @@ void load_pickled_weights(const config::Job& job, TaskModel& model) {
         throw ConfigError(path + ": model.init_from: shared parameter '" + p.name + "' is missing from the file");
       continue;
     }
-    const torch::Tensor value = it->second.to(torch::kFloat32).contiguous();
+    const torch::Tensor value = finite_fp32(it->second, path, p.name);
     if (p.init) {  // a placeholder the host store fills later
       p.init = [value](torch::Tensor& dst) { dst.copy_(value); };
     } else {

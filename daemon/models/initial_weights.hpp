@@ -12,8 +12,10 @@ namespace thetad::daemon {
 // group file of thetad's checkpoint format 2 (keys "param/NAME"; the optimizer's keys ignored).
 // Every shared parameter (group 0) must be in the file; task parameters may be (those not in it
 // keep their initialization). A key that names no parameter, a tensor of another shape, or a
-// missing shared parameter is a ConfigError naming the file and the key. Tensors are converted to
-// float32. Lazily built task parameters (the host store) get an init that copies the file's values.
+// missing shared parameter is a ConfigError naming the file and the key, and so is a NaN or an
+// infinity. The file is read by thetad's strict reader (pt_dict.hpp), never LibTorch's unpickler.
+// Tensors are converted to float32. Lazily built task parameters (the host store) get an init that
+// copies the file's values.
 // Then the adapters of lora.init_from (peft_adapters.hpp).
 void load_initial_weights(const config::Job& job, TaskModel& model);
 

@@ -109,6 +109,12 @@ class TaskModel {
   // in fewer and larger kernels.
   virtual std::vector<torch::Tensor> losses(const std::vector<TaskRows>& parts);
   virtual bool fuses_tasks() const { return false; }
+  // Whether a pass with `rows` rows per task is better fused than split into a pass per task
+  // (train.backward: auto): where one task's rows are too few to fill the device's kernels.
+  virtual bool fusing_pays(int64_t rows) const {
+    (void)rows;
+    return false;
+  }
   // A pass of `parts` tasks of `rows` rows each with its task parameters in slots, or nullptr
   // where the model has none (every model but the transformer over a frozen base).
   virtual std::unique_ptr<SlotPass> slot_pass(int parts, int64_t rows) {

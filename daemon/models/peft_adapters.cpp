@@ -2,9 +2,6 @@
 #include "daemon/models/peft_adapters.hpp"
 
 #include <ATen/Parallel.h>
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -13,23 +10,24 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <set>
 
 #include "common/errors.hpp"
+#include "common/file_read.hpp"
 #include "common/log.hpp"
 #include "common/safe_file.hpp"
 #include "common/text.hpp"
 #include "config/loader.hpp"
-#include "config/placeholders.hpp"
 #include "config/schema.hpp"
 #include "daemon/formats/hf_names.hpp"
 #include "daemon/formats/safetensors.hpp"
+#include "daemon/models/export_files.hpp"
 #include "daemon/models/hf_weights.hpp"
+#include "daemon/models/merged_export.hpp"
+#include "daemon/plan/peft_config.hpp"
 
 namespace thetad::daemon {
 namespace {
@@ -39,41 +37,6 @@ using nlohmann::json;
 
 constexpr const char* kWeights = "adapter_model.safetensors";
 constexpr const char* kConfig = "adapter_config.json";
-
-// PEFT's word for a target: "q" -> "q_proj".
-std::string module_word(const std::string& target) {
-  const std::string m = hf_module_of_target(target);
-  return m.substr(m.find('.') + 1);
-}
-
-// adapter_config.json of a directory, checked against the job.
-void check_config(const std::string& file, const config::Job& job) {
-  std::ifstream in(file);
-  if (!in) throw ConfigError(file + ": lora.init_from: cannot open (a PEFT adapter directory has one)");
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  const json c = json::parse(text, nullptr, false);
-  if (c.is_discarded() || !c.is_object()) throw ConfigError(file + ": lora.init_from: not a JSON object");
-  const auto get = [&](const char* key) { return c.contains(key) ? c[key] : json(); };
-  const auto bad = [&](const std::string& what) { throw ConfigError(file + ": lora.init_from: " + what); };
-  if (get("peft_type") != "LORA") bad("peft_type is " + get("peft_type").dump() + ", not \"LORA\"");
-  if (!get("r").is_number_integer() || get("r").get<int64_t>() != job.lora.rank)
-    bad("r = " + get("r").dump() + " but lora.rank is " + std::to_string(job.lora.rank));
-  if (!get("lora_alpha").is_number() || get("lora_alpha").get<double>() != job.lora.alpha)
-    bad("lora_alpha = " + get("lora_alpha").dump() + " but lora.alpha is " + config::detail::format_double(job.lora.alpha));
-  std::set<std::string> want, have;
-  for (const std::string& t : job.lora.targets) want.insert(module_word(t));
-  if (get("target_modules").is_array())
-    for (const json& m : get("target_modules")) have.insert(m.is_string() ? m.get<std::string>() : m.dump());
-  if (want != have)
-    bad("target_modules = " + get("target_modules").dump() + " but lora.targets gives " + json(want).dump());
-  for (const char* key : {"use_rslora", "use_dora", "fan_in_fan_out"})
-    if (get(key).is_boolean() && get(key).get<bool>()) bad(std::string(key) + " is true; thetad's LoRA has no such form");
-  if (!get("bias").is_null() && get("bias") != "none") bad("bias = " + get("bias").dump() + "; thetad's adapters have none");
-  for (const char* key : {"layers_to_transform", "modules_to_save"})
-    if (!get(key).is_null()) bad(std::string(key) + " = " + get(key).dump() + " is not supported");
-  for (const char* key : {"rank_pattern", "alpha_pattern"})
-    if (!get(key).is_null() && !get(key).empty()) bad(std::string(key) + " = " + get(key).dump() + " is not supported");
-}
 
 // "lora.T.I.WORD.a" -> PEFT's name of that matrix.
 std::string peft_name_of(const std::string& name) {
@@ -86,57 +49,7 @@ std::string peft_name_of(const std::string& name) {
   return peft_lora_name(std::stol(parts[2]), parts[3], parts[4] == "a");
 }
 
-// `text` at `path` (not synced: publish makes it durable), created anew (a leftover or planted
-// name replaced, never followed: safe_file.hpp); a failure removes it.
-void write_text(const std::string& path, const std::string& text) {
-  const int fd = safe_file::create_fresh(path);
-  if (fd < 0) throw Error(path + ": cannot create: " + std::strerror(errno));
-  const bool ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
-  const int e = errno;
-  if (::close(fd) != 0 || !ok) {
-    ::unlink(path.c_str());
-    throw Error(path + ": cannot write: " + std::strerror(ok ? errno : e));
-  }
-}
-
-// syncfs on the filesystem of each directory (one call per filesystem).
-void sync_filesystems(const std::vector<std::string>& dirs) {
-  std::set<dev_t> done;
-  for (const std::string& dir : dirs) {
-    struct stat st {};
-    if (::stat(dir.c_str(), &st) != 0 || !done.insert(st.st_dev).second) continue;
-    const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    const bool ok = fd >= 0 && ::syncfs(fd) == 0;
-    const int e = errno;
-    if (fd >= 0) ::close(fd);
-    if (!ok) throw Error(dir + ": export.adapters_dir: syncfs: " + std::strerror(e));
-  }
-}
-
-// Makes the adapters written under temporary names durable and puts them in place: their data
-// synced (one syncfs per filesystem), then the renames, then synced again (the renames). Two
-// syncs for any number of adapters, where a fsync per file made 10,000 adapters 20,000 journal
-// commits; a crash leaves every adapter's files whole, old or new (as fsync and rename per file).
-void publish(const std::vector<std::string>& dirs) {
-  sync_filesystems(dirs);
-  for (const std::string& dir : dirs)
-    for (const char* name : {kWeights, kConfig}) {
-      const std::string path = dir + "/" + name;
-      if (std::rename((path + ".tmp").c_str(), path.c_str()) != 0)
-        throw Error(path + ": export.adapters_dir: cannot rename " + path + ".tmp into place: " + std::strerror(errno));
-    }
-  sync_filesystems(dirs);
-}
-
 }  // namespace
-
-std::string adapter_dir(const std::string& pattern, const config::Job& job, int64_t task) {
-  config::PathValues values;
-  values.job = job.name;
-  values.rank = 0;  // every rank reads and writes the same directories
-  values.task = task;
-  return config::expand_placeholders(pattern, values);
-}
 
 void load_peft_adapters(const config::Job& job, TaskModel& model) {
   std::map<std::string, NamedParam*> by_name;
@@ -146,7 +59,9 @@ void load_peft_adapters(const config::Job& job, TaskModel& model) {
     const std::string dir = adapter_dir(job.lora.init_from, job, t);
     std::error_code ec;
     if (!fs::exists(dir, ec)) continue;
-    check_config(dir + "/" + kConfig, job);
+    check_adapter_config(dir, job);
+    const std::string outside = link_outside(dir, kWeights);
+    if (!outside.empty()) throw ConfigError(dir + "/" + kWeights + ": lora.init_from: " + outside);
     auto ck = std::make_shared<const SafetensorsCheckpoint>(SafetensorsCheckpoint::open(dir + "/" + kWeights));
     std::set<std::string> used;
     for (int64_t i = 0; i < job.model.layers; ++i)
@@ -164,7 +79,8 @@ void load_peft_adapters(const config::Job& job, TaskModel& model) {
       if (!used.count(n)) extra.push_back(n);
     if (!extra.empty()) {
       THETAD_LOG(warn, "train") << ck->path() << ": lora.init_from: " << extra.size()
-                                << " tensors are not adapters of lora.targets and are ignored, the first '" << extra[0] << "'";
+                                << " tensors are not adapters of lora.targets and are ignored, the first '"
+                                << printable(extra[0]) << "'";
     }
     ++loaded;
   }
@@ -173,49 +89,37 @@ void load_peft_adapters(const config::Job& job, TaskModel& model) {
 }
 
 AdapterExport::AdapterExport(const config::Job& job, const ParamGroups& groups)
-    : job_(job), written_at_(static_cast<size_t>(groups.num_groups()), 0) {
+    : job_(job), written_at_(static_cast<size_t>(groups.num_groups()), 0), staged_() {
+  if (!job.export_.merged_dir.empty()) merged_ = std::make_unique<MergedExport>(job, groups);
+  if (job.export_.adapters_dir.empty()) return;
   static const std::set<std::string> kOwn = {kWeights, kConfig, std::string(kWeights) + ".tmp",
                                              std::string(kConfig) + ".tmp", "README.md"};
   std::set<std::string> probed;  // the directories files were created in: each once
-  for (int64_t t = 0; t < job.model.tasks; ++t) {
-    const std::string dir = adapter_dir(job.export_.adapters_dir, job, t);
-    const std::string before = " (found before any step; refusing to write task " + std::to_string(t) + "'s adapter there)";
-    std::error_code ec;
-    std::string at = dir;  // where its files (or its directory) would be created
-    while (!fs::exists(fs::symlink_status(at, ec)) && fs::path(at).has_parent_path() && fs::path(at).parent_path() != at)
-      at = fs::path(at).parent_path().string();
-    if (at == dir && fs::exists(fs::symlink_status(dir, ec))) {
-      if (!fs::is_directory(dir, ec))
-        throw ConfigError(dir + ": export.adapters_dir: exists and is not a directory; refusing to write task " +
-                          std::to_string(t) + "'s adapter there");
-      if (const std::string why = safe_file::make_dirs(dir, true); !why.empty())
-        throw ConfigError(dir + ": export.adapters_dir: " + why + before);
-      for (const auto& entry : fs::directory_iterator(dir, ec))
-        if (!kOwn.count(entry.path().filename().string()))
-          throw ConfigError(dir + ": export.adapters_dir: holds '" + entry.path().filename().string() +
-                            "', which is not a PEFT adapter's file; refusing to write task " + std::to_string(t) +
-                            "'s adapter there (choose an empty or new directory)");
-    }
-    if (!probed.insert(at).second) continue;
-    if (const std::string why = safe_file::probe_writable(at); !why.empty())
-      throw ConfigError(dir + ": export.adapters_dir: not writable: " + why + before);
-  }
+  for (int64_t t = 0; t < job.model.tasks; ++t)
+    check_export_dir("export.adapters_dir", adapter_dir(job.export_.adapters_dir, job, t), t, "PEFT adapter",
+                     [](const std::string& name) { return kOwn.count(name) != 0; }, probed);
 }
+
+AdapterExport::~AdapterExport() = default;
 
 std::string AdapterExport::write(int64_t task, const GroupState& st) const {
   const std::string dir = adapter_dir(job_.export_.adapters_dir, job_, task);
   // Made private where missing (0700); one that exists must be this user's own directory.
   if (const std::string why = safe_file::make_dirs(dir, true); !why.empty())
     throw Error(dir + ": export.adapters_dir: cannot write there: " + why);
+  std::vector<ExportTensor> held;  // export.dtype's copies, alive until written
   std::vector<StWriteTensor> tensors;
   for (size_t k = 0; k < st.names.size(); ++k) {
-    const torch::Tensor& t = st.params[k];  // contiguous float32 on the host (write_changed)
-    tensors.push_back({peft_name_of(st.names[k]), "F32", t.sizes().vec(), t.data_ptr(),
-                       static_cast<size_t>(t.numel()) * sizeof(float)});
+    held.push_back(export_tensor(st.params[k], job_.export_.dtype,
+                                 "export.adapters_dir: task " + std::to_string(task) + "'s adapter: parameter '" +
+                                     st.names[k] + "'"));
+    const torch::Tensor& t = held.back().data;
+    tensors.push_back({peft_name_of(st.names[k]), held.back().dtype, t.sizes().vec(), t.data_ptr(),
+                       static_cast<size_t>(t.nbytes())});
   }
   write_safetensors_file(dir + "/" + kWeights + ".tmp", tensors, {{"format", "pt"}}, /*sync=*/false);
   std::vector<std::string> modules;
-  for (const std::string& t : job_.lora.targets) modules.push_back(module_word(t));
+  for (const std::string& t : job_.lora.targets) modules.push_back(peft_module_word(t));
   const json config = {
       {"peft_type", "LORA"},
       {"task_type", "CAUSAL_LM"},
@@ -236,7 +140,17 @@ std::string AdapterExport::write(int64_t task, const GroupState& st) const {
 }
 
 int AdapterExport::stage_changed(int rank, int world, const std::vector<int64_t>& group_steps,
-                                 const std::function<GroupState(int)>& state, bool all) {
+                                 const std::function<GroupState(int)>& state, bool all, bool last) {
+  // The merged models (export.merged_dir) at the run's end only: each is a copy of the base.
+  if (merged_ && last) {
+    try {
+      merged_->stage(rank, world, state, staged_);
+    } catch (...) {
+      discard_staged();
+      throw;
+    }
+  }
+  if (job_.export_.adapters_dir.empty()) return 0;
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<int> due;
   for (int64_t t = rank; t < job_.model.tasks; t += world) {
@@ -275,15 +189,13 @@ int AdapterExport::stage_changed(int rank, int world, const std::vector<int64_t>
           if (!st.initial) dirs[first + static_cast<size_t>(i)] = write(st.group - 1, st);
         }
       });
-      for (size_t i = first; i < std::min(due.size(), first + kBatch); ++i)
-        if (!dirs[i].empty()) staged_.push_back(dirs[i]);
     }
   } catch (...) {
-    for (const std::string& dir : dirs)
-      if (!dir.empty()) staged_.push_back(dir);  // a batch's written before one of it failed
+    stage(dirs);  // those written before one failed: removed with the rest
     discard_staged();
     throw;
   }
+  stage(dirs);
   for (int g : due) staged_steps_.emplace_back(g, group_steps[static_cast<size_t>(g)]);
   if (!due.empty()) {
     THETAD_LOG(info, "train") << "export.adapters_dir: " << due.size() << " adapters written in " << std::fixed
@@ -292,17 +204,21 @@ int AdapterExport::stage_changed(int rank, int world, const std::vector<int64_t>
   return static_cast<int>(due.size());
 }
 
+void AdapterExport::stage(const std::vector<std::string>& dirs) {
+  for (const std::string& dir : dirs)
+    if (!dir.empty())
+      for (const char* name : {kWeights, kConfig}) staged_.add(dir + "/" + name, "export.adapters_dir");
+}
+
 void AdapterExport::publish_staged() {
-  publish(staged_);
-  staged_.clear();
+  staged_.publish();
+  if (merged_) merged_->published();
   for (const auto& [g, steps] : staged_steps_) written_at_[static_cast<size_t>(g)] = steps;
   staged_steps_.clear();
 }
 
 void AdapterExport::discard_staged() noexcept {
-  for (const std::string& dir : staged_)
-    for (const char* name : {kWeights, kConfig}) (void)::unlink((dir + "/" + name + ".tmp").c_str());
-  staged_.clear();
+  staged_.discard();
   staged_steps_.clear();
 }
 

@@ -1,15 +1,33 @@
-// The transformer's token data (see transformer.hpp): synthetic walks, .npy token files, and flat
-// binary token files of uint16 or uint32 ids (data.token_dtype), memory-mapped and read window
-// by window, so a file of billions of tokens costs no copy.
+// The transformer's token data (see transformer.hpp, token_data.hpp): synthetic walks, .npy token
+// files, and flat binary token files of uint16 or uint32 ids (data.token_dtype), read window by
+// window with pread, so a file of billions of tokens costs no copy, and one cut short while the
+// job runs is an error naming it (a memory map of it killed the rank with SIGBUS at the next
+// window past the new end: no check of the size before a read closes the race with a truncation,
+// a SIGBUS handler would be process-wide; a short read is an ordinary error). With
+// data.loss_mask, each file's mask (a byte per token) is read beside it and the targets it leaves
+// out are -1 in the batch, which the loss skips. The files' ids and masks were checked before the
+// run started (daemon/plan/token_files.hpp); a task the run never trains needs no file.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
+#include <filesystem>
+#include <limits>
+#include <map>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/errors.hpp"
-#include "daemon/formats/mapped_file.hpp"
+#include "common/file_read.hpp"
 #include "daemon/formats/npy.hpp"
+#include "daemon/plan/token_files.hpp"
 #include "daemon/models/param_builder.hpp"
+#include "daemon/models/token_data.hpp"
 #include "daemon/models/transformer.hpp"
 
 namespace thetad::daemon {
@@ -17,10 +35,13 @@ namespace {
 
 using namespace detail;
 
-// Rows of seq_len + 1 tokens: inputs are the first seq_len, targets the last seq_len.
-Batch split_windows(const torch::Tensor& windows) {
+// Rows of seq_len + 1 tokens: inputs are the first seq_len, targets the last seq_len; a target
+// whose mask byte is 0 (`mask` [rows, seq_len], where given) becomes -1.
+Batch split_windows(const torch::Tensor& windows, const torch::Tensor& mask = {}) {
   const int64_t s = windows.size(1) - 1;
-  return {windows.narrow(1, 0, s).contiguous(), windows.narrow(1, 1, s).contiguous()};
+  torch::Tensor y = windows.narrow(1, 1, s).contiguous();
+  if (mask.defined()) y.masked_fill_(mask.eq(0), -1);
+  return {windows.narrow(1, 0, s).contiguous(), y};
 }
 
 // Task t walks the vocabulary with stride 1 + (t x 7919 mod (vocab - 1)) from a random start;
@@ -51,41 +72,137 @@ class SyntheticTokens : public DataSource {
   torch::Device device_;
 };
 
-// Token files, one per task: data.dir/task{t}.npy (copied out as int64), or flat little-endian
-// ids data.dir/task{t}.bin (data.token_dtype uint16/uint32: the files stay mapped and each batch
-// gathers its windows from the map, widening them to int64). Windows start at random offsets,
-// seeded like the synthetic data. Every id is checked against model.vocab before any step.
-class TokenFiles : public DataSource {
+// A flat token file: its path and its size when the job started. Each batch opens it anew and
+// reads its windows with pread (a job may have a file per task, thousands of them: no descriptor
+// is held between batches); a file cut short since, or no longer a regular file, is an Error
+// naming it.
+class TokenFile {
  public:
-  TokenFiles(const config::Job& job, torch::Device device)
-      : seed_(job.seed), seq_(job.model.seq_len), vocab_(job.model.vocab), device_(device) {
-    for (int64_t t = 0; t < job.model.tasks; ++t) {
-      const std::string path = job.data.dir + "/task" + std::to_string(t);
-      if (job.data.token_dtype == config::TokenDtype::Npy) add_npy(path + ".npy");
-      else add_bin(path + ".bin", job.data.token_dtype == config::TokenDtype::Uint32);
-    }
+  TokenFile(const std::string& path, size_t item) : path_(path), item_(item) {
+    struct stat st {};
+    const Fd fd{open_checked(&st, /*started=*/false)};
+    size_ = static_cast<uint64_t>(st.st_size);
   }
-  Batch batch(int64_t step, int rank, int world, int task, int64_t rows) override {
-    (void)world;
-    const torch::Tensor& ids = tokens_.at(static_cast<size_t>(task));
-    auto gen = generator(mix_seed(seed_, 0x70c3, static_cast<uint64_t>(step), static_cast<uint64_t>(rank) * 1000003u + task));
-    const torch::Tensor start = torch::randint(ids.size(0) - seq_, {rows, 1}, gen, torch::kInt64);
-    const torch::Tensor index = start + torch::arange(seq_ + 1, torch::kInt64).unsqueeze(0);
-    torch::Tensor w = ids.index_select(0, index.reshape({-1})).to(torch::kInt64);
-    if (ids.scalar_type() == torch::kInt16) w = w.bitwise_and(0xffff);  // uint16 ids read as int16 bits
-    return split_windows(w.view({rows, seq_ + 1}).to(device_));
+  uint64_t size() const { return size_; }
+  int64_t tokens() const { return static_cast<int64_t>(size_ / item_); }
+  // For each of `rows` starts, the n ids from there widened into dst (rows x n); an id at or above
+  // `vocab` (the file rewritten since its ids were checked) is an Error naming the file.
+  void windows(const int64_t* starts, int64_t rows, int64_t n, int64_t vocab, int64_t* dst) const {
+    struct stat st {};
+    const Fd fd{open_checked(&st, /*started=*/true)};
+    std::vector<char> buf(static_cast<size_t>(n) * item_);
+    for (int64_t r = 0; r < rows; ++r) {
+      read(fd.fd, static_cast<uint64_t>(starts[r]) * item_, buf);
+      int64_t* out = dst + r * n;
+      int64_t hi = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        if (item_ == 1) {
+          out[i] = static_cast<unsigned char>(buf[static_cast<size_t>(i)]);
+        } else if (item_ == 2) {
+          uint16_t v;
+          std::memcpy(&v, buf.data() + 2 * i, 2);
+          out[i] = v;
+        } else {
+          uint32_t v;
+          std::memcpy(&v, buf.data() + 4 * i, 4);
+          out[i] = v;
+        }
+        hi = std::max(hi, out[i]);
+      }
+      if (hi >= vocab)
+        throw Error(path_ + ": changed while the job ran: token id " + std::to_string(hi) + " near token " +
+                    std::to_string(starts[r]) + " is outside [0, model.vocab = " + std::to_string(vocab) +
+                    ") (token files must not change during a run)");
+    }
   }
 
  private:
-  void check(const std::string& path, int64_t n, int64_t lo, int64_t hi) const {
-    if (n < seq_ + 1)
-      throw ConfigError(path + ": " + std::to_string(n) + " tokens, fewer than one window of model.seq_len + 1 = " +
-                        std::to_string(seq_ + 1));
-    if (lo < 0 || hi >= vocab_)
-      throw ConfigError(path + ": token id " + std::to_string(lo < 0 ? lo : hi) + " is outside [0, model.vocab = " +
-                        std::to_string(vocab_) + ")");
+  struct Fd {
+    int fd;
+    ~Fd() { ::close(fd); }
+  };
+  // The file opened (non-blocking: a FIFO is refused, not waited on) and checked regular; a
+  // ConfigError before the job starts, an Error once it runs.
+  int open_checked(struct stat* st, bool started) const {
+    const auto fail = [&](const std::string& why) {
+      if (started) throw Error(path_ + ": changed while the job ran: " + why + " (token files must not change during a run)");
+      throw ConfigError(path_ + ": " + why);
+    };
+    const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) fail(std::string("cannot open: ") + std::strerror(errno));
+    const bool stat_ok = ::fstat(fd, st) == 0;
+    if (!stat_ok || !S_ISREG(st->st_mode)) {
+      const std::string why = !stat_ok ? std::string("cannot stat: ") + std::strerror(errno)
+                                       : "not a regular file (" + file_kind_name(st->st_mode) + ")";
+      ::close(fd);
+      fail(why);
+    }
+    return fd;
   }
-  void add_npy(const std::string& path) {
+  // buf.size() bytes at `offset`: a short read is the file cut short since the start.
+  void read(int fd, uint64_t offset, std::vector<char>& buf) const {
+    size_t done = 0;
+    while (done < buf.size()) {
+      const ssize_t r = ::pread(fd, buf.data() + done, buf.size() - done, static_cast<off_t>(offset + done));
+      if (r < 0 && errno == EINTR) continue;
+      if (r <= 0)
+        throw Error(path_ + ": changed while the job ran: " + (r < 0 ? std::string(std::strerror(errno)) : "it ends") +
+                    " at byte " + std::to_string(offset + done) + ", where it had " + std::to_string(size_) +
+                    " bytes at the start (token files must not change during a run)");
+      done += static_cast<size_t>(r);
+    }
+  }
+
+  std::string path_;
+  size_t item_;
+  uint64_t size_ = 0;
+};
+
+// One task's token file (.npy copied out as int64, or a flat .bin read window by window) and,
+// with data.loss_mask, its mask (a byte per token, read window by window).
+class TaskTokens {
+ public:
+  TaskTokens(const std::string& dir, const config::Job& job, int task) : vocab_(job.model.vocab) {
+    const std::string path = token_file(dir, job, task);
+    if (job.data.token_dtype == config::TokenDtype::Npy) {
+      ids_ = read_npy(path);
+    } else {
+      const size_t item = job.data.token_dtype == config::TokenDtype::Uint32 ? 4 : 2;
+      file_.emplace_back(path, item);
+      if (file_[0].size() % item != 0) throw ConfigError(path + ": not a whole number of token ids (data.token_dtype)");
+    }
+    if (tokens() < job.model.seq_len + 1)
+      throw ConfigError(path + ": " + std::to_string(tokens()) + " tokens, fewer than one window of model.seq_len + 1 = " +
+                        std::to_string(job.model.seq_len + 1));
+    if (job.data.loss_mask) {
+      mask_.emplace_back(mask_file(dir, task), 1);
+      if (static_cast<int64_t>(mask_[0].size()) != tokens())
+        throw ConfigError(mask_file(dir, task) + ": not one byte per token of " + path + " (data.loss_mask)");
+    }
+  }
+  int64_t tokens() const { return file_.empty() ? ids_.size(0) : file_[0].tokens(); }
+  // The windows of n tokens from each of `rows` starts (int64 [rows, 1]) as a Batch of n - 1
+  // positions, masked targets -1.
+  Batch batch(const torch::Tensor& start, int64_t rows, int64_t n) const {
+    torch::Tensor w;
+    if (!file_.empty()) {
+      w = torch::empty({rows, n}, torch::kInt64);
+      file_[0].windows(start.data_ptr<int64_t>(), rows, n, vocab_, w.data_ptr<int64_t>());
+    } else {
+      const torch::Tensor index = start + torch::arange(n, torch::kInt64).unsqueeze(0);
+      w = ids_.index_select(0, index.reshape({-1})).view({rows, n});
+    }
+    torch::Tensor mask;
+    if (!mask_.empty()) {  // the targets' bytes: positions 1 .. n-1 of each window
+      mask = torch::empty({rows, n - 1}, torch::kInt64);
+      const torch::Tensor from = (start + 1).contiguous();
+      mask_[0].windows(from.data_ptr<int64_t>(), rows, n - 1, 2, mask.data_ptr<int64_t>());
+    }
+    return split_windows(w, mask);
+  }
+
+ private:
+  static torch::Tensor read_npy(const std::string& path) {
     NpyArray a = NpyArray::open(path);
     a.require_ndim(1);
     torch::ScalarType type;
@@ -94,43 +211,67 @@ class TokenFiles : public DataSource {
     else if (a.dtype() == "<u2") type = torch::kInt16;  // read as bits, widened below
     else
       throw ConfigError(path + ": token ids must be int64, int32 or uint16, found " + npy_dtype_name(a.dtype()));
-    if (a.numel() < seq_ + 1) check(path, a.numel(), 0, 0);
     torch::Tensor ids = torch::from_blob(const_cast<void*>(a.data()), {a.numel()}, type);
     // Copied out of the map (which goes with `a`): widened, or cloned when already int64.
-    ids = type == torch::kInt16 ? ids.to(torch::kInt32).bitwise_and(0xffff).to(torch::kInt64)
-          : type == torch::kInt32 ? ids.to(torch::kInt64)
-                                  : ids.clone();
-    check(path, ids.numel(), ids.min().item<int64_t>(), ids.max().item<int64_t>());
-    tokens_.push_back(ids);
+    return type == torch::kInt16 ? ids.to(torch::kInt32).bitwise_and(0xffff).to(torch::kInt64)
+           : type == torch::kInt32 ? ids.to(torch::kInt64)
+                                   : ids.clone();
   }
-  void add_bin(const std::string& path, bool wide) {
-    const size_t item = wide ? 4 : 2;
-    MappedFile f = MappedFile::open(path);
-    if (f.size() % item != 0)
-      throw ConfigError(path + ": " + std::to_string(f.size()) + " bytes, not a whole number of " +
-                        (wide ? "uint32" : "uint16") + " token ids (data.token_dtype)");
-    const auto n = static_cast<int64_t>(f.size() / item);
-    check(path, n, 0, static_cast<int64_t>(wide ? max_id<uint32_t>(f) : max_id<uint16_t>(f)));
-    // Read as the signed type of the same width (ids < vocab <= 2^31 are the same bits).
-    tokens_.push_back(torch::from_blob(const_cast<char*>(f.data()), {n}, wide ? torch::kInt32 : torch::kInt16));
-    maps_.push_back(std::move(f));
-  }
-  template <typename T>
-  static uint64_t max_id(const MappedFile& f) {
-    T hi = 0;
-    for (size_t i = 0; i < f.size() / sizeof(T); ++i) {
-      T v;
-      std::memcpy(&v, f.data() + i * sizeof(T), sizeof(T));
-      hi = std::max(hi, v);
+  int64_t vocab_;
+  std::vector<TokenFile> file_;  // .bin: the file (none for .npy)
+  std::vector<TokenFile> mask_;  // data.loss_mask: the mask
+  torch::Tensor ids_;            // .npy: int64 ids
+};
+
+// Token files, one per task: data.dir/task{t}.npy (copied out as int64), or flat little-endian
+// ids data.dir/task{t}.bin (data.token_dtype uint16/uint32: each batch reads its windows from the
+// file, widened to int64). Windows start at random offsets, seeded like the synthetic data. A
+// task without a file (one the run never trains: the run checked that the others have theirs)
+// is an error only if a batch asks for it.
+class TokenFiles : public DataSource {
+ public:
+  TokenFiles(const config::Job& job, torch::Device device)
+      : seed_(job.seed), seq_(job.model.seq_len), device_(device), dir_(job.data.dir), job_(job) {
+    for (int64_t t = 0; t < job.model.tasks; ++t) {
+      std::error_code ec;
+      if (std::filesystem::exists(token_file(dir_, job, t), ec)) tasks_.emplace_back(TaskTokens(dir_, job, static_cast<int>(t)));
+      else tasks_.emplace_back();
     }
-    return hi;
+  }
+  Batch batch(int64_t step, int rank, int world, int task, int64_t rows) override {
+    (void)world;
+    const auto t = static_cast<size_t>(task);
+    if (!tasks_.at(t)) throw ConfigError(token_file(dir_, job_, task) + ": missing (task " + std::to_string(task) + "'s token ids)");
+    auto gen = generator(mix_seed(seed_, 0x70c3, static_cast<uint64_t>(step), static_cast<uint64_t>(rank) * 1000003u + task));
+    const torch::Tensor start = torch::randint(tasks_[t]->tokens() - seq_, {rows, 1}, gen, torch::kInt64);
+    const Batch b = tasks_[t]->batch(start, rows, seq_ + 1);
+    return {b.x.to(device_), b.y.to(device_)};
   }
 
+ private:
   uint64_t seed_;
-  int64_t seq_, vocab_;
+  int64_t seq_;
   torch::Device device_;
-  std::vector<MappedFile> maps_;       // what the .bin files' tensors point into
-  std::vector<torch::Tensor> tokens_;  // per task: int64 ids (.npy) or the mapped ids (.bin)
+  std::string dir_;
+  const config::Job& job_;
+  std::vector<std::optional<TaskTokens>> tasks_;  // per task; none without a file
+};
+
+class EvalFiles : public EvalTokens {
+ public:
+  EvalFiles(const config::Job& job, const std::vector<int>& tasks) : seq_(job.model.seq_len) {
+    const std::string dir = job.eval.dir;
+    for (int t : tasks) tasks_.emplace(t, TaskTokens(dir, job, t));
+  }
+  int64_t windows(int task) const override { return (tasks_.at(task).tokens() - 1) / seq_; }
+  Batch rows(int task, int64_t first, int64_t count) const override {
+    const torch::Tensor start = (torch::arange(first, first + count, torch::kInt64) * seq_).unsqueeze(1).contiguous();
+    return tasks_.at(task).batch(start, count, seq_ + 1);
+  }
+
+ private:
+  int64_t seq_;
+  std::map<int, TaskTokens> tasks_;
 };
 
 }  // namespace
@@ -138,6 +279,10 @@ class TokenFiles : public DataSource {
 std::unique_ptr<DataSource> make_token_data(const config::Job& job, torch::Device device) {
   if (job.data.kind == config::DataKind::Tokens) return std::make_unique<TokenFiles>(job, device);
   return std::make_unique<SyntheticTokens>(job, device);
+}
+
+std::unique_ptr<EvalTokens> make_eval_tokens(const config::Job& job, const std::vector<int>& tasks) {
+  return std::make_unique<EvalFiles>(job, tasks);
 }
 
 }  // namespace thetad::daemon

@@ -46,15 +46,17 @@ Sizes sizes_of(const config::Job& job, const config::ParamCounts& c) {
   s.smallest_task = std::max(0.0, c.tasks_total - double(m.tasks - 1) * c.per_task);
   if (m.kind != config::ModelKind::Transformer) return s;
   s.task_cast = 1;  // LoRA's matrices have no biases
-  const bool llama = m.arch == config::ModelArch::Llama;
+  const bool llama = config::llama_family(m.arch);
   const double d = double(m.d_model), ff = double(m.d_ff), L = double(m.layers), V = double(m.vocab);
-  const double kv = llama && m.kv_heads > 0 && m.heads > 0 ? d * double(m.kv_heads) / double(m.heads) : d;
-  const double layer = 2 * d * d + 2 * d * kv + (llama ? 3 : 2) * d * ff;
+  // The attention's widths: heads (and key/value heads) x the head size (model.head_dim may set it).
+  const double q = llama ? double(m.heads) * double(m.head_size()) : d;
+  const double kv = llama && m.kv_heads > 0 ? double(m.kv_heads) * double(m.head_size()) : q;
+  const double layer = 2 * d * q + 2 * d * kv + (llama ? 3 : 2) * d * ff;
   s.shared = V * d + (m.tie_embeddings ? 0 : V * d) + L * layer;
   s.shared_cast = s.shared - V * d;
   double lora = 0;
   for (const std::string& t : job.lora.targets)
-    lora += double(job.lora.rank) * (t == "q" || t == "o" ? 2 * d : t == "k" || t == "v" ? d + kv : d + ff);
+    lora += double(job.lora.rank) * (t == "q" || t == "o" ? d + q : t == "k" || t == "v" ? d + kv : d + ff);
   s.per_task = s.smallest_task = L * lora;
   s.tasks_total = double(m.tasks) * s.per_task;
   return s;

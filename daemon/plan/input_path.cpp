@@ -9,6 +9,7 @@ config::Job with_input_paths(const config::Job& job, int rank) {
   config::Job out = job;
   out.data.dir = config::expand_path(job.data.dir, job, rank);
   out.model.path = config::expand_path(job.model.path, job, rank);
+  out.eval.dir = config::expand_path(job.eval.dir, job, rank);
   return out;
 }
 

@@ -56,13 +56,13 @@ void GradHooks::on_gradient(int p) {
   }
 }
 
-void GradHooks::deliver(int p, const torch::Tensor& g) {
+void GradHooks::deliver(int p, const torch::Tensor& g, bool lasts_window) {
   torch::Tensor& t = groups_[p].tensor;
   {
     torch::NoGradGuard no_grad;
     plane_.on_compute_stream([&] {
       if (t.grad().defined()) t.mutable_grad().add_(g);
-      else t.mutable_grad() = g.clone(torch::MemoryFormat::Contiguous);
+      else t.mutable_grad() = lasts_window && g.is_contiguous() ? g : g.clone(torch::MemoryFormat::Contiguous);
     });
   }
   on_gradient(p);

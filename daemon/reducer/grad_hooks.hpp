@@ -48,9 +48,11 @@ class GradHooks {
   // collective stays a CommError, exit 3), so backward itself never unwinds through autograd.
   void rethrow_error();
   // A gradient computed outside autograd's graph of the parameter (a pass replayed from a CUDA
-  // graph: daemon/train/graphed_pass) handed over as autograd would: accumulated into .grad
-  // (copied where .grad is undefined: `g` may be overwritten later), then the hook.
-  void deliver(int p, const torch::Tensor& g);
+  // graph: daemon/train/graphed_pass) handed over as autograd would: accumulated into .grad, or
+  // made .grad where it is undefined, then the hook. `lasts_window`: `g` stays as it is until the
+  // window's update has read it (its last pass), so .grad may be `g` itself; else a copy, since
+  // the next pass overwrites `g`.
+  void deliver(int p, const torch::Tensor& g, bool lasts_window);
   // Parameter p's gradient in its bucket (resident groups).
   const torch::Tensor& view(int p) const { return views_[static_cast<size_t>(p)]; }
 

@@ -1,7 +1,6 @@
 // Reading checkpoints: the manifest checked once, each file (formats 4 to 6), shard (format 3) or
 // group file (formats 1 and 2) checked against its checksum before it is unpickled; the model's layout restored
 // (checkpoint.hpp).
-#include <torch/serialize.h>
 
 #include <cerrno>
 #include <cmath>
@@ -14,9 +13,11 @@
 
 #include "comm/bucket_plan.hpp"
 #include "common/errors.hpp"
+#include "common/text.hpp"
 #include "common/thread_pool.hpp"
 #include "daemon/checkpoint_format/file_checksum.hpp"
 #include "daemon/checkpoint_format/manifest.hpp"
+#include "daemon/models/pt_dict.hpp"
 #include "daemon/state/checkpoint.hpp"
 #include "daemon/state/checkpoint_files.hpp"
 
@@ -74,7 +75,7 @@ void CheckpointReader::check_state(const std::string& file, const GroupState& st
       const int64_t bad = first_bad(t, k == 1);
       if (bad < 0) continue;
       const float v = t.reshape({-1})[bad].item<float>();
-      throw ConfigError(where + keys[k] + (st.names.empty() ? "" : " of '" + st.names[i] + "'") + " value " +
+      throw ConfigError(where + keys[k] + (st.names.empty() ? "" : " of '" + printable(st.names[i]) + "'") + " value " +
                         std::to_string(bad) + " is " + std::to_string(v) +
                         (k == 1 ? ", where second moments are finite and >= 0" : ", where moments are finite") + advice);
     }
@@ -99,26 +100,26 @@ CheckpointReader::CheckpointReader(const CheckpointInfo& ckpt, int num_groups, c
                       std::to_string(num_groups) + " (use --no-resume or another checkpoint.dir)");
 }
 
-// A checkpoint file's bytes checked against the manifest's checksum, then unpickled as a dict
-// (ConfigError naming the file otherwise).
+// A checkpoint file's bytes checked against the manifest's checksum, then read as a dict of
+// tensors by thetad's strict reader (pt_dict.hpp: every tensor within its record; CRCs only where
+// no checksum vouches for the bytes) (ConfigError naming the file otherwise).
 c10::impl::GenericDict CheckpointReader::load_file(const std::string& name, bool has_checksum, uint64_t checksum) const {
   const fs::path file = fs::path(ckpt_.path) / name;  // a fixed name: parse_manifest allows no path
-  const std::vector<char> bytes = read_bytes(file);
+  auto bytes = std::make_shared<std::vector<char>>(read_bytes(file));
   if (has_checksum) {
-    const uint64_t sum = checksum_in_format(manifest_.format, bytes);
+    const uint64_t sum = checksum_in_format(manifest_.format, *bytes);
     if (sum != checksum) {
       std::ostringstream os;
       os << "checksum " << std::hex << std::setw(16) << std::setfill('0') << sum << " where manifest.json says "
-         << std::setw(16) << checksum << " (" << std::dec << bytes.size() << " bytes)";
+         << std::setw(16) << checksum << " (" << std::dec << bytes->size() << " bytes)";
       throw damaged(name, os.str());
     }
   }
   try {
-    c10::IValue v = torch::pickle_load(bytes);
-    if (!v.isGenericDict()) throw damaged(name, "not a dict of tensors");
-    return v.toGenericDict();
-  } catch (const c10::Error& e) {
-    throw damaged(name, std::string("not a dict of tensors: ") + e.what_without_backtrace());
+    return pt_dict(bytes, bytes->data(), bytes->size(), file.string(), /*check_crc=*/!has_checksum);
+  } catch (const ConfigError& e) {
+    const std::string what = e.what(), prefix = file.string() + ": ";
+    throw damaged(name, what.compare(0, prefix.size(), prefix) == 0 ? what.substr(prefix.size()) : what);
   }
 }
 
@@ -131,8 +132,8 @@ ConfigError CheckpointReader::damaged(const std::string& name, const std::string
 at::Tensor CheckpointReader::tensor(const c10::impl::GenericDict& dict, const std::string& key,
                                     const std::string& file) const {
   auto it = dict.find(key);
-  if (it == dict.end()) throw damaged(file, "key '" + key + "' missing");
-  if (!it->value().isTensor()) throw damaged(file, "key '" + key + "' is not a tensor");
+  if (it == dict.end()) throw damaged(file, "key '" + printable(key) + "' missing");
+  if (!it->value().isTensor()) throw damaged(file, "key '" + printable(key) + "' is not a tensor");
   return it->value().toTensor();
 }
 
@@ -263,7 +264,7 @@ GroupState CheckpointReader::load_group_file(int group) const {
   for (const auto& name : st.names) {
     st.params.push_back(tensor(dict, "param/" + name, mg.file));
     if (!all_finite(st.params.back()))
-      throw ConfigError((fs::path(ckpt_.path) / mg.file).string() + ": parameter '" + name +
+      throw ConfigError((fs::path(ckpt_.path) / mg.file).string() + ": parameter '" + printable(name) +
                         "' holds NaN or Inf (resume from an earlier checkpoint, or start anew with --no-resume)");
     st.exp_avg.push_back(tensor(dict, "exp_avg/" + name, mg.file));
     st.exp_avg_sq.push_back(tensor(dict, "exp_avg_sq/" + name, mg.file));
@@ -273,7 +274,7 @@ GroupState CheckpointReader::load_group_file(int group) const {
   st.steps = steps.item<int64_t>();
   for (size_t i = 0; i < st.names.size(); ++i)
     if (!st.exp_avg[i].sizes().equals(st.params[i].sizes()) || !st.exp_avg_sq[i].sizes().equals(st.params[i].sizes()))
-      throw damaged(mg.file, "the moments of '" + st.names[i] + "' differ in shape from the parameter");
+      throw damaged(mg.file, "the moments of '" + printable(st.names[i]) + "' differ in shape from the parameter");
   check_state(mg.file, st);
   return st;
 }

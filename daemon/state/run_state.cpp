@@ -85,8 +85,8 @@ class InitialHashes {
 RunState::RunState(const config::Job& job, const comm::WorldInfo& world, comm::ControlPlane& plane,
                    ParamGroups& groups, Homes& homes)
     : job_(job), world_(world), plane_(plane), groups_(groups), homes_(homes) {
-  // export.adapters_dir's directories are checked before any step (exit 2).
-  if (!job.export_.adapters_dir.empty()) export_ = std::make_unique<AdapterExport>(job, groups);
+  // export.adapters_dir's and export.merged_dir's directories are checked before any step (exit 2).
+  if (job.export_.any()) export_ = std::make_unique<AdapterExport>(job, groups);
   // The sources of groups a checkpoint may leave unstored, fingerprinted as the model was built
   // from them (rank 0 writes the manifests): model.init_from, and where task groups may stay at
   // their initial values (offload.host_groups: scheduled), each task's lora.init_from directory.
@@ -140,9 +140,13 @@ void RunState::export_adapters(int64_t completed, bool last, bool again) {
     const std::string redo = last && !job_.checkpoint.dir.empty()
         ? " (the run's checkpoints are written: once the cause is fixed, run the job again and it exports its adapters)"
         : "";
-    throw Error((error.empty() ? "export.adapters_dir: another rank failed to write its adapters" : error) + redo);
+    throw Error((error.empty() ? "export: another rank failed to write its share" : error) + redo);
   };
-  agree([&] { export_->stage_changed(world_.rank, world_.size, homes_.group_steps(), [this](int g) { return state(g); }, again); },
+  const auto read = [this](int g) {
+    std::optional<GroupState> kept = export_pick_ ? export_pick_(g) : std::nullopt;
+    return kept ? std::move(*kept) : state(g);
+  };
+  agree([&] { export_->stage_changed(world_.rank, world_.size, homes_.group_steps(), read, again, last); },
         "allreduce of the adapter export status");
   agree([&] { export_->publish_staged(); }, "allreduce of the adapter export's publish status");
 }
@@ -261,6 +265,8 @@ CheckpointWriter RunState::writer(int64_t completed) {
 }
 
 void RunState::checkpoint(int64_t completed, bool last) {
+  // Files, the final hash and adapter exports (all after this call) never see a stale replica.
+  if (last || !job_.checkpoint.dir.empty() || (export_ && job_.export_.at_checkpoints)) homes_.make_current();
   if (job_.checkpoint.dir.empty()) return;
   finish_checkpoint(completed);  // at most one in flight
   if (write_or_start(completed, last)) return;

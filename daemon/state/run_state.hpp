@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -65,9 +66,13 @@ class RunState {
   // export.adapters_dir: at the run's end (`last`) and, with export.at_checkpoints, at every
   // checkpoint step, each rank stages its share of the adapters trained since the last export
   // (`again`: every trained one, for a run found complete at start) as PEFT directories, checked
-  // finite; once every rank staged its share all are put in place (Error, exit 1, on every rank
-  // and nothing published, if any failed).
+  // finite, and at the run's end its share of export.merged_dir's models; once every rank staged
+  // its share all are put in place (Error, exit 1, on every rank and nothing published, if any
+  // failed).
   void export_adapters(int64_t completed, bool last, bool again = false);
+  // export.best: eval_loss: the state an export writes for group g where `pick` gives one (the
+  // adapter kept at its best eval loss), else the group's own.
+  void export_from(std::function<std::optional<GroupState>(int g)> pick) { export_pick_ = std::move(pick); }
 
  private:
   GroupState state(int g);
@@ -107,7 +112,8 @@ class RunState {
   comm::ControlPlane& plane_;
   ParamGroups& groups_;
   Homes& homes_;
-  std::unique_ptr<AdapterExport> export_;  // export.adapters_dir (null: none)
+  std::unique_ptr<AdapterExport> export_;  // export.adapters_dir, export.merged_dir (null: none)
+  std::function<std::optional<GroupState>(int)> export_pick_;  // export.best
 };
 
 }  // namespace thetad::daemon

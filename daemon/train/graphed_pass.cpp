@@ -133,7 +133,7 @@ void GraphedPass::capture(Shape& s, const std::vector<double>& weights) {
 #endif
 }
 
-void GraphedPass::backward() {
+void GraphedPass::backward(bool last) {
   THETAD_CHECK(last_ != nullptr, InternalError, "GraphedPass::backward without a forward");
   std::vector<std::pair<int, torch::Tensor>> grads;
   for (size_t i = 0; i < last_tasks_.size(); ++i) {
@@ -145,7 +145,7 @@ void GraphedPass::backward() {
   }
   // Backward's order (the reverse of registration): the buckets fill as they would.
   std::sort(grads.begin(), grads.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
-  for (const auto& [p, g] : grads) hooks_.deliver(p, g);
+  for (const auto& [p, g] : grads) hooks_.deliver(p, g, last);
   last_ = nullptr;
 }
 

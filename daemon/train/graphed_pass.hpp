@@ -38,8 +38,9 @@ class GraphedPass {
   // part's loss (tensors of their own). Empty: the caller runs the pass itself. Call with
   // autocast as forward has it.
   std::vector<torch::Tensor> forward(const PassInputs& in, const std::vector<double>& weights);
-  // The last forward's gradients to the hooks, parameter by parameter in backward's order.
-  void backward();
+  // The last forward's gradients to the hooks, parameter by parameter in backward's order;
+  // `last`: the window's last pass (its gradients are read before any other pass runs).
+  void backward(bool last);
 
   int captures() const { return captures_; }
 

@@ -1,7 +1,9 @@
 // Per-step records read one step late (see step_record.hpp).
 #include "daemon/train/step_record.hpp"
 
+#include <cmath>
 #include <exception>
+#include <map>
 
 #if THETAD_TORCH_CUDA
 #include <ATen/cuda/CUDAEvent.h>
@@ -34,11 +36,27 @@ StepRecorder::StepRecorder(const config::Job& job, const DataPlane& plane, comm:
     : job_(job), plane_(plane), ctrl_(ctrl), max_task_losses_(max_task_losses), rank_(ctrl.rank()) {}
 
 void StepRecorder::start(int64_t start_step) {
-  // A resumed run appends to its metrics, a fresh one starts the file anew.
-  if (!job_.metrics.path.empty() && (rank_ == 0 || job_.metrics.all_ranks))
+  // A resumed run appends to its metrics, a fresh one starts a new file (an earlier run's moved
+  // aside, never overwritten).
+  if (!job_.metrics.path.empty() && (rank_ == 0 || job_.metrics.all_ranks)) {
     metrics_ = std::make_unique<MetricsWriter>(config::expand_path(job_.metrics.path, job_, rank_),
-                                               /*resume_step=*/start_step);
+                                               /*resume_step=*/start_step, config::to_yaml(job_));
+    if (!metrics_->moved_aside().empty()) {
+      THETAD_LOG(warn, "metrics") << "a fresh run: the earlier run's metrics " << metrics_->path() << " were moved to "
+                                  << metrics_->moved_aside() << " (with its .job.yaml)";
+    }
+  }
   progress_ = std::make_unique<Progress>(job_, rank_, start_step);
+  written_step_ = start_step - 1;
+}
+
+void StepRecorder::write_eval(const EvalRecord& rec) {
+  if (!metrics_) return;
+  evals_.push_back(rec);
+  if (written_step_ >= rec.step - 1) {  // its step's record is out already (a resumed run's first evaluation)
+    for (const EvalRecord& e : evals_) metrics_->write(e);
+    evals_.clear();
+  }
 }
 
 void StepRecorder::mark(PendingStep& p, Phase phase) const {
@@ -62,6 +80,7 @@ void StepRecorder::queue_losses(PendingStep& p, const torch::Tensor& total,
     p.rows.push_back(t.rows);
   }
   torch::Tensor packed = torch::stack(ls).to(torch::kFloat32);
+  if (p.grad.norms.defined()) packed = torch::cat({packed, p.grad.norms.to(torch::kFloat32)});  // one copy for both
 #if THETAD_TORCH_CUDA
   if (plane_.gpu()) {
     p.losses = torch::empty({packed.numel()}, torch::TensorOptions().dtype(torch::kFloat32).pinned_memory(true));
@@ -72,6 +91,30 @@ void StepRecorder::queue_losses(PendingStep& p, const torch::Tensor& total,
   }
 #endif
   p.losses = packed.contiguous();
+}
+
+// The record's time stamp, throughput (every rank's rows, and positions for token models, over
+// the step's wall time) and gradient norms (`norms`: the step's pieces' norms, read with its losses).
+void StepRecorder::add_rates_and_norms(StepRecord& rec, const PendingStep& p, const float* norms) const {
+  rec.time = utc_time_now();
+  const double rows = double(job_.data.batch_per_rank) * double(job_.accumulate_steps) * double(ctrl_.size());
+  const bool tokens = job_.model.kind == config::ModelKind::Transformer || job_.data.kind == config::DataKind::Tokens;
+  if (rec.step_ms > 0) {
+    rec.samples_per_s = rows / (rec.step_ms / 1000.0);
+    if (tokens) rec.tokens_per_s = rows * double(job_.model.seq_len) / (rec.step_ms / 1000.0);
+  }
+  if (!p.grad.norms.defined() && p.grad.whole) return;
+  std::map<int, double> squares;  // per group
+  double total = 0;
+  for (size_t i = 0; i < p.grad.group.size(); ++i) {
+    const double n = norms[i];
+    squares[p.grad.group[i]] += n * n;
+    total += n * n;
+  }
+  rec.grad_norm = p.grad.whole ? std::sqrt(total) : std::nan("");
+  rec.grad_norm_task.clear();
+  for (const auto& [g, sq] : squares)
+    if (g > 0) rec.grad_norm_task.push_back({g - 1, std::sqrt(sq)});
 }
 
 void StepRecorder::finish(PendingStep& p, const std::function<void(StepRecord&)>& before_write, bool gather) {
@@ -102,6 +145,7 @@ void StepRecorder::finish(PendingStep& p, const std::function<void(StepRecord&)>
   rec.loss = l[0];
   std::vector<TaskRows> mine;
   for (size_t i = 0; i < p.tasks.size(); ++i) mine.push_back({p.tasks[i], p.rows[i], l[i + 1]});
+  add_rates_and_norms(rec, p, l + 1 + p.tasks.size());
   rec.task_loss = merge_task_losses(mine);
   // Every rank's tasks to rank 0 (the others wait for it too: a collective of every rank).
   comm::ControlPlane::Gathered all =
@@ -117,7 +161,12 @@ void StepRecorder::finish(PendingStep& p, const std::function<void(StepRecord&)>
   // step_ms and the device memory come with the record (the trainer's, at the step's end on the host).
   const auto write = [&] {
     p.written = true;
-    if (metrics_) metrics_->write(rec);
+    written_step_ = std::max(written_step_, rec.step);
+    if (metrics_) {
+      metrics_->write(rec);
+      for (const EvalRecord& e : evals_) metrics_->write(e);  // evaluations after this step
+      evals_.clear();
+    }
     progress_->finished(rec);
   };
   try {

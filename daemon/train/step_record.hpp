@@ -19,6 +19,7 @@
 #include "daemon/observe/metrics.hpp"
 #include "daemon/observe/progress.hpp"
 #include "daemon/device/data_plane.hpp"
+#include "daemon/train/grad_norms.hpp"
 
 namespace thetad::daemon {
 
@@ -39,7 +40,8 @@ struct PendingStep {
   StepRecord rec;
   std::vector<int> tasks;   // the task of each entry of losses after the first
   std::vector<int64_t> rows;  // and its rows
-  torch::Tensor losses;     // host float32: the step's loss, then the task losses
+  GradNormParts grad;       // the reduced gradient's pieces' norms (where metrics are written)
+  torch::Tensor losses;     // host float32: the step's loss, then the task losses, then grad.norms
   std::unique_ptr<DeviceMarks> marks;  // GPUs: phase events and the losses' copy event
   bool written = false;     // its metrics record is out (finish ran)
 };
@@ -49,8 +51,14 @@ class StepRecorder {
   // `ctrl` gathers every rank's per-task losses to rank 0; a rank uses at most `max_task_losses`
   // (task, micro-step) entries in a step.
   StepRecorder(const config::Job& job, const DataPlane& plane, comm::ControlPlane& ctrl, size_t max_task_losses);
-  // Opens the metrics file (appending when the run resumed) and starts the progress clock.
+  // Opens the metrics file (appending when the run resumed; beside it the effective job) and
+  // starts the progress clock.
   void start(int64_t start_step);
+  // Whether this rank writes metrics (gradient norms are taken only there).
+  bool writes_metrics() const { return metrics_ != nullptr; }
+  // An evaluation's record: written after the step record of its last step (step - 1), which is
+  // still pending when the evaluation runs; at once where none is to come.
+  void write_eval(const EvalRecord& rec);
   // Marks the end of a phase on the compute stream (GPUs; nothing elsewhere).
   void mark(PendingStep& p, Phase phase) const;
   // Starts the copy of the step's losses to the host.
@@ -68,6 +76,7 @@ class StepRecorder {
   Progress& progress() { return *progress_; }
 
  private:
+  void add_rates_and_norms(StepRecord& rec, const PendingStep& p, const float* norms) const;
   const config::Job& job_;
   const DataPlane& plane_;
   comm::ControlPlane& ctrl_;
@@ -75,6 +84,8 @@ class StepRecorder {
   const int rank_;
   std::unique_ptr<MetricsWriter> metrics_;
   std::unique_ptr<Progress> progress_;
+  std::vector<EvalRecord> evals_;  // waiting for the step record before them
+  int64_t written_step_ = -1;      // the last step whose record is out
 };
 
 // Held by the step loop: when an error unwinds it (a non-finite stop, a failed checkpoint), the

@@ -71,10 +71,10 @@ int Trainer::run() {
   recorder_->start(start_step);
   if (start_step == job_.steps) {
     THETAD_LOG(info, "train") << "job " << job_.name << " is already complete: resumed at step " << start_step
-                              << " = steps; nothing to " << (job_.export_.adapters_dir.empty() ? "do" : "train")
+                              << " = steps; nothing to " << (job_.export_.any() ? "train" : "do")
                               << " (raise steps to train further)";
     // Its export is written again (it may have failed after the final checkpoint, or be stale).
-    if (!job_.export_.adapters_dir.empty()) state_->export_adapters(start_step, true, /*again=*/true);
+    if (job_.export_.any()) state_->export_adapters(start_step, true, /*again=*/true);
   } else {
     THETAD_LOG(info, "train") << "job " << job_.name << ": " << world_.size << " ranks, " << job_.model.tasks
                               << " tasks, steps " << start_step << ".." << job_.steps;
@@ -121,6 +121,7 @@ int Trainer::run() {
       THETAD_LOG(warn, "train") << "stop requested (signal); " << (job_.checkpoint.dir.empty()
           ? "no checkpoint.dir: nothing is written, stopping after step " : "checkpointing at step ") << completed;
     }
+    if (eval_) eval_->after_step(completed, stop_now || completed == job_.steps);  // before its checkpoint and export
     if (stop_now || completed == job_.steps ||
         (job_.checkpoint.every_steps > 0 && completed % job_.checkpoint.every_steps == 0))
     {
@@ -134,7 +135,7 @@ int Trainer::run() {
       if (lagged_check && !state_->checkpoints_in_background(last))
         nonfinite(step, loss_total_.item<double>(), pending->rec);
       state_->checkpoint(completed, last);
-      state_->export_adapters(completed, completed == job_.steps);  // PEFT adapters (export.adapters_dir)
+      state_->export_adapters(completed, completed == job_.steps);  // export.adapters_dir, export.merged_dir
     }
     // step_ms: this iteration's wall time, its checkpoint included (written one step late).
     pending->rec.step_ms = ms_since(t_step);

@@ -47,6 +47,7 @@ void Trainer::build() {
   const int64_t per_micro = std::min(schedule_->max_tasks_per_plan(), job_.data.batch_per_rank);
   recorder_ = std::make_unique<StepRecorder>(job_, data_, *plane_, static_cast<size_t>(per_micro * job_.accumulate_steps));
   memory_ = std::make_unique<MemoryBreakdown>(data_);
+  eval_ = Evaluation::create(job_, *model_, *groups_, *homes_, *plane_, data_, *recorder_, *state_);
   per_task_ = backward_per_task();
   if (per_task_ && schedule_->max_tasks_per_plan() > 1) {
     THETAD_LOG(info, "train") << "train.backward " << config::to_string(job_.train.backward)
@@ -66,10 +67,12 @@ bool Trainer::backward_per_task() const {
     case config::Backward::PerTask: return true;
     case config::Backward::Auto: break;
   }
+  const bool split = !job_.model.train_shared && job_.offload.shared != config::SharedMode::Stream;
   // A model that fuses tasks (the transformer) runs a micro-step's tasks through its shared
-  // layers at once in one pass: fewer, larger kernels, which a pass per task would undo.
-  if (model_->fuses_tasks()) return false;
-  return !job_.model.train_shared && job_.offload.shared != config::SharedMode::Stream;
+  // layers in one pass where each task's rows alone would make kernels too small.
+  const int64_t tasks = std::max<int64_t>(1, schedule_->max_tasks_per_plan());
+  if (model_->fuses_tasks() && model_->fusing_pays(job_.data.batch_per_rank / tasks)) return false;
+  return split;
 }
 
 // With a host store, the model is built on the host and Homes moves the resident groups to the

@@ -27,6 +27,7 @@
 #include "daemon/plan/schedule.hpp"
 #include "daemon/reducer/grad_hooks.hpp"
 #include "daemon/state/run_state.hpp"
+#include "daemon/train/evaluation.hpp"
 #include "daemon/train/graphed_pass.hpp"
 #include "daemon/train/memory_breakdown.hpp"
 #include "daemon/train/step_record.hpp"
@@ -80,6 +81,7 @@ class Trainer {
   std::unique_ptr<RunState> state_;
   std::unique_ptr<StepRecorder> recorder_;
   std::unique_ptr<MemoryBreakdown> memory_;
+  std::unique_ptr<Evaluation> eval_;          // eval.dir: held-out losses per task
   bool declared_ = true;                      // comm.active: declared (else discovered)
   bool per_task_ = false;                     // train.backward resolved: a backward per task
   std::vector<TaskLossTensor> task_losses_;  // read once per step (one sync)

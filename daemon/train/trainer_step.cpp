@@ -7,9 +7,11 @@
 #include <utility>
 #include <vector>
 
+#include "comm/bandwidth.hpp"
 #include "common/log.hpp"
 #include "daemon/models/precision.hpp"
 #include "daemon/plan/job_options.hpp"
+#include "daemon/train/grad_norms.hpp"
 #include "daemon/train/trainer_class.hpp"
 
 namespace thetad::daemon {
@@ -95,7 +97,7 @@ void Trainer::backward(torch::Tensor& total, bool last, const StepPlan& plan, Pe
   const int64_t bwd_us = Timeline::now_us();
   const auto t1 = Clock::now();
   homes_->before_backward(last, plan);
-  if (graphed_now_) graphed_->backward();  // its gradients, computed in the graph, to the hooks
+  if (graphed_now_) graphed_->backward(last);  // its gradients, computed in the graph, to the hooks
   else total.backward();
   if (act_stash_) act_stash_->end_backward();
   hooks_->rethrow_error();
@@ -108,6 +110,8 @@ void Trainer::backward(torch::Tensor& total, bool last, const StepPlan& plan, Pe
   p.rec.backward_ms += ms_since(t1);
   if (last) {
     finish_reduce(p);
+    if (recorder_->writes_metrics())  // the reduced gradient's norms, read with the step's losses
+      p.grad = grad_norm_parts(*engine_, *groups_, homes_->grad_memory(), engine_->contributors(), data_.device);
     homes_->after_reduce();
     hooks_->end_window();
   }
@@ -173,6 +177,12 @@ void Trainer::record_engine_stats(StepRecord& rec) {
   rec.buckets_launched = st.buckets_launched;
   rec.buckets_pruned = st.buckets_pruned;
   rec.buckets_broadcast = st.buckets_broadcast;
+  rec.buckets_kept = st.buckets_kept;
+  rec.bytes_kept = st.bytes_kept;
+  rec.allreduce_algbw_gbs = comm::algbw_gbs(static_cast<double>(st.allreduce_time.bytes), st.allreduce_time.ms);
+  rec.allreduce_busbw_gbs = rec.allreduce_algbw_gbs * comm::bus_factor(comm::CollectiveKind::allreduce, world_.size);
+  rec.broadcast_algbw_gbs = comm::algbw_gbs(static_cast<double>(st.broadcast_time.bytes), st.broadcast_time.ms);
+  rec.comm_busy_ms = st.allreduce_time.ms + st.broadcast_time.ms;
   rec.grad_stream_peak_bytes = st.streamed_bytes_peak;
   rec.samples = job_.data.batch_per_rank;
   homes_->add_stats(rec);

@@ -111,13 +111,16 @@ struct RunResult {
 // Runs `steps` windows of `micros` micro-steps; marks parameters in a per-rank shuffled order.
 // Groups of GradMemory::overwrite in `grad_memory` (EngineOptions::grad_memory) get each
 // parameter's first gradient of a window written over the buffer's old contents, later ones added.
+// `on_window` runs after each start_window (Engine::keep).
 inline RunResult run_engine(Engine& engine, const Memory& mem, int steps, int micros,
-                            const std::vector<GradMemory>& grad_memory = {}) {
+                            const std::vector<GradMemory>& grad_memory = {},
+                            const std::function<void(int64_t step)>& on_window = {}) {
   const BucketPlan& plan = engine.plan();
   const int rank = engine.communicator().rank();
   RunResult out;
   for (int64_t step = 0; step < steps; ++step) {
     engine.start_window(step);
+    if (on_window) on_window(step);
     std::vector<uint8_t> written(plan.params.size(), 0);
     for (int m = 0; m < micros; ++m) {
       auto active = active_groups(rank, step, m);

@@ -42,6 +42,13 @@ class RecordingComm : public Communicator {
   WorkPtr allgather(const void* send, void* recv, size_t count, DType dtype, const CollectiveTag& tag) override {
     return inner_->allgather(send, recv, count, dtype, tag);
   }
+  WorkPtr reduce_scatter(const void* send, void* recv, size_t count, DType dtype, ReduceOp op,
+                         const CollectiveTag& tag) override {
+    return inner_->reduce_scatter(send, recv, count, dtype, op, tag);
+  }
+  WorkPtr exchange(const std::vector<PeerOp>& ops, const CollectiveTag& tag) override {
+    return inner_->exchange(ops, tag);
+  }
   WorkPtr barrier(const CollectiveTag& tag) override { return inner_->barrier(tag); }
   void abort(const std::string& why) override { inner_->abort(why); }
   std::shared_ptr<void> allocate(size_t bytes) override { return inner_->allocate(bytes); }

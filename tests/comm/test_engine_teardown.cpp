@@ -34,6 +34,8 @@ class HeldComm : public Communicator {
   WorkPtr allreduce(void*, size_t, DType, const AllreduceOptions&) override { return track(); }
   WorkPtr broadcast(void*, size_t, DType, int, const CollectiveTag&) override { return track(); }
   WorkPtr allgather(const void*, void*, size_t, DType, const CollectiveTag&) override { return track(); }
+  WorkPtr reduce_scatter(const void*, void*, size_t, DType, ReduceOp, const CollectiveTag&) override { return track(); }
+  WorkPtr exchange(const std::vector<PeerOp>&, const CollectiveTag&) override { return track(); }
   WorkPtr barrier(const CollectiveTag&) override { return track(); }
   void abort(const std::string&) override {}
   std::shared_ptr<void> allocate(size_t bytes) override {

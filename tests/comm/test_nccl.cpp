@@ -7,6 +7,7 @@
 #include <mpi.h>
 
 #include <chrono>
+#include <cmath>
 
 #include "comm/bootstrap.hpp"
 #include "comm/control_plane.hpp"
@@ -117,6 +118,63 @@ TEST(Nccl, EngineOnABf16Wire) {
       const bool exact = avg == Average::world && (world & (world - 1)) == 0;
       expect_matches_reference(r, model_plan(), world, 1, o, exact ? 0.0 : world * 0.004);
     }
+}
+
+// Send/recv in one group call: a ring in both directions (each rank sends to the next and
+// receives from the previous at once), reduce-scatter, and the device time of each operation.
+TEST(Nccl, SendRecvRingReduceScatterAndTimes) {
+  if (!gpus_available()) GTEST_SKIP() << "fewer GPUs than ranks on this host";
+  auto comm = nccl();
+  const int r = comm->rank(), n = comm->size();
+  const size_t count = 4096;
+  auto out = comm->allocate(count * 4), in = comm->allocate(count * 4);
+  std::vector<float> h(count);
+  for (size_t i = 0; i < count; ++i) h[i] = static_cast<float>(r) * 10000.0f + static_cast<float>(i);
+  cudaMemcpy(out.get(), h.data(), count * 4, cudaMemcpyHostToDevice);
+  WorkPtr w = comm->exchange({send_op(out.get(), count, DType::f32, (r + 1) % n),
+                              recv_op(in.get(), count, DType::f32, (r + n - 1) % n)},
+                             {"ring", 1, -1});
+  w->wait(30s);
+  EXPECT_GE(w->elapsed_ms(), 0.0);
+  cudaMemcpy(h.data(), in.get(), count * 4, cudaMemcpyDeviceToHost);
+  const int prev = (r + n - 1) % n;
+  for (size_t i = 0; i < count; i += 511) ASSERT_EQ(h[i], static_cast<float>(prev) * 10000.0f + static_cast<float>(i)) << i;
+  // Every rank's block b holds b + 1: the sum of block r is n (r + 1).
+  std::vector<float> blocks(static_cast<size_t>(n) * 8);
+  for (size_t i = 0; i < blocks.size(); ++i) blocks[i] = static_cast<float>(i / 8 + 1);
+  cudaMemcpy(out.get(), blocks.data(), blocks.size() * 4, cudaMemcpyHostToDevice);
+  comm->reduce_scatter(out.get(), in.get(), 8, DType::f32, ReduceOp::sum, {"rs", 1, -1})->wait(30s);
+  std::vector<float> mine(8);
+  cudaMemcpy(mine.data(), in.get(), 32, cudaMemcpyDeviceToHost);
+  EXPECT_EQ(mine, std::vector<float>(8, static_cast<float>(n * (r + 1))));
+  EXPECT_THROW(comm->send(out.get(), 1, DType::f32, r, {}), thetad::InternalError);
+}
+
+// Engine::keep on the device: a kept bucket is not sent, its keeper's gradient is its own, divided
+// on the compute stream as NCCL's PreMulSum would (average world), never rounded to bf16.
+TEST(Nccl, EngineKeepsASoleContributorsGradient) {
+  if (!gpus_available()) GTEST_SKIP() << "fewer GPUs than ranks on this host";
+  auto comm = nccl();
+  const int world = comm->size(), rank = comm->rank();
+  for (DType wire : {DType::f32, DType::bf16}) {
+    EngineOptions o = options(true, Average::world);
+    o.wire = wire;
+    Engine engine(comm, model_plan(), o);
+    // Group 4: rank 0 alone, at even steps (the harness's schedule).
+    RunResult r = run_engine(engine, device_memory(), 8, 1, {}, [&](int64_t) { engine.keep(4, 0); });
+    const BucketPlan& plan = model_plan();
+    for (size_t step = 0; step < r.stats.size(); step += 2) {
+      EXPECT_GT(r.stats[step].buckets_kept, 0) << step;
+      if (rank != 0) continue;
+      const Reference ref = reference(plan, world, static_cast<int64_t>(step), 1, Average::world);
+      for (size_t p = 0; p < plan.params.size(); ++p) {
+        if (plan.params[p].group != 4) continue;
+        for (size_t i = 0; i < plan.params[p].numel; ++i) {
+          ASSERT_NEAR(r.grads[step][p][i], ref.grads[p][i], 1e-6 * std::max(1.0f, std::abs(ref.grads[p][i])));
+        }
+      }
+    }
+  }
 }
 
 TEST(Nccl, TimeoutAbortsAndNamesTheBucket) {

@@ -120,7 +120,7 @@ const std::vector<BadJob>& bad_jobs() {
       {"first_bucket_above_cap", kHead + "comm:\n  bucket_cap_mb: 4\n  first_bucket_mb: 8\n",
        {"bad.yaml:6:3: comm.first_bucket_mb:", "must be <= comm.bucket_cap_mb (4)"}},
       {"timeout_zero", kHead + "comm:\n  timeout_s: 0\n", {"bad.yaml:5:3: comm.timeout_s: must be >= 1 s"}},
-      // Input files validate can see (issue 36, item 10): run would refuse them on every rank.
+      // Input files validate can see: run would refuse them on every rank.
       {"tokens_dir_missing", "steps: 10\nmodel: {kind: transformer, tasks: 2}\ndata: {kind: tokens, dir: /nonexistent-thetad-dir}\n",
        {"bad.yaml:3:", "data.dir: '/nonexistent-thetad-dir' is not a directory (no such directory)"}},
       {"npy_dir_missing", "steps: 10\nmodel: {kind: multitask_mlp, tasks: 2}\ndata: {kind: npy, dir: \"/nonexistent-{job}\"}\n",
@@ -203,26 +203,27 @@ const std::vector<BadJob>& bad_jobs() {
        {"bad.yaml:4:", "offload.uncached_update: must be one of auto, host, device; got 'gpu'"}},
       {"h2d_bf16_with_fp32", kHead + "offload:\n  enabled: true\n  h2d_dtype: bf16\n",
        {"bad.yaml:6:3: offload.h2d_dtype: bf16 copies are for precision: bf16", "precision is fp32"}},
-      // The transformer and its LoRA adapters (issue 20).
+      // The transformer and its LoRA adapters.
       {"transformer_heads", "steps: 1\nmodel: {kind: transformer, d_model: 10, heads: 4}\ndata: {}\n",
        {"bad.yaml:2:", "model.heads: must divide model.d_model (10) into equal heads, got 4"}},
       {"lora_target_unknown", "steps: 1\nmodel: {kind: transformer}\nlora: {targets: [q, gates]}\ndata: {}\n",
        {"bad.yaml:3:", "lora.targets[1]: must be one of q, k, v, o, gate, up, down; got 'gates'"}},
-      // The llama architecture, PEFT adapters and token files (issue 35).
+      // The llama architecture, PEFT adapters and token files.
       {"lora_gate_gpt2", "steps: 1\nmodel: {kind: transformer}\nlora: {targets: [q, gate]}\ndata: {}\n",
        {"bad.yaml:3:", "lora.targets[1]: 'gate' is the llama MLP's gate; model.arch is gpt2"}},
       {"llama_kv_heads", "steps: 1\nmodel: {kind: transformer, arch: llama, heads: 4, kv_heads: 3}\ndata: {}\n",
        {"bad.yaml:2:", "model.kv_heads: must divide model.heads (4) into equal groups, got 3"}},
       {"llama_odd_head", "steps: 1\nmodel: {kind: transformer, arch: llama, d_model: 12, heads: 4}\ndata: {}\n",
-       {"bad.yaml:2:", "model.heads: llama's rotary positions need an even head size"}},
+       {"bad.yaml:2:", "model.heads: the rotary positions need an even head size; model.d_model / model.heads = 3"}},
       {"llama_rope_theta", "steps: 1\nmodel: {kind: transformer, arch: llama, rope_theta: 0}\ndata: {}\n",
        {"bad.yaml:2:", "model.rope_theta: must be a finite number > 0, got 0"}},
-      {"model_arch_unknown", "steps: 1\nmodel: {kind: transformer, arch: mistral}\ndata: {}\n",
-       {"bad.yaml:2:", "model.arch: must be one of gpt2, llama; got 'mistral'"}},
+      {"model_arch_unknown", "steps: 1\nmodel: {kind: transformer, arch: gemma}\ndata: {}\n",
+       {"bad.yaml:2:", "model.arch: must be one of gpt2, llama, mistral, qwen2, qwen3; got 'gemma'"}},
       {"export_without_task", "steps: 1\nmodel: {kind: transformer, arch: llama, tasks: 2}\ndata: {}\nexport: {adapters_dir: out}\n",
        {"bad.yaml:4:", "export.adapters_dir: has no {task} but model.tasks is 2"}},
       {"export_gpt2", "steps: 1\nmodel: {kind: transformer, tasks: 1}\ndata: {}\nexport: {adapters_dir: out}\n",
-       {"bad.yaml:4:", "export.adapters_dir: PEFT adapters are written for model.arch: llama"}},
+       {"bad.yaml:4:", "export.adapters_dir: PEFT adapters are written for the Hugging Face layouts (model.arch llama, "
+                       "mistral, qwen2 or qwen3), not gpt2"}},
       {"export_placeholder", "steps: 1\nmodel: {kind: transformer, arch: llama}\ndata: {}\nexport: {adapters_dir: \"out/{tsk}\"}\n",
        {"bad.yaml:4:", "export.adapters_dir: unknown placeholder '{tsk}'; paths may use {rank}, {job} and {task}"}},
       {"export_at_checkpoints_no_dir", "steps: 1\nmodel: {kind: transformer, arch: llama}\ndata: {}\nexport: {at_checkpoints: true}\n",
@@ -243,6 +244,33 @@ const std::vector<BadJob>& bad_jobs() {
        {"the transformer reads tokens: 'synthetic' or 'tokens', not 'npy'"}},
       {"tokens_without_dir", "steps: 1\nmodel: {kind: transformer}\ndata: {kind: tokens}\n",
        {"data.dir: required when data.kind is 'tokens'"}},
+      // Token ids a uint16 file cannot hold; masks, evaluation and the best adapter's export.
+      {"uint16_for_llama3_vocab", "steps: 1\nmodel: {kind: transformer, vocab: 128256, d_model: 8, heads: 2, d_ff: 8, layers: 1}\n"
+                                  "data: {kind: tokens, dir: /tmp, token_dtype: uint16}\n",
+       {"bad.yaml:3:", "data.token_dtype: uint16 holds ids up to 65535, but model.vocab is 128256", "uint32"}},
+      {"loss_mask_for_mlp", "steps: 1\nmodel: {kind: multitask_mlp}\ndata: {loss_mask: true}\n",
+       {"bad.yaml:3:", "data.loss_mask: is for the transformer's token files; model.kind is 'multitask_mlp'"}},
+      {"loss_mask_without_files", "steps: 1\nmodel: {kind: transformer}\ndata: {loss_mask: true}\n",
+       {"bad.yaml:3:", "data.loss_mask: is true but no token files are read"}},
+      {"eval_for_mlp", "steps: 1\nmodel: {kind: multitask_mlp}\ndata: {}\neval: {dir: /tmp}\n",
+       {"bad.yaml:4:", "eval.dir: evaluation is for the transformer"}},
+      {"eval_with_host_store", "steps: 1\nmodel: {kind: transformer}\ndata: {}\neval: {dir: /tmp}\noffload: {enabled: true}\n",
+       {"bad.yaml:4:", "eval.dir: cannot evaluate adapters held in the host store"}},
+      {"eval_dir_missing", "steps: 1\nmodel: {kind: transformer}\ndata: {}\neval: {dir: /nonexistent-thetad-eval}\n",
+       {"bad.yaml:4:", "eval.dir: '/nonexistent-thetad-eval' is not a directory (no such directory)"}},
+      {"eval_task_out_of_range", "steps: 1\nmodel: {kind: transformer, tasks: 2}\ndata: {}\neval: {dir: /tmp, tasks: [1, 2]}\n",
+       {"bad.yaml:4:", "eval.tasks[1]: task id must be in [0, 2)"}},
+      {"eval_task_word", "steps: 1\nmodel: {kind: transformer, tasks: 2}\ndata: {}\neval: {dir: /tmp, tasks: [0, all]}\n",
+       {"bad.yaml:4:", "eval.tasks[1]: must be a task id, or eval.tasks one of 'all' and 'scheduled' alone; got 'all'"}},
+      {"eval_task_twice", "steps: 1\nmodel: {kind: transformer, tasks: 2}\ndata: {}\neval: {dir: /tmp, tasks: [1, 1]}\n",
+       {"bad.yaml:4:", "eval.tasks[1]: task 1 is listed twice"}},
+      {"eval_rows_zero", "steps: 1\nmodel: {kind: transformer}\ndata: {}\neval: {dir: /tmp, rows: 0}\n",
+       {"bad.yaml:4:", "eval.rows: must be > 0, got 0"}},
+      {"export_best_without_eval",
+       "steps: 1\nmodel: {kind: transformer, arch: llama, train_shared: false, tasks: 1}\ndata: {}\nexport: {adapters_dir: /tmp/x, best: eval_loss}\n",
+       {"bad.yaml:4:", "export.best: eval_loss needs an evaluation: set eval.dir"}},
+      {"export_best_unknown", "steps: 1\nmodel: {kind: transformer}\ndata: {}\nexport: {best: lowest}\n",
+       {"bad.yaml:4:", "export.best: must be one of last, eval_loss; got 'lowest'"}},
       // Contradictions.
       {"nccl_without_cuda", kHead + "comm:\n  backend: nccl\n",
        {"bad.yaml:5:3: comm.backend:", "this build has no CUDA LibTorch"}},
@@ -326,7 +354,7 @@ const std::vector<BadJob>& bad_jobs() {
        {"bad.yaml:5:3: checkpoint.dir: unknown placeholder '{jobname}'"}},
       {"job_name_with_slash", kHead + "job: a/b\n", {"bad.yaml:4:1: job: must be a non-empty name"}},
       {"job_name_dotdot", kHead + "job: ..\n", {"bad.yaml:4:1: job: must be a non-empty name", "not '.' or '..'"}},
-      // Decidable from the job, else found only by `run` (issue 19, class 6).
+      // Decidable from the job, else found only by `run`.
       {"device_slots_below_step_groups",
        "steps: 10\nmodel: {kind: multitask_mlp, tasks: 4}\ndata: {tasks_per_rank: 3}\n"
        "offload:\n  enabled: true\n  device_slots: 1\n",

@@ -1,4 +1,4 @@
-// Issue 19, classes 9 and 10, on the job side: a job file is read with a bound (/dev/zero is
+// a job file is read with a bound (/dev/zero is
 // refused at once), binary junk is never echoed raw, a duplicate key inside a --set names the
 // argument, outputs on one path and per-rank outputs without {rank} are refused before any
 // step, and keys without effect under the job's choices are warnings naming file:line:key.
@@ -32,7 +32,7 @@ TEST(JobFile, DevZeroIsRefusedPromptly) {
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
 }
 
-// Issue 36, item 7: a FIFO blocks open() until a writer comes; it is refused before opening.
+// a FIFO blocks open() until a writer comes; it is refused before opening.
 TEST(JobFile, FifoIsRefusedBeforeOpening) {
   const std::string fifo = testing::TempDir() + "thetad-job-fifo-" + std::to_string(::getpid());
   ::unlink(fifo.c_str());
@@ -77,7 +77,7 @@ TEST(JobFile, OutputsOnOnePathAreRefused) {
   EXPECT_TRUE(contains(ckpt, "log.file: is the same path as checkpoint.dir")) << ckpt;
 }
 
-// Issue 36, item 5: a file inside checkpoint.dir is replaced by a checkpoint or moved aside.
+// a file inside checkpoint.dir is replaced by a checkpoint or moved aside.
 TEST(JobFile, OutputsInsideTheCheckpointDirAreRefused) {
   const std::string what = error_of(kMinimal + "checkpoint: {dir: out/ck}\nmetrics: {path: out/ck/../ck/m.jsonl}\n");
   EXPECT_TRUE(contains(what, "job.yaml:5:")) << what;
@@ -88,7 +88,7 @@ TEST(JobFile, OutputsInsideTheCheckpointDirAreRefused) {
   EXPECT_EQ(error_of(kMinimal + "checkpoint: {dir: out/ck}\nmetrics: {path: out/m.jsonl}\n"), "(accepted)");
 }
 
-// Issue 36, item 14: a size product that an override breaks is blamed on the override, not on
+// a size product that an override breaks is blamed on the override, not on
 // the file's line of another factor.
 TEST(JobFile, ProductLimitBlamesTheOverride) {
   LoadOptions opts;

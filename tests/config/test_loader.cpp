@@ -256,7 +256,7 @@ TEST(ToYaml, RoundTripsEveryKey) {
                     "data.weights=[0.1, 0.2, 0.3, 1e-9]", "data.per_rank=[[0], [1, 2]]",
                     "data.alternate=[shared, \"task:3\", tasks]", "model.task=yes",
                     "model.shared=[\"trunk.*\", \"emb #1\"]", "comm.prune=false",
-                    "checkpoint.dir=\"quote\\\"d\""};
+                    "checkpoint.dir=\"quote\\\"d\"", "export.merged_tasks=[1, 2]"};
   const Job a = load_job_from_string(kMinimal, "a.yaml", opts);
   const std::string text = to_yaml(a);
   const Job b = load_job_from_string(text, "b.yaml");
@@ -269,11 +269,14 @@ TEST(ToYaml, RoundTripsEveryKey) {
   EXPECT_DOUBLE_EQ(b.optimizer.lr, 3.3e-5);
   EXPECT_EQ(b.data.weights, a.data.weights);
   EXPECT_EQ(b.data.per_rank, a.data.per_rank);
+  EXPECT_EQ(b.export_.merged_tasks, (std::vector<int64_t>{1, 2}));
   EXPECT_TRUE(contains(text, "optimizer:\n  kind: adamw\n"));
   EXPECT_TRUE(contains(text, "  betas: [0.5, 0.75]\n"));
   EXPECT_TRUE(contains(text, "timeline:\n  path: \"\"\n"));
-  // Every key is there: 5 top-level keys + 12 section headers + section keys.
-  EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 1 + 5 + 12 + 28 + 4 + 10 + 8 + 16 + 10 + 2 + 4 + 2 + 3 + 1 + 3);
+  // Every key is there: 5 top-level keys + 13 section headers + section keys (model, lora, data,
+  // eval, comm, offload, optimizer, train, checkpoint, metrics, log, timeline, export).
+  EXPECT_EQ(std::count(text.begin(), text.end(), '\n'),
+            1 + 5 + 13 + 34 + 4 + 11 + 4 + 9 + 16 + 10 + 3 + 4 + 2 + 3 + 1 + 8);
 }
 
 TEST(Fingerprint, ChangesWithSharedSettingsOnly) {

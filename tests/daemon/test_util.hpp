@@ -13,8 +13,22 @@
 #include <unistd.h>
 
 #include "common/errors.hpp"
+#include "config/job.hpp"
 
 namespace thetad::test {
+
+// A job with the data section a Schedule reads: `schedule` (its YAML word) over `tasks` tasks,
+// `batch` rows per rank, seed 1234, 100 steps.
+inline config::Job schedule_job(const std::string& schedule, int64_t tasks, int64_t batch) {
+  config::Job job;
+  job.source = "test.yaml";
+  job.seed = 1234;
+  job.steps = 100;
+  job.model.tasks = tasks;
+  EXPECT_TRUE(config::from_string(schedule, job.data.schedule)) << schedule;
+  job.data.batch_per_rank = batch;
+  return job;
+}
 
 // A fresh directory under the system temp dir, removed at scope exit.
 class ScratchDir {
@@ -55,6 +69,19 @@ void expect_config_error(F&& f, const std::string& file, const std::string& what
     EXPECT_NE(msg.find(file), std::string::npos) << msg;
     EXPECT_NE(msg.find(what), std::string::npos) << msg;
   }
+}
+
+// Writes `bytes` to `path` (replaced).
+inline void put(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+// A safetensors file of the given header text (padded to 8) followed by `data`.
+inline std::string st_bytes(std::string header, const std::string& data) {
+  header.append((8 - header.size() % 8) % 8, ' ');
+  std::string out(8, '\0');
+  for (int i = 0; i < 8; ++i) out[static_cast<size_t>(i)] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
+  return out + header + data;
 }
 
 inline bool have_python() { return std::filesystem::exists("/usr/bin/python3"); }

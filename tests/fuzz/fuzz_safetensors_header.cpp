@@ -1,6 +1,8 @@
 // libFuzzer target: parse_safetensors_header on arbitrary bytes (as a whole file). It may only
 // return a header or throw ConfigError; anything else (a sanitizer report, another exception, a
-// tensor whose bytes lie outside the input or overlap another's) is a bug.
+// tensor whose bytes lie outside the input or overlap another's) is a bug. The same bytes as JSON
+// text through parse_json (every JSON file thetad reads from others): a document it keeps is never
+// nested deeper than kMaxJsonDepth, and json_brief of every value in it returns.
 #include <cstddef>
 #include <cstdint>
 #include <algorithm>
@@ -8,7 +10,31 @@
 #include <vector>
 
 #include "common/errors.hpp"
+#include "common/json_read.hpp"
 #include "daemon/formats/safetensors.hpp"
+
+namespace {
+
+// Walks the document without recursion: its depth within the bound, every value quotable.
+void check_json(const char* text, size_t size) {
+  thetad::JsonProblem problem;
+  const nlohmann::json j = thetad::parse_json(text, text + size, problem);
+  if (problem != thetad::JsonProblem::none) {
+    if (!j.is_discarded()) std::abort();
+    return;
+  }
+  std::vector<std::pair<const nlohmann::json*, size_t>> todo = {{&j, 1}};
+  while (!todo.empty()) {
+    const auto [v, depth] = todo.back();
+    todo.pop_back();
+    if (thetad::json_brief(*v).empty()) std::abort();
+    if (!v->is_structured()) continue;
+    if (depth > thetad::kMaxJsonDepth) std::abort();
+    for (const auto& child : *v) todo.emplace_back(&child, depth + 1);
+  }
+}
+
+}  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // An exact-size heap copy so that ASan catches a read one byte past the end.
@@ -30,6 +56,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
   } catch (const thetad::ConfigError&) {
   }
+  check_json(buf, size);
   std::free(buf);
   return 0;
 }

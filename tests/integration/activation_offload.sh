@@ -11,12 +11,17 @@ thetad=$1
 reference=$2
 job=$HERE/jobs/small.yaml
 base=(--set steps=20 --set model.trunk_layers=3 --set comm.prune=true)
-# on_off NAME NP ARGS...: activations off and on, same final hash, metrics checked.
+# on_off NAME NP ARGS...: activations off and on, queued; on_off_check NAME after the runs: the
+# same final hash, metrics checked.
 on_off() {
   local name=$1 np=$2; shift 2
   for act in false true; do
-    run_np "${name}_act_$act" "$np" "$job" "${base[@]}" --set offload.activations=$act "$@"
+    queue_np "${name}_act_$act" "$np" "$job" "${base[@]}" --set offload.activations=$act "$@"
   done
+  CHECKS+=("$name")
+}
+on_off_check() {
+  local name=$1
   same_hash "$name: activations on == off bitwise" "${name}_act_false" "${name}_act_true"
   /usr/bin/python3 - "$WORK/${name}_act_true.jsonl" "$WORK/${name}_act_false.jsonl" <<'PY' \
     && pass "$name: within 2 layers on the device, pool warm after step 0" || fail "$name: metrics"
@@ -38,19 +43,13 @@ PY
 # reference NAME NP ARGS...: the single-process reference ends with the parameters of run NAME.
 reference() {
   local name=$1 np=$2; shift 2
-  expect_code 0 "${name}_reference" "$reference" "$job" --world "$np" "${base[@]}" "$@" --compare "$WORK/${name}_act_true.ckpt"
+  queue_ref "${name}_reference" 0 "$job" --world "$np" "${base[@]}" "$@" --compare "$WORK/${name}_act_true.ckpt"
 }
+# Every run is queued, and run by world size, one start each (run_queue); the checks after.
+CHECKS=()
 for np in 1 2 4; do on_off "np$np" "$np"; done
-# The copies show on the timeline's d2h and h2d lanes.
-run_np timeline 1 "$job" "${base[@]}" --set steps=3 --set offload.activations=true --set timeline.path="$WORK/trace.json"
-/usr/bin/python3 - "$WORK/trace.json" <<'PY' && pass "timeline: activation copies on the d2h and h2d lanes" || fail "timeline: no activation copies"
-import json, sys
-ev = json.load(open(sys.argv[1]))
-ev = ev["traceEvents"] if isinstance(ev, dict) else ev
-lanes = {e["tid"]: e["args"]["name"] for e in ev if e.get("ph") == "M" and e.get("name") == "thread_name"}
-got = {lanes.get(e.get("tid")) for e in ev if e.get("name", "").startswith("activations of layer")}
-assert got == {"d2h", "h2d"}, got
-PY
+# The copies show on the timeline's d2h and h2d lanes (checked below).
+queue_np timeline 1 "$job" "${base[@]}" --set steps=3 --set offload.activations=true --set timeline.path="$WORK/trace.json"
 reference np4 4
 on_off prune_off_np2 2 --set comm.prune=false --set comm.average=world
 on_off accumulate_np2 2 --set accumulate_steps=2
@@ -81,11 +80,22 @@ tfm_on_off tfm_llama_frozen_bf16_np1 1 --set model.arch=llama --set model.kv_hea
 bad_job=$WORK/act.yaml
 { cat "$job"; echo "offload: {activations: true}"; } > "$bad_job"
 line=$(grep -n '^offload:' "$bad_job" | cut -d: -f1)
+queue bad_run 2 2 "$bad_job" --no-resume --set model.kind=multitask_adapter
+run_queue
+
+for name in "${CHECKS[@]}"; do on_off_check "$name"; done
+/usr/bin/python3 - "$WORK/trace.json" <<'PY' && pass "timeline: activation copies on the d2h and h2d lanes" || fail "timeline: no activation copies"
+import json, sys
+ev = json.load(open(sys.argv[1]))
+ev = ev["traceEvents"] if isinstance(ev, dict) else ev
+lanes = {e["tid"]: e["args"]["name"] for e in ev if e.get("ph") == "M" and e.get("name") == "thread_name"}
+got = {lanes.get(e.get("tid")) for e in ev if e.get("name", "").startswith("activations of layer")}
+assert got == {"d2h", "h2d"}, got
+PY
 for kind in multitask_adapter; do
   expect_code 2 "bad_$kind" "$thetad" validate "$bad_job" --set model.kind=$kind
   expect_in "bad_$kind" "act.yaml:$line:[0-9]+: .*offload.activations: .*'$kind' keeps its activations on the device"
 done
-expect_code 2 bad_run mpirun "${MPIRUN_FLAGS[@]}" -np 2 "$thetad" run "$bad_job" --no-resume --set model.kind=multitask_adapter
 expect_in bad_run "offload.activations: .*multitask_adapter"
 expect_code 2 bad_value "$thetad" validate "$job" --set offload.activations=sometimes
 expect_in bad_value "offload.activations"

@@ -11,13 +11,21 @@ thetad=$1
 job=$HERE/jobs/small.yaml
 run() { mpirun "${MPIRUN_FLAGS[@]}" -np 2 "$thetad" run "$job" "$@"; }
 
-# 1. async == sync: the same final hash and byte-identical checkpoint files, offload off and on.
+# The runs that need no signal, no test aid and no run before them, queued: one start
+# (run_queue); the uninterrupted runs the resumes below are held to, and step 10 before a full disk.
 for off in false true; do
   for mode in true false; do
-    expect_code 0 "eq_${off}_$mode" run --no-resume --set steps=12 --set checkpoint.every_steps=3 \
+    queue "eq_${off}_$mode" 2 0 "$job" --no-resume --set steps=12 --set checkpoint.every_steps=3 \
       --set checkpoint.keep=10 --set checkpoint.async=$mode --set offload.enabled=$off \
       --set checkpoint.dir="$WORK/eq_${off}_$mode"
   done
+done
+queue uninterrupted 2 0 "$job" --no-resume --set checkpoint.every_steps=5 --set checkpoint.dir="$WORK/uninterrupted"
+queue before_full 2 0 "$job" --no-resume --set steps=10 --set checkpoint.every_steps=5 --set checkpoint.dir="$WORK/full"
+run_queue
+
+# 1. async == sync: the same final hash and byte-identical checkpoint files, offload off and on.
+for off in false true; do
   same_hash "offload $off: async == sync final parameters" "eq_${off}_true" "eq_${off}_false"
   n=$(find "$WORK/eq_${off}_true" -name 'shard-*.pt' | wc -l)
   if [ "$n" -ge 4 ] && diff -r "$WORK/eq_${off}_true" "$WORK/eq_${off}_false" -x .lock > "$WORK/diff_$off.txt"; then
@@ -43,15 +51,11 @@ else
   fail "kill -9: no write of step 10 in flight seen"; kill -9 $(ranks_of "kill-$$") 2>/dev/null; wait "$mpirun_pid" || true
   tail -5 "$WORK/kill.log"
 fi
-expect_code 0 kill_resume run --set checkpoint.dir="$WORK/kill"
-expect_in kill_resume "resumed from .*step-00000005 at step 5"
-expect_code 0 uninterrupted run --no-resume --set checkpoint.every_steps=5 --set checkpoint.dir="$WORK/uninterrupted"
-same_hash "resume after kill -9 mid-write == uninterrupted" kill_resume uninterrupted
+# (Its resume is queued below.)
 
 # 3. A full disk on rank 1 during the background write of step 15 (checkpoints 5 and 10 were
 # written before): exit 1 naming the checkpoint and the error, nothing of step 15 left, step 10
 # intact (a resume from it ends with the uninterrupted hash).
-expect_code 0 before_full run --no-resume --set steps=10 --set checkpoint.every_steps=5 --set checkpoint.dir="$WORK/full"
 sum10=$(cat "$WORK/full/step-00000010/manifest.json" | md5sum)
 expect_code 1 disk_full env THETAD_TEST_CHECKPOINT_ENOSPC_RANK=1 \
   mpirun "${MPIRUN_FLAGS[@]}" -np 2 "$thetad" run "$job" --set checkpoint.every_steps=5 --set checkpoint.dir="$WORK/full"
@@ -61,9 +65,7 @@ expect_in disk_full "checkpoint at step 15 failed on another rank; .*\.tmp-step-
   && [ "$(md5sum < "$WORK/full/step-00000010/manifest.json")" = "$sum10" ] \
   && pass "disk full: nothing of step 15 published or left, step-00000010 intact" \
   || fail "disk full: checkpoint dir holds $(ls -A "$WORK/full" | tr '\n' ' ')"
-expect_code 0 full_resume run --set checkpoint.every_steps=5 --set checkpoint.dir="$WORK/full"
-expect_in full_resume "resumed from .*step-00000010 at step 10"
-same_hash "resume after a full disk == uninterrupted" full_resume uninterrupted
+# (Its resume is queued below.)
 
 # 4. SIGTERM to one rank while a background write is in flight: exit 4 after the in-flight
 # checkpoint and a final one are published; resuming from it ends with the uninterrupted hash.
@@ -79,7 +81,15 @@ grep -q "checkpoint written: .*step-00000005 (asynchronous" "$WORK/term.log" \
 last=$(newest "$WORK/term")
 [ -n "$last" ] && [ "$last" != step-00000005 ] && ! compgen -G "$WORK/term/.tmp-*" >/dev/null \
   && pass "SIGTERM mid-write: the stop's checkpoint $last is complete" || fail "SIGTERM: newest '$last'"
-expect_code 0 term_resume run --set checkpoint.dir="$WORK/term"
+# The three resumes, queued: one start.
+queue kill_resume 2 0 "$job" --set checkpoint.dir="$WORK/kill"
+queue full_resume 2 0 "$job" --set checkpoint.every_steps=5 --set checkpoint.dir="$WORK/full"
+queue term_resume 2 0 "$job" --set checkpoint.dir="$WORK/term"
+run_queue
+expect_in kill_resume "resumed from .*step-00000005 at step 5"
+same_hash "resume after kill -9 mid-write == uninterrupted" kill_resume uninterrupted
+expect_in full_resume "resumed from .*step-00000010 at step 10"
+same_hash "resume after a full disk == uninterrupted" full_resume uninterrupted
 expect_in term_resume "resumed from .*$last"
 same_hash "resume after SIGTERM mid-write == uninterrupted" term_resume uninterrupted
 # 5. Staging (ShardValues): the snapshot clones the tensors (on a GPU on their device; here, with

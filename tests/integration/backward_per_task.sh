@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
 # train.backward: a forward and backward per task (one task's graph alive at a time) against one
-# backward over the sum of a micro-step's task losses. The transformer runs a joint pass fused:
-# the base once over every task's rows, each task's adapters on its own rows (batched GEMMs for
-# equal rows, a GEMM pair per task otherwise); where Θ is frozen that is bitwise a pass per task,
-# with 2 and 4 tasks, equal and unequal rows, gpt2 and llama, fp32 and bf16. Where Θ is frozen the passes only split
+# backward over the sum of a micro-step's task losses. Where Θ is frozen the passes only split
 # the work: bitwise the same final parameters on 1 and 2 ranks, with prune, accumulation,
 # discovered groups, θ[t] in the host store and the transformer's fused loss, equal to the
 # single-process reference; with offload.activations the stash holds half the pinned buffers (two
 # tasks' blocks were alive at once, now one task's). auto picks per_task there and joint where Θ
 # is trained; per_task with a trained Θ accumulates Θ's gradient over the tasks (within 1e-5 of
 # joint). A bad value exits 2.
+# The transformer runs a joint pass fused: the base once over every task's rows, each task's
+# adapters on its own rows (batched GEMMs for equal rows, a GEMM pair per task otherwise); where Θ
+# is frozen that is bitwise a pass per task in fp32, with 2 and 4 tasks, equal and unequal rows,
+# gpt2 and llama, and within bf16's rounding in bf16. auto fuses the transformer's tasks where a
+# task's rows hold fewer than 1,024 tokens. The slot pass that a GPU replays from a CUDA graph
+# (train.cuda_graphs) runs on the CPU without a graph (a test aid): bitwise the plain fused pass.
 source "$(dirname "$0")/lib.sh"
 thetad=$1
 reference=$2
@@ -17,15 +20,66 @@ tfm=$HERE/jobs/transformer.yaml
 mlp=$HERE/jobs/small.yaml
 frozen=(--set model.train_shared=false --set data.tasks_per_rank=2 --set steps=8)
 
-# joint_vs NAME NP JOB ARGS...: train.backward joint, per_task and auto: one final hash.
+# Every run is queued first and run by world size, one start each (run_queue); the checks after.
+# joint_vs NAME NP JOB ARGS...: train.backward joint, per_task and auto, queued: one final hash.
+JOINT=()
 joint_vs() {
   local name=$1 np=$2 job=$3; shift 3
   for mode in joint per_task auto; do
-    run_np "${name}_$mode" "$np" "$job" "$@" --set train.backward=$mode
+    queue_np "${name}_$mode" "$np" "$job" "$@" --set train.backward=$mode
   done
+  JOINT+=("$name")
+}
+joint_vs tfm_np1 1 "$tfm" "${frozen[@]}"
+joint_vs tfm_np2 2 "$tfm" "${frozen[@]}" --set comm.prune=true
+joint_vs tfm_accumulate_np2 2 "$tfm" "${frozen[@]}" --set accumulate_steps=2
+# bf16 on the CPU: LibTorch's bf16 GEMMs round differently with the operands' shapes (a batched
+# GEMM against a GEMM per task, a batched matmul with its batch's size), so the fused pass keeps
+# the values of a pass per task within bf16's rounding, not their bits.
+for mode in joint per_task; do
+  queue_np "tfm_llama_bf16_np2_$mode" 2 "$tfm" "${frozen[@]}" --set model.arch=llama --set model.kv_heads=1 \
+    --set precision=bf16 --set train.backward=$mode
+done
+joint_vs mlp_np2 2 "$mlp" "${frozen[@]}" --set model.trunk_layers=3
+joint_vs tfm_discover_np2 2 "$tfm" "${frozen[@]}" --set comm.active=discover
+joint_vs tfm_store_np2 2 "$tfm" "${frozen[@]}" --set offload.enabled=true --set offload.device_slots=2
+queue_ref tfm_np2_reference 0 "$tfm" --world 2 "${frozen[@]}" --set comm.prune=true \
+  --compare "$WORK/tfm_np2_per_task.ckpt"
+queue_np tfm_trained_auto 2 "$tfm" --set data.tasks_per_rank=2 --set steps=8
+# The fused pass: four tasks of 2 rows (batched adapters), two tasks of 4 and 3 rows (an adapter
+# pair per task); auto splits where a task's rows hold 1,024 tokens (4 x 256).
+for mode in joint per_task; do
+  queue_np "four_tasks_$mode" 1 "$tfm" "${frozen[@]}" --set data.tasks_per_rank=4 --set model.arch=llama \
+    --set model.kv_heads=1 --set lora.targets=[q,k,v,o,gate,up,down] --set train.backward=$mode
+  queue_np "uneven_$mode" 1 "$tfm" "${frozen[@]}" --set data.batch_per_rank=7 --set train.backward=$mode
+done
+queue_np tfm_long_auto 1 "$tfm" "${frozen[@]}" --set model.seq_len=256 --set steps=1
+# The stash: the blocks of one task alive at a time, not of both (the fused joint pass stashes
+# one tensor per layer over both tasks' rows: as many buffers, each twice the bytes).
+for mode in joint per_task; do
+  queue_np "act_$mode" 1 "$tfm" "${frozen[@]}" --set offload.activations=true --set train.backward=$mode
+done
+# A trained Θ, per_task: gradient accumulation over the tasks, the same parameters up to rounding.
+queue_np trained_joint 2 "$tfm" --set data.tasks_per_rank=2 --set steps=8 --set train.backward=joint
+queue_np trained_per_task 2 "$tfm" --set data.tasks_per_rank=2 --set steps=8 --set train.backward=per_task
+run_queue
+# The slot pass without a graph (the test aid is read by every job of a queue: a queue of its
+# own), with adopted gradients (1 rank), buckets (2 ranks), accumulation, the host store and 4
+# llama tasks.
+export THETAD_TEST_SLOT_PASS=1
+queue_np slots_np1 1 "$tfm" "${frozen[@]}"
+queue_np slots_np2 2 "$tfm" "${frozen[@]}" --set comm.prune=true
+queue_np slots_accumulate_np2 2 "$tfm" "${frozen[@]}" --set accumulate_steps=2
+queue_np slots_store_np2 2 "$tfm" "${frozen[@]}" --set offload.enabled=true --set offload.device_slots=2
+queue_np slots_four 1 "$tfm" "${frozen[@]}" --set data.tasks_per_rank=4 --set model.arch=llama \
+  --set model.kv_heads=1 --set lora.targets=[q,k,v,o,gate,up,down]
+run_queue
+unset THETAD_TEST_SLOT_PASS
+
+for name in "${JOINT[@]}"; do
   same_hash "$name: per_task == joint bitwise" "${name}_joint" "${name}_per_task"
   same_hash "$name: auto == joint bitwise" "${name}_joint" "${name}_auto"
-}
+done
 # same_losses WHAT A B TOL: the runs' per-step losses agree within TOL (relative).
 same_losses() {
   if out=$(/usr/bin/python3 - "$WORK/$2.jsonl" "$WORK/$3.jsonl" "$4" <<'PY'
@@ -37,69 +91,26 @@ print("%d steps, worst relative difference %.2e" % (len(a), worst))
 PY
   ); then pass "$1 ($out)"; else fail "$1: $out"; fi
 }
-joint_vs tfm_np1 1 "$tfm" "${frozen[@]}"
-joint_vs tfm_np2 2 "$tfm" "${frozen[@]}" --set comm.prune=true
-joint_vs tfm_accumulate_np2 2 "$tfm" "${frozen[@]}" --set accumulate_steps=2
-# bf16 on the CPU: LibTorch's bf16 GEMMs round differently with the operands' shapes (a batched
-# GEMM against a GEMM per task, a batched matmul with its batch's size), so the fused pass keeps
-# the values of a pass per task within bf16's rounding, not their bits.
-for mode in joint per_task; do
-  run_np "tfm_llama_bf16_np2_$mode" 2 "$tfm" "${frozen[@]}" --set model.arch=llama --set model.kv_heads=1 \
-    --set precision=bf16 --set train.backward=$mode
-done
 same_losses "llama bf16: joint (fused) == per_task within bf16 rounding" tfm_llama_bf16_np2_joint \
   tfm_llama_bf16_np2_per_task 2e-2
-joint_vs mlp_np2 2 "$mlp" "${frozen[@]}" --set model.trunk_layers=3
-joint_vs tfm_discover_np2 2 "$tfm" "${frozen[@]}" --set comm.active=discover
-joint_vs tfm_store_np2 2 "$tfm" "${frozen[@]}" --set offload.enabled=true --set offload.device_slots=2
-expect_code 0 tfm_np2_reference "$reference" "$tfm" --world 2 "${frozen[@]}" --set comm.prune=true \
-  --compare "$WORK/tfm_np2_per_task.ckpt"
-
-# The fused pass: four tasks of 2 rows (batched adapters), two tasks of 4 and 3 rows (an adapter
-# pair per task).
-for mode in joint per_task; do
-  run_np "four_tasks_$mode" 1 "$tfm" "${frozen[@]}" --set data.tasks_per_rank=4 --set model.arch=llama \
-    --set model.kv_heads=1 --set lora.targets=[q,k,v,o,gate,up,down] --set train.backward=$mode
-  run_np "uneven_$mode" 1 "$tfm" "${frozen[@]}" --set data.batch_per_rank=7 --set train.backward=$mode
-done
 same_hash "fused, 4 tasks of 2 rows: joint == per_task bitwise" four_tasks_joint four_tasks_per_task
 same_hash "fused, rows 4 and 3: joint == per_task bitwise" uneven_joint uneven_per_task
-
-# train.cuda_graphs: a pass that a GPU replays from a CUDA graph reads its tasks' adapters from
-# slots and hands their gradients to the hooks itself; the test aid runs that path on the CPU
-# without a graph: bitwise the plain fused pass with adopted gradients (1 rank), buckets (2 ranks),
-# accumulation, the host store and 4 llama tasks.
-export THETAD_TEST_SLOT_PASS=1
-run_np slots_np1 1 "$tfm" "${frozen[@]}"
-run_np slots_np2 2 "$tfm" "${frozen[@]}" --set comm.prune=true
-run_np slots_accumulate_np2 2 "$tfm" "${frozen[@]}" --set accumulate_steps=2
-run_np slots_store_np2 2 "$tfm" "${frozen[@]}" --set offload.enabled=true --set offload.device_slots=2
-run_np slots_four 1 "$tfm" "${frozen[@]}" --set data.tasks_per_rank=4 --set model.arch=llama \
-  --set model.kv_heads=1 --set lora.targets=[q,k,v,o,gate,up,down]
-unset THETAD_TEST_SLOT_PASS
 expect_in slots_np1 "train.cuda_graphs: passes of equal rows read their tasks' parameters from slots"
 same_hash "slots, 1 rank == the plain fused pass bitwise" slots_np1 tfm_np1_joint
 same_hash "slots, 2 ranks == the plain fused pass bitwise" slots_np2 tfm_np2_joint
 same_hash "slots, accumulate_steps 2 == the plain fused pass bitwise" slots_accumulate_np2 tfm_accumulate_np2_joint
 same_hash "slots, host store == the plain fused pass bitwise" slots_store_np2 tfm_store_np2_joint
 same_hash "slots, 4 llama tasks == the plain fused pass bitwise" slots_four four_tasks_joint
-
 # auto says what it picked, once: a pass per task for the MLP's frozen trunk, the fused joint
-# pass for the transformer.
+# pass for the transformer where a task's rows are under 1,024 tokens.
 expect_in mlp_np2_auto "train.backward auto: a forward and backward per task"
 expect_not_in tfm_np2_auto "a forward and backward per task"
-run_np tfm_trained_auto 2 "$tfm" --set data.tasks_per_rank=2 --set steps=8
+expect_in tfm_long_auto "train.backward auto: a forward and backward per task"
 if grep -q "a forward and backward per task" "$WORK/tfm_trained_auto.log"; then
   fail "auto with a trained Θ: split the backward"
 else
   pass "auto with a trained Θ: one backward over the sum"
 fi
-
-# The stash: the blocks of one task alive at a time, not of both (the fused joint pass stashes
-# one tensor per layer over both tasks' rows: as many buffers, each twice the bytes).
-for mode in joint per_task; do
-  run_np "act_$mode" 1 "$tfm" "${frozen[@]}" --set offload.activations=true --set train.backward=$mode
-done
 same_hash "activations: per_task == joint bitwise" act_joint act_per_task
 /usr/bin/python3 - "$WORK/act_joint.jsonl" "$WORK/act_per_task.jsonl" <<'PY' \
   && pass "activations: per_task holds half the stash's device bytes" || fail "activations: stash bytes"
@@ -108,10 +119,6 @@ joint, per_task = ([json.loads(l)["act_device_peak_bytes"] for l in open(p)] for
 assert joint[0] > 0 and per_task[0] * 2 == joint[0], (joint[0], per_task[0])
 print("stash device peak: joint %d, per_task %d bytes" % (joint[0], per_task[0]))
 PY
-
-# A trained Θ, per_task: gradient accumulation over the tasks, the same parameters up to rounding.
-run_np trained_joint 2 "$tfm" --set data.tasks_per_rank=2 --set steps=8 --set train.backward=joint
-run_np trained_per_task 2 "$tfm" --set data.tasks_per_rank=2 --set steps=8 --set train.backward=per_task
 if out=$(/usr/bin/python3 "$HERE/compare_checkpoints.py" "$WORK/trained_joint.ckpt" "$WORK/trained_per_task.ckpt" 1e-5 2>&1); then
   pass "trained Θ: per_task == joint within 1e-5 ($out)"
 else

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Checkpoints trust nothing (issue 19, classes 3, 5 and 8): a checkpoint whose files were damaged
+# Checkpoints trust nothing: a checkpoint whose files were damaged
 # (flipped bytes, truncated, empty, a directory, a key missing inside) or whose manifest lies
 # (one bit flipped anywhere: its own checksum; behind a recomputed checksum: unknown format,
 # another step, a file path out of the directory, unknown keys, runs that do not cover the

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Incremental checkpoints (issue 34 item 3): a checkpoint writes Θ and the task groups trained
+# Incremental checkpoints: a checkpoint writes Θ and the task groups trained
 # since the newest complete one and hard-links the files of the others; every directory stays
 # complete (keep=2 prunes older ones without breaking newer ones) and resumes to bitwise the
 # parameters of an uninterrupted run, on 1 rank (synchronous) and 2 ranks (asynchronous); a flipped

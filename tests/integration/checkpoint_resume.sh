@@ -21,7 +21,7 @@ n=$(find "$WORK/full" -maxdepth 1 -name 'step-*' | wc -l)
 
 # A checkpoint killed mid-write (still a .tmp dir) is ignored; a step-* directory without its
 # manifest (damaged since: a write is renamed step-* only once complete) is refused, not skipped
-# (issue 36: tests/integration/checkpoint_trust.sh), and resumes past once moved away.
+# (tests/integration/checkpoint_trust.sh), and resumes past once moved away.
 cp -r "$WORK/resumed/step-00000020" "$WORK/resumed/step-00000040"
 rm "$WORK/resumed/step-00000040/manifest.json"
 mkdir -p "$WORK/resumed/.tmp-step-00000050"
@@ -93,7 +93,7 @@ keys = ('param', 'exp_avg', 'exp_avg_sq')
 assert all(torch.equal(a[g][k], b[g][k]) for g in a for k in keys), [g for g in a if not all(torch.equal(a[g][k], b[g][k]) for k in keys)]"
 fi
 
-# A checkpoint of another model is refused with exit 2, naming the key that differs (issue 36).
+# A checkpoint of another model is refused with exit 2, naming the key that differs.
 expect_code 2 other_model run 2 --set checkpoint.dir="$WORK/full" --set model.hidden=48
 expect_in other_model "layout: model.hidden is 32 in the checkpoint, 48 in this job"
 finish

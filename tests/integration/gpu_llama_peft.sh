@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
-# Proof against the real libraries (issue 35; ctest label gpu, exit 77 = skipped: no GPU, or no
-# transformers/peft/safetensors in python3). A small Llama built by transformers and saved with
-# save_pretrained (safetensors):
-#  1. thetad's step-0 logits (on the GPU and on the CPU) equal LlamaForCausalLM's within 1e-5
-#     relative in fp32, and within 1e-2 with precision: bf16 (autocast on both sides);
-#  2. thetad trains two tasks' adapters on the frozen base (NCCL, one GPU), exports them, and
-#     PeftModel.from_pretrained on each gives the logits thetad gives with those adapters
-#     (lora.init_from) within 1e-5 (fp32) and 1e-2 (bf16).
+# Proof against the real libraries, one line per family (ctest label gpu; exit 77 = skipped: no
+# GPU, or no transformers/peft/safetensors in python3). For each of llama (2), llama3
+# (rope_scaling llama3, tied), mistral (head_dim wider than hidden_size / heads), qwen2 (q/k/v
+# biases, tied) and qwen3 (q/k head norms, head_dim of its own), a tiny random model built by
+# transformers and saved with save_pretrained (safetensors), its norms and biases moved off their
+# initial values so that they matter:
+#  1. thetad's step-0 logits (GPU and CPU) equal AutoModelForCausalLM's within 1e-5 relative in
+#     fp32, and within 1e-2 with precision: bf16 (autocast on both sides);
+#  2. thetad trains two tasks' adapters on the frozen base (NCCL, one GPU) and exports task 0's
+#     adapter (qwen3: in bf16) and merged model: PeftModel.from_pretrained on the adapter gives the
+#     logits thetad gives with it (lora.init_from) within 1e-5 (fp32) and 1e-2 (bf16), and
+#     AutoModelForCausalLM.from_pretrained on the merged directory within 1e-5 (bf16 weights: 3e-2).
 #   gpu_llama_peft.sh THETAD THETAD_LOGITS
 source "$(dirname "$0")/lib.sh"
 thetad=$1
@@ -17,75 +21,116 @@ if ! $py -c 'import transformers, peft, safetensors, torch' 2>/dev/null; then
   echo "SKIP: $py lacks transformers, peft or safetensors"; exit 77
 fi
 job=$HERE/jobs/llama.yaml
-base=$WORK/base
-$py - "$base" "$WORK/tokens.npy" <<'PY' || fail "building the Llama with transformers"
-import sys, numpy as np, torch
-from transformers import LlamaConfig, LlamaForCausalLM
-torch.manual_seed(35)
-cfg = LlamaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                  intermediate_size=128, vocab_size=128, max_position_embeddings=64, rope_theta=10000.0,
-                  rms_norm_eps=1e-6, tie_word_embeddings=False)
-model = LlamaForCausalLM(cfg)
-with torch.no_grad():  # norms away from 1, so that their weights matter
-    for n, p in model.named_parameters():
-        if "norm" in n: p.add_(0.1 * torch.randn_like(p))
-model.save_pretrained(sys.argv[1], safe_serialization=True)
-np.save(sys.argv[2], torch.randint(128, (3, 16)).numpy().astype(np.int64))
-PY
-# The Hugging Face side: logits of the base, or of the base with a PEFT adapter, fp32 or bf16.
-hf_logits() {  # out.npy precision [adapter_dir]
-  $py - "$base" "$WORK/tokens.npy" "$@" <<'PY'
-import sys, numpy as np, torch
-from transformers import LlamaForCausalLM
-base, tokens, out, precision = sys.argv[1:5]
-model = LlamaForCausalLM.from_pretrained(base, torch_dtype=torch.float32, attn_implementation="eager").cuda().eval()
-if len(sys.argv) > 5:
-    from peft import PeftModel
-    model = PeftModel.from_pretrained(model, sys.argv[5]).eval()
-x = torch.from_numpy(np.load(tokens)).cuda()
-with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16, enabled=precision == "bf16"):
-    y = model(input_ids=x).logits
-np.save(out, y.float().cpu().numpy())
-PY
-}
-close() {  # what a b tol
-  $py - "$WORK/$2.npy" "$WORK/$3.npy" "$4" > "$WORK/cmp.log" 2>&1 <<'PY' && pass "$1: $(cat "$WORK/cmp.log")" || { fail "$1"; cat "$WORK/cmp.log"; }
-import sys, numpy as np
-a, b = np.load(sys.argv[1]), np.load(sys.argv[2])
-assert a.shape == b.shape, (a.shape, b.shape)
-rel = float(np.abs(a - b).max() / np.abs(b).max())
-print(f"max |a - b| / max |b| = {rel:.2e} (tolerance {sys.argv[3]})")
-assert rel <= float(sys.argv[3])
-PY
-}
-logits() {  # name device task sets...
-  local name=$1 device=$2 task=$3; shift 3
-  expect_code 0 "$name" "$logits_bin" "$job" --set model.init_from="$base" --tokens "$WORK/tokens.npy" \
-    --task "$task" --device "$device" --out "$WORK/$name.npy" "$@"
-}
+families="llama llama3 mistral qwen2 qwen3"
 
-hf_logits "$WORK/hf_fp32.npy" fp32 || fail "transformers logits"
-hf_logits "$WORK/hf_bf16.npy" bf16 || fail "transformers logits (bf16)"
-logits base_cuda cuda 0
-logits base_cpu cpu 0
-logits base_bf16 cuda 0 --set precision=bf16
-close "step 0, GPU: thetad == transformers (fp32)" base_cuda hf_fp32 1e-5
-close "step 0, CPU: thetad == transformers (fp32)" base_cpu hf_fp32 1e-5
-close "step 0, GPU: thetad == transformers (bf16)" base_bf16 hf_bf16 1e-2
+# The bases, built and saved by transformers (a family this transformers lacks is said so: SKIP).
+$py - "$WORK" $families <<'PY' || die "building the bases with transformers"
+import os, sys, numpy as np, torch, transformers
+from transformers import AutoModelForCausalLM
+work, families = sys.argv[1], sys.argv[2:]
+def config_class(name):
+    return getattr(transformers, name, None) or (lambda **kw: None)
+LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config = map(config_class, ["LlamaConfig", "MistralConfig", "Qwen2Config",
+                                                                          "Qwen3Config"])
+common = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+              intermediate_size=128, vocab_size=128, max_position_embeddings=64, rms_norm_eps=1e-6)
+configs = {
+    "llama": lambda: LlamaConfig(**common, rope_theta=10000.0, tie_word_embeddings=False),
+    "llama3": lambda: LlamaConfig(**dict(common, max_position_embeddings=16384), rope_theta=500000.0,
+                                  tie_word_embeddings=True, head_dim=16,
+                                  rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                                "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}),
+    "mistral": lambda: MistralConfig(**common, head_dim=32, rope_theta=1000000.0, sliding_window=4096,
+                                     tie_word_embeddings=False),
+    "qwen2": lambda: Qwen2Config(**common, rope_theta=1000000.0, tie_word_embeddings=True, use_sliding_window=False),
+    "qwen3": lambda: Qwen3Config(**common, head_dim=32, rope_theta=1000000.0, tie_word_embeddings=False,
+                                 attention_bias=False, use_sliding_window=False),
+}
+for fam in families:
+    os.makedirs(os.path.join(work, fam), exist_ok=True)
+    config = configs[fam]()
+    if config is None:
+        open(os.path.join(work, fam, "unavailable"), "w").write(f"transformers {transformers.__version__} lacks it")
+        continue
+    torch.manual_seed(35)
+    model = AutoModelForCausalLM.from_config(config)
+    with torch.no_grad():  # norms away from 1, biases away from 0: their weights matter
+        for n, p in model.named_parameters():
+            if "norm" in n or n.endswith(".bias"):
+                p.add_(0.1 * torch.randn_like(p))
+    model.save_pretrained(os.path.join(work, fam, "base"))  # safetensors: transformers' default
+    np.save(os.path.join(work, fam, "tokens.npy"), torch.randint(128, (3, 16)).numpy().astype(np.int64))
+PY
 
-expect_code 0 train mpirun "${MPIRUN_FLAGS[@]}" -x NCCL_NVLS_ENABLE=0 -np 1 "$thetad" run "$job" --no-resume \
-  --set comm.backend=nccl --set model.init_from="$base" --set export.adapters_dir="$WORK/adapters/{task}" \
-  --set checkpoint.dir="$WORK/train.ckpt" --set steps=20 --set log.level=info
-for t in 0 1; do
-  hf_logits "$WORK/peft$t.npy" fp32 "$WORK/adapters/$t" || fail "peft logits"
-  hf_logits "$WORK/peft${t}_bf16.npy" bf16 "$WORK/adapters/$t" || fail "peft logits (bf16)"
-  logits "tuned$t" cuda $t --set lora.init_from="$WORK/adapters/{task}"
-  logits "tuned${t}_bf16" cuda $t --set lora.init_from="$WORK/adapters/{task}" --set precision=bf16
-  close "task $t: PeftModel.from_pretrained == thetad (fp32)" "tuned$t" "peft$t" 1e-5
-  close "task $t: PeftModel.from_pretrained == thetad (bf16)" "tuned${t}_bf16" "peft${t}_bf16" 1e-2
+for fam in $families; do
+  d=$WORK/$fam
+  [ -e "$d/unavailable" ] && continue
+  dtype=fp32; [ "$fam" = qwen3 ] && dtype=bf16
+  expect_code 0 "${fam}_train" mpirun "${MPIRUN_FLAGS[@]}" -x NCCL_NVLS_ENABLE=0 -np 1 "$thetad" run "$job" --no-resume \
+    --set comm.backend=nccl --set model.init_from="$d/base" --set export.adapters_dir="$d/adapters/{task}" \
+    --set export.merged_dir="$d/merged/{task}" --set 'export.merged_tasks=[0]' --set export.dtype=$dtype \
+    --set checkpoint.dir="$d/train.ckpt" --set steps=20 --set log.level=info
+  # Task 1 has no adapter directory (the base: B = 0), task 0 its exported one.
+  mkdir -p "$d/only" && cp -r "$d/adapters/0" "$d/only/0"
+  for run in "cuda fp32" "cuda bf16" "cpu fp32"; do
+    set -- $run
+    expect_code 0 "${fam}_logits_$1_$2" "$logits_bin" "$job" --set model.init_from="$d/base" --set precision=$2 \
+      --set lora.init_from="$d/only/{task}" --tokens "$d/tokens.npy" --device "$1" \
+      --task 1 --out "$d/base_$1_$2.npy" --task 0 --out "$d/tuned_$1_$2.npy"
+  done
 done
-$py - "$WORK/tuned0.npy" "$WORK/base_cuda.npy" <<'PY' && pass "the adapters moved the logits" || fail "adapters did nothing"
-import numpy as np, sys
-assert np.abs(np.load(sys.argv[1]) - np.load(sys.argv[2])).max() > 1e-3
+
+# The Hugging Face side of every family, and one line per family.
+$py - "$WORK" $families > "$WORK/compare.log" 2>&1 <<'PY' || { fail "transformers/peft side"; cat "$WORK/compare.log"; }
+import os, sys, numpy as np, torch, transformers
+from transformers import AutoModelForCausalLM
+from peft import PeftModel
+work, families = sys.argv[1], sys.argv[2:]
+fp32 = {"dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype": torch.float32}
+
+def hf(path, tokens, precision, adapter=None):
+    model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager", **fp32).cuda().eval()
+    if adapter:
+        model = PeftModel.from_pretrained(model, adapter).eval()
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16, enabled=precision == "bf16"):
+        return model(input_ids=torch.from_numpy(np.load(tokens)).cuda()).logits.float().cpu().numpy()
+
+def family(fam):
+    d = os.path.join(work, fam)
+    tokens = os.path.join(d, "tokens.npy")
+    ours = lambda name: np.load(os.path.join(d, name + ".npy"))
+    merged_tol = 3e-2 if fam == "qwen3" else 1e-5  # qwen3's merged weights are bf16
+    checks = [
+        ("step 0 GPU", ours("base_cuda_fp32"), hf(os.path.join(d, "base"), tokens, "fp32"), 1e-5),
+        ("step 0 CPU", ours("base_cpu_fp32"), hf(os.path.join(d, "base"), tokens, "fp32"), 1e-5),
+        ("step 0 bf16", ours("base_cuda_bf16"), hf(os.path.join(d, "base"), tokens, "bf16"), 1e-2),
+        ("PEFT", ours("tuned_cuda_fp32"), hf(os.path.join(d, "base"), tokens, "fp32", os.path.join(d, "adapters", "0")), 1e-5),
+        ("PEFT bf16", ours("tuned_cuda_bf16"), hf(os.path.join(d, "base"), tokens, "bf16", os.path.join(d, "adapters", "0")), 1e-2),
+        ("merged", ours("tuned_cuda_fp32"), hf(os.path.join(d, "merged", "0"), tokens, "fp32"), merged_tol),
+    ]
+    moved = float(np.abs(ours("tuned_cuda_fp32") - ours("base_cuda_fp32")).max())
+    parts, good = [], moved > 1e-3
+    for what, a, b, tol in checks:
+        r = float(np.abs(a - b).max() / np.abs(b).max()) if a.shape == b.shape else float("inf")
+        good = good and r <= tol
+        parts.append(f"{what} {r:.1e}{'' if r <= tol else ' > ' + str(tol)}")
+    return ("ok   " if good else "FAIL ") + f"{fam}: " + ", ".join(parts) + f"; the adapter moved the logits by {moved:.1e}"
+
+for fam in families:
+    if os.path.exists(os.path.join(work, fam, "unavailable")):
+        print(f"SKIP {fam}: " + open(os.path.join(work, fam, "unavailable")).read(), flush=True)
+        continue
+    try:
+        print(family(fam), flush=True)
+    except Exception as e:  # the other families still report
+        print(f"FAIL {fam}: {type(e).__name__}: {e}", flush=True)
 PY
+while IFS= read -r line; do
+  case $line in
+    "ok   "*) pass "${line#ok   }" ;;
+    "FAIL "*) fail "${line#FAIL }" ;;
+    "SKIP "*) echo "$line" ;;
+  esac
+done < "$WORK/compare.log"
+grep -qE '^(ok   |FAIL )' "$WORK/compare.log" || fail "no family was compared"
 finish

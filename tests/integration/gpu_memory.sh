@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU (ctest label gpu; skips cleanly without a GPU): a job far too big for one GPU is refused
-# before its model is built (issue 36, item 8): exit 2 within seconds, naming the key and the
+# before its model is built: exit 2 within seconds, naming the key and the
 # sizes against the GPU's free and total memory, nothing written.
 #   gpu_memory.sh THETAD
 source "$(dirname "$0")/lib.sh"

@@ -11,7 +11,7 @@
 #     node per step);
 #  3. resume of the 2-node checkpoint == an uninterrupted run, bitwise; with 2 GPUs also the
 #     2-node run == one node x 2 GPUs, and the 2-node checkpoint resumed on one node;
-#  4. the trunk streamed from each node's host with activations and θ[t] offloaded (issue 21 on
+#  4. the trunk streamed from each node's host with activations and θ[t] offloaded (on
 #     several ranks) == all-resident within float tolerance;
 #  5. a whole node killed: exit 3 naming it within comm.timeout_s, and a rerun resumes
 #     (tests/launch/faults/node_kill.sh with FAULT_BACKEND=nccl).

@@ -15,17 +15,54 @@ T=(--set model.tasks=40)
 OFF=(--set offload.enabled=false)
 ALL=(--set offload.enabled=true --set offload.device_slots=2)
 SCH=("${ALL[@]}" --set offload.host_groups=scheduled)
+# Every run is queued first and run by world size, one start each (run_queue), the resumes in a
+# second round (from copies of the first round's checkpoints); the checks after.
 for np in 1 2; do
-  run_np off_np$np $np "$job" --set steps=6 "${T[@]}" "${OFF[@]}"
-  run_np all_np$np $np "$job" --set steps=6 "${T[@]}" "${ALL[@]}"
-  run_np sch_np$np $np "$job" --set steps=6 "${T[@]}" "${SCH[@]}"
+  queue_np off_np$np $np "$job" --set steps=6 "${T[@]}" "${OFF[@]}"
+  queue_np all_np$np $np "$job" --set steps=6 "${T[@]}" "${ALL[@]}"
+  queue_np sch_np$np $np "$job" --set steps=6 "${T[@]}" "${SCH[@]}"
+done
+# The llama transformer the same way, on 2 ranks.
+LLAMA=(--set model.arch=llama --set model.kv_heads=1 --set lora.targets=[q,gate,down])
+queue_np llama_off 2 "$job" --set steps=6 "${T[@]}" "${LLAMA[@]}" "${OFF[@]}"
+queue_np llama_sch 2 "$job" --set steps=6 "${T[@]}" "${LLAMA[@]}" "${SCH[@]}"
+# The other built-in models (heads, adapters over the MLP, output slices streamed in row shards).
+small=$HERE/jobs/small.yaml
+models=("mlp|" "adapter|--set model.kind=multitask_adapter"
+        "xc|--set model.kind=extreme_classifier --set model.classes=400 --set offload.shard_mb=0.1 --set optimizer.lr=0.03")
+for model in "${models[@]}"; do
+  name=${model%%|*}
+  # shellcheck disable=SC2086  # the model's words are split on purpose
+  queue_np "${name}_off" 2 "$small" --set steps=5 "${T[@]}" ${model#*|} "${OFF[@]}"
+  # shellcheck disable=SC2086
+  queue_np "${name}_sch" 2 "$small" --set steps=5 "${T[@]}" ${model#*|} "${SCH[@]}"
+done
+# With the device cache (groups updated on the device, flushed at the end): the same bits.
+queue_np cache 2 "$job" --set steps=6 "${T[@]}" "${SCH[@]}" --set offload.device_cache_mb=1
+# Checkpoints: untouched groups cost no bytes, and resume gives the uninterrupted run's bits.
+queue_np all3 2 "$job" --set steps=3 "${T[@]}" "${ALL[@]}"
+queue_np sch3 2 "$job" --set steps=3 "${T[@]}" "${SCH[@]}"
+run_queue
+
+resume() {  # resume NAME FROM ARGS...: the checkpoint of run FROM continued to step 6 on 2 ranks
+  local name=$1 from=$2; shift 2
+  cp -r "$WORK/$from.ckpt" "$WORK/$name.ckpt"
+  queue "$name" 2 0 "$job" --set steps=6 "${T[@]}" --set checkpoint.dir="$WORK/$name.ckpt" --set log.level=info "$@"
+}
+resume sch_sch sch3 "${SCH[@]}"
+resume sch_off sch3 "${OFF[@]}"
+resume sch_all sch3 "${ALL[@]}"
+resume all_sch all3 "${SCH[@]}"
+# A checkpoint that holds updates of groups this job never uses (2 ranks trained tasks 0 .. 5 in
+# 3 steps; one rank in steps 0 .. 3 uses tasks 0 .. 4): exit 2 naming the key.
+cp -r "$WORK/all3.ckpt" "$WORK/narrow.ckpt"
+queue narrow 1 2 "$job" --set steps=3 "${T[@]}" "${SCH[@]}" --set checkpoint.dir="$WORK/narrow.ckpt"
+run_queue
+
+for np in 1 2; do
   same_hash "np$np: host_groups all == offload off" off_np$np all_np$np
   same_hash "np$np: host_groups scheduled == offload off" off_np$np sch_np$np
 done
-# The llama transformer (issue 35) the same way, on 2 ranks.
-LLAMA=(--set model.arch=llama --set model.kv_heads=1 --set lora.targets=[q,gate,down])
-run_np llama_off 2 "$job" --set steps=6 "${T[@]}" "${LLAMA[@]}" "${OFF[@]}"
-run_np llama_sch 2 "$job" --set steps=6 "${T[@]}" "${LLAMA[@]}" "${SCH[@]}"
 same_hash "llama: host_groups scheduled == offload off" llama_off llama_sch
 # Round robin, one task per rank and step, prefetch 1: steps 0 .. 7 use tasks 0 .. 7 on one rank.
 expect_in sch_np1 "holding 8 of 40 groups"
@@ -34,52 +71,21 @@ arena_mib() { grep -o 'host arena [0-9.]* MiB' "$WORK/$1.log" | head -1 | awk '{
 if awk -v a="$(arena_mib all_np2)" -v s="$(arena_mib sch_np2)" 'BEGIN { exit !(s > 0 && s * 2 < a) }'; then
   pass "the arena holds less: $(arena_mib sch_np2) MiB against $(arena_mib all_np2) MiB"
 else fail "arena: scheduled $(arena_mib sch_np2) MiB vs all $(arena_mib all_np2) MiB"; fi
-
-# The other built-in models (heads, adapters over the MLP, output slices streamed in row shards).
-small=$HERE/jobs/small.yaml
-for model in "mlp|" "adapter|--set model.kind=multitask_adapter" \
-    "xc|--set model.kind=extreme_classifier --set model.classes=400 --set offload.shard_mb=0.1 --set optimizer.lr=0.03"; do
+for model in "${models[@]}"; do
   name=${model%%|*}
-  # shellcheck disable=SC2086  # the model's words are split on purpose
-  run_np "${name}_off" 2 "$small" --set steps=5 "${T[@]}" ${model#*|} "${OFF[@]}"
-  # shellcheck disable=SC2086
-  run_np "${name}_sch" 2 "$small" --set steps=5 "${T[@]}" ${model#*|} "${SCH[@]}"
   same_hash "$name: host_groups scheduled == offload off" "${name}_off" "${name}_sch"
 done
 expect_in xc_sch "holding 14 of 40 groups"
-
-# With the device cache (groups updated on the device, flushed at the end): the same bits.
-run_np cache 2 "$job" --set steps=6 "${T[@]}" "${SCH[@]}" --set offload.device_cache_mb=1
 same_hash "scheduled with the device cache == offload off" off_np2 cache
-
-# Checkpoints: untouched groups cost no bytes, and resume gives the uninterrupted run's bits.
 du_k() { du -sk "$1" | awk '{print $1}'; }
-run_np all3 2 "$job" --set steps=3 "${T[@]}" "${ALL[@]}"
-run_np sch3 2 "$job" --set steps=3 "${T[@]}" "${SCH[@]}"
 if [ "$(du_k "$WORK/sch3.ckpt/step-00000003")" -lt "$(du_k "$WORK/all3.ckpt/step-00000003")" ]; then
   pass "the checkpoint of scheduled is smaller ($(du_k "$WORK/sch3.ckpt/step-00000003") KiB against $(du_k "$WORK/all3.ckpt/step-00000003") KiB)"
 else fail "checkpoint sizes: scheduled $(du_k "$WORK/sch3.ckpt/step-00000003") KiB, all $(du_k "$WORK/all3.ckpt/step-00000003") KiB"; fi
-resume() {  # resume NAME FROM ARGS...: the checkpoint of run FROM continued to step 6 on 2 ranks
-  local name=$1 from=$2; shift 2
-  cp -r "$WORK/$from.ckpt" "$WORK/$name.ckpt"
-  expect_code 0 "$name" mpirun "${MPIRUN_FLAGS[@]}" -np 2 "$thetad" run "$job" --set steps=6 "${T[@]}" \
-    --set checkpoint.dir="$WORK/$name.ckpt" --set log.level=info "$@"
-  expect_in "$name" "resumed from .*step-00000003 at step 3"
-}
-resume sch_sch sch3 "${SCH[@]}"
+for name in sch_sch sch_off sch_all all_sch; do expect_in "$name" "resumed from .*step-00000003 at step 3"; done
 same_hash "scheduled, resumed (more groups held from then on) == uninterrupted offload off" off_np2 sch_sch
-resume sch_off sch3 "${OFF[@]}"
 same_hash "scheduled checkpoint resumed with offload off == uninterrupted offload off" off_np2 sch_off
-resume sch_all sch3 "${ALL[@]}"
 same_hash "scheduled checkpoint resumed with host_groups all == uninterrupted offload off" off_np2 sch_all
-resume all_sch all3 "${SCH[@]}"
 same_hash "host_groups all checkpoint resumed with scheduled == uninterrupted offload off" off_np2 all_sch
-
-# A checkpoint that holds updates of groups this job never uses (2 ranks trained tasks 0 .. 5 in
-# 3 steps; one rank in steps 0 .. 3 uses tasks 0 .. 4): exit 2 naming the key.
-cp -r "$WORK/all3.ckpt" "$WORK/narrow.ckpt"
-expect_code 2 narrow mpirun "${MPIRUN_FLAGS[@]}" -np 1 "$thetad" run "$job" --set steps=3 "${T[@]}" "${SCH[@]}" \
-  --set checkpoint.dir="$WORK/narrow.ckpt"
 expect_in narrow "offload.host_groups: scheduled: the checkpoint holds group [0-9]+ after [0-9]+ updates"
 # lora.init_from: 40 adapters (a first run trains each task once and exports it), loaded by a
 # scheduled run that stores only the groups it held (tasks 0..4 of 40 in 3 steps on one rank).

@@ -14,19 +14,18 @@ py=/usr/bin/python3
 fingerprint() { (cd "$1" && find . -type f ! -name .lock | sort | xargs md5sum); }
 
 # refused NAME JOB KEY SAVED REQUESTED PATTERN [ARGS...]: saved with KEY=SAVED, resumed with
-# KEY=REQUESTED; PATTERN (grep -E) is what the refusal must say.
+# KEY=REQUESTED; PATTERN (grep -E) is what the refusal must say. The saves are queued and run
+# together (run_queue), then every checkpoint's fingerprint is taken, then the resumes run
+# together; the checks after.
+REFUSED=()
 refused() {
   local name=$1 job=$2 key=$3 saved=$4 asked=$5 pattern=$6; shift 6
   local ck=$WORK/$name.ckpt
-  expect_code 0 "${name}_save" "$thetad" run "$job" --no-resume --set steps=2 --set checkpoint.dir="$ck" \
-    --set "$key=$saved" "$@"
-  local before; before=$(fingerprint "$ck")
-  expect_code 2 "${name}_resume" "$thetad" run "$job" --set steps=3 --set checkpoint.dir="$ck" \
-    --set "$key=$asked" "$@"
-  expect_in "${name}_resume" "$ck/step-00000002/manifest.json: layout: $pattern"
-  if grep -q "resumed from\|step 3" "$WORK/${name}_resume.log"; then fail "$name: a step ran"; fi
-  [ "$(fingerprint "$ck")" = "$before" ] && pass "$name: checkpoint unchanged" || fail "$name: checkpoint changed"
+  queue "${name}_save" 1 0 "$job" --no-resume --set steps=2 --set checkpoint.dir="$ck" --set "$key=$saved" "$@"
+  RESUMES+=("${name}_resume 1 2 $job --set steps=3 --set checkpoint.dir=$ck --set $key=$asked $*")
+  REFUSED+=("$name $pattern")
 }
+RESUMES=()
 
 xc=(--set model.kind=extreme_classifier --set model.classes=64 --set data.noise=0.05)
 # The keys that change a layout, each on a model it applies to.
@@ -53,6 +52,25 @@ refused output_dim "$small" model.output_dim 1 2 'model.output_dim is 1 in the c
 refused kind "$small" model.kind multitask_mlp multitask_adapter \
   'model.kind is multitask_mlp in the checkpoint, multitask_adapter in this job'
 refused classes "$small" model.classes 64 80 'model.classes is 64 in the checkpoint, 80 in this job' "${xc[@]:0:2}"
+run_queue
+declare -A before=()
+for entry in "${REFUSED[@]}"; do
+  name=${entry%% *}
+  before[$name]=$(fingerprint "$WORK/$name.ckpt")
+done
+set -f  # the words hold brackets ([q,k]): no file name expansion
+for entry in "${RESUMES[@]}"; do
+  # shellcheck disable=SC2086  # a queued run's words, split as queued
+  queue $entry
+done
+set +f
+run_queue
+for entry in "${REFUSED[@]}"; do
+  name=${entry%% *} pattern=${entry#* }
+  expect_in "${name}_resume" "$WORK/$name.ckpt/step-00000002/manifest.json: layout: $pattern"
+  if grep -q "resumed from\|step 3" "$WORK/${name}_resume.log"; then fail "$name: a step ran"; fi
+  [ "$(fingerprint "$WORK/$name.ckpt")" = "${before[$name]}" ] && pass "$name: checkpoint unchanged" || fail "$name: checkpoint changed"
+done
 
 # The manifest describes the layout: the keys, group 0 and group 1 by name and shape, a digest.
 $py - "$WORK/lora_targets.ckpt/step-00000002/manifest.json" <<'PY' && pass "manifest: layout recorded" || fail "manifest layout"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# A real base in, real adapters out (issue 35), on the CPU build, against llama_ref.py (Hugging
-# Face's Llama and PEFT's LoRA formulas in plain torch; the GPU test gpu_llama_peft.sh checks the
-# same against transformers and peft themselves):
+# A real base in, real adapters out, on the CPU build, against llama_ref.py (Hugging Face's Llama
+# and PEFT's LoRA formulas in plain torch; the GPU test gpu_llama_peft.sh checks the same against
+# transformers and peft themselves; hf_families.sh the other families):
 #  - a Hugging Face directory (config.json, two safetensors shards with BF16, F16 and F32 tensors,
 #    the index) is read: thetad's step-0 logits equal the reference's within 1e-5 relative;
 #  - the dimensions come from config.json; a job key that disagrees is exit 2 naming both values;
@@ -41,7 +41,7 @@ expect_in dims_mismatch "model.d_model: is 64 but .*config.json has hidden_size 
 run_np train 2 "$job" --set model.init_from="$base" --set export.adapters_dir="$WORK/adapters/{task}"
 expect_in train "export.adapters_dir: 1 adapters written"
 for t in 0 1; do
-  $py "$ref" adapter "$WORK/adapters/$t" 4 8 2 q,k,v,o,gate,up,down > "$WORK/adapter$t.log" 2>&1 \
+  $py "$ref" adapter "$WORK/adapters/$t" "$base" 4 8 q,k,v,o,gate,up,down > "$WORK/adapter$t.log" 2>&1 \
     && pass "task $t: a PEFT directory (names, shapes, adapter_config.json)" || { fail "task $t adapter"; cat "$WORK/adapter$t.log"; }
   logits "tuned$t" $t --set lora.init_from="$WORK/adapters/{task}"
   $py "$ref" logits "$base" "$WORK/tokens.npy" "$WORK/ref_tuned$t.npy" "$WORK/adapters/$t"
@@ -72,7 +72,7 @@ expect_code 2 lora_rank "$logits_bin" "$job" --set model.init_from="$base" --set
   --set lora.rank=2 --tokens "$WORK/tokens.npy" --task 0 --out "$WORK/x.npy"
 expect_in lora_rank "adapters/0/adapter_config.json: lora.init_from: r = 4 but lora.rank is 2"
 
-# Flat uint16 token files (one per task), memory-mapped; a file that is not whole ids: exit 2.
+# Flat uint16 token files (one per task), read window by window; a file that is not whole ids: exit 2.
 mkdir -p "$WORK/bin"
 $py - "$WORK/bin" <<'PY'
 import numpy as np, sys

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 36, item 8: a job whose model needs more host memory than this machine has is refused
+# a job whose model needs more host memory than this machine has is refused
 # before anything is allocated (exit 2, fast, naming the key and the sizes) by `validate` and by
 # `run` (one rank, and two under mpirun); an allocation that fails anyway (a process limit,
 # ulimit -v) ends the run with exit 1 and one line, without LibTorch's C++ frames. A job whose

@@ -21,11 +21,13 @@ assert last < ratio * first, "loss did not fall"
 PY
   then pass "$1: metrics complete, loss falls"; else fail "$1: metrics"; fi
 }
-train() {  # name np extra-args...
+# train NAME NP ARGS...: an 80-step run, queued (its metrics are checked after the runs).
+TRAINED=()
+train() {
   local name=$1 np=$2; shift 2
-  expect_code 0 "$name" mpirun "${MPIRUN_FLAGS[@]}" -np "$np" "$thetad" run "$job" --no-resume \
-    --set steps=80 --set metrics.path="$WORK/$name.jsonl" --set timeline.path="$WORK/$name-{rank}.trace.json" "$@"
-  check_metrics "$name" "$WORK/$name.jsonl" "${RATIO:-0.7}"
+  queue "$name" "$np" 0 "$job" --no-resume --set steps=80 --set metrics.path="$WORK/$name.jsonl" \
+    --set timeline.path="$WORK/$name-{rank}.trace.json" "$@"
+  TRAINED+=("$name ${RATIO:-0.7}")
 }
 for np in 1 2; do
   train "mlp_np$np" $np
@@ -36,23 +38,33 @@ done
 xc=(--set model.kind=extreme_classifier --set model.classes=400 --set model.negatives_per_step=20
     --set optimizer.lr=0.03 --set offload.enabled=true --set offload.device_slots=2 --set steps=160)
 for np in 1 2; do RATIO=0.9 train "extreme_np$np" $np "${xc[@]}" --set checkpoint.dir="$WORK/xc$np"; done
-expect_code 0 extreme_reference "$2" "$job" --world 2 "${xc[@]}" --compare "$WORK/xc2"
-/usr/bin/python3 -c "import json,sys; json.load(open(sys.argv[1]))" "$WORK/mlp_np2-1.trace.json" \
-  && pass "timeline parses as JSON" || fail "timeline is not JSON"
+reference=$2
+queue_ref extreme_reference 0 "$job" --world 2 "${xc[@]}" --compare "$WORK/xc2"
+torch=""
 if /usr/bin/python3 -c 'import torch' 2>/dev/null; then
+  torch=yes
   /usr/bin/python3 "$HERE/../../docs/examples/export_torchscript.py" "$WORK/model.pt" --input-dim 16 --tasks 4
   train "torchscript_np2" 2 --set model.kind=torchscript --set model.trust_code=true --set model.path="$WORK/model.pt" \
     --set 'model.shared=["trunk.*"]' --set 'model.task=heads.{t}.*'
   # The documented example job, as written (only its outputs and model file moved here).
-  expect_code 0 torchscript_example mpirun "${MPIRUN_FLAGS[@]}" -np 2 "$thetad" run \
-    "$HERE/../../docs/examples/torchscript.yaml" --no-resume --set steps=80 --set model.path="$WORK/model.pt" \
-    --set checkpoint.dir="$WORK/ts-example-ck" --set metrics.path="$WORK/ts-example.jsonl"
-  check_metrics torchscript_example "$WORK/ts-example.jsonl"
+  queue torchscript_example 2 0 "$HERE/../../docs/examples/torchscript.yaml" --no-resume --set steps=80 \
+    --set model.path="$WORK/model.pt" --set checkpoint.dir="$WORK/ts-example-ck" --set metrics.path="$WORK/ts-example.jsonl"
   # model.task as a list: a head's weight and bias named by two patterns are the same groups as
   # one pattern for both (bitwise the same run); a parameter two groups' patterns match is exit 2
   # naming both patterns.
   ts=(--set model.kind=torchscript --set model.trust_code=true --set model.path="$WORK/model.pt" --set 'model.shared=["trunk.*"]' --set steps=20)
-  run_np ts_one_pattern 2 "$job" "${ts[@]}" --set 'model.task=heads.{t}.*'
+  queue_np ts_one_pattern 2 "$job" "${ts[@]}" --set 'model.task=heads.{t}.*'
+fi
+run_queue
+for entry in "${TRAINED[@]}"; do
+  read -r name ratio <<<"$entry"
+  check_metrics "$name" "$WORK/$name.jsonl" "$ratio"
+done
+/usr/bin/python3 -c "import json,sys; json.load(open(sys.argv[1]))" "$WORK/mlp_np2-1.trace.json" \
+  && pass "timeline parses as JSON" || fail "timeline is not JSON"
+if [ -n "$torch" ]; then
+  check_metrics torchscript_example "$WORK/ts-example.jsonl"
+  # (The patterns below hold blanks: runs of their own.)
   run_np ts_two_patterns 2 "$job" "${ts[@]}" --set 'model.task=["heads.{t}.weight", "heads.{t}.bias"]'
   same_hash "model.task as a list of two patterns = one pattern" ts_one_pattern ts_two_patterns
   expect_code 2 ts_overlap mpirun "${MPIRUN_FLAGS[@]}" -np 2 "$thetad" run "$job" --no-resume "${ts[@]}" \

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Non-finite training (issue 19, class 2): a loss that becomes NaN or Inf on any rank stops the
+# Non-finite training: a loss that becomes NaN or Inf on any rank stops the
 # job on every rank (train.on_nonfinite: stop, exit 1, naming the step and what is non-finite),
 # or skips the step everywhere (skip_step: counted in the metrics), or is logged (warn). A
 # checkpoint of non-finite parameters is never written (the previous one stays the newest), and

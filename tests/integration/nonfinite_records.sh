@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 36, item 6: every step that ran has its metrics record, also the one that went non-finite
+# every step that ran has its metrics record, also the one that went non-finite
 # (train.on_nonfinite: stop, exit 1 naming it: its record has nonfinite: 1) and the one whose
 # checkpoint failed (warn: the checkpoint of non-finite parameters is refused, exit 1).
 source "$(dirname "$0")/lib.sh"

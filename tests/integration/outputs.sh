@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Accounting and outputs (issue 19, classes 9 and 10): step_ms covers each step whole (its
+# Accounting and outputs: step_ms covers each step whole (its
 # checkpoint and the last step included) and the phases are disjoint parts of it; a resumed run
 # does not record replayed steps twice; per-rank outputs without {rank} and outputs on one path
 # are refused before any step; a checkpoint past `steps` is exit 2, one at `steps` is "nothing

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 36, items 4 and 5: a running job notices that its checkpoint.dir was removed (exit 1
+# a running job notices that its checkpoint.dir was removed (exit 1
 # naming it, the directory not recreated without its lock); a second job on the same metrics.path
 # is refused (exit 2 naming the holder) and the first one's records survive whole; a metrics file
 # inside checkpoint.dir is refused before anything starts; a log.file that takes no line

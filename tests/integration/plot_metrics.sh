@@ -14,6 +14,9 @@ plot="$HERE/../../bench/plot_metrics.py"
 for s in 0 1 2 3; do
   echo "{\"step\":$s,\"rank\":0,\"loss\":1,\"task_loss\":[{\"task\":0,\"loss\":1},{\"task\":1,\"loss\":0.5}],\"step_ms\":2,\"bytes_allreduced\":300,\"bytes_pruned\":100}"
 done > "$WORK/m.jsonl"
+# Evaluation records (a kind of their own) after steps 2 and 4: drawn apart, never as steps.
+echo '{"step":2,"kind":"eval","time":"t","eval_loss":{"0":2.5,"1":null},"eval_tokens":{"0":8,"1":0},"eval_ms":1}' >> "$WORK/m.jsonl"
+echo '{"step":4,"kind":"eval","time":"t","eval_loss":{"0":2.25,"1":3},"eval_tokens":{"0":8,"1":8},"eval_ms":1}' >> "$WORK/m.jsonl"
 
 # A matplotlib that cannot be imported, ahead of the real one on the path.
 mkdir -p "$WORK/nompl/matplotlib"
@@ -26,7 +29,8 @@ if [ -e "$WORK/none" ]; then fail "$WORK/none was created"; else pass "no output
 if "$py" -c 'import matplotlib' 2>/dev/null; then
   expect_code 0 plots "$py" "$plot" "$WORK/m.jsonl" -o "$WORK/plots"
   expect_in plots "bytes.png: thetad sent 0.75x the bytes DDP would have sent"
-  for png in loss_per_task step_time bytes; do
+  expect_in plots "eval_loss_per_task.png: 2 task\(s\) over 2 evaluation\(s\)"
+  for png in loss_per_task step_time bytes eval_loss_per_task; do
     if [ -s "$WORK/plots/$png.png" ]; then pass "$png.png"; else fail "no $png.png"; fi
   done
   if out=$(cd "$HERE/../../bench" && "$py" -c '

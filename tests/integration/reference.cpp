@@ -1,14 +1,21 @@
 // The single-process reference of the equivalence tests: it plays all W ranks of a job in one
 // process with plain autograd (no engine, no MPI), applies the math the engine promises (per
-// group, the sum of the contributing ranks' gradients divided by the contributor count or by W),
-// steps the same optimizer, and compares the result with a checkpoint written by a real
-// multi-rank `thetad run`.
+// group, the sum of the contributing ranks' gradients divided by the contributor count or by W;
+// with comm.grad_dtype bf16 rounded as the wire rounds it, except a group the replica rule kept
+// on its one trainer, whose gradient never travels), steps the same optimizer, and compares the
+// result with a checkpoint written by a real multi-rank `thetad run`.
 //
 //   thetad_reference JOB.yaml --world W [--set k=v ...] --compare CKPT_DIR [--tol 1e-6]
+//   thetad_reference --cases LIST
+// With --cases, each line of LIST is `NAME JOB.yaml --world W ...` (words split at blanks), all
+// compared in one process (one LibTorch start for a test's many runs); one line per case on
+// stdout, `NAME ok: ...` or `NAME FAIL: ...`; exit 0 when every case matched.
 #include <torch/torch.h>
 
 #include <cstdio>
+#include <fstream>
 #include <iostream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -16,6 +23,7 @@
 #include "config/loader.hpp"
 #include "daemon/plan/input_path.hpp"
 #include "daemon/plan/job_options.hpp"
+#include "daemon/plan/replica_plan.hpp"
 #include "daemon/plan/schedule.hpp"
 #include "daemon/models/model.hpp"
 #include "daemon/models/precision.hpp"
@@ -36,22 +44,26 @@ torch::Tensor bf16_wire_sum(const std::vector<torch::Tensor>& shares, const torc
   return acc;
 }
 
-int main(int argc, char** argv) {
+// One comparison: the reference run of the job in `args` against its --compare checkpoint. Its
+// verdict goes to `out` (and details of a failure to `err`); 0 when it matched, else 1.
+int compare(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
   std::string job_path, compare_dir;
   int world = 1;
   double tol = 1e-6;
   config::LoadOptions lo;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a == "--world") world = std::stoi(argv[++i]);
-    else if (a == "--set") lo.overrides.push_back(argv[++i]);
-    else if (a == "--compare") compare_dir = argv[++i];
-    else if (a == "--tol") tol = std::stod(argv[++i]);
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    const bool has_value = i + 1 < args.size();
+    if (a == "--world" && has_value) world = std::stoi(args[++i]);
+    else if (a == "--set" && has_value) lo.overrides.push_back(args[++i]);
+    else if (a == "--compare" && has_value) compare_dir = args[++i];
+    else if (a == "--tol" && has_value) tol = std::stod(args[++i]);
     else job_path = a;
   }
   try {
     config::Job job = config::load_job(job_path, lo);
     auto schedule = Schedule::create(job, world);
+    ReplicaPlan replicas(*schedule, job.accumulate_steps, replica_keepable(job, world), replica_costs(job));
     torch::Device cpu(torch::kCPU);
     const config::Job inputs = with_input_paths(job, 0);  // as rank 0 reads them
     auto model = make_model(inputs, cpu);
@@ -126,10 +138,12 @@ int main(int argc, char** argv) {
         if (contributors[g] == 0 && job.comm.prune) continue;
         if (contributors[g] == 0) continue;  // lazy semantics hold with prune off as well
         const double div = job.comm.average == config::Average::World ? world : contributors[g];
+        // Kept by its one trainer (its only possible contributor): nothing travels, nothing rounds.
+        const bool kept = contributors[g] == 1 && replicas.decision(step, g).mode == ReplicaMode::keep;
         std::vector<torch::Tensor> ps, gs, ms, vs;
         for (int p : group_params[g]) {
           ps.push_back(params[p].tensor);
-          gs.push_back(bf16_wire ? bf16_wire_sum(shares[p], sum[p], div) : sum[p] / div);
+          gs.push_back(bf16_wire && !kept ? bf16_wire_sum(shares[p], sum[p], div) : sum[p] / div);
           ms.push_back(m[p]);
           vs.push_back(v[p]);
         }
@@ -140,7 +154,7 @@ int main(int argc, char** argv) {
     }
     auto ckpt = find_latest_checkpoint(compare_dir);
     if (!ckpt || ckpt->step != job.steps) {
-      std::cerr << "reference: no checkpoint of step " << job.steps << " in " << compare_dir << "\n";
+      err << "reference: no checkpoint of step " << job.steps << " in " << compare_dir << "\n";
       return 1;
     }
     // Relative to each group's parameter scale: max |thetad - reference| over the group divided
@@ -158,7 +172,7 @@ int main(int argc, char** argv) {
         for (auto& p : params)
           if (p.name == st.names[i]) ref = &p.tensor;
         if (!ref) {
-          std::cerr << "reference: checkpoint has unknown parameter " << st.names[i] << "\n";
+          err << "reference: checkpoint has unknown parameter " << st.names[i] << "\n";
           return 1;
         }
         max_ref = std::max(max_ref, ref->abs().max().item<double>());
@@ -167,12 +181,51 @@ int main(int argc, char** argv) {
       }
       if (max_diff / max_ref > worst) worst = max_diff / max_ref, worst_name = where;
     }
-    std::printf("reference: max relative difference %.3g (%s), tolerance %.1g\n", worst,
-                worst_name.empty() ? "-" : worst_name.c_str(), tol);
+    char verdict[256];
+    std::snprintf(verdict, sizeof verdict, "reference: max relative difference %.3g (%s), tolerance %.1g\n", worst,
+                  worst_name.empty() ? "-" : worst_name.c_str(), tol);
+    out << verdict;
     if (worst > tol) return 1;
     return 0;
   } catch (const std::exception& e) {
-    std::cerr << "reference: " << e.what() << "\n";
+    err << "reference: " << e.what() << "\n";
     return 1;
   }
+}
+
+// --cases LIST: every line's comparison in this one process, one verdict line each.
+int compare_cases(const std::string& list) {
+  std::ifstream in(list);
+  if (!in) {
+    std::cerr << "reference: cannot read " << list << "\n";
+    return 1;
+  }
+  int failed = 0, cases = 0;
+  for (std::string line; std::getline(in, line);) {
+    std::istringstream words(line);
+    std::vector<std::string> args;
+    for (std::string w; words >> w;) args.push_back(w);
+    if (args.empty() || args[0][0] == '#') continue;
+    const std::string name = args[0];
+    args.erase(args.begin());
+    std::ostringstream text;
+    const int rc = compare(args, text, text);
+    std::string said = text.str();
+    while (!said.empty() && said.back() == '\n') said.pop_back();
+    for (char& c : said)
+      if (c == '\n') c = ' ';
+    std::cout << name << (rc == 0 ? " ok: " : " FAIL: ") << said << std::endl;
+    failed += rc != 0;
+    ++cases;
+  }
+  if (cases == 0) {
+    std::cerr << "reference: no case in " << list << "\n";
+    return 1;
+  }
+  return failed == 0 ? 0 : 1;
+}
+
+int main(int argc, char** argv) {
+  if (argc == 3 && std::string(argv[1]) == "--cases") return compare_cases(argv[2]);
+  return compare(std::vector<std::string>(argv + 1, argv + argc), std::cout, std::cerr);
 }

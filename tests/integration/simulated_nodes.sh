@@ -12,14 +12,13 @@ launcher=$(cd "$HERE/../.." && pwd)/launch/thetad-launch
 off_args=(--set steps=20 --set model.tasks=6 --set offload.device_slots=2 --set offload.prefetch=1
           --set checkpoint.every_steps=10)
 ref_args=(--set steps=20 --set model.tasks=6)  # the single-process reference: no offload, no checkpoints
-# run NAME NODES NP OFFLOAD [ARGS...]: mpirun with NODES simulated nodes (0: none), checkpoints in $WORK/NAME.
+# run NAME NODES NP OFFLOAD [ARGS...]: queues a run with NODES simulated nodes (0: none),
+# checkpoints in $WORK/NAME; run_nodes NODES runs the queue (NODES for every run of it).
 run() {
   local name=$1 nodes=$2 np=$3 offload=$4; shift 4
-  local env=()
-  ((nodes == 0)) || env=(-x "THETAD_SIMULATE_NODES=$nodes")
-  expect_code 0 "$name" mpirun "${MPIRUN_FLAGS[@]}" "${env[@]}" -np "$np" "$thetad" run "$job" \
-    "${off_args[@]}" --set offload.enabled="$offload" --set checkpoint.dir="$WORK/$name" "$@"
+  queue "$name" "$np" 0 "$job" "${off_args[@]}" --set offload.enabled="$offload" --set checkpoint.dir="$WORK/$name" "$@"
 }
+run_nodes() { if (($1 == 0)); then run_queue; else run_queue -x "THETAD_SIMULATE_NODES=$1"; fi; }
 same_hash() {  # NAME_A NAME_B WHAT
   local a b
   a=$(final_hash "$WORK/$1.log"); b=$(final_hash "$WORK/$2.log")
@@ -49,15 +48,33 @@ steps_per_node() {
   ((bad)) || pass "$name: each of $nodes nodes ran the $want group steps of a one-node run"
 }
 
-# 2 nodes x 2 ranks. The offload-on run goes through the launcher (its per-node logs).
+# Every mpirun run is queued, and run by world size and node count, one start each (run_nodes).
+# 2 nodes x 2 ranks and 3 nodes x 1 rank. The offload-on run of 2 x 2 goes through the launcher
+# (its per-node logs).
 run one_np4 0 4 true
+run one_np3 0 3 true
+# Resume across node counts (offload on), checked below: 2 nodes' step-20 checkpoint on 1 node,
+# and 1 node's on 2 nodes, both to step 30, equal an uninterrupted 30-step run.
+run full30 0 4 true --set steps=30
+run_nodes 0
 run n2x2_off 2 4 false
+run resume_1to2 2 4 true --set steps=30 --set checkpoint.dir="$WORK/one_np4"
+run_nodes 2
+run n3x1_off 3 3 false
+run n3x1_on 3 3 true
+run_nodes 3
 expect_code 0 n2x2_on "$launcher" --thetad "$thetad" --simulate-nodes 2 --nproc-per-node 2 \
   --log-dir "$WORK/n2x2_logs" "$job" "${off_args[@]}" --set offload.enabled=true \
   --set checkpoint.dir="$WORK/n2x2_on"
+# (The references compare step 20, before a resume continues n2x2_on's checkpoints to step 30.)
+queue_ref n2x2_reference 0 "$job" --world 4 "${ref_args[@]}" --compare "$WORK/n2x2_on"
+queue_ref n3x1_reference 0 "$job" --world 3 "${ref_args[@]}" --compare "$WORK/n3x1_on"
+run_queue
+run resume_2to1 0 4 true --set steps=30 --set checkpoint.dir="$WORK/n2x2_on"
+run_nodes 0
+
 same_hash n2x2_off n2x2_on "2 nodes x 2: offload on == off bitwise"
 same_hash one_np4 n2x2_on "2 nodes x 2 == 1 node x 4 bitwise"
-expect_code 0 n2x2_reference "$reference" "$job" --world 4 "${ref_args[@]}" --compare "$WORK/n2x2_on"
 split_ok n2x2_on 2 4
 one=$(owner_steps "$WORK/one_np4.log")
 if [ "$one" -gt 0 ]; then pass "one node x 4: $one owner group steps"; else fail "one node x 4: no owner steps logged"; fi
@@ -68,22 +85,10 @@ for k in 0 1; do
     pass "launcher: node-$k.log holds ranks $((2 * k)) and $((2 * k + 1))"
   else fail "launcher: node-$k.log missing or with other ranks"; fi
 done
-
-# 3 nodes x 1 rank.
-run one_np3 0 3 true
-run n3x1_off 3 3 false
-run n3x1_on 3 3 true
 same_hash n3x1_off n3x1_on "3 nodes x 1: offload on == off bitwise"
-expect_code 0 n3x1_reference "$reference" "$job" --world 3 "${ref_args[@]}" --compare "$WORK/n3x1_on"
 split_ok n3x1_on 3 3
 steps_per_node n3x1_on 3 3 "$(owner_steps "$WORK/one_np3.log")"
-
-# Resume across node counts (offload on): 2 nodes' step-20 checkpoint on 1 node, and 1 node's on
-# 2 nodes, both to step 30, equal an uninterrupted 30-step run.
-run full30 0 4 true --set steps=30
-run resume_2to1 0 4 true --set steps=30 --set checkpoint.dir="$WORK/n2x2_on"
 expect_in resume_2to1 "resumed from .*step-00000020 at step 20"
-run resume_1to2 2 4 true --set steps=30 --set checkpoint.dir="$WORK/one_np4"
 expect_in resume_1to2 "resumed from .*step-00000020 at step 20"
 same_hash full30 resume_2to1 "2-node checkpoint resumed on 1 node == uninterrupted"
 same_hash full30 resume_1to2 "1-node checkpoint resumed on 2 nodes == uninterrupted"
@@ -92,7 +97,7 @@ same_hash full30 resume_1to2 "1-node checkpoint resumed on 2 nodes == uninterrup
 expect_code 2 bad_thetad mpirun "${MPIRUN_FLAGS[@]}" -x THETAD_SIMULATE_NODES=3 -np 4 "$thetad" run "$job" --no-resume
 expect_in bad_thetad "THETAD_SIMULATE_NODES='3': .*divides"
 expect_code 2 bad_launcher "$launcher" --thetad "$thetad" --simulate-nodes 0 --nproc-per-node 2 "$job"
-expect_in bad_launcher "--simulate-nodes must be a positive integer"
+expect_in bad_launcher "--simulate-nodes must be a whole number from 1 to"
 expect_code 2 bad_launcher_env env THETAD_SIMULATE_NODES=5 "$launcher" --thetad "$thetad" --nproc-per-node 2 \
   --log-dir "$WORK/bad_logs" "$job"
 expect_in bad_launcher_env "THETAD_SIMULATE_NODES='5'"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# offload.shared_split_layers (issue 38): the lowest streamed trunk layers updated on the device
+# offload.shared_split_layers: the lowest streamed trunk layers updated on the device
 # within the step through the store's update lines (values and Adam moments in and back out),
 # the others by the host's CPU AdamW. Every split gives the bits of resident Θ (which equal
 # all-host streaming, tests/integration/streamed_trunk.sh): on 1, 2 and 4 ranks, beside device
@@ -10,16 +10,19 @@ thetad=$1
 job=$HERE/jobs/small.yaml
 # 6 trunk layers of 16->32 then 32->32 (+ bias): the largest layer 1056 floats (4224 bytes).
 trunk=(--set model.trunk_layers=6 --set steps=20)
-run() { local np=$1; shift; mpirun "${MPIRUN_FLAGS[@]}" -np "$np" "$thetad" run "$job" --no-resume "${trunk[@]}" "$@"; }
+# Every run is queued first and run by world size, one start each (run_queue); the checks after.
+# job_np NAME NP ARGS...: a run from scratch on NP ranks that must end 0.
+job_np() { local name=$1 np=$2; shift 2; queue "$name" "$np" 0 "$job" --no-resume "${trunk[@]}" "$@"; }
 
-# split NAME NP SPLIT ARGS...: resident Θ and Θ streamed with SPLIT layers updated on the device
-# end with the same final hash.
+# split NAME NP SPLIT ARGS...: resident Θ and Θ streamed with SPLIT layers updated on the device,
+# queued; they end with the same final hash (checked after).
+SPLITS=()
 split() {
   local name=$1 np=$2 layers=$3; shift 3
-  expect_code 0 "${name}_resident" run "$np" --set offload.shared=resident "$@"
-  expect_code 0 "${name}_split" run "$np" --set offload.shared=stream --set offload.shared_split_layers="$layers" \
+  job_np "${name}_resident" "$np" --set offload.shared=resident "$@"
+  job_np "${name}_split" "$np" --set offload.shared=stream --set offload.shared_split_layers="$layers" \
     --set metrics.path="$WORK/${name}_split.jsonl" "$@"
-  same_hash "$name: $layers split layers == resident Θ bitwise" "${name}_resident" "${name}_split"
+  SPLITS+=("$name $layers")
 }
 split np1 1 2
 split np2_all 2 6
@@ -30,16 +33,27 @@ split np2_alternate 2 3 --set data.schedule=alternate --set "data.alternate=[sha
 split np2_offload 2 4 --set offload.enabled=true --set offload.device_slots=2
 split np2_bf16 2 3 --set precision=bf16 --set data.tasks_per_rank=2
 split np2_prefetch2 2 5 --set offload.shared_prefetch_layers=2
-expect_in np2_devlayers_split "2 layers kept on the device .*; 2 streamed layers updated on the device"
 # auto on the CPU: none (no PCIe to balance); a count asks for the lines anywhere.
-expect_code 0 auto_cpu run 1 --set offload.shared=stream --set offload.shared_split_layers=auto
-expect_in auto_cpu "0 streamed layers updated on the device \(offload.shared_split_layers: auto, 0 bytes"
-
+job_np auto_cpu 1 --set offload.shared=stream --set offload.shared_split_layers=auto
 # The split's layers are stepped on the device every step (theta_device_steps), their gradients no
 # longer cross to the host (less D2H than with no split), and the update lines are in Θ's device
 # bytes: 3 lines (prefetch 1 + 2) of 3 x 4224 bytes beside the 3 slots.
-expect_code 0 np2_none run 2 --set offload.shared=stream --set offload.shared_split_layers=0 \
+job_np np2_none 2 --set offload.shared=stream --set offload.shared_split_layers=0 \
   --set metrics.path="$WORK/np2_none.jsonl" --set model.train_shared=true
+# Resume: 10 steps with a split, 10 more with another split == 20 resident steps.
+job_np resume_10 2 --set offload.shared=stream --set offload.shared_split_layers=3 --set steps=10 \
+  --set checkpoint.dir="$WORK/ck_split"
+queue resume_then 2 0 "$job" "${trunk[@]}" --set offload.shared=stream --set offload.shared_split_layers=5 \
+  --set checkpoint.dir="$WORK/ck_split"
+job_np resume_resident 2 --set offload.shared=resident
+run_queue
+
+for entry in "${SPLITS[@]}"; do
+  read -r name layers <<<"$entry"
+  same_hash "$name: $layers split layers == resident Θ bitwise" "${name}_resident" "${name}_split"
+done
+expect_in np2_devlayers_split "2 layers kept on the device .*; 2 streamed layers updated on the device"
+expect_in auto_cpu "0 streamed layers updated on the device \(offload.shared_split_layers: auto, 0 bytes"
 /usr/bin/python3 - "$WORK/np2_none.jsonl" "$WORK/np4_split.jsonl" "$WORK/np2_all_split.jsonl" <<'PY' \
   && pass "split: device steps, traffic and device bytes" || fail "split: device steps, traffic or device bytes wrong"
 import json, sys
@@ -51,14 +65,7 @@ assert {r["theta_device_slot_bytes"] for r in six} == {3 * 4224 + 3 * 3 * 4224},
 # rank 0 of 2 owns half the layers: with every layer split it copies lines out, never gradients.
 assert sum(r["theta_d2h_bytes"] for r in six) > 0
 PY
-
-# Resume: 10 steps with a split, 10 more with another split == 20 resident steps.
-expect_code 0 resume_10 run 2 --set offload.shared=stream --set offload.shared_split_layers=3 --set steps=10 \
-  --set checkpoint.dir="$WORK/ck_split"
-expect_code 0 resume_then mpirun "${MPIRUN_FLAGS[@]}" -np 2 "$thetad" run "$job" "${trunk[@]}" \
-  --set offload.shared=stream --set offload.shared_split_layers=5 --set checkpoint.dir="$WORK/ck_split"
 expect_in resume_then "resumed from .*step-00000010 at step 10"
-expect_code 0 resume_resident run 2 --set offload.shared=resident
 same_hash "resume: split 3 then split 5 == 20 resident steps" resume_resident resume_then
 
 # Bad input: exit 2 naming the key and the sizes.

@@ -12,15 +12,17 @@ reference=$2
 job=$HERE/jobs/small.yaml
 # 6 trunk layers of 16->32 then 32->32 (+ bias): Θ = 544 + 5 x 1056 floats = 23296 bytes.
 trunk=(--set model.trunk_layers=6 --set steps=20)
-run() { local np=$1; shift; mpirun "${MPIRUN_FLAGS[@]}" -np "$np" "$thetad" run "$job" --no-resume "${trunk[@]}" "$@"; }
+# Every run is queued first and run by world size, one start each (run_queue); the checks after.
+# job_np NAME NP ARGS...: a run from scratch on NP ranks that must end 0.
+job_np() { local name=$1 np=$2; shift 2; queue "$name" "$np" 0 "$job" --no-resume "${trunk[@]}" "$@"; }
 
-# on_off NAME NP ARGS...: resident and streamed Θ end with the same final hash.
+# on_off NAME NP ARGS...: resident and streamed Θ, queued; their final hashes are compared after.
+ON_OFF=()
 on_off() {
   local name=$1 np=$2; shift 2
-  expect_code 0 "${name}_resident" run "$np" --set offload.shared=resident "$@"
-  expect_code 0 "${name}_stream" run "$np" --set offload.shared=stream \
-    --set metrics.path="$WORK/${name}_stream.jsonl" "$@"
-  same_hash "$name: streamed Θ == resident Θ bitwise" "${name}_resident" "${name}_stream"
+  job_np "${name}_resident" "$np" --set offload.shared=resident "$@"
+  job_np "${name}_stream" "$np" --set offload.shared=stream --set metrics.path="$WORK/${name}_stream.jsonl" "$@"
+  ON_OFF+=("$name")
 }
 for np in 1 2 4; do on_off "np$np" "$np"; done
 on_off np2_prefetch3 2 --set offload.shared_prefetch_layers=3
@@ -37,10 +39,8 @@ on_off np2_discover 2 --set comm.active=discover
 on_off np2_bf16 2 --set precision=bf16 --set data.tasks_per_rank=2
 # The layers (and θ[t]) sent to the device as bf16 (offload.h2d_dtype): the same bits, since the
 # trunk layer's matmul and bias add read them through autocast's bf16 casts anyway.
-expect_code 0 np2_bf16_copies run 2 --set offload.shared=stream --set precision=bf16 --set data.tasks_per_rank=2 \
+job_np np2_bf16_copies 2 --set offload.shared=stream --set precision=bf16 --set data.tasks_per_rank=2 \
   --set offload.h2d_dtype=bf16 --set offload.enabled=true --set offload.device_slots=2
-same_hash "np2_bf16: bf16 copies of streamed Θ and θ[t] == resident Θ bitwise" np2_bf16_resident np2_bf16_copies
-expect_in np2_stream "Θ streamed: 6 trunk layers, 3 device slots"
 # The lowest layers on the device (the store's cache lines, the device AdamW), the rest streamed.
 on_off np1_devlayers 1 --set offload.shared_device_layers=2
 on_off np2_devlayers 2 --set offload.shared_device_layers=3
@@ -49,10 +49,33 @@ on_off np2_devlayers_alternate 2 --set offload.shared_device_layers=2 --set data
   --set "data.alternate=[shared,tasks,task:2]"
 on_off np2_devlayers_offload 2 --set offload.shared_device_layers=4 --set offload.enabled=true --set offload.device_slots=2
 on_off np2_devlayers_prune_off 2 --set offload.shared_device_layers=2 --set comm.prune=false
-expect_in np2_devlayers_stream "3 layers kept on the device \(38016 bytes\)"
 # auto: what the device's free memory holds; the host device has none of its own, so none here
 # (tests/integration/gpu_train.sh checks a GPU's count).
 on_off np2_devlayers_auto 2 --set offload.shared_device_layers=auto
+# The single-process reference (plain autograd, Θ on the device) agrees.
+job_np ref_run 2 --set offload.shared=stream --set checkpoint.dir="$WORK/ref_ck" --set accumulate_steps=2
+queue_ref ref_compare 0 "$job" --world 2 "${trunk[@]}" --set accumulate_steps=2 --compare "$WORK/ref_ck"
+# Resume across modes: 10 steps in one mode, 10 more in the other == 20 in one.
+for first in stream resident; do
+  second=$([ $first = stream ] && echo resident || echo stream)
+  job_np "resume_${first}_10" 2 --set offload.shared=$first --set steps=10 --set checkpoint.dir="$WORK/ck_$first"
+  queue "resume_${first}_then_$second" 2 0 "$job" "${trunk[@]}" --set offload.shared=$second \
+    --set checkpoint.dir="$WORK/ck_$first"
+done
+# Resume with device layers: their values and moments are read from the device into the
+# checkpoint, and written back into the lines when a run resumes.
+job_np resume_devlayers_10 2 --set offload.shared=stream --set offload.shared_device_layers=3 \
+  --set steps=10 --set checkpoint.dir="$WORK/ck_devlayers"
+queue resume_devlayers_then_devlayers 2 0 "$job" "${trunk[@]}" --set offload.shared=stream \
+  --set offload.shared_device_layers=3 --set checkpoint.dir="$WORK/ck_devlayers"
+# Bad input: exit 2 naming the key (and the sizes); checked below.
+queue bad_arena 1 2 "$job" --no-resume "${trunk[@]}" --set offload.shared=stream --set offload.host_limit_mb=0.01
+run_queue
+
+for name in "${ON_OFF[@]}"; do same_hash "$name: streamed Θ == resident Θ bitwise" "${name}_resident" "${name}_stream"; done
+same_hash "np2_bf16: bf16 copies of streamed Θ and θ[t] == resident Θ bitwise" np2_bf16_resident np2_bf16_copies
+expect_in np2_stream "Θ streamed: 6 trunk layers, 3 device slots"
+expect_in np2_devlayers_stream "3 layers kept on the device \(38016 bytes\)"
 expect_in np2_devlayers_auto_stream "0 layers kept on the device \(0 bytes\)"
 
 # Θ's device memory is the window's slots: (prefetch + 2) slots of the largest layer (1056 floats,
@@ -86,27 +109,11 @@ assert 0 < d2h(dev) < d2h(base), (d2h(dev), d2h(base))
 assert 0 < h2d(dev) < h2d(base), (h2d(dev), h2d(base))
 PY
 
-# The single-process reference (plain autograd, Θ on the device) agrees.
-expect_code 0 ref_run run 2 --set offload.shared=stream --set checkpoint.dir="$WORK/ref_ck" --set accumulate_steps=2
-expect_code 0 ref_compare "$reference" "$job" --world 2 "${trunk[@]}" --set accumulate_steps=2 --compare "$WORK/ref_ck"
-
-# Resume across modes: 10 steps in one mode, 10 more in the other == 20 in one.
 for first in stream resident; do
   second=$([ $first = stream ] && echo resident || echo stream)
-  expect_code 0 "resume_${first}_10" run 2 --set offload.shared=$first --set steps=10 \
-    --set checkpoint.dir="$WORK/ck_$first"
-  expect_code 0 "resume_${first}_then_$second" mpirun "${MPIRUN_FLAGS[@]}" -np 2 "$thetad" run "$job" "${trunk[@]}" \
-    --set offload.shared=$second --set checkpoint.dir="$WORK/ck_$first"
   expect_in "resume_${first}_then_$second" "resumed from .*step-00000010 at step 10"
   same_hash "resume: $first then $second == 20 steps" np2_resident "resume_${first}_then_$second"
 done
-
-# Resume with device layers: their values and moments are read from the device into the
-# checkpoint, and written back into the lines when a run resumes.
-expect_code 0 resume_devlayers_10 run 2 --set offload.shared=stream --set offload.shared_device_layers=3 \
-  --set steps=10 --set checkpoint.dir="$WORK/ck_devlayers"
-expect_code 0 resume_devlayers_then_devlayers mpirun "${MPIRUN_FLAGS[@]}" -np 2 "$thetad" run "$job" "${trunk[@]}" \
-  --set offload.shared=stream --set offload.shared_device_layers=3 --set checkpoint.dir="$WORK/ck_devlayers"
 same_hash "resume: device layers, 10 + 10 steps == 20" np2_resident resume_devlayers_then_devlayers
 
 # Bad input: exit 2 naming the key (and the sizes).
@@ -127,7 +134,5 @@ expect_code 2 bad_clip "$thetad" validate "$job" --set offload.shared=stream --s
 expect_in bad_clip "optimizer.clip_norm is 1"
 expect_code 2 bad_word "$thetad" validate "$job" --set offload.shared=streamed
 expect_in bad_word "offload.shared: must be one of"
-expect_code 2 bad_arena mpirun "${MPIRUN_FLAGS[@]}" -np 1 "$thetad" run "$job" --no-resume "${trunk[@]}" \
-  --set offload.shared=stream --set offload.host_limit_mb=0.01
 expect_in bad_arena "offload.shared: stream: Θ's host store \(6 trunk layers, 23296 bytes of parameters\)"
 finish

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 36, item 15: rank 0's metrics record and progress line hold the per-task loss of every
+# rank 0's metrics record and progress line hold the per-task loss of every
 # rank's tasks, not only rank 0's. 2 ranks, round robin (each step rank 0 and rank 1 train
 # different tasks), with metrics.all_ranks: rank 0's record of each step must hold every task of
 # both ranks' own records, with the very values each rank computed; with accumulate_steps 2 a

@@ -1,122 +1,82 @@
 #!/usr/bin/env bash
-# The transformer with per-task LoRA adapters (issue 20), on the CPU build:
+# The transformer with per-task LoRA adapters, on the CPU build:
 #  - N ranks (1, 2, 3) equal the single-process reference bitwise, with the base trained and
 #    frozen (model.train_shared: false); prune on == off bitwise;
-#  - a frozen base puts no byte on the wire: bytes_allreduced per step = exactly 4 x the active
-#    adapters' parameters, and the base's parameters end as they began;
+#  - a frozen base puts no byte on the wire: bytes_allreduced + bytes_kept per step = exactly 4 x
+#    the active adapters' parameters (on 2 ranks each adapter stays with its user: all kept), and
+#    the base's parameters end as they began;
 #  - offload on == off bitwise (adapters through 2 device slots), bf16 equals its reference;
 #  - resume is bitwise (10 steps, then resumed to 20 = 20 straight);
 #  - the loss falls (synthetic token walks; token files), and bad token files are exit 2 naming
 #    the file before any step;
-#  - model.arch: llama (issue 35) keeps the same promises (reference, frozen base, prune,
+#  - model.arch: llama keeps the same promises (reference, frozen base, prune,
 #    offload with the device cache, bf16, resume), a frozen base held in bf16 included.
 source "$(dirname "$0")/lib.sh"
 thetad=$1
 reference=$2
 job=$HERE/jobs/transformer.yaml
-run_job() { local name=$1 np=$2; shift 2; run_np "$name" "$np" "$job" "$@"; }  # name np args...
+# Every run is queued first (queue_np, queue) and run by world size, one start each, the
+# comparisons with the reference in one more (run_queue); the checks after.
+job_np() { local name=$1 np=$2; shift 2; queue_np "$name" "$np" "$job" "$@"; }  # name np args...
+# job_in NAME NP DIR ARGS...: a run with its checkpoints in $WORK/DIR (a resume continues there).
+job_in() {
+  local name=$1 np=$2 dir=$3; shift 3
+  queue "$name" "$np" 0 "$job" "$@" --set checkpoint.dir="$WORK/$dir" --set metrics.path="$WORK/$dir.jsonl" \
+    --set log.level=info
+}
 # Per task: 2 layers x rank 2 x ((16+16) q + (16+16) v + (16+32) up) = 448 parameters.
 per_task=448
 for np in 1 2 3; do
   for shared in true false; do
     name=np${np}_shared_$shared
-    run_job "$name" "$np" --set model.train_shared=$shared
-    expect_code 0 "$name-reference" "$reference" "$job" --world "$np" --set model.train_shared=$shared \
-      --compare "$WORK/$name.ckpt"
+    job_np "$name" "$np" --set model.train_shared=$shared
+    queue_ref "$name-reference" 0 "$job" --world "$np" --set model.train_shared=$shared --compare "$WORK/$name.ckpt"
   done
-  # Round robin with 4 tasks: each step's ranks train min(np, 4) distinct adapters.
-  /usr/bin/python3 - "$WORK/np${np}_shared_false.jsonl" $((4 * per_task * np)) <<'PY' \
-    && pass "np$np frozen base: bytes per step = 4 x the active adapters ($((4 * per_task * np)))" \
-    || fail "np$np frozen base: bytes per step"
-import json, sys
-got = {json.loads(l)["bytes_allreduced"] for l in open(sys.argv[1])}
-assert got == {int(sys.argv[2])}, got
-PY
 done
-run_job np2_shared_false_noprune 2 --set model.train_shared=false --set comm.prune=false
-same_hash "frozen base: prune on == off bitwise" np2_shared_false np2_shared_false_noprune
-# (The frozen base ends as it began: the reference never steps a group no rank trained, and
-# thetad equals it bitwise above.)
+job_np np2_shared_false_noprune 2 --set model.train_shared=false --set comm.prune=false
 for off in false true; do
-  run_job "offload_$off" 2 --set offload.enabled=$off --set offload.device_slots=2 --set offload.prefetch=1
+  job_np "offload_$off" 2 --set offload.enabled=$off --set offload.device_slots=2 --set offload.prefetch=1
 done
-same_hash "offload on == off bitwise" offload_false offload_true
-run_job bf16 2 --set precision=bf16
-expect_code 0 bf16-reference "$reference" "$job" --world 2 --set precision=bf16 --compare "$WORK/bf16.ckpt"
-
+job_np bf16 2 --set precision=bf16
+queue_ref bf16-reference 0 "$job" --world 2 --set precision=bf16 --compare "$WORK/bf16.ckpt"
 # Resume: 10 steps, then the same run continued to 20, equals 20 straight.
-expect_code 0 resume_first "$thetad" run "$job" --set steps=10 --set checkpoint.dir="$WORK/resume" \
-  --set metrics.path="$WORK/resume.jsonl" --set log.level=info
-expect_code 0 resume_second "$thetad" run "$job" --set checkpoint.dir="$WORK/resume" \
-  --set metrics.path="$WORK/resume.jsonl" --set log.level=info
-expect_in resume_second "resumed from .*step-00000010"
-same_hash "resume at step 10 == 20 straight, bitwise" resume_second np1_shared_true
+job_in resume_first 1 resume --set steps=10
+job_in resume_second 1 resume
 
-# model.arch: llama (issue 35): RMSNorm, rotary positions, grouped-query attention (1 key/value
+# model.arch: llama: RMSNorm, rotary positions, grouped-query attention (1 key/value
 # head for 2), SwiGLU with an adapted gate, tied embeddings. The same promises on 2 ranks: equal to
 # the reference with the base trained and frozen, frozen base = adapters' bytes only, prune on ==
 # off, offload (device cache) on == off, bf16 equals its reference, resume bitwise.
 llama=(--set model.arch=llama --set model.kv_heads=1 --set model.tie_embeddings=true --set lora.targets=[q,v,gate])
-# Per task: 2 layers x rank 2 x ((16+16) q + (16+8) v + (16+32) gate) = 416 parameters.
 for shared in true false; do
-  run_job llama_shared_$shared 2 "${llama[@]}" --set model.train_shared=$shared
-  expect_code 0 "llama_shared_$shared-reference" "$reference" "$job" --world 2 "${llama[@]}" \
+  job_np llama_shared_$shared 2 "${llama[@]}" --set model.train_shared=$shared
+  queue_ref "llama_shared_$shared-reference" 0 "$job" --world 2 "${llama[@]}" \
     --set model.train_shared=$shared --compare "$WORK/llama_shared_$shared.ckpt"
 done
-/usr/bin/python3 - "$WORK/llama_shared_false.jsonl" $((4 * 416 * 2)) <<'PY' \
-  && pass "llama frozen base: bytes per step = 4 x the active adapters" || fail "llama frozen base: bytes per step"
-import json, sys
-got = {json.loads(l)["bytes_allreduced"] for l in open(sys.argv[1])}
-assert got == {int(sys.argv[2])}, got
-PY
-run_job llama_noprune 2 "${llama[@]}" --set model.train_shared=false --set comm.prune=false
-same_hash "llama frozen base: prune on == off bitwise" llama_shared_false llama_noprune
-run_job llama_offload 2 "${llama[@]}" --set offload.enabled=true --set offload.device_slots=2 --set offload.device_cache_mb=0.01
-same_hash "llama: offload (device cache) on == off bitwise" llama_shared_true llama_offload
-run_job llama_bf16 2 "${llama[@]}" --set precision=bf16
-expect_code 0 llama_bf16-reference "$reference" "$job" --world 2 "${llama[@]}" --set precision=bf16 \
-  --compare "$WORK/llama_bf16.ckpt"
-# A frozen base under bf16 is held in bf16 only (issue 34.2): equal to the reference (whose model
+job_np llama_noprune 2 "${llama[@]}" --set model.train_shared=false --set comm.prune=false
+job_np llama_offload 2 "${llama[@]}" --set offload.enabled=true --set offload.device_slots=2 --set offload.device_cache_mb=0.01
+job_np llama_bf16 2 "${llama[@]}" --set precision=bf16
+queue_ref llama_bf16-reference 0 "$job" --world 2 "${llama[@]}" --set precision=bf16 --compare "$WORK/llama_bf16.ckpt"
+# A frozen base under bf16 is held in bf16 only: equal to the reference (whose model
 # holds it so too; test_frozen_bf16 checks it against a float32-held base bitwise), its checkpoint
 # holds the base widened, and a resume from it is bitwise (the restored base rounded back).
 frozen_bf16=("${llama[@]}" --set precision=bf16 --set model.train_shared=false)
-run_job llama_bf16_frozen 2 "${frozen_bf16[@]}"
-expect_in llama_bf16_frozen "frozen base held in bf16 .*: [0-9.]+ MB in bf16"
-expect_code 0 llama_bf16_frozen-reference "$reference" "$job" --world 2 "${frozen_bf16[@]}" \
-  --compare "$WORK/llama_bf16_frozen.ckpt"
-expect_code 0 llama_bf16_frozen_first "$thetad" run "$job" "${frozen_bf16[@]}" --set steps=10 \
-  --set checkpoint.dir="$WORK/llama_bf16_frozen_r" --set metrics.path="$WORK/llama_bf16_frozen_r.jsonl" --set log.level=info
-expect_code 0 llama_bf16_frozen_resumed "$thetad" run "$job" "${frozen_bf16[@]}" \
-  --set checkpoint.dir="$WORK/llama_bf16_frozen_r" --set metrics.path="$WORK/llama_bf16_frozen_r.jsonl" --set log.level=info
-expect_in llama_bf16_frozen_resumed "resumed from .*step-00000010"
-run_job llama_bf16_frozen_np1 1 "${frozen_bf16[@]}"
-same_hash "llama frozen bf16 base: resume at step 10 == 20 straight, bitwise" llama_bf16_frozen_resumed llama_bf16_frozen_np1
-expect_code 0 llama_resume_first "$thetad" run "$job" "${llama[@]}" --set steps=10 --set checkpoint.dir="$WORK/llama_resume" \
-  --set metrics.path="$WORK/llama_resume.jsonl" --set log.level=info
-expect_code 0 llama_resume_second mpirun "${MPIRUN_FLAGS[@]}" -np 2 "$thetad" run "$job" "${llama[@]}" \
-  --set checkpoint.dir="$WORK/llama_resume" --set metrics.path="$WORK/llama_resume.jsonl" --set log.level=info
-expect_in llama_resume_second "resumed from .*step-00000010"
-run_job llama_np1 1 "${llama[@]}"
-expect_code 0 llama_np1_resume_check "$thetad" run "$job" "${llama[@]}" --set steps=10 \
-  --set checkpoint.dir="$WORK/llama_np1r" --set metrics.path="$WORK/llama_np1r.jsonl" --set log.level=info
-expect_code 0 llama_np1_resumed "$thetad" run "$job" "${llama[@]}" --set checkpoint.dir="$WORK/llama_np1r" \
-  --set metrics.path="$WORK/llama_np1r.jsonl" --set log.level=info
-same_hash "llama: resume at step 10 == 20 straight, bitwise" llama_np1_resumed llama_np1
-run_job llama_train 1 "${llama[@]}" --set steps=150
+job_np llama_bf16_frozen 2 "${frozen_bf16[@]}"
+queue_ref llama_bf16_frozen-reference 0 "$job" --world 2 "${frozen_bf16[@]}" --compare "$WORK/llama_bf16_frozen.ckpt"
+job_in llama_bf16_frozen_first 1 llama_bf16_frozen_r "${frozen_bf16[@]}" --set steps=10
+job_in llama_bf16_frozen_resumed 1 llama_bf16_frozen_r "${frozen_bf16[@]}"
+job_np llama_bf16_frozen_np1 1 "${frozen_bf16[@]}"
+# 10 steps on 1 rank resumed on 2 (the 1-rank runs go first: their world size is queued first).
+job_in llama_resume_first 1 llama_resume "${llama[@]}" --set steps=10
+job_in llama_resume_second 2 llama_resume "${llama[@]}"
+job_np llama_np1 1 "${llama[@]}"
+job_in llama_np1_resume_check 1 llama_np1r "${llama[@]}" --set steps=10
+job_in llama_np1_resumed 1 llama_np1r "${llama[@]}"
+job_np llama_train 1 "${llama[@]}" --set steps=150
 
-# The loss falls: synthetic walks (1 rank, 150 steps) and the same walks from token files.
-falls() {  # name
-  /usr/bin/python3 - "$WORK/$1.jsonl" <<'PY' && pass "$1: loss falls" || fail "$1: loss did not fall"
-import json, sys
-recs = [json.loads(l)["loss"] for l in open(sys.argv[1])]
-first, last = sum(recs[:5]) / 5, sum(recs[-5:]) / 5
-print(f"loss {first:.3f} -> {last:.3f}")
-assert last < 0.5 * first
-PY
-}
-run_job synthetic_train 1 --set steps=150
-falls synthetic_train
-falls llama_train
+# The loss falls: synthetic walks (1 rank, 150 steps) and the same walks from token files; bad
+# token files are exit 2 naming the file, before any step.
+job_np synthetic_train 1 --set steps=150
 mkdir -p "$WORK/tokens" "$WORK/bad"
 /usr/bin/python3 - "$WORK/tokens" "$WORK/bad" <<'PY'
 import numpy as np, sys
@@ -127,13 +87,11 @@ np.save(f"{bad}/float.npy", np.zeros(100, dtype=np.float32))
 np.save(f"{bad}/big_id.npy", np.full(100, 24, dtype=np.int64))
 np.save(f"{bad}/short.npy", np.zeros(8, dtype=np.uint16))
 PY
-run_job tokens_train 2 --set steps=150 --set data.kind=tokens --set data.dir="$WORK/tokens"
-falls tokens_train
+job_np tokens_train 2 --set steps=150 --set data.kind=tokens --set data.dir="$WORK/tokens"
 for bad in float big_id short; do
-  rm -rf "$WORK/bad_dir" && cp -r "$WORK/tokens" "$WORK/bad_dir" && cp "$WORK/bad/$bad.npy" "$WORK/bad_dir/task2.npy"
-  expect_code 2 "bad_$bad" "$thetad" run "$job" --no-resume --set data.kind=tokens --set data.dir="$WORK/bad_dir" \
+  mkdir -p "$WORK/bad_$bad" && cp -r "$WORK/tokens" "$WORK/bad_$bad/bad_dir" && cp "$WORK/bad/$bad.npy" "$WORK/bad_$bad/bad_dir/task2.npy"
+  queue "bad_$bad" 1 2 "$job" --no-resume --set data.kind=tokens --set data.dir="$WORK/bad_$bad/bad_dir" \
     --set checkpoint.dir="$WORK/bad_$bad.ckpt"
-  expect_in "bad_$bad" "bad_dir/task2.npy"
 done
 # The TorchScript path with a real transformer: the Python model of docs/examples/
 # export_transformer.py, scripted, trains under thetad on the token files with the same loss
@@ -141,18 +99,7 @@ done
 tokens=(--set steps=60 --set lora.targets=[q,v] --set data.kind=tokens --set data.dir="$WORK/tokens")
 /usr/bin/python3 "$HERE/../../docs/examples/export_transformer.py" "$WORK/tfm.pt" --state-dict "$WORK/tfm-init.pt" \
   > "$WORK/export.log" 2>&1 || fail "export_transformer.py: $(tail -3 "$WORK/export.log")"
-run_job builtin_from_state_dict 1 "${tokens[@]}" --set model.init_from="$WORK/tfm-init.pt"
-run_job torchscript_transformer 1 "${tokens[@]}" --set model.kind=torchscript --set model.trust_code=true --set model.path="$WORK/tfm.pt" \
-  --set 'model.shared=["embed.*", "pos.*", "blocks.*", "ln_f.*", "lm_head.*"]' --set 'model.task=lora.{t}.*'
-expect_in builtin_from_state_dict "model.init_from: [0-9]+ parameters from"
-/usr/bin/python3 - "$WORK/builtin_from_state_dict.jsonl" "$WORK/torchscript_transformer.jsonl" <<'PY' \
-  && pass "TorchScript transformer == built-in from its state dict: same loss curve" || fail "loss curves differ"
-import json, sys
-a, b = ([json.loads(l)["loss"] for l in open(p)] for p in sys.argv[1:])
-worst = max(abs(x - y) / x for x, y in zip(a, b))
-print(f"60 steps, loss {a[0]:.4f} -> {a[-1]:.4f}; largest relative difference {worst:.2e}")
-assert len(a) == len(b) == 60 and worst < 1e-5 and a[-1] < 0.7 * a[0]
-PY
+job_np builtin_from_state_dict 1 "${tokens[@]}" --set model.init_from="$WORK/tfm-init.pt"
 # Initial weights that do not fit: exit 2 naming the file and the key, before any step.
 /usr/bin/python3 - "$WORK/tfm-init.pt" "$WORK" <<'PY'
 import sys, torch
@@ -162,9 +109,70 @@ torch.save(dict(sd, **{"blocks.9.attn.q.weight": torch.zeros(2, 2)}), f"{out}/un
 torch.save(dict(sd, **{"embed.weight": torch.zeros(25, 16)}), f"{out}/shape.pt")
 PY
 for bad in missing unexpected shape; do
-  expect_code 2 "init_$bad" "$thetad" run "$job" --no-resume --set model.init_from="$WORK/$bad.pt" \
+  queue "init_$bad" 1 2 "$job" --no-resume --set model.init_from="$WORK/$bad.pt" \
     --set lora.targets=[q,v] --set checkpoint.dir="$WORK/init_$bad.ckpt"
 done
+run_queue
+# (Its shared patterns hold blanks: a run of its own.)
+run_np torchscript_transformer 1 "$job" "${tokens[@]}" --set model.kind=torchscript --set model.trust_code=true --set model.path="$WORK/tfm.pt" \
+  --set 'model.shared=["embed.*", "pos.*", "blocks.*", "ln_f.*", "lm_head.*"]' --set 'model.task=lora.{t}.*'
+
+for np in 1 2 3; do
+  # Round robin with 4 tasks: each step's ranks train min(np, 4) distinct adapters; on 2 ranks each
+  # adapter has one user for good, who keeps its gradient (sent: nothing).
+  /usr/bin/python3 - "$WORK/np${np}_shared_false.jsonl" $((4 * per_task * np)) "$np" <<'PY' \
+    && pass "np$np frozen base: bytes per step = 4 x the active adapters ($((4 * per_task * np)))" \
+    || fail "np$np frozen base: bytes per step"
+import json, sys
+recs = [json.loads(l) for l in open(sys.argv[1])]
+got = {r["bytes_allreduced"] + r["bytes_kept"] for r in recs}
+if sys.argv[3] == "2": assert {r["bytes_allreduced"] for r in recs} == {0}, "kept adapters were sent"
+assert got == {int(sys.argv[2])}, got
+PY
+done
+same_hash "frozen base: prune on == off bitwise" np2_shared_false np2_shared_false_noprune
+# (The frozen base ends as it began: the reference never steps a group no rank trained, and
+# thetad equals it bitwise above.)
+same_hash "offload on == off bitwise" offload_false offload_true
+expect_in resume_second "resumed from .*step-00000010"
+same_hash "resume at step 10 == 20 straight, bitwise" resume_second np1_shared_true
+# Per task: 2 layers x rank 2 x ((16+16) q + (16+8) v + (16+32) gate) = 416 parameters.
+/usr/bin/python3 - "$WORK/llama_shared_false.jsonl" $((4 * 416 * 2)) <<'PY' \
+  && pass "llama frozen base: bytes per step = 4 x the active adapters" || fail "llama frozen base: bytes per step"
+import json, sys
+got = {json.loads(l)["bytes_allreduced"] + json.loads(l)["bytes_kept"] for l in open(sys.argv[1])}
+assert got == {int(sys.argv[2])}, got
+PY
+same_hash "llama frozen base: prune on == off bitwise" llama_shared_false llama_noprune
+same_hash "llama: offload (device cache) on == off bitwise" llama_shared_true llama_offload
+expect_in llama_bf16_frozen "frozen base held in bf16 .*: [0-9.]+ MB in bf16"
+expect_in llama_bf16_frozen_resumed "resumed from .*step-00000010"
+same_hash "llama frozen bf16 base: resume at step 10 == 20 straight, bitwise" llama_bf16_frozen_resumed llama_bf16_frozen_np1
+expect_in llama_resume_second "resumed from .*step-00000010"
+same_hash "llama: resume at step 10 == 20 straight, bitwise" llama_np1_resumed llama_np1
+
+falls() {  # name
+  /usr/bin/python3 - "$WORK/$1.jsonl" <<'PY' && pass "$1: loss falls" || fail "$1: loss did not fall"
+import json, sys
+recs = [json.loads(l)["loss"] for l in open(sys.argv[1])]
+first, last = sum(recs[:5]) / 5, sum(recs[-5:]) / 5
+print(f"loss {first:.3f} -> {last:.3f}")
+assert last < 0.5 * first
+PY
+}
+falls synthetic_train
+falls llama_train
+falls tokens_train
+for bad in float big_id short; do expect_in "bad_$bad" "bad_dir/task2.npy"; done
+expect_in builtin_from_state_dict "model.init_from: [0-9]+ parameters from"
+/usr/bin/python3 - "$WORK/builtin_from_state_dict.jsonl" "$WORK/torchscript_transformer.jsonl" <<'PY' \
+  && pass "TorchScript transformer == built-in from its state dict: same loss curve" || fail "loss curves differ"
+import json, sys
+a, b = ([json.loads(l)["loss"] for l in open(p)] for p in sys.argv[1:])
+worst = max(abs(x - y) / x for x, y in zip(a, b))
+print(f"60 steps, loss {a[0]:.4f} -> {a[-1]:.4f}; largest relative difference {worst:.2e}")
+assert len(a) == len(b) == 60 and worst < 1e-5 and a[-1] < 0.7 * a[0]
+PY
 expect_in init_missing "missing.pt: model.init_from: shared parameter 'lm_head.weight' is missing"
 expect_in init_unexpected "unexpected.pt: model.init_from: key 'blocks.9.attn.q.weight' is not a parameter"
 expect_in init_shape "shape.pt: model.init_from: key 'embed.weight' has shape \[25, 16\]"

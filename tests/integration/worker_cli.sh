@@ -32,6 +32,12 @@ expect_code 2 bad_set "$thetad" validate "$root/config/examples/demo.yaml" --set
 expect_in bad_set "optimizer.lr"
 expect_code 2 unknown_command "$thetad" frobnicate
 expect_code 2 no_job "$thetad" run
+# The test aid run-jobs: a list it cannot use is exit 2 naming the file (and the line), before MPI.
+expect_code 2 run_jobs_missing "$thetad" run-jobs "$WORK/nope.list"
+expect_in run_jobs_missing "nope.list: cannot read the job list"
+printf '# a comment\n%s\n' "$WORK/only_a_log.log" > "$WORK/bad.list"
+expect_code 2 run_jobs_bad_line "$thetad" run-jobs "$WORK/bad.list"
+expect_in run_jobs_bad_line "bad.list:2: expected LOG JOB.yaml \\[options\\]"
 # Ranks started with different job files: exit 2 naming the differing key.
 sed 's/lr: 0.005/lr: 0.006/' "$HERE/jobs/small.yaml" > "$WORK/other.yaml"
 expect_code 2 mismatch mpirun "${MPIRUN_FLAGS[@]}" -np 1 "$thetad" run "$HERE/jobs/small.yaml" --no-resume \

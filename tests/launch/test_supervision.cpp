@@ -211,7 +211,7 @@ TEST(Summary, OrderOfEndsNamesTheCauseNotMpirunsCleanup) {
   in.closed_order = {1, 0};
   v = summarize(in);
   EXPECT_NE(v.lines[0].find("rank 1 lost (signal 9, SIGKILL)"), std::string::npos);
-  // Issue 36: the node lost rank 1 only; rank 0 was stopped because of it.
+  // the node lost rank 1 only; rank 0 was stopped because of it.
   EXPECT_NE(v.lines[1].find("simulated node 0 lost rank 1; rank 0 stopped because of it (its ranks: 0,1)"),
             std::string::npos)
       << v.lines[1];

@@ -1,5 +1,5 @@
 // The streamed trunk's split (offload/update_split.hpp): the resources' byte totals, and the step
-// model against the steps measured on an H100 (docs/BENCHMARKS.md, nineteenth session, issue 38).
+// model against the steps measured on an H100 (docs/BENCHMARKS.md).
 #include <gtest/gtest.h>
 
 #include <algorithm>

@@ -12,29 +12,30 @@
 # parameter hash of an uninterrupted run.
 # Exit 77 (ctest SKIP_RETURN_CODE) when Slurm cannot be had or started here.
 # Usage: sbatch_requeue.sh PATH/TO/thetad
-set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 THETAD=$(readlink -f "${1:?usage: $0 PATH/TO/thetad}")
+# Each step needs the one before: the first failure ends the test.
+TEST_FAIL_FAST=1
+# shellcheck source=tests/lib/test_lib.sh
+source "$HERE/../lib/test_lib.sh"
 # shellcheck source=tests/slurm/cluster.sh
 source "$HERE/cluster.sh"
 
-T=$(mktemp -d)
-cleanup() { slurm_stop; rm -rf "$T"; }
-trap cleanup EXIT
-PASSES=0
-skip() { echo "SKIP: $*"; exit 77; }
-fail() {
-  echo "FAIL: $*"
+T=$WORK
+# After a failure: the jobs' outputs and the ranks' own logs (the launcher's --log-dir under the
+# job's chdir), their last words. Then the cluster goes.
+# shellcheck disable=SC2317  # run by the library's exit (at_exit)
+last_words() {
+  ((FAILS > 0)) || return 0
   for f in "$T"/out-*.txt; do [[ -e $f ]] && { echo "--- $f"; tail -n 40 "$f"; }; done
-  # The ranks' own logs (the launcher's --log-dir under the job's chdir): their last words.
   for f in "$T"/runs/*/logs/rank-*.log "$T"/runs/*/logs/rank-*.exit; do
     [[ -e $f ]] && { echo "--- $f"; grep -v '\] info: step ' "$f" | tail -n 8; }
   done
-  echo "$PASSES passed, 1 failed"
-  exit 1
+  return 0
 }
-pass() { echo "ok   $*"; PASSES=$((PASSES + 1)); }
+at_exit last_words
+at_exit slurm_stop
 t0=$SECONDS
 
 slurm_install || skip "$SLURM_WHY"
@@ -44,7 +45,6 @@ pass "one-node Slurm cluster up in $((SECONDS - t0)) s ($(sinfo -h -o '%D node(s
 # The script as users submit it; only what this machine lacks is overridden on the command line
 # (one node, 2 CPU ranks, no GPUs). It finds thetad-launch and thetad through the environment.
 export THETAD_LAUNCH=$ROOT/launch/thetad-launch THETAD_BIN=$THETAD
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 unset CUDA_VISIBLE_DEVICES || true
 
 # write_job NAME: a small CPU job, long enough (several seconds) that a preemption lands mid-run.
@@ -160,4 +160,4 @@ cycle() {
 cycle signal
 cycle requeue
 echo "slurm test took $((SECONDS - t0)) s"
-echo "$PASSES passed, 0 failed"
+finish

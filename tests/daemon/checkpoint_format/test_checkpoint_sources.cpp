@@ -51,7 +51,9 @@ TEST(CheckpointLayout, FunctionKeysAreRecordedAndRefusedByName) {
   const config::Job base = transformer("");
   const ManifestLayout saved = layout_of(base);
   for (const char* key : {"lora.alpha", "model.arch", "model.kv_heads", "model.rope_theta", "model.norm_eps",
-                          "model.tie_embeddings"}) {
+                          "model.tie_embeddings", "model.head_dim", "model.rope_scaling", "model.rope_factor",
+                          "model.rope_low_freq_factor", "model.rope_high_freq_factor",
+                          "model.rope_original_max_positions"}) {
     bool found = false;
     for (const auto& kv : saved.keys) found |= kv.first == key;
     EXPECT_TRUE(found) << key << " is not among the layout keys";
@@ -63,6 +65,10 @@ TEST(CheckpointLayout, FunctionKeysAreRecordedAndRefusedByName) {
   config::Job eps = base;
   eps.model.norm_eps = 1e-6;
   EXPECT_NE(refusal(saved, layout_of(eps)).find("model.norm_eps is"), std::string::npos);
+  config::Job rope = base;  // Llama 3's frequencies are another function of the same weights
+  rope.model.rope_scaling = config::RopeScaling::Llama3;
+  EXPECT_NE(refusal(saved, layout_of(rope)).find("model.rope_scaling is none in the checkpoint, llama3 in this job"),
+            std::string::npos) << refusal(saved, layout_of(rope));
   config::Job lr = base;  // what only trains differently is no layout key
   lr.optimizer.lr = 0.5;
   EXPECT_EQ(refusal(saved, layout_of(lr)), "");

@@ -17,18 +17,8 @@ namespace thetad::daemon {
 namespace {
 
 using test::expect_config_error;
-
-void put(const std::string& path, const std::string& bytes) {
-  std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-}
-
-// A file of the given header text (padded to 8) followed by `data`.
-std::string st_bytes(std::string header, const std::string& data) {
-  header.append((8 - header.size() % 8) % 8, ' ');
-  std::string out(8, '\0');
-  for (int i = 0; i < 8; ++i) out[static_cast<size_t>(i)] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
-  return out + header + data;
-}
+using test::put;
+using test::st_bytes;
 
 TEST(Safetensors, WriteReadRoundTripAllFloatDtypes) {
   test::ScratchDir dir;
@@ -176,13 +166,20 @@ TEST(HfNames, LlamaBothWays) {
       {"model.layers.7.mlp.down_proj.weight", "blocks.7.mlp.down.weight"},
       {"model.norm.weight", "ln_f.weight"},
       {"lm_head.weight", "lm_head.weight"},
+      // Qwen2's biases of q, k and v; Qwen3's norms of each query and key head.
+      {"model.layers.2.self_attn.q_proj.bias", "blocks.2.attn.q.bias"},
+      {"model.layers.2.self_attn.k_proj.bias", "blocks.2.attn.k.bias"},
+      {"model.layers.2.self_attn.v_proj.bias", "blocks.2.attn.v.bias"},
+      {"model.layers.4.self_attn.q_norm.weight", "blocks.4.attn.q_norm.weight"},
+      {"model.layers.4.self_attn.k_norm.weight", "blocks.4.attn.k_norm.weight"},
   };
   for (const auto& [hf, ours] : pairs) {
     EXPECT_EQ(thetad_name_of_hf(hf), ours) << hf;
     EXPECT_EQ(hf_name_of_thetad(ours), hf) << ours;
   }
   for (const char* other : {"model.layers.0.self_attn.rotary_emb.inv_freq", "model.layers.x.mlp.up_proj.weight",
-                            "model.layers.01.mlp.up_proj.weight", "model.layers..mlp.up_proj.weight", "pos.weight"}) {
+                            "model.layers.01.mlp.up_proj.weight", "model.layers..mlp.up_proj.weight", "pos.weight",
+                            "model.layers.0.self_attn.o_proj.bias", "model.layers.0.mlp.up_proj.bias"}) {
     EXPECT_EQ(thetad_name_of_hf(other), "") << other;
     EXPECT_EQ(hf_name_of_thetad(other), "") << other;
   }

@@ -1,4 +1,4 @@
-// A frozen base held in bf16 (precision: bf16, model.train_shared: false; issue 34.2) against the
+// A frozen base held in bf16 (precision: bf16, model.train_shared: false) against the
 // same base held in float32 under autocast, on the CPU: the same losses and adapter gradients and
 // values, bitwise, over several steps and tasks (Llama with untied and tied embeddings, from
 // random values, from a float32 and from a bf16 safetensors file; the MLP's frozen trunk through

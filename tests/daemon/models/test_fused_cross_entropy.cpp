@@ -2,9 +2,11 @@
 // float32 (what it replaces): the loss and the gradient that reaches the matmul making the
 // logits, for chunks of 1, 3 and all rows, float32 and bf16 logits, a scaled loss, and the one
 // tensor it keeps for backward; linear_cross_entropy (the output layer's matmul folded in, for a
-// weight that needs no gradient) against the unfused pair.
+// weight that needs no gradient) against the unfused pair; masked targets (data.loss_mask) against
+// cross_entropy's ignore_index, and the loss alone when no gradient is wanted (evaluation).
 #include <gtest/gtest.h>
 #include <torch/torch.h>
+
 
 #include "daemon/models/fused_cross_entropy.hpp"
 #include "daemon/models/precision.hpp"
@@ -116,6 +118,61 @@ TEST(LinearCrossEntropy, AWeightThatNeedsAGradientTakesTheUnfusedPath) {
   ASSERT_TRUE(f.dw.defined());
   EXPECT_TRUE(torch::equal(f.dw, plain.dw));
   EXPECT_TRUE(torch::equal(f.dh, plain.dh));
+}
+
+// data.loss_mask: targets of -1 are left out of the loss and its gradient, and the loss is the
+// mean over the others: what cross_entropy with ignore_index -1 gives, for the fused loss (a
+// trained head) and the linear one (a frozen head), in chunks that split the masked rows.
+TEST(MaskedCrossEntropy, MatchesIgnoreIndex) {
+  for (bool linear : {false, true}) {
+    for (int64_t chunk : {int64_t(1), int64_t(4), int64_t(0)}) {
+      torch::manual_seed(11);
+      const torch::Tensor h = torch::randn({kRows, kHidden}).set_requires_grad(true);
+      const torch::Tensor w = torch::randn({kClasses, kHidden}).set_requires_grad(!linear);
+      torch::Tensor y = torch::randint(kClasses, {kRows}, torch::kInt64);
+      y.index_put_({torch::tensor({0, 3, 4, 9})}, -1);
+      const torch::Tensor ref = torch::nn::functional::cross_entropy(
+          torch::matmul(h, w.t()), y, torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-1));
+      const torch::Tensor dh_ref = torch::autograd::grad({ref}, {h})[0];
+      const torch::Tensor loss = linear_cross_entropy(h, w, y, chunk, /*masked=*/true);
+      const torch::Tensor dh = torch::autograd::grad({loss * 3.0}, {h})[0] / 3.0;
+      EXPECT_TRUE(torch::allclose(loss, ref, 1e-6, 1e-7)) << linear << " " << chunk;
+      EXPECT_TRUE(torch::allclose(dh, dh_ref, 1e-5, 1e-7)) << linear << " " << chunk;
+      // A masked row gets no gradient at all.
+      EXPECT_EQ(dh.index({torch::tensor({0, 3, 4, 9})}).abs().max().item<float>(), 0.0f);
+      // No target masked: the unmasked loss (to rounding: a weighted sum where the plain one averages).
+      const torch::Tensor all = y.clamp_min(0);
+      EXPECT_TRUE(torch::allclose(linear_cross_entropy(h, w, all, chunk, true), linear_cross_entropy(h, w, all, chunk, false),
+                                  1e-6, 1e-7));
+    }
+  }
+  // Every target masked: a loss of 0 and no gradient.
+  const torch::Tensor h = torch::randn({4, kHidden}).set_requires_grad(true);
+  const torch::Tensor w = torch::randn({kClasses, kHidden});
+  const torch::Tensor loss = linear_cross_entropy(h, w, torch::full({4}, -1, torch::kInt64), 0, true);
+  EXPECT_EQ(loss.item<float>(), 0.0f);
+  EXPECT_EQ(torch::autograd::grad({loss}, {h})[0].abs().max().item<float>(), 0.0f);
+}
+
+// Without grad mode (evaluation) the loss is computed alone, chunk by chunk: the same value as with
+// a gradient, masked or not.
+TEST(MaskedCrossEntropy, LossAloneUnderNoGrad) {
+  torch::manual_seed(5);
+  const torch::Tensor h = torch::randn({kRows, kHidden}).set_requires_grad(true);
+  const torch::Tensor w = torch::randn({kClasses, kHidden});
+  torch::Tensor y = torch::randint(kClasses, {kRows}, torch::kInt64);
+  y.index_put_({torch::tensor({2, 5})}, -1);
+  for (bool masked : {false, true}) {
+    const torch::Tensor yy = masked ? y : y.clamp_min(0);
+    const torch::Tensor with_grad = linear_cross_entropy(h, w, yy, 3, masked).detach();
+    torch::NoGradGuard no_grad;
+    const torch::Tensor alone = linear_cross_entropy(h, w, yy, 3, masked);
+    EXPECT_FALSE(alone.requires_grad());
+    EXPECT_TRUE(torch::equal(alone, with_grad)) << masked;
+    EXPECT_TRUE(torch::equal(fused_cross_entropy(torch::matmul(h, w.t()), yy, 3, masked),
+                             fused_cross_entropy(torch::matmul(h, w.t()), yy, 0, masked)))
+        << masked;
+  }
 }
 
 }  // namespace

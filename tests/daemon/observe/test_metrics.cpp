@@ -75,6 +75,8 @@ StepRecord sample() {
 const char* kKeys[] = {"step", "rank", "loss", "task_loss", "lr", "samples", "step_ms", "forward_ms",
                        "backward_ms", "comm_wait_ms", "optimizer_ms", "count_exchange_ms",
                        "bytes_allreduced", "bytes_pruned", "buckets_launched", "buckets_pruned", "buckets_broadcast",
+                       "buckets_kept", "bytes_kept", "bytes_state_moved", "state_moves", "allreduce_algbw_gbs",
+                       "allreduce_busbw_gbs", "broadcast_algbw_gbs", "comm_busy_ms",
                        "grad_stream_peak_bytes",
                        "h2d_bytes", "d2h_bytes", "swap_hits", "swap_misses",
                        "device_mem_peak_bytes", "host_pinned_bytes", "cpu_adam_ms",
@@ -82,7 +84,8 @@ const char* kKeys[] = {"step", "rank", "loss", "task_loss", "lr", "samples", "st
                        "act_pool_allocations", "theta_h2d_bytes", "theta_d2h_bytes", "theta_device_slot_bytes",
                        "theta_device_steps", "theta_cpu_adam_ms", "mem_params_bytes", "mem_grads_bytes",
                        "mem_optimizer_bytes", "mem_lines_bytes", "mem_activations_bytes", "mem_other_bytes",
-                       "mem_step_peak_bytes", "nonfinite", "skipped"};
+                       "mem_step_peak_bytes", "nonfinite", "skipped", "kind", "time", "samples_per_s",
+                       "tokens_per_s", "grad_norm", "grad_norm_task"};
 
 TEST(Metrics, RecordHasEveryField) {
   const std::string j = to_json(sample());
@@ -179,6 +182,110 @@ TEST(Metrics, ResumedWriterDropsReplayedSteps) {
   EXPECT_EQ(step_of_record("{\"step\":12,\"rank\":0}"), 12);
   EXPECT_EQ(step_of_record("{\"step\":12"), -1);
   EXPECT_EQ(step_of_record("garbage"), -1);
+}
+
+// The record's time stamp, throughput and gradient norms; a step record says its kind.
+TEST(Metrics, RecordHasTimeRatesAndNorms) {
+  StepRecord r = sample();
+  r.time = utc_time_now();
+  r.samples_per_s = 512;
+  r.grad_norm = 2.5;
+  r.grad_norm_task = {{3, 1.5}, {4, 2.0}};
+  const std::string j = to_json(r);
+  EXPECT_TRUE(balanced_json(j)) << j;
+  const std::string head = "{\"step\":17,\"rank\":1,\"kind\":\"train\",\"time\":";
+  EXPECT_EQ(j.compare(0, head.size(), head), 0) << j;
+  EXPECT_NE(j.find("\"tokens_per_s\":null"), std::string::npos) << j;  // not a token model
+  EXPECT_NE(j.find("\"grad_norm\":2.5,\"grad_norm_task\":[{\"task\":3,\"norm\":1.5},{\"task\":4,\"norm\":2}]"),
+            std::string::npos) << j;
+  // ISO 8601 in UTC with milliseconds: 2025-03-01T12:00:00.250Z
+  ASSERT_EQ(r.time.size(), 24u) << r.time;
+  EXPECT_EQ(r.time[4], '-');
+  EXPECT_EQ(r.time[10], 'T');
+  EXPECT_EQ(r.time[19], '.');
+  EXPECT_EQ(r.time.back(), 'Z');
+  EXPECT_NE(j.find("\"time\":\"" + r.time + "\""), std::string::npos) << j;
+}
+
+// An evaluation's record: a kind of its own, losses and counts keyed by task, null for none.
+TEST(Metrics, EvalRecord) {
+  EvalRecord e;
+  e.step = 40;
+  e.time = "2025-03-01T12:00:00.250Z";
+  e.eval_loss = {{0, 2.5}, {7, std::nan("")}};
+  e.eval_tokens = {96, 0};
+  e.eval_ms = 1.5;
+  const std::string j = to_json(e);
+  EXPECT_EQ(j, "{\"step\":40,\"kind\":\"eval\",\"time\":\"2025-03-01T12:00:00.250Z\",\"eval_loss\":{\"0\":2.5,\"7\":null},"
+               "\"eval_tokens\":{\"0\":96,\"7\":0},\"eval_ms\":1.5}");
+  bool eval = false;
+  EXPECT_EQ(step_of_record(j, &eval), 40);
+  EXPECT_TRUE(eval);
+  EXPECT_EQ(step_of_record(to_json(sample()), &eval), 17);
+  EXPECT_FALSE(eval);
+}
+
+// A resumed run keeps the step records before its step and the evaluations up to it (the
+// evaluation after N steps precedes checkpoint N): each in its order, none twice.
+TEST(Metrics, ResumeKeepsEvaluationsUpToItsStep) {
+  test::ScratchDir dir;
+  const std::string path = dir.file("metrics.jsonl");
+  const auto eval_at = [](int64_t step) {
+    EvalRecord e;
+    e.step = step;
+    e.eval_loss = {{0, 1.0}};
+    e.eval_tokens = {8};
+    return e;
+  };
+  {
+    MetricsWriter w(path);
+    for (int step = 0; step < 6; ++step) {
+      StepRecord r = sample();
+      r.step = step;
+      w.write(r);
+      if (step % 2 == 1) w.write(eval_at(step + 1));  // after 2, 4 and 6 steps
+    }
+  }
+  { MetricsWriter w(path, /*resume_step=*/4); }
+  std::istringstream in(test::read_file(path));
+  std::vector<std::string> kept;
+  for (std::string line; std::getline(in, line);) {
+    bool eval = false;
+    const int64_t step = step_of_record(line, &eval);
+    kept.push_back((eval ? "e" : "s") + std::to_string(step));
+  }
+  EXPECT_EQ(kept, (std::vector<std::string>{"s0", "s1", "e2", "s2", "s3", "e4"}));
+}
+
+// A fresh run never overwrites an earlier run's records: they are moved aside to a suffixed name
+// beside it, with the job that wrote them; the new run's job is written beside the new file.
+TEST(Metrics, FreshRunMovesTheEarlierFileAside) {
+  test::ScratchDir dir;
+  const std::string path = dir.file("runs/metrics.jsonl");
+  {
+    MetricsWriter w(path, 0, "job: first\n");
+    w.write(sample());
+    EXPECT_EQ(w.moved_aside(), "");  // nothing there before
+  }
+  EXPECT_EQ(test::read_file(path + ".job.yaml"), "job: first\n");
+  std::string aside;
+  {
+    MetricsWriter w(path, 0, "job: second\n");
+    aside = w.moved_aside();
+  }
+  ASSERT_NE(aside, "");
+  const std::string name = std::filesystem::path(aside).filename().string();
+  EXPECT_EQ(name.compare(0, 17, "metrics.previous-"), 0) << name;
+  EXPECT_EQ(name.substr(name.size() - 6), ".jsonl") << name;  // STEM.previous-<UTC>EXT
+  EXPECT_EQ(std::filesystem::path(aside).parent_path(), std::filesystem::path(path).parent_path());
+  EXPECT_EQ(test::read_file(aside), to_json(sample()) + "\n");
+  EXPECT_EQ(test::read_file(aside + ".job.yaml"), "job: first\n");
+  EXPECT_EQ(test::read_file(path), "");
+  EXPECT_EQ(test::read_file(path + ".job.yaml"), "job: second\n");
+  {
+    MetricsWriter w(path, 0);  // an empty file is not kept
+    EXPECT_EQ(w.moved_aside(), "");
+  }
 }
 
 TEST(Metrics, WriterErrorsNameThePath) {

@@ -9,6 +9,7 @@
 
 #include "common/errors.hpp"
 #include "daemon/plan/schedule.hpp"
+#include "tests/daemon/test_util.hpp"
 
 namespace thetad::daemon {
 namespace {
@@ -18,14 +19,7 @@ using Rows = std::vector<int64_t>;
 using Groups = std::vector<uint8_t>;
 
 config::Job make_job(const std::string& schedule, int64_t tasks = 5, int64_t batch = 10) {
-  config::Job job;
-  job.source = "test.yaml";
-  job.seed = 1234;
-  job.steps = 100;
-  job.model.tasks = tasks;
-  EXPECT_TRUE(config::from_string(schedule, job.data.schedule)) << schedule;
-  job.data.batch_per_rank = batch;
-  return job;
+  return test::schedule_job(schedule, tasks, batch);
 }
 
 // data.alternate and the entries load_job parses from it.

@@ -9,9 +9,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
 THETAD=${1:-${THETAD_BIN:-}}
 [[ -n $THETAD && -x $THETAD ]] || fail "usage: $0 PATH/TO/thetad (or set THETAD_BIN)"
 THETAD=$(readlink -f "$THETAD")
-read -r -a MPIRUN_FLAGS <<<"${THETAD_TEST_MPIRUN_FLAGS:---oversubscribe --bind-to none --mca btl self,vader,tcp --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo --mca pml ob1 --mca osc ^ucx}"
-MPIRUN=${THETAD_MPIRUN:-mpirun}
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+MPIRUN=${THETAD_MPIRUN:-mpirun}  # with the library's MPIRUN_FLAGS
 unset SLURM_JOB_ID CUDA_VISIBLE_DEVICES || true
 COMM_TIMEOUT=20
 # How the launcher spreads the job (a test may set more before its runs, e.g. --simulate-nodes).

@@ -1,0 +1,66 @@
+// check_adapter_config (see peft_config.hpp).
+#include "daemon/plan/peft_config.hpp"
+
+#include <set>
+
+#include "common/errors.hpp"
+#include "common/file_read.hpp"
+#include "common/json_read.hpp"
+#include "common/text.hpp"
+#include "config/schema.hpp"
+#include "daemon/formats/hf_names.hpp"
+
+namespace thetad::daemon {
+
+using nlohmann::json;
+
+std::string peft_module_word(const std::string& target) {
+  const std::string m = hf_module_of_target(target);
+  return m.substr(m.find('.') + 1);
+}
+
+void check_adapter_config(const std::string& dir, const config::Job& job) {
+  const std::string file = dir + "/adapter_config.json";
+  const auto bad = [&](const std::string& what) { throw ConfigError(file + ": lora.init_from: " + what); };
+  const std::string outside = link_outside(dir, "adapter_config.json");
+  if (!outside.empty()) bad(outside);
+  std::string text;
+  const ReadResult read = read_regular_file(file, kMaxJsonFileBytes, text);
+  if (!read)
+    bad((read.failure == ReadFailure::io ? "cannot read (a PEFT adapter directory has one): " : "") + read.why);
+  JsonProblem problem;
+  const json c = parse_json(text.data(), text.data() + text.size(), problem);
+  if (problem != JsonProblem::none) bad(json_problem_text(problem));
+  if (!c.is_object()) bad("not a JSON object");
+  const auto get = [&](const char* key) { return c.contains(key) ? c[key] : json(); };
+  if (get("peft_type") != "LORA") bad("peft_type is " + json_brief(get("peft_type")) + ", not \"LORA\"");
+  if (!get("r").is_number_integer() || get("r").get<int64_t>() != job.lora.rank)
+    bad("r = " + json_brief(get("r")) + " but lora.rank is " + std::to_string(job.lora.rank));
+  if (!get("lora_alpha").is_number() || get("lora_alpha").get<double>() != job.lora.alpha)
+    bad("lora_alpha = " + json_brief(get("lora_alpha")) + " but lora.alpha is " +
+        config::detail::format_double(job.lora.alpha));
+  std::set<std::string> want, have;
+  for (const std::string& t : job.lora.targets) want.insert(peft_module_word(t));
+  bool strings = get("target_modules").is_array();
+  if (strings)
+    for (const json& m : get("target_modules")) {
+      strings = strings && m.is_string();
+      if (m.is_string()) have.insert(m.get<std::string>());
+    }
+  if (!strings || want != have) {
+    std::string listed, wanted;
+    for (const std::string& m : have) listed += (listed.empty() ? "" : ", ") + printable(m.substr(0, 40));
+    for (const std::string& m : want) wanted += (wanted.empty() ? "" : ", ") + m;
+    bad("target_modules = " + (strings ? "[" + listed + "]" : json_brief(get("target_modules"))) +
+        " but lora.targets gives [" + wanted + "]");
+  }
+  for (const char* key : {"use_rslora", "use_dora", "fan_in_fan_out"})
+    if (get(key).is_boolean() && get(key).get<bool>()) bad(std::string(key) + " is true; thetad's LoRA has no such form");
+  if (!get("bias").is_null() && get("bias") != "none") bad("bias = " + json_brief(get("bias")) + "; thetad's adapters have none");
+  for (const char* key : {"layers_to_transform", "modules_to_save"})
+    if (!get(key).is_null()) bad(std::string(key) + " = " + json_brief(get(key)) + " is not supported");
+  for (const char* key : {"rank_pattern", "alpha_pattern"})
+    if (!get(key).is_null() && !get(key).empty()) bad(std::string(key) + " = " + json_brief(get(key)) + " is not supported");
+}
+
+}  // namespace thetad::daemon

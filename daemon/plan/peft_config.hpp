@@ -1,0 +1,21 @@
+// A PEFT adapter directory's adapter_config.json (lora.init_from) read and checked against the
+// job, torch-free: a regular file of bounded size, not a link out of its directory, JSON nested
+// boundedly, quoted in messages by short forms only.
+#pragma once
+
+#include <string>
+
+#include "config/job.hpp"
+
+namespace thetad::daemon {
+
+// PEFT's module word of a lora.targets entry: "q" -> "q_proj", "gate" -> "gate_proj".
+std::string peft_module_word(const std::string& target);
+
+// Checks `dir`/adapter_config.json: a LoRA (peft_type "LORA") of r = lora.rank, lora_alpha =
+// lora.alpha and target_modules = lora.targets; rsLoRA, DoRA, biases, fan_in_fan_out and
+// per-layer patterns refused. Any problem is a ConfigError "DIR/adapter_config.json:
+// lora.init_from: ..." naming the key and both values.
+void check_adapter_config(const std::string& dir, const config::Job& job);
+
+}  // namespace thetad::daemon

@@ -1,0 +1,173 @@
+// The replica rule and its record (see replica_plan.hpp).
+#include "daemon/plan/replica_plan.hpp"
+
+#include <algorithm>
+#include <limits>
+
+#include "common/errors.hpp"
+
+namespace thetad::daemon {
+
+ReplicaCosts replica_costs(const config::Job& job) {
+  ReplicaCosts c;
+  c.gradient = job.comm.grad_dtype == config::GradDtype::Bf16 ? 2 : 4;
+  c.state = job.optimizer.kind == config::OptimizerKind::Sgd ? 4 : 12;
+  return c;
+}
+
+int min_kept_run(const ReplicaCosts& costs) {
+  THETAD_CHECK(costs.gradient > 0 && costs.state >= 0, InternalError, "replica costs ", costs.gradient, ", ",
+               costs.state);
+  return static_cast<int>(costs.state / costs.gradient + 1);
+}
+
+ReplicaDecision decide_replica(const std::function<GroupUse(int64_t)>& use, int64_t window, int min_run,
+                               int64_t horizon) {
+  const GroupUse here = use(window);
+  if (here.trainers == 0) return {ReplicaMode::none, -1};
+  if (here.readers != 1 || here.trainers != 1) return {ReplicaMode::send, -1};
+  const int user = here.sole;
+  int trained = 1;
+  // Counts the run's trained windows on one side of `window`, until another rank touches the
+  // group, the horizon, step 0, or enough.
+  const auto scan = [&](int64_t dir) {
+    for (int64_t n = 1; n <= horizon && trained < min_run; ++n) {
+      const int64_t x = window + dir * n;
+      if (x < 0) return;
+      const GroupUse u = use(x);
+      if (u.readers == 0) continue;
+      if (u.readers != 1 || u.sole != user) return;
+      trained += u.trainers;
+    }
+  };
+  scan(-1);
+  scan(+1);
+  if (trained >= min_run) return {ReplicaMode::keep, user};
+  return {ReplicaMode::send, -1};
+}
+
+ReplicaPlan::ReplicaPlan(const Schedule& schedule, int64_t micro_steps, std::vector<uint8_t> keepable,
+                         ReplicaCosts costs)
+    : schedule_(schedule), micro_steps_(micro_steps), keepable_(std::move(keepable)), min_run_(min_kept_run(costs)) {
+  THETAD_CHECK(micro_steps_ >= 1 && static_cast<int>(keepable_.size()) == schedule_.num_groups(), InternalError,
+               "ReplicaPlan: ", micro_steps_, " micro-steps, ", keepable_.size(), " keepable flags for ",
+               schedule_.num_groups(), " groups");
+}
+
+// Window w's uses of the keepable groups: each rank's plans of its micro-steps, a group counted once
+// per rank. Windows past the last micro-step index that fits in 64 bits touch nothing.
+const ReplicaPlan::Window& ReplicaPlan::window(int64_t w) {
+  auto it = cache_.find(w);
+  if (it != cache_.end()) return it->second;
+  std::map<int, std::pair<std::vector<int>, int>> acc;  // group -> (readers, trainers)
+  if (w <= std::numeric_limits<int64_t>::max() / micro_steps_ - 1) {
+    for (int r = 0; r < schedule_.world_size(); ++r) {
+      std::vector<uint8_t> read(keepable_.size(), 0), trained(keepable_.size(), 0);
+      for (int64_t m = 0; m < micro_steps_; ++m) {
+        const StepPlan p = schedule_.plan(w * micro_steps_ + m, r);
+        const auto note = [&](size_t g) {
+          if (!keepable_[g]) return;
+          read[g] = 1;
+          trained[g] |= p.trained[g];
+        };
+        note(0);
+        for (int t : p.tasks) note(static_cast<size_t>(t) + 1);
+      }
+      for (size_t g = 0; g < read.size(); ++g) {
+        if (!read[g]) continue;
+        auto& a = acc[static_cast<int>(g)];
+        a.first.push_back(r);
+        a.second += trained[g];
+      }
+    }
+  }
+  Window win;
+  for (auto& [g, a] : acc) {
+    win.groups.push_back(g);
+    GroupUse u;
+    u.readers = static_cast<int>(a.first.size());
+    u.trainers = a.second;
+    u.sole = u.readers == 1 ? a.first[0] : -1;
+    win.uses.push_back(u);
+    win.readers.push_back(std::move(a.first));
+  }
+  return cache_.emplace(w, std::move(win)).first->second;
+}
+
+GroupUse ReplicaPlan::use(int64_t w, int group) {
+  const Window& win = window(w);
+  const auto it = std::lower_bound(win.groups.begin(), win.groups.end(), group);
+  if (it == win.groups.end() || *it != group) return {};
+  return win.uses[static_cast<size_t>(it - win.groups.begin())];
+}
+
+std::vector<int> ReplicaPlan::readers(int64_t w, int group) {
+  const Window& win = window(w);
+  const auto it = std::lower_bound(win.groups.begin(), win.groups.end(), group);
+  if (it == win.groups.end() || *it != group) return {};
+  return win.readers[static_cast<size_t>(it - win.groups.begin())];
+}
+
+ReplicaDecision ReplicaPlan::decision(int64_t w, int group) {
+  THETAD_CHECK(w >= 0 && group >= 0 && group < num_groups(), InternalError, "ReplicaPlan: window ", w, ", group ",
+               group);
+  // The scan around w needs no window before w - kHorizon: those go (the loop moves forward).
+  cache_.erase(cache_.begin(), cache_.lower_bound(w - kHorizon));
+  if (!keepable_[static_cast<size_t>(group)]) return {ReplicaMode::send, -1};
+  return decide_replica([&](int64_t x) { return use(x, group); }, w, min_run_, kHorizon);
+}
+
+std::vector<uint8_t> replica_keepable(const config::Job& job, int world) {
+  std::vector<uint8_t> keep(static_cast<size_t>(job.model.tasks) + 1, 0);
+  if (world < 2 || job.comm.sole_user != config::SoleUser::Keep) return keep;
+  keep[0] = job.offload.shared != config::SharedMode::Stream && job.model.train_shared ? 1 : 0;
+  for (size_t g = 1; g < keep.size(); ++g) keep[g] = job.offload.enabled ? 0 : 1;
+  return keep;
+}
+
+std::optional<StateMove> ReplicaHolders::before(int g, const ReplicaDecision& d, const std::vector<int>& readers) {
+  int& h = holder_[static_cast<size_t>(g)];
+  if (h < 0) return std::nullopt;
+  const int from = h;
+  if (d.mode == ReplicaMode::send) {
+    h = -1;
+    return StateMove{g, from, -1};
+  }
+  std::vector<int> need;
+  for (int r : readers)
+    if (r != from) need.push_back(r);
+  if (d.mode == ReplicaMode::keep && d.keeper != from &&
+      std::find(need.begin(), need.end(), d.keeper) == need.end())
+    need.push_back(d.keeper);
+  if (need.empty()) return std::nullopt;
+  if (need.size() > 1) {
+    h = -1;
+    return StateMove{g, from, -1};
+  }
+  // The next user: after its window it alone holds the update (a reader that only reads keeps the
+  // holder as it was, whose replica stays current as well).
+  if (d.mode == ReplicaMode::keep) h = need[0];
+  return StateMove{g, from, need[0]};
+}
+
+std::optional<StateMove> ReplicaHolders::before_update(int g, int kept_by) {
+  int& h = holder_[static_cast<size_t>(g)];
+  const int from = h;
+  std::optional<StateMove> move;
+  if (kept_by < 0 && from >= 0) move = StateMove{g, from, -1};
+  else if (kept_by >= 0 && from >= 0 && from != kept_by) move = StateMove{g, from, kept_by};
+  h = kept_by;
+  return move;
+}
+
+std::vector<StateMove> ReplicaHolders::make_all_current() {
+  std::vector<StateMove> moves;
+  for (size_t g = 0; g < holder_.size(); ++g) {
+    if (holder_[g] < 0) continue;
+    moves.push_back({static_cast<int>(g), holder_[g], -1});
+    holder_[g] = -1;
+  }
+  return moves;
+}
+
+}  // namespace thetad::daemon

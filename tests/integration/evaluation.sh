@@ -1,0 +1,183 @@
+#!/usr/bin/env bash
+# Held-out evaluation per task, token files checked at validate, loss masks and the monitoring
+# fields, on the CPU build with a tiny llama (tests/integration/jobs/eval.yaml):
+#  - validate reads the token files of the tasks the run uses: an id >= model.vocab in an eval
+#    file is exit 2 naming the file and the position; a task the schedule never trains needs no
+#    file, one it trains does;
+#  - a 1-rank run evaluates every 4 steps: an eval record per evaluation with every task, a log
+#    line, the table at the end; the data overfits (the eval loss rises after its lowest point)
+#    and export.best: eval_loss exports each task's adapter of the checkpoint at its best step;
+#  - evaluation changes nothing trained: the final hash equals the same run without eval;
+#  - 1 and 2 ranks give the same eval losses bitwise (both resumed from that run's last
+#    checkpoint with an update too small to change a bit, so that their parameters are equal);
+#  - records carry time, tokens_per_s, grad_norm and grad_norm_task; the job is saved beside the
+#    metrics, and a fresh run moves the earlier run's metrics aside;
+#  - grad_norm_task is each task's gradient norm (one SGD step of lr 1 moves it that far);
+#  - data.loss_mask: a task whose every target is masked gets no gradient and a loss of 0.
+source "$(dirname "$0")/lib.sh"
+thetad=$1
+job=$HERE/jobs/eval.yaml
+py=/usr/bin/python3
+"$py" - "$WORK" <<'PY'
+import numpy as np, os, sys
+w = sys.argv[1]
+for d in ("train", "eval", "masks"):
+    os.makedirs(f"{w}/{d}")
+p = 1.0 / (np.arange(24) + 1.0) ** 1.5
+p /= p.sum()
+for t in range(4):  # each task a skewed unigram of its own: 40 training tokens (memorized), 400 held out
+    rng = np.random.default_rng(100 + t)
+    perm = rng.permutation(24)
+    perm[rng.choice(24, 40, p=p)].astype("<u2").tofile(f"{w}/train/task{t}.bin")
+    perm[rng.choice(24, 400, p=p)].astype("<u2").tofile(f"{w}/eval/task{t}.bin")
+    perm[rng.choice(24, 40, p=p)].astype("<u2").tofile(f"{w}/masks/task{t}.bin")
+    np.full(40, 0 if t == 2 else 1, dtype=np.uint8).tofile(f"{w}/masks/task{t}.mask.bin")  # task 2: all masked
+PY
+files=(--set data.dir="$WORK/train" --set eval.dir="$WORK/eval")
+
+# Validation reads the files of the tasks the run uses.
+expect_code 0 validate "$thetad" validate "$job" "${files[@]}"
+expect_in validate "token files: 8 checked"
+cp -r "$WORK/eval" "$WORK/eval_bad"
+"$py" -c "import numpy as np, sys; a = np.fromfile(sys.argv[1], '<u2'); a[123] = 24; a.tofile(sys.argv[1])" "$WORK/eval_bad/task1.bin"
+expect_code 2 validate_big_id "$thetad" validate "$job" "${files[@]}" --set eval.dir="$WORK/eval_bad"
+expect_in validate_big_id "eval_bad/task1.bin: token id 24 is outside \[0, model.vocab = 24\) at token 123"
+cp -r "$WORK/train" "$WORK/train3" && rm "$WORK/train3/task3.bin"
+expect_code 0 validate_unscheduled "$thetad" validate "$job" --set data.dir="$WORK/train3" --set eval.tasks=[0,1,2] \
+  --set data.schedule=per_rank --set "data.per_rank=[[0,1,2]]"
+expect_code 2 validate_scheduled "$thetad" validate "$job" --set data.dir="$WORK/train3" --set eval.tasks=[0,1,2]
+expect_in validate_scheduled "train3/task3.bin: missing \(task 3's token ids"
+
+# One rank, evaluated every 4 steps, checkpoints at each evaluation, the best adapters exported.
+run_np eval1 1 "$job" "${files[@]}" --set checkpoint.every_steps=4 --set checkpoint.keep=20 \
+  --set export.adapters_dir="$WORK/export/task{task}" --set export.best=eval_loss
+expect_in eval1 "eval after step 40: mean [0-9.]+ over 4 task\(s\) \| t0="
+expect_in eval1 "best eval loss per task \(4 task\(s\)\), exported at its step"
+cp "$WORK/eval1.jsonl" "$WORK/eval1.kept.jsonl"
+if out=$("$py" - "$WORK" <<'PY' 2>&1
+import json, os, struct, sys
+w = sys.argv[1]
+recs = [json.loads(l) for l in open(f"{w}/eval1.jsonl")]
+evals = [r for r in recs if r.get("kind") == "eval"]
+train = [r for r in recs if r.get("kind") == "train"]
+assert [r["step"] for r in evals] == list(range(4, 41, 4)), [r["step"] for r in evals]
+assert [r["step"] for r in train] == list(range(40))
+# Each evaluation follows the step record of its last step.
+order = [(r["kind"], r["step"]) for r in recs]
+assert all(order[order.index(("eval", s)) - 1] == ("train", s - 1) for s in range(4, 41, 4)), order
+for r in evals:
+    assert sorted(r["eval_loss"]) == ["0", "1", "2", "3"] and all(v == 8 * 16 for v in r["eval_tokens"].values()), r
+r = train[-1]
+assert r["time"].endswith("Z") and r["time"][10] == "T", r["time"]
+assert r["tokens_per_s"] > 0 and r["samples_per_s"] > 0 and abs(r["tokens_per_s"] - 8 * r["samples_per_s"]) < 1e-6 * r["tokens_per_s"]
+norms = {e["task"]: e["norm"] for e in r["grad_norm_task"]}
+assert sorted(norms) == [0, 1, 2, 3] and all(n > 0 for n in norms.values()), r["grad_norm_task"]
+# The base is frozen: the global norm is the tasks' together.
+assert abs(r["grad_norm"] ** 2 - sum(n * n for n in norms.values())) < 1e-6 * r["grad_norm"] ** 2, r["grad_norm"]
+best = {}
+for t in "0123":
+    curve = [(e["eval_loss"][t], e["step"]) for e in evals]
+    best[t] = min(curve)[1]
+print("best steps", best)
+over = [t for t in best if best[t] < 40 and evals[-1]["eval_loss"][t] > min(evals, key=lambda e: e["eval_loss"][t])["eval_loss"][t]]
+assert over, "no task overfits: the eval loss is lowest at the last step for every task"
+json.dump(best, open(f"{w}/best.json", "w"))
+job = open(f"{w}/eval1.jsonl.job.yaml").read()
+assert "eval:" in job and f'dir: "{w}/eval"' in job and "best: eval_loss" in job, job
+print(f"eval records, order, rates, norms; overfitting tasks {over}")
+PY
+); then pass "$out"; else fail "$out"; fi
+
+# The exported adapter of each task is its checkpoint's at its best step (not the last one's).
+if out=$(cd "$HERE" && "$py" - "$WORK" <<'PY' 2>&1
+import json, struct, sys
+import numpy as np
+import ckpt_groups
+w = sys.argv[1]
+best = json.load(open(f"{w}/best.json"))
+def safetensors_values(path):
+    b = open(path, "rb").read()
+    n = struct.unpack("<Q", b[:8])[0]
+    head = json.loads(b[8:8 + n])
+    vals = [np.frombuffer(b[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]], "<f4")
+            for k, v in head.items() if k != "__metadata__"]
+    return np.sort(np.concatenate(vals))
+last = ckpt_groups.load(f"{w}/eval1.ckpt/step-00000040")
+differs = 0
+for t, step in best.items():
+    g = int(t) + 1
+    at_best = np.sort(ckpt_groups.load(f"{w}/eval1.ckpt/step-{step:08d}")[g]["param"].numpy())
+    got = safetensors_values(f"{w}/export/task{t}/adapter_model.safetensors")
+    assert np.array_equal(got, at_best), f"task {t}: the export is not step {step}'s adapter"
+    differs += not np.array_equal(got, np.sort(last[g]["param"].numpy()))
+assert differs, "every export is the last adapter"
+print(f"each export is its task's adapter at its best step; {differs} differ from the last")
+PY
+); then pass "$out"; else fail "$out"; fi
+
+# Evaluation changes nothing trained; a fresh run on the same metrics path moves the old file aside.
+run_np noeval 1 "$job" "${files[@]}" --set eval.dir= --set metrics.path="$WORK/eval1.jsonl"
+same_hash "evaluation changes no parameter: the final hash equals the run without eval" eval1 noeval
+aside=$(ls "$WORK"/eval1.previous-*.jsonl 2>/dev/null | head -1)
+if [ -n "$aside" ] && cmp -s "$aside" "$WORK/eval1.kept.jsonl" && [ -s "$aside.job.yaml" ]; then
+  pass "the earlier run's metrics moved aside whole: $(basename "$aside")"; else fail "no earlier metrics aside ($aside)"; fi
+expect_in noeval "the earlier run's metrics .*eval1.jsonl were moved to .*eval1.previous-"
+
+# 1 and 2 ranks: the same parameters (the last checkpoint, one more step whose update is below
+# every parameter's last bit), the same eval losses bitwise, and the same as the first run's at 40.
+for np in 1 2; do
+  cp -r "$WORK/eval1.ckpt" "$WORK/resume$np.ckpt"
+  expect_code 0 "resume$np" mpirun "${MPIRUN_FLAGS[@]}" -np "$np" "$thetad" run "$job" "${files[@]}" \
+    --set steps=41 --set optimizer.lr=1e-30 --set checkpoint.dir="$WORK/resume$np.ckpt" \
+    --set metrics.path="$WORK/resume$np.jsonl" --set log.level=info
+done
+same_hash "1 and 2 ranks end with the same parameters" resume1 resume2
+if out=$("$py" - "$WORK" <<'PY' 2>&1
+import json, sys
+w = sys.argv[1]
+def eval_at(path, step):
+    for line in open(path):
+        r = json.loads(line)
+        if r.get("kind") == "eval" and r["step"] == step:
+            return json.dumps(r["eval_loss"], sort_keys=True), r["eval_tokens"]
+    raise AssertionError(f"{path}: no eval at {step}")
+one, two, first = eval_at(f"{w}/resume1.jsonl", 41), eval_at(f"{w}/resume2.jsonl", 41), eval_at(f"{w}/eval1.kept.jsonl", 40)
+assert one == two, (one, two)
+assert one[0] == first[0], (one, first)
+print("eval losses bitwise equal on 1 and 2 ranks:", one[0])
+PY
+); then pass "$out"; else fail "$out"; fi
+
+# data.loss_mask, and the gradient norms' values: one plain SGD step of lr 1 from adapters whose B
+# is zero moves only B, by minus its gradient (A's gradient is B-times-something: zero), so each
+# task's grad_norm_task is the norm of its B after the step. Task 2's targets are all masked: loss
+# 0, gradient 0, its B stays zero.
+run_np masked 1 "$job" --set data.dir="$WORK/masks" --set data.loss_mask=true --set eval.dir= --set steps=1 \
+  --set optimizer.kind=sgd --set optimizer.lr=1
+if out=$(cd "$HERE" && "$py" - "$WORK" <<'PY' 2>&1
+import json, sys
+import numpy as np
+import ckpt_groups
+w = sys.argv[1]
+(r,) = [json.loads(l) for l in open(f"{w}/masked.jsonl")]
+loss = {e["task"]: e["loss"] for e in r["task_loss"]}
+norm = {e["task"]: e["norm"] for e in r["grad_norm_task"]}
+assert loss[2] == 0 and all(loss[t] > 0 for t in (0, 1, 3)), loss
+g = ckpt_groups.load(f"{w}/masked.ckpt/step-00000001")
+# Each task's parameters per layer and target (q, v, gate, up, down): A [4, in] then B [out, 4].
+shapes = [((4, 16), (16, 4)), ((4, 16), (8, 4)), ((4, 16), (32, 4)), ((4, 16), (32, 4)), ((4, 32), (16, 4))]
+for t in range(4):
+    flat, at, b = g[t + 1]["param"].numpy(), 0, []
+    for layer in range(2):
+        for a_shape, b_shape in shapes:
+            at += a_shape[0] * a_shape[1]
+            b.append(flat[at:at + b_shape[0] * b_shape[1]])
+            at += b_shape[0] * b_shape[1]
+    assert at == flat.size, (at, flat.size)
+    b_norm = float(np.linalg.norm(np.concatenate(b).astype(np.float64)))
+    assert abs(b_norm - norm[t]) <= 1e-5 * max(norm[t], 1e-30), (t, b_norm, norm[t])
+assert norm[2] == 0 and all(norm[t] > 0 for t in (0, 1, 3)), norm
+print("grad_norm_task = each task's step (SGD, lr 1); a fully masked task: loss 0, gradient 0:", norm)
+PY
+); then pass "$out"; else fail "$out"; fi
+finish
