@@ -7,7 +7,7 @@ Writes loss_per_task.png (loss of each task over steps: rank 0's records hold th
 task any rank trained in the step; each task's raw points and a moving average over them; the
 number of tasks drawn is noted on stderr), step_time.png (the phases of each step stacked,
 averaged over the ranks present) and bytes.png (cumulative bytes allreduced, against what DDP,
-which reduces every gradient every step, would have sent: bytes_allreduced + bytes_pruned) and,
+which reduces every gradient every step, would have sent: bytes_allreduced + bytes_pruned + bytes_kept)
 where the file has evaluation records (eval.dir: `"kind": "eval"`), eval_loss_per_task.png (each
 evaluated task's held-out loss at each evaluation, its lowest point marked). Needs matplotlib (Debian: python3-matplotlib; without it, exit 2 saying so).
 
@@ -191,6 +191,7 @@ def plot_step_time(records, out):
 def plot_bytes(records, out):
     steps, sent = per_step_mean(records, "bytes_allreduced")
     _, pruned = per_step_mean(records, "bytes_pruned")
+    _, kept = per_step_mean(records, "bytes_kept")  # absent in older files: NaN, counted as 0
 
     def cumulative(xs):
         total, out_ = 0.0, []
@@ -199,13 +200,19 @@ def plot_bytes(records, out):
             out_.append(total / 2**20)
         return out_
 
-    # DDP reduces every gradient every step: what thetad sent plus what it pruned.
-    ddp = cumulative([a + b for a, b in zip(sent, pruned)])
+    # DDP reduces every gradient every step: what thetad sent, what it pruned (no rank used the
+    # group) and what it kept (one rank alone trained the group: comm.sole_user keep).
+    zero = lambda x: 0.0 if math.isnan(x) else x
+    ddp = cumulative([a + zero(b) + zero(c) for a, b, c in zip(sent, pruned, kept)])
+    sent_and_kept = cumulative([a + zero(c) for a, c in zip(sent, kept)])
     sent = cumulative(sent)
     fig, ax = plt.subplots(figsize=(9, 5))
     ax.plot(steps, ddp, color="C1", label="DDP would send (every gradient, every step)")
     ax.plot(steps, sent, color="C0", label="thetad sent (allreduced)")
-    ax.fill_between(steps, sent, ddp, color="C1", alpha=0.15, label="pruned: not sent")
+    if sent_and_kept[-1] > sent[-1]:
+        ax.fill_between(steps, sent, sent_and_kept, color="C2", alpha=0.15,
+                        label="kept by the one rank that trained it: not sent")
+    ax.fill_between(steps, sent_and_kept, ddp, color="C1", alpha=0.15, label="pruned (no rank used it): not sent")
     ax.set_xlabel("step")
     ax.set_ylabel("MiB (cumulative, per rank)")
     ratio = sent[-1] / ddp[-1] if ddp and ddp[-1] > 0 else None

@@ -163,7 +163,8 @@ void MergedExport::write(int64_t task, const std::string& dir, const GroupState&
       const NamedParam& param = groups_[p];
       const std::string hf = hf_name_of_thetad(param.name);
       THETAD_CHECK(!hf.empty(), InternalError, "export.merged_dir: parameter ", param.name, " has no Hugging Face name");
-      torch::Tensor w = fp32_values(param.tensor);
+      // On the host, where the adapters are: a GPU run keeps an fp32 base on the device.
+      torch::Tensor w = fp32_values(param.tensor).to(torch::kCPU);
       const auto it = ab.find(adapter_key(param.name));
       if (it != ab.end()) w = w + it->second.second.matmul(it->second.first) * scale;  // W + (alpha / r) B A
       held.push_back(export_tensor(w, dtype, std::string(kKey) + ": task " + std::to_string(task) +

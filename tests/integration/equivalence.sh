@@ -123,11 +123,16 @@ for run in "${runs[@]}"; do
 done
 
 # Bytes: with the fixed per_rank schedule the active tasks are known: task 0 (every rank: reduced)
-# and tasks 1..min(3,W-1), one rank each: kept by it (comm.sole_user: keep), nothing sent.
+# and task 1 + (r - 1) mod 3 on rank r >= 1. A task one rank alone trains is kept by it
+# (comm.sole_user: keep), nothing sent; one that several ranks train (from 5 ranks on) is reduced.
 theta_shared=$(( (12 * 16 + 16) + (16 * 16 + 16) ))
 theta_task=$(( (16 * 16 + 16) + (16 * 1 + 1) ))
-alone=0; for ((r = 1; r < world && r < 4; r++)); do alone=$((alone + 1)); done
-expect="$(( 4 * (theta_shared + theta_task) )) $(( 4 * alone * theta_task ))"
+readers=(0 0 0 0); for ((r = 1; r < world; r++)); do readers[1 + (r - 1) % 3]=$((readers[1 + (r - 1) % 3] + 1)); done
+alone=0 shared=0
+for t in 1 2 3; do
+  if [ "${readers[t]}" -eq 1 ]; then alone=$((alone + 1)); elif [ "${readers[t]}" -gt 1 ]; then shared=$((shared + 1)); fi
+done
+expect="$(( 4 * (theta_shared + (1 + shared) * theta_task) )) $(( 4 * alone * theta_task ))"
 got=$(/usr/bin/python3 -c '
 import json,sys
 vals={(json.loads(l)["bytes_allreduced"], json.loads(l)["bytes_kept"]) for l in open(sys.argv[1])}
@@ -135,7 +140,7 @@ print(" ".join("%d %d" % v for v in sorted(vals)))' "$WORK/task_shared_by_ranks-
 if [ "$got" != "$expect" ]; then
   fail "bytes_allreduced and bytes_kept per step: got $got, expected exactly $expect"
 else
-  pass "bytes_allreduced, bytes_kept per step = $got = 4 x (|Θ| + |θ[0]|), 4 x $alone x |θ[t]|"
+  pass "bytes_allreduced, bytes_kept per step = $got = 4 x (|Θ| + (1 + $shared) x |θ[t]|), 4 x $alone x |θ[t]|"
 fi
 # From 3 ranks on, the buckets of a task one rank trained go as a broadcast from that rank (the
 # parameters were checked above); with 2 ranks, never.
