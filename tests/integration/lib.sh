@@ -70,7 +70,9 @@ run_queue() {
     if [ "$np" = ref ]; then
       got=$(sed -n -E -e "s/^$name ok: .*/0 x ref/p" -e "s/^$name FAIL: .*/1 x ref/p" "$WORK/$name.log")
     else
-      got=$(sed -n -E "s/^thetad run-jobs: rank [0-9]+ of $np: exit ([0-9]+)$/\1/p" "$WORK/$name.log" | sort | uniq -c |
+      # Not anchored at the line's start: each rank's exit line is one write, but another rank's
+      # error text, written in pieces, may have begun the line it lands on.
+      got=$(grep -oE "thetad run-jobs: rank [0-9]+ of $np: exit [0-9]+$" "$WORK/$name.log" | sed -E 's/.*: exit //' | sort | uniq -c |
             awk '{printf "%s%s x %s", sep, $2, $1; sep = ", "}')
     fi
     if [ "$got" = "$code x $np" ]; then pass "$name (exit $code)"; else
