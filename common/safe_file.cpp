@@ -38,11 +38,15 @@ int create_fresh(const std::string& path, mode_t mode) {
 
 int create_unique(const std::string& dir, const std::string& prefix, const std::string& suffix, std::string* path,
                   mode_t mode) {
+  return create_unique_at(AT_FDCWD, dir + (!dir.empty() && dir.back() == '/' ? "" : "/") + prefix, suffix, path, mode);
+}
+
+int create_unique_at(int dir, const std::string& prefix, const std::string& suffix, std::string* name, mode_t mode) {
   for (int attempt = 0; attempt < 16; ++attempt) {
-    const std::string p = dir + (!dir.empty() && dir.back() == '/' ? "" : "/") + prefix + random_name(8) + suffix;
-    const int fd = ::open(p.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
+    const std::string n = prefix + random_name(8) + suffix;
+    const int fd = ::openat(dir, n.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
     if (fd >= 0 || errno != EEXIST) {
-      if (fd >= 0 && path) *path = p;
+      if (fd >= 0 && name) *name = n;
       return fd;
     }
   }
@@ -50,27 +54,58 @@ int create_unique(const std::string& dir, const std::string& prefix, const std::
   return -1;
 }
 
-int open_own(const std::string& path, int flags, mode_t mode, std::string* why) {
-  const int fd = ::open(path.c_str(), flags | O_CREAT | O_NOFOLLOW | O_CLOEXEC, mode);
+namespace {
+
+EntryCheck check_stat(const struct stat& st, EntryRules rules) {
+  EntryCheck c;
+  if (S_ISLNK(st.st_mode)) c.problem = EntryCheck::link;
+  else if (rules.devices && S_ISCHR(st.st_mode)) return c;
+  else if (!S_ISREG(st.st_mode)) c.problem = EntryCheck::not_regular;
+  else if (st.st_uid != ::geteuid()) c.problem = EntryCheck::other_owner, c.uid = st.st_uid;
+  else if (rules.one_link && st.st_nlink != 1) c.problem = EntryCheck::other_links;
+  return c;
+}
+
+}  // namespace
+
+EntryCheck check_entry_at(int dir, const std::string& name, EntryRules rules) {
+  struct stat st {};
+  if (::fstatat(dir, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) return {EntryCheck::error, 0, errno};
+  return check_stat(st, rules);
+}
+
+int open_own_at(int dir, const std::string& name, int flags, mode_t mode, EntryRules rules, EntryCheck* check) {
+  const int fd = ::openat(dir, name.c_str(), flags | O_CREAT | O_NOFOLLOW | O_CLOEXEC, mode);
   if (fd < 0) {
+    const int err = errno;
     struct stat st {};
-    *why = errno == ELOOP && ::lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode)
-               ? "is a symbolic link (thetad writes no output through a link: name the file itself)"
-               : std::string(std::strerror(errno));
+    *check = err == ELOOP && ::fstatat(dir, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISLNK(st.st_mode)
+                 ? EntryCheck{EntryCheck::link, st.st_uid, 0}
+                 : EntryCheck{EntryCheck::error, 0, err};
     return -1;
   }
   struct stat st {};
-  std::string wrong;
-  if (::fstat(fd, &st) != 0) wrong = std::strerror(errno);
-  else if (S_ISCHR(st.st_mode)) return fd;  // a device the user named (/dev/null, /dev/full): no one plants those
-  else if (!S_ISREG(st.st_mode)) wrong = "is not a regular file";
-  else if (st.st_uid != ::geteuid())
-    wrong = "is owned by uid " + std::to_string(st.st_uid) + ", not by this user (uid " + std::to_string(::geteuid()) +
-            "); thetad writes only into files of its own";
-  if (wrong.empty()) return fd;
+  *check = ::fstat(fd, &st) != 0 ? EntryCheck{EntryCheck::error, 0, errno} : check_stat(st, rules);
+  if (check->problem == EntryCheck::none) return fd;
   ::close(fd);
-  *why = wrong;
   return -1;
+}
+
+int open_own(const std::string& path, int flags, mode_t mode, std::string* why) {
+  EntryCheck c;
+  const int fd = open_own_at(AT_FDCWD, path, flags, mode, {/*one_link=*/false, /*devices=*/true}, &c);
+  switch (c.problem) {
+    case EntryCheck::none: break;
+    case EntryCheck::link: *why = "is a symbolic link (thetad writes no output through a link: name the file itself)"; break;
+    case EntryCheck::not_regular: *why = "is not a regular file"; break;
+    case EntryCheck::other_owner:
+      *why = "is owned by uid " + std::to_string(c.uid) + ", not by this user (uid " + std::to_string(::geteuid()) +
+             "); thetad writes only into files of its own";
+      break;
+    case EntryCheck::other_links:  // not asked for
+    case EntryCheck::error: *why = std::strerror(c.err); break;
+  }
+  return fd;
 }
 
 std::string make_dirs(const std::string& path, bool own) {

@@ -2,7 +2,9 @@
 // scratch or /tmp): no symbolic link is followed at a file's last component, no file is written
 // through that this user does not own, temporary names are created exclusively, and directories
 // thetad makes are private (0700), those it writes into owned by this user. Errors are returned
-// as text (or errno): each caller names its key and decides the exit code.
+// as text (or errno): each caller names its key and decides the exit code. The checks of an entry
+// and the exclusive temporaries are the launcher's too (launch/private_dir: files relative to a
+// directory descriptor, `open_own_at`, `create_unique_at`), each worded by its caller.
 //
 //   const int fd = safe_file::create_fresh(dir + "/manifest.json.part");  // O_EXCL | O_NOFOLLOW
 //   if (const std::string why = safe_file::make_own_dirs(dir); !why.empty()) refuse(why);
@@ -26,6 +28,31 @@ int create_fresh(const std::string& path, mode_t mode = 0644);
 // with errno set.
 int create_unique(const std::string& dir, const std::string& prefix, const std::string& suffix, std::string* path,
                   mode_t mode = 0600);
+// The same relative to the directory descriptor `dir` (AT_FDCWD: `prefix` holds the directory):
+// the name created (relative to `dir`) in *name.
+int create_unique_at(int dir, const std::string& prefix, const std::string& suffix, std::string* name, mode_t mode);
+
+// What makes an entry no file of this user's to write into (the checks of open_own_at and
+// check_entry_at); each caller words it for its own users.
+struct EntryCheck {
+  enum Problem { none, link, not_regular, other_owner, other_links, error } problem = none;
+  uid_t uid = 0;  // the owner, for other_owner
+  int err = 0;    // errno, for error
+};
+// The rules: a regular file of this user's (the effective uid), with one link where `one_link`
+// (a hard link planted to another file is refused), or a character device where `devices`
+// (/dev/null: only root makes those).
+struct EntryRules {
+  bool one_link = false;
+  bool devices = false;
+};
+// Opens `name` relative to the directory descriptor `dir` (AT_FDCWD: a path) with
+// `flags` | O_CREAT | O_NOFOLLOW | O_CLOEXEC (`mode` for a new file) and checks what was opened
+// against `rules`. Returns the descriptor, or -1 with *check saying why.
+int open_own_at(int dir, const std::string& name, int flags, mode_t mode, EntryRules rules, EntryCheck* check);
+// The same checks of the entry `name` of `dir` itself (not followed), without opening it; an
+// absent entry is `error` with ENOENT.
+EntryCheck check_entry_at(int dir, const std::string& name, EntryRules rules);
 
 // Opens `path` for writing (`flags`: O_WRONLY or O_RDWR, with O_TRUNC or O_APPEND as wanted)
 // without following a symbolic link at its last component, creating it (`mode`) where missing;

@@ -51,6 +51,13 @@ bool device_memory(int64_t* free_bytes, int64_t* total_bytes) {
   return true;
 }
 
+bool truncate_mapped(const std::string& path) {
+  const char* v = std::getenv("THETAD_TEST_TRUNCATE_MAPPED");
+  if (!v || !*v) return false;
+  const size_t slash = path.find_last_of('/');
+  return path.compare(slash == std::string::npos ? 0 : slash + 1, std::string::npos, v) == 0;
+}
+
 void stall_at(StallPoint point, int rank) {
   const char* v = std::getenv("THETAD_TEST_STALL");
   if (!v || !*v) return;

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 namespace thetad::test_hooks {
 
@@ -36,6 +37,12 @@ bool slot_pass_without_graph();
 // of the GPU's, and runs on CPU ranks too, so that CPU CI reaches the refusal. false (and nothing
 // set) when unset or malformed.
 bool device_memory(int64_t* free_bytes, int64_t* total_bytes);
+
+// THETAD_TEST_TRUNCATE_MAPPED=NAME: a safetensors file named NAME (its last path component) is
+// cut to its header by the reader itself once mapped and its header read, before any tensor is
+// copied out of the map: another process shortening a model file under a running job. false
+// for every other file, and when unset.
+bool truncate_mapped(const std::string& path);
 
 // Where a rank can be made to stall before an agreement of every rank.
 enum class StallPoint {

@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "common/errors.hpp"
+#include "common/safe_file.hpp"
 
 namespace thetad::launch {
 
@@ -93,45 +94,50 @@ Fd open_private_dir(const std::string& path, bool create, const std::string& wha
   return dir;
 }
 
+namespace {
+
+constexpr safe_file::EntryRules kOwnFile{/*one_link=*/true, /*devices=*/false};
+
+// The launcher's words for what safe_file found wrong with an entry ("" for nothing).
+std::string entry_text(const safe_file::EntryCheck& c) {
+  switch (c.problem) {
+    case safe_file::EntryCheck::none: return "";
+    case safe_file::EntryCheck::link: return "is a symbolic link";
+    case safe_file::EntryCheck::not_regular: return "is not a regular file";
+    case safe_file::EntryCheck::other_owner: return "is owned by uid " + std::to_string(c.uid) + ", not by you";
+    case safe_file::EntryCheck::other_links: return "has other hard links";
+    case safe_file::EntryCheck::error: break;
+  }
+  return std::strerror(c.err);
+}
+
+}  // namespace
+
 std::string unsafe_entry(int dir, const std::string& name) {
-  struct stat st {};
-  if (::fstatat(dir, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) return errno == ENOENT ? "" : std::strerror(errno);
-  if (S_ISLNK(st.st_mode)) return "is a symbolic link";
-  if (!S_ISREG(st.st_mode)) return "is not a regular file";
-  if (st.st_uid != ::geteuid()) return "is owned by uid " + std::to_string(st.st_uid) + ", not by you";
-  if (st.st_nlink != 1) return "has other hard links";
-  return "";
+  const safe_file::EntryCheck c = safe_file::check_entry_at(dir, name, kOwnFile);
+  return c.problem == safe_file::EntryCheck::error && c.err == ENOENT ? "" : entry_text(c);
 }
 
 Fd open_append_at(int dir, const std::string& name, std::string& why) {
   // O_NONBLOCK: opening a FIFO for writing fails at once instead of waiting for a reader.
-  Fd fd(::openat(dir, name.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0600));
+  safe_file::EntryCheck c;
+  Fd fd(safe_file::open_own_at(dir, name, O_WRONLY | O_APPEND | O_NONBLOCK, 0600, kOwnFile, &c));
   if (!fd) {
-    why = errno == ELOOP ? "is a symbolic link" : std::strerror(errno);
+    why = entry_text(c);
     return fd;
-  }
-  struct stat st {};
-  if (::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != ::geteuid() || st.st_nlink != 1) {
-    why = unsafe_entry(dir, name);
-    if (why.empty()) why = "is not a regular file of yours";
-    return Fd();
   }
   ::fcntl(fd.get(), F_SETFL, O_APPEND);  // blocking writes again
   return fd;
 }
 
 bool replace_file_at(int dir, const std::string& name, const std::string& text) {
-  for (int attempt = 0; attempt < 8; ++attempt) {
-    const std::string tmp = "." + name + "." + random_hex(6);
-    Fd fd(::openat(dir, tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
-    if (!fd && errno == EEXIST) continue;
-    if (!fd) return false;
-    const bool ok = write_all(fd.get(), text);
-    fd.reset();
-    if (ok && ::renameat(dir, tmp.c_str(), dir, name.c_str()) == 0) return true;
-    ::unlinkat(dir, tmp.c_str(), 0);
-    return false;
-  }
+  std::string tmp;
+  Fd fd(safe_file::create_unique_at(dir, "." + name + ".", "", &tmp, 0600));
+  if (!fd) return false;
+  const bool ok = write_all(fd.get(), text);
+  fd.reset();
+  if (ok && ::renameat(dir, tmp.c_str(), dir, name.c_str()) == 0) return true;
+  ::unlinkat(dir, tmp.c_str(), 0);
   return false;
 }
 

@@ -4,7 +4,8 @@
 // is created 0700 and must be this user's own, writable by no one else; files in it are opened
 // relative to its descriptor with O_NOFOLLOW, created 0600, and replaced through a temporary
 // file created with O_EXCL under a random name. So no file another user planted (a symbolic
-// link to a shell's rc file, a FIFO) is written through, truncated or waited on.
+// link to a shell's rc file, a FIFO) is written through, truncated or waited on. The files' checks
+// and temporaries are common/safe_file's (open_own_at, create_unique_at), in the launcher's words.
 #pragma once
 
 #include <string>

@@ -1,9 +1,14 @@
-// A read-only memory map of a whole regular file (safetensors checkpoints, flat token files):
-// move-only, unmapped on destruction; errors name the file.
+// A read-only memory map of a whole regular file (safetensors checkpoints): move-only, unmapped on
+// destruction; errors name the file. Reads out of the map go through `read`, which turns a file
+// shortened by another process while it is mapped (a model rewritten in a shared hub cache) into a
+// ConfigError instead of SIGBUS.
+//
+//   map.read("tensor 'w'", [&] { std::memcpy(dst, map.data() + at, n); });  // ConfigError if short
 #pragma once
 
 #include <cstddef>
 #include <string>
+#include <type_traits>
 
 namespace thetad::daemon {
 
@@ -24,11 +29,32 @@ class MappedFile {
   const char* data() const { return static_cast<const char*>(map_); }
   size_t size() const { return size_; }
 
+  // Runs `copy()`, which reads this map (copies or converts bytes out of it into memory the caller
+  // owns), so that the file found shorter than when it was mapped is ConfigError
+  // "PATH: WHAT: cannot be read: the file is now N bytes, M when it was opened (...)" on this
+  // thread: a page past the file's new end (SIGBUS) ends `copy` there, and a new end within the
+  // last page read (zeros there) is found by the size checked after it. Any thread may read at
+  // once. `copy` must own nothing that needs destroying (no std::string, no vector): a short file
+  // leaves it by a jump, not by a return or an exception. An exception `copy` throws passes.
+  template <typename F>
+  void read(const std::string& what, F&& copy) const {
+    using Fn = std::remove_reference_t<F>;
+    check_read(what, read_guarded(&call<Fn>, &copy));
+  }
+
  private:
+  template <typename Fn>
+  static void call(void* fn) { (*static_cast<Fn*>(fn))(); }
+  // fn(arg) with a SIGBUS of this thread inside [data(), data() + size()) caught: false then
+  // (mapped_file_guard.cpp).
+  bool read_guarded(void (*fn)(void*), void* arg) const;
+  // Throws the ConfigError of `read` unless `completed` and the file still has its size.
+  void check_read(const std::string& what, bool completed) const;
   void reset() noexcept;
   std::string path_;
   void* map_ = nullptr;
   size_t size_ = 0;
+  int fd_ = -1;  // kept open: the file's size now, not that of whatever has its name now
 };
 
 }  // namespace thetad::daemon

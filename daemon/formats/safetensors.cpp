@@ -12,10 +12,12 @@
 #include <limits>
 #include <set>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "common/errors.hpp"
 #include "common/file_read.hpp"
 #include "common/json_read.hpp"
+#include "common/test_hooks.hpp"
 #include "common/text.hpp"
 
 namespace thetad::daemon {
@@ -211,9 +213,14 @@ int64_t st_first_nonfinite(const std::string& dtype, const void* src, size_t n) 
 }
 
 std::string st_nonfinite_text(const std::string& dtype, const void* src, int64_t i) {
+  return "value " + std::to_string(i) + " is " +
+         st_nonfinite_word(dtype, static_cast<const unsigned char*>(src) + static_cast<size_t>(i) * st_itemsize(dtype));
+}
+
+std::string st_nonfinite_word(const std::string& dtype, const void* value) {
   float v = 0;
-  st_to_fp32(dtype, static_cast<const unsigned char*>(src) + static_cast<size_t>(i) * st_itemsize(dtype), 1, &v, "");
-  return "value " + std::to_string(i) + " is " + (std::isnan(v) ? "nan" : v > 0 ? "inf" : "-inf");
+  st_to_fp32(dtype, value, 1, &v, "");
+  return std::isnan(v) ? "nan" : v > 0 ? "inf" : "-inf";
 }
 
 uint16_t st_fp32_to_bf16(float f) {
@@ -246,10 +253,25 @@ void st_to_bf16(const std::string& dtype, const void* src, size_t n, uint16_t* d
 SafetensorsFile SafetensorsFile::open(const std::string& path) {
   SafetensorsFile f;
   f.map_ = MappedFile::open(path);
-  f.header_ = parse_safetensors_header(f.map_.data(), f.map_.size(), path);
+  // The length and the header copied out of the map (guarded), then parsed from the copy.
+  const MappedFile& map = f.map_;
+  const size_t size = map.size();
+  std::string head(std::min<size_t>(8, size), '\0');
+  map.read("safetensors header", [&] { std::memcpy(head.data(), map.data(), head.size()); });
+  uint64_t n = 0;
+  for (size_t i = head.size(); i-- > 0;) n = (n << 8) | static_cast<unsigned char>(head[i]);
+  if (size >= 8 && n <= kStMaxHeaderLen && n <= size - 8) {
+    head.resize(8 + n);
+    map.read("safetensors header", [&] { std::memcpy(head.data() + 8, map.data() + 8, n); });
+  }
+  f.header_ = parse_safetensors_header(head.data(), size, path);
   for (size_t i = 0; i < f.header_.tensors.size(); ++i) f.index_[f.header_.tensors[i].name] = i;
+  if (test_hooks::truncate_mapped(path) && ::truncate(path.c_str(), static_cast<off_t>(f.header_.data_offset)) != 0)
+    fail(path, std::string("THETAD_TEST_TRUNCATE_MAPPED: cannot truncate: ") + std::strerror(errno));
   return f;
 }
+
+std::string SafetensorsFile::tensor_text(const StTensor& t) { return "tensor '" + printable(t.name) + "'"; }
 
 const StTensor* SafetensorsFile::find(const std::string& name) const {
   const auto it = index_.find(name);
@@ -335,20 +357,17 @@ std::vector<std::string> SafetensorsCheckpoint::names() const {
   return out;
 }
 
-const StTensor& SafetensorsCheckpoint::tensor(const std::string& name) const {
-  const auto it = where_.find(name);
-  if (it == where_.end()) fail(path_, "tensor '" + printable(name) + "' is missing");
-  return *it->second.second;
-}
+const StTensor& SafetensorsCheckpoint::tensor(const std::string& name) const { return *where_of(name).second; }
 
 const std::string& SafetensorsCheckpoint::file_of(const std::string& name) const {
   const auto it = where_.find(name);
   return it == where_.end() ? path_ : files_[it->second.first]->path();
 }
 
-const void* SafetensorsCheckpoint::data(const std::string& name) const {
-  const StTensor& t = tensor(name);
-  return files_[where_.at(name).first]->bytes(t);
+const std::pair<size_t, const StTensor*>& SafetensorsCheckpoint::where_of(const std::string& name) const {
+  const auto it = where_.find(name);
+  if (it == where_.end()) fail(path_, "tensor '" + printable(name) + "' is missing");
+  return it->second;
 }
 
 void SafetensorsCheckpoint::read_fp32(const std::string& name, const std::vector<int64_t>& expect, float* dst) const {
@@ -357,8 +376,9 @@ void SafetensorsCheckpoint::read_fp32(const std::string& name, const std::vector
   if (t.shape != expect)
     fail(f.path(), "tensor '" + printable(name) + "' has shape " + st_shape_string(t.shape) + ", expected " +
                        st_shape_string(expect));
-  st_to_fp32(t.dtype, f.bytes(t), static_cast<size_t>(st_numel(t.shape, f.path(), name)), dst,
-             f.path() + ": tensor '" + printable(name) + "'");
+  const auto n = static_cast<size_t>(st_numel(t.shape, f.path(), name));
+  const std::string where = f.path() + ": tensor '" + printable(name) + "'";
+  f.read(t, [&](const char* bytes) { st_to_fp32(t.dtype, bytes, n, dst, where); });
 }
 
 }  // namespace thetad::daemon

@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "daemon/formats/mapped_file.hpp"
@@ -35,8 +36,9 @@ constexpr size_t kStMaxDims = 64;
 // against the data that follows the header). Strict: an 8-byte little-endian length that fits,
 // a JSON object whose entries are "__metadata__" (strings) or tensors {dtype, shape,
 // data_offsets} with a known dtype, byte counts that match the shape, offsets within the data and
-// not overlapping. Never reads outside [data, data+size). Throws ConfigError "FILE: ..." naming
-// the tensor where there is one.
+// not overlapping. Reads only the length and the header, the first min(size, 8 + length) bytes:
+// all a caller must hold at `data`. Throws ConfigError "FILE: ..." naming the tensor where there
+// is one.
 StHeader parse_safetensors_header(const char* data, size_t size, const std::string& file);
 
 // Bytes per element of a dtype word; 0 for a word the format does not have.
@@ -57,6 +59,8 @@ void st_to_fp32(const std::string& dtype, const void* src, size_t n, float* dst,
 int64_t st_first_nonfinite(const std::string& dtype, const void* src, size_t n);
 // "value I is nan" ("inf", "-inf") for element i of such values, for messages.
 std::string st_nonfinite_text(const std::string& dtype, const void* src, int64_t i);
+// "nan", "inf" or "-inf": the one such value at `value`.
+std::string st_nonfinite_word(const std::string& dtype, const void* value);
 // float32 to bf16 bits, rounding to nearest even (NaN stays NaN).
 uint16_t st_fp32_to_bf16(float f);
 // Converts n elements of F32, BF16 or F16 to bf16 bits: BF16 copied, the others rounded to nearest
@@ -73,9 +77,18 @@ class SafetensorsFile {
   const std::string& path() const { return map_.path(); }
   const StHeader& header() const { return header_; }
   const StTensor* find(const std::string& name) const;
-  const void* bytes(const StTensor& t) const { return map_.data() + header_.data_offset + t.begin; }
+  // Runs `use(bytes)` with the tensor's bytes in the map (its dtype, little-endian, any
+  // alignment), guarded: the file shortened since it was opened is ConfigError
+  // "PATH: tensor 'NAME': cannot be read: ..." on this thread (MappedFile::read: `use` copies or
+  // converts out of the map and owns nothing that needs destroying).
+  template <typename F>
+  void read(const StTensor& t, F&& use) const {
+    const char* bytes = map_.data() + header_.data_offset + t.begin;
+    map_.read(tensor_text(t), [&] { use(bytes); });
+  }
 
  private:
+  static std::string tensor_text(const StTensor& t);  // "tensor 'NAME'"
   MappedFile map_;
   StHeader header_;
   std::map<std::string, size_t> index_;
@@ -97,12 +110,19 @@ class SafetensorsCheckpoint {
   // The file holding the tensor (for messages).
   const std::string& file_of(const std::string& name) const;
   // The tensor as float32 into dst (numel elements); `expect` its shape (ConfigError naming the
-  // file, the tensor and both shapes when different).
+  // file, the tensor and both shapes when different). Guarded as `read` is.
   void read_fp32(const std::string& name, const std::vector<int64_t>& expect, float* dst) const;
-  // The tensor's bytes in the map (tensor(name).dtype, little-endian, any alignment).
-  const void* data(const std::string& name) const;
+  // Runs `use(bytes)` with the tensor's bytes in the map (tensor(name).dtype, little-endian, any
+  // alignment), guarded against the file shortened under it (SafetensorsFile::read).
+  template <typename F>
+  void read(const std::string& name, F&& use) const {
+    const auto& [file, t] = where_of(name);
+    files_[file]->read(*t, std::forward<F>(use));
+  }
 
  private:
+  // (file, tensor) of `name`; ConfigError as `tensor` when absent.
+  const std::pair<size_t, const StTensor*>& where_of(const std::string& name) const;
   std::string path_;
   std::vector<std::shared_ptr<SafetensorsFile>> files_;
   std::map<std::string, std::pair<size_t, const StTensor*>> where_;  // name -> (file, tensor)

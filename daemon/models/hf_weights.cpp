@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstring>
 #include <iomanip>
 
 #include <filesystem>
@@ -46,29 +47,40 @@ void check(const SafetensorsCheckpoint& ck, const std::string& name, const Named
 void check_finite(const SafetensorsCheckpoint& ck, const std::string& name, int64_t first, int64_t count,
                   const std::string& what) {
   const StTensor& t = ck.tensor(name);
-  const char* src = static_cast<const char*>(ck.data(name)) + static_cast<size_t>(first) * st_itemsize(t.dtype);
-  const int64_t bad = st_first_nonfinite(t.dtype, src, static_cast<size_t>(count));
+  const size_t item = st_itemsize(t.dtype);
+  int64_t bad = -1;
+  unsigned char value[8] = {};  // the first bad one, for the message
+  ck.read(name, [&](const char* bytes) {
+    const char* src = bytes + static_cast<size_t>(first) * item;
+    bad = st_first_nonfinite(t.dtype, src, static_cast<size_t>(count));
+    if (bad >= 0) std::memcpy(value, src + static_cast<size_t>(bad) * item, item);
+  });
   if (bad >= 0)
-    throw ConfigError(ck.file_of(name) + ": " + what + ": tensor '" + printable(name) + "' " +
-                      st_nonfinite_text(t.dtype, ck.data(name), first + bad) + " (thetad trains only from finite values)");
+    throw ConfigError(ck.file_of(name) + ": " + what + ": tensor '" + printable(name) + "' value " +
+                      std::to_string(first + bad) + " is " + st_nonfinite_word(t.dtype, value) +
+                      " (thetad trains only from finite values)");
 }
 
 // Elements [first, first + count) of the file's tensor `name` into parameter p (float32, or bf16:
-// a frozen base held so), checked finite: converted straight into a host parameter; onto a device
-// from the map itself where the file holds p's dtype (no conversion, no host copy), else through
-// a host buffer.
+// a frozen base held so), checked finite: converted straight into a host parameter, else into a
+// host buffer (pinned for a GPU) and copied from there. Every read of the map is guarded
+// (SafetensorsCheckpoint::read): a file shortened under the job is exit 2 naming it and the
+// tensor; the GPU's copy reads only the buffer, since a fault inside the CUDA runtime could not be
+// left safely.
 void read_range(const SafetensorsCheckpoint& ck, const std::string& name, NamedParam& p, int64_t first, int64_t count,
                 const std::string& what) {
   check_finite(ck, name, first, count, what);
   const StTensor& t = ck.tensor(name);
-  const char* src = static_cast<const char*>(ck.data(name)) + static_cast<size_t>(first) * st_itemsize(t.dtype);
+  const size_t offset = static_cast<size_t>(first) * st_itemsize(t.dtype);
   const std::string where = ck.file_of(name) + ": tensor '" + printable(name) + "'";
   const bool bf16 = p.tensor.scalar_type() == torch::kBFloat16;
   THETAD_CHECK(bf16 || p.tensor.scalar_type() == torch::kFloat32, InternalError, "parameter ", p.name, " is ",
                p.tensor.scalar_type(), ", neither float32 nor bf16");
   const auto convert = [&](void* dst) {
-    if (bf16) st_to_bf16(t.dtype, src, static_cast<size_t>(count), static_cast<uint16_t*>(dst), where);
-    else st_to_fp32(t.dtype, src, static_cast<size_t>(count), static_cast<float*>(dst), where);
+    ck.read(name, [&](const char* bytes) {
+      if (bf16) st_to_bf16(t.dtype, bytes + offset, static_cast<size_t>(count), static_cast<uint16_t*>(dst), where);
+      else st_to_fp32(t.dtype, bytes + offset, static_cast<size_t>(count), static_cast<float*>(dst), where);
+    });
   };
   torch::NoGradGuard no_grad;
   torch::Tensor flat = p.tensor.detach().view({-1}).narrow(0, first, count);
@@ -76,13 +88,7 @@ void read_range(const SafetensorsCheckpoint& ck, const std::string& name, NamedP
     convert(flat.data_ptr());
     return;
   }
-  const auto dtype = p.tensor.scalar_type();
-  const bool same = t.dtype == (bf16 ? "BF16" : "F32");
-  if (same && reinterpret_cast<uintptr_t>(src) % p.tensor.element_size() == 0) {
-    flat.copy_(torch::from_blob(const_cast<char*>(src), {count}, dtype));
-    return;
-  }
-  torch::Tensor host = torch::empty({count}, dtype);
+  torch::Tensor host = torch::empty({count}, torch::TensorOptions(p.tensor.scalar_type()).pinned_memory(p.tensor.is_cuda()));
   convert(host.data_ptr());
   flat.copy_(host);
 }

@@ -8,7 +8,8 @@
 #  - two tasks' adapters train on a frozen base, are exported as PEFT directories (names, shapes,
 #    adapter_config.json), and the reference with those adapters gives thetad's logits; read back
 #    by lora.init_from they continue training; export.at_checkpoints rewrites only what changed;
-#  - flat uint16 token files train; every bad input is exit 2 naming the file and the tensor.
+#  - flat uint16 token files train; every bad input is exit 2 naming the file and the tensor, a
+#    base or adapter file shortened while mapped included.
 #   llama_peft.sh THETAD REFERENCE THETAD_LOGITS
 source "$(dirname "$0")/lib.sh"
 thetad=$1
@@ -108,4 +109,17 @@ expect_in bad_intdtype "tensor 'model.layers.0.mlp.down_proj.weight' is I16, not
 expect_in bad_missing "bad/missing: model.init_from: tensor 'model.layers.0.mlp.gate_proj.weight' is missing"
 expect_in bad_index "tensor 'model.norm.weight', listed there by model.safetensors.index.json, is not in the file"
 expect_in bad_extra "1 tensors name no parameter of the model and are ignored: model.layers.0.self_attn.rotary_emb.inv_freq"
+
+# A base shard and an adapter file cut short by another process while the job has them mapped
+# (the test aid truncates each to its header once mapped, before a tensor is copied): exit 2 naming
+# the file and a tensor before any step, where the copy out of the map died of SIGBUS.
+cp -r "$base" "$WORK/shrunk" && cp -r "$WORK/adapters" "$WORK/shrunk_adapters"
+THETAD_TEST_TRUNCATE_MAPPED=model-00002-of-00002.safetensors expect_code 2 shrunk_base "$thetad" run "$job" --no-resume \
+  --set model.init_from="$WORK/shrunk" --set checkpoint.dir="$WORK/shrunk.ckpt" --set metrics.path="$WORK/shrunk.jsonl"
+expect_in shrunk_base "shrunk/model-00002-of-00002.safetensors: tensor '.*': cannot be read: the file is now [0-9]* bytes"
+THETAD_TEST_TRUNCATE_MAPPED=adapter_model.safetensors expect_code 2 shrunk_adapter "$thetad" run "$job" --no-resume \
+  --set model.init_from="$base" --set lora.init_from="$WORK/shrunk_adapters/{task}" \
+  --set checkpoint.dir="$WORK/shrunk.ckpt" --set metrics.path="$WORK/shrunk.jsonl"
+expect_in shrunk_adapter "shrunk_adapters/0/adapter_model.safetensors: tensor '.*': cannot be read"
+[ ! -e "$WORK/shrunk.jsonl" ] && pass "shrunk: no step taken" || fail "shrunk: a step ran"
 finish
