@@ -11,10 +11,11 @@ heading of the page.
     scripts/check_config_doc.py --root REPO     exit 0, or 1 listing each problem
     scripts/check_config_doc.py --self-test     shows that each check can fail
 """
-import argparse
 import os
 import re
 import sys
+
+import repo_check
 
 MAX_ROW = 600
 
@@ -108,18 +109,10 @@ def self_test():
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--root", default=".")
-    ap.add_argument("--self-test", action="store_true")
-    a = ap.parse_args()
-    if a.self_test:
-        return self_test()
-    found, n = problems(a.root)
-    for p in found:
-        print(f"check_config_doc: {p}", file=sys.stderr)
-    if not found:
-        print(f"check_config_doc: {n} keys, each in one row of at most {MAX_ROW} characters; every link resolves")
-    return 1 if found else 0
+    def check(root):
+        found, n = problems(root)
+        return found, f"{n} keys, each in one row of at most {MAX_ROW} characters; every link resolves"
+    return repo_check.run("check_config_doc", check, self_test)
 
 
 if __name__ == "__main__":

@@ -10,10 +10,11 @@ on a prepared machine sees. A find_package the table does not know fails too (ad
     scripts/check_packages.py --root REPO      exit 0, or 1 listing what is missing
     scripts/check_packages.py --self-test      shows that each check can fail
 """
-import argparse
 import os
 import re
 import sys
+
+import repo_check
 import tempfile
 
 # CMake package -> the package that provides it. None: part of the C library or the compiler.
@@ -101,18 +102,8 @@ def self_test():
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--root", default=".")
-    ap.add_argument("--self-test", action="store_true")
-    args = ap.parse_args()
-    if args.self_test:
-        return self_test()
-    problems = missing(args.root)
-    for p in problems:
-        print(f"check_packages: {p}", file=sys.stderr)
-    if not problems:
-        print(f"check_packages: {len(RECIPES)} recipes install what CMakeLists.txt requires")
-    return 1 if problems else 0
+    return repo_check.run("check_packages", lambda root: (missing(root), f"{len(RECIPES)} recipes install what CMakeLists.txt requires"),
+                          self_test)
 
 
 if __name__ == "__main__":
