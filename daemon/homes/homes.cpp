@@ -106,12 +106,13 @@ void Homes::engine_options(comm::EngineOptions& o) {
 
 // The stores are built in order (θ[t]'s first: Θ's device layers are allocated after it, and
 // Θ's store shares its device, so that both use the same H2D and D2H streams).
-void Homes::build(comm::Engine& engine, const Schedule& schedule, int rank) {
+void Homes::build(comm::Engine& engine, WindowPlans& plans, int rank) {
   engine_ = &engine;
+  HomeSetup setup{engine, plans, rank};
   for (GroupHome* h : in_use_) {
     if (h == trunk_) trunk_->share_device(store_ ? store_->device() : nullptr);
     const auto t0 = SteadyClock::now();
-    h->build(engine, schedule, rank);
+    h->build(setup);
     if (h == trunk_) model_.set_layer_weights(trunk_);
     if (h == store_) {
       THETAD_LOG(info, "offload") << "host store ready in " << std::fixed << std::setprecision(2)
@@ -120,11 +121,11 @@ void Homes::build(comm::Engine& engine, const Schedule& schedule, int rank) {
   }
 }
 
-void Homes::start_window(int64_t step, const AdamSettings& settings) {
+void Homes::start_window(const WindowPlan& plan, const AdamSettings& settings) {
   window_.adam = settings;
   window_.group_steps = &group_steps_;
   window_.update_known = job_.train.on_nonfinite != config::NonFinite::SkipStep && job_.optimizer.clip_norm <= 0;
-  for (GroupHome* h : in_use_) h->start_window(step, window_);
+  for (GroupHome* h : in_use_) h->start_window(plan, window_);
 }
 
 void Homes::start_micro(const StepPlan& plan) {

@@ -47,10 +47,10 @@ class Homes {
   std::vector<comm::ParamInfo> plan_params() const;
   std::vector<comm::GradMemory> grad_memory() const;
   void engine_options(comm::EngineOptions& o);
-  void build(comm::Engine& engine, const Schedule& schedule, int rank);
+  void build(comm::Engine& engine, WindowPlans& plans, int rank);
 
-  // ---- a window: every home hears every phase ----
-  void start_window(int64_t step, const AdamSettings& settings);
+  // ---- a window: every home hears every phase (`plan`: this rank's, built once by the trainer) ----
+  void start_window(const WindowPlan& plan, const AdamSettings& settings);
   void start_micro(const StepPlan& plan);
   void add_reached(std::vector<uint8_t>& found) const;
   void before_backward(bool last, const StepPlan& plan);

@@ -28,8 +28,8 @@ class ResidentHome final : public GroupHome {
   const char* kind() const override { return "resident"; }
 
   comm::GradMemory grad_memory(int g) const override;
-  void build(comm::Engine& engine, const Schedule& schedule, int rank) override;
-  void start_window(int64_t step, const WindowSettings& w) override;
+  void build(HomeSetup& setup) override;
+  void start_window(const WindowPlan& plan, const WindowSettings& w) override;
   void on_bucket_launch(int b, int contributors, comm::Work& work, float* data) override;
   void step(int g, const AdamSettings& s) override;
   void make_current() override;
@@ -53,8 +53,6 @@ class ResidentHome final : public GroupHome {
   DeviceAdam& adam_;
   Timeline* timeline_;
   comm::Engine* engine_ = nullptr;
-  const Schedule* schedule_ = nullptr;
-  int rank_ = 0;
   const WindowSettings* window_ = nullptr;
   std::vector<torch::Tensor> exp_avg_, exp_avg_sq_;  // per parameter: created at its first update
   int64_t moment_bytes_ = 0;                         // of those, allocated so far

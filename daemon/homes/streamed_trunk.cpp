@@ -44,10 +44,8 @@ StreamedTrunk::StreamedTrunk(const config::Job& job, ParamGroups& groups, const 
 
 StreamedTrunk::~StreamedTrunk() = default;
 
-void StreamedTrunk::build(comm::Engine& engine, const Schedule& schedule, int rank) {
-  (void)schedule;
-  (void)rank;
-  engine_ = &engine;
+void StreamedTrunk::build(HomeSetup& setup) {
+  engine_ = &setup.engine;
   offload::Device* device = shared_device_;
   std::vector<offload::GroupShape> shapes;
   for (size_t l = 0; l < layer_params_.size(); ++l)
@@ -129,7 +127,8 @@ size_t StreamedTrunk::offset_in_layer(int p) const {
   return p == l.w ? 0 : l.w_numel;
 }
 
-void StreamedTrunk::start_window(int64_t step, const WindowSettings& w) {
+void StreamedTrunk::start_window(const WindowPlan& plan, const WindowSettings& w) {
+  const int64_t step = plan.window;
   step_ = step;
   early_ = w.update_known ? std::optional<AdamSettings>(w.for_group(0)) : std::nullopt;
   store_->place(step);  // step 0: the device's layers are loaded into their lines

@@ -79,12 +79,12 @@ class StreamedTrunk final : public GroupHome, public LayerWeights {
   // Builds the store (collective over the host's ranks) on the shared device or, without one, a
   // device of its own; each layer's owner writes its values into the arena from the model's
   // tensors, which then become placeholders.
-  void build(comm::Engine& engine, const Schedule& schedule, int rank) override;
+  void build(HomeSetup& setup) override;
 
   // Start of optimizer step `step` (its window) and of each micro-step's forward. Where the
   // step's update is known before backward (no skip_step, no clipping), each layer's CPU AdamW
   // is submitted as soon as its reduced gradient is pushed, during backward, instead of after.
-  void start_window(int64_t step, const WindowSettings& w) override;
+  void start_window(const WindowPlan& plan, const WindowSettings& w) override;
   void start_micro(const StepPlan& plan) override;
   // comm.active: discover: the trunk ran with gradients for Θ in this micro-step's forward (its
   // placeholders are not in the graph).

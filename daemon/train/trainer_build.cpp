@@ -35,11 +35,12 @@ void Trainer::build() {
   if (!job_.timeline.path.empty())
     timeline_ = std::make_unique<Timeline>(config::expand_path(job_.timeline.path, job_, world_.rank), world_.rank);
   schedule_ = Schedule::create(job_, world_.size);
+  plans_ = std::make_unique<WindowPlans>(*schedule_, job_.accumulate_steps);
   setup_start_ = Clock::now();  // after the device's and NCCL's initialisation (open_data_plane)
   build_model();
   build_engine();
   // Before the hooks: the host stores move their groups' data to device placeholders.
-  homes_->build(*engine_, *schedule_, world_.rank);
+  homes_->build(*engine_, *plans_, world_.rank);
   hooks_ = std::make_unique<GradHooks>(*groups_, *engine_, data_, homes_->grad_memory());
   graphed_ = make_graphed_pass(job_, *model_, *groups_, *hooks_, data_);
   state_ = std::make_unique<RunState>(job_, world_, *plane_, *groups_, *homes_);

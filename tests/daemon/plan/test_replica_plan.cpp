@@ -93,7 +93,8 @@ TEST(ReplicaPlanOfSchedule, RoundRobinWDividingTKeepsEveryHead) {
   for (int world : {2, 4, 8}) {
     config::Job job = job_of("round_robin", 16);
     const auto schedule = Schedule::create(job, world);
-    ReplicaPlan plan(*schedule, 1, replica_keepable(job, world), replica_costs(job));
+    WindowPlans plan_windows(*schedule, 1);
+    ReplicaPlan plan(plan_windows, replica_keepable(job, world), replica_costs(job));
     for (int64_t w = 0; w < 40; ++w) {
       EXPECT_EQ(plan.decision(w, 0), kSend) << "Θ: every rank trains it";
       for (int r = 0; r < world; ++r) {
@@ -108,7 +109,8 @@ TEST(ReplicaPlanOfSchedule, RoundRobinWDividingTKeepsEveryHead) {
 TEST(ReplicaPlanOfSchedule, RoundRobinWNotDividingTSends) {
   config::Job job = job_of("round_robin", 5);
   const auto schedule = Schedule::create(job, 2);
-  ReplicaPlan plan(*schedule, 1, replica_keepable(job, 2), replica_costs(job));
+  WindowPlans plan_windows(*schedule, 1);
+  ReplicaPlan plan(plan_windows, replica_keepable(job, 2), replica_costs(job));
   for (int64_t w = 0; w < 20; ++w)
     for (int g = 1; g <= 5; ++g) {
       const ReplicaDecision d = plan.decision(w, g);
@@ -121,7 +123,8 @@ TEST(ReplicaPlanOfSchedule, PerRankAccumulationAlternateAndSwitches) {
   config::Job job = job_of("per_rank", 3);
   job.data.per_rank = {{0}, {0, 1}, {2}};
   auto schedule = Schedule::create(job, 3);
-  ReplicaPlan per_rank(*schedule, 1, replica_keepable(job, 3), replica_costs(job));
+  WindowPlans per_rank_windows(*schedule, 1);
+  ReplicaPlan per_rank(per_rank_windows, replica_keepable(job, 3), replica_costs(job));
   EXPECT_EQ(per_rank.decision(7, 1), kSend);    // task 0: two ranks
   EXPECT_EQ(per_rank.decision(7, 2), keep(1));  // task 1: rank 1 only
   EXPECT_EQ(per_rank.decision(7, 3), keep(2));
@@ -129,7 +132,8 @@ TEST(ReplicaPlanOfSchedule, PerRankAccumulationAlternateAndSwitches) {
   // accumulate_steps 2, T = 4, W = 2: micro-steps 2w and 2w + 1 give rank 0 tasks {0, 2}.
   job = job_of("round_robin", 4);
   schedule = Schedule::create(job, 2);
-  ReplicaPlan accumulate(*schedule, 2, replica_keepable(job, 2), replica_costs(job));
+  WindowPlans accumulate_windows(*schedule, 2);
+  ReplicaPlan accumulate(accumulate_windows, replica_keepable(job, 2), replica_costs(job));
   EXPECT_EQ(accumulate.decision(3, 1), keep(0));
   EXPECT_EQ(accumulate.decision(3, 3), keep(0));
   EXPECT_EQ(accumulate.decision(3, 2), keep(1));
@@ -138,7 +142,8 @@ TEST(ReplicaPlanOfSchedule, PerRankAccumulationAlternateAndSwitches) {
   job.data.alternate = {"shared", "task:1"};
   job.data.alternate_entries = {{config::AlternateEntry::Kind::Shared, -1}, {config::AlternateEntry::Kind::Task, 1}};
   schedule = Schedule::create(job, 2);
-  ReplicaPlan alternate(*schedule, 1, replica_keepable(job, 2), replica_costs(job));
+  WindowPlans alternate_windows(*schedule, 1);
+  ReplicaPlan alternate(alternate_windows, replica_keepable(job, 2), replica_costs(job));
   EXPECT_EQ(alternate.decision(0, 2), kNone);  // read by both, trained by none
   EXPECT_EQ(alternate.decision(1, 2), kSend);  // task 1: both ranks train it
   EXPECT_EQ(alternate.readers(1, 2), (std::vector<int>{0, 1}));
@@ -154,7 +159,8 @@ TEST(ReplicaPlanOfSchedule, PerRankAccumulationAlternateAndSwitches) {
   job.offload.shared = config::SharedMode::Stream;
   EXPECT_EQ(replica_keepable(job, 2), std::vector<uint8_t>(5, 0));
   schedule = Schedule::create(job, 2);
-  ReplicaPlan off(*schedule, 1, replica_keepable(job, 2), replica_costs(job));
+  WindowPlans off_windows(*schedule, 1);
+  ReplicaPlan off(off_windows, replica_keepable(job, 2), replica_costs(job));
   EXPECT_EQ(off.decision(0, 1), kSend);
 }
 
@@ -200,7 +206,8 @@ TEST(ReplicaHoldersRecord, SimulatedRunsNeverReadAStaleReplica) {
     if (trial % 5 == 2) job.comm.grad_dtype = config::GradDtype::Bf16;
     const int64_t micro = 1 + trial % 2;
     const auto schedule = Schedule::create(job, world);
-    ReplicaPlan plan(*schedule, micro, replica_keepable(job, world), replica_costs(job));
+    WindowPlans plan_windows(*schedule, micro);
+    ReplicaPlan plan(plan_windows, replica_keepable(job, world), replica_costs(job));
     ReplicaHolders holders(tasks + 1);
     std::vector<std::vector<int>> version(static_cast<size_t>(tasks + 1), std::vector<int>(world, 0));
     std::vector<int> newest(static_cast<size_t>(tasks + 1), 0);
