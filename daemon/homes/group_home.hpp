@@ -4,8 +4,9 @@
 // every point of a step, of a checkpoint and of the final hash. The table of which group lives
 // where (Homes) is built once at set-up; the trainer and the run state only loop over it.
 //
-// Adding a home (say, NVMe): implement this interface in daemon/homes/, and give it its groups
-// in Homes' constructor (homes.cpp, `place`); nothing in train/ or state/ changes.
+// Adding a home (say, NVMe): implement this interface in daemon/homes/, name its kind in the
+// placement (daemon/plan/placement: which groups go there, and its memory terms in the estimates)
+// and build it for that kind in Homes' constructor (homes.cpp); nothing in train/ or state/ changes.
 #pragma once
 
 #include <torch/torch.h>
@@ -24,6 +25,10 @@
 #include "daemon/models/param_groups.hpp"
 #include "daemon/optim/optimizer.hpp"
 
+namespace thetad::offload {
+class Device;
+}
+
 namespace thetad::daemon {
 
 // A home's device memory by what it holds (bytes).
@@ -34,11 +39,15 @@ struct HomeMemory {
 };
 
 // What set-up hands each home in turn (Homes::build): the engine, the run's window plans (which a
-// home may read ahead in: the store's look-ahead) and this rank.
+// home may read ahead in: the store's look-ahead), this rank, and what a home built earlier
+// offers the later ones.
 struct HomeSetup {
   comm::Engine& engine;
   WindowPlans& plans;
   int rank = 0;
+  // The copy device (H2D and D2H streams) of a host store built earlier: a later store shares it,
+  // so that both copy on the same streams (null: none yet).
+  offload::Device* copy_device = nullptr;
 };
 
 // What every home may use of the current window.

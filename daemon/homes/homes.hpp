@@ -1,6 +1,6 @@
 // The table of where each parameter group lives: one GroupHome per kind of place, and group ->
-// home, decided once at set-up from the job (Θ: resident, or streamed with offload.shared:
-// stream; θ[t]: resident, or the host store with offload.enabled). The engine hands each
+// home, built once at set-up from the job's Placement (daemon/plan/placement: Θ resident or
+// streamed, θ[t] resident or in the host store). The engine hands each
 // launched bucket straight to its group's home; the trainer and the run state loop over the
 // groups and ask their homes. Also the groups' optimizer step counts (lazy: a group counts only
 // the steps that updated it).
@@ -16,27 +16,27 @@
 #include "daemon/homes/group_home.hpp"
 #include "daemon/models/model.hpp"
 #include "daemon/optim/device_adam.hpp"
+#include "daemon/plan/placement.hpp"
 
 namespace thetad::daemon {
 
-class StoreHome;
-class StreamedTrunk;
-
 class Homes {
  public:
-  // Places every group; on a GPU moves the resident groups' tensors there (the model is built on
-  // the host when a host store takes some of its groups).
-  Homes(const config::Job& job, TaskModel& model, ParamGroups& groups, const DataPlane& plane, Timeline* timeline);
+  // Builds the home of each kind `placement` names and gives it its groups; on a GPU moves the
+  // resident groups' tensors there (the model is built on the host when a host store takes some
+  // of its groups: placement.model_on_host).
+  Homes(const config::Job& job, const Placement& placement, TaskModel& model, ParamGroups& groups,
+        const DataPlane& plane, Timeline* timeline);
   ~Homes();
   Homes(const Homes&) = delete;
   Homes& operator=(const Homes&) = delete;
 
   // Where the model is built, before the table exists: on the host when a host store takes some
-  // of its groups (θ[t] never lives on the device whole), else on the device; task groups are
-  // built lazily (drawn by the store, in its arena) when the store takes them.
-  static torch::Device model_device(const config::Job& job, const DataPlane& plane);
-  static bool lazy_tasks(const config::Job& job) { return job.offload.enabled; }
+  // of its groups (θ[t] never lives on the device whole), else on the device.
+  static torch::Device model_device(const Placement& placement, const DataPlane& plane);
 
+  // The placement the table was built from.
+  const Placement& placement() const { return placement_; }
   int num_groups() const { return static_cast<int>(home_of_.size()); }
   GroupHome& of(int g) const { return *home_of_[static_cast<size_t>(g)]; }
   // A test's home for group g instead of the job's choice (before set-up).
@@ -73,7 +73,7 @@ class Homes {
  private:
   void find_in_use();
   const config::Job& job_;
-  TaskModel& model_;
+  const Placement placement_;
   ParamGroups& groups_;
   const DataPlane& plane_;
   Timeline* timeline_;
@@ -81,8 +81,6 @@ class Homes {
   std::vector<std::unique_ptr<GroupHome>> homes_;
   std::vector<GroupHome*> home_of_;  // per group
   std::vector<GroupHome*> in_use_;   // the homes of some group, each once, in set-up order
-  StoreHome* store_ = nullptr;       // θ[t]'s host store (offload.enabled)
-  StreamedTrunk* trunk_ = nullptr;   // Θ's (offload.shared: stream)
   comm::Engine* engine_ = nullptr;
   WindowSettings window_;
   std::vector<int64_t> group_steps_;

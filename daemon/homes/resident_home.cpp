@@ -4,14 +4,14 @@
 #include <string>
 
 #include "common/errors.hpp"
-#include "daemon/plan/replica_plan.hpp"
 #include "daemon/models/precision.hpp"
 
 namespace thetad::daemon {
 
 ResidentHome::ResidentHome(const config::Job& job, const TaskModel& model, ParamGroups& groups,
-                           const DataPlane& plane, DeviceAdam& adam, Timeline* timeline)
-    : job_(job), model_(model), groups_(groups), plane_(plane), adam_(adam), timeline_(timeline) {
+                           const DataPlane& plane, DeviceAdam& adam, Timeline* timeline, std::vector<uint8_t> keepable)
+    : job_(job), model_(model), groups_(groups), plane_(plane), adam_(adam), timeline_(timeline),
+      keepable_(std::move(keepable)) {
   exp_avg_.resize(groups_.size());
   exp_avg_sq_.resize(groups_.size());
 }
@@ -35,7 +35,7 @@ void ResidentHome::build(HomeSetup& setup) {
   engine_ = &engine;
   bucket_stepped_.assign(engine.plan().buckets.size(), 0);
   // The replica rule: for the groups held here that have a gradient of the engine's own.
-  std::vector<uint8_t> keepable = replica_keepable(job_, plane_.comm->size()), held_here(keepable.size(), 0);
+  std::vector<uint8_t> keepable = keepable_, held_here(keepable.size(), 0);
   for (int g : held()) held_here[static_cast<size_t>(g)] = 1;
   bool any = false;
   for (size_t g = 0; g < keepable.size(); ++g) {

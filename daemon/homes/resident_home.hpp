@@ -23,8 +23,9 @@ namespace thetad::daemon {
 
 class ResidentHome final : public GroupHome {
  public:
+  // `keepable` (per group): the groups the replica rule may keep (Placement::replica_keepable).
   ResidentHome(const config::Job& job, const TaskModel& model, ParamGroups& groups, const DataPlane& plane,
-               DeviceAdam& adam, Timeline* timeline);
+               DeviceAdam& adam, Timeline* timeline, std::vector<uint8_t> keepable);
   const char* kind() const override { return "resident"; }
 
   comm::GradMemory grad_memory(int g) const override;
@@ -57,6 +58,7 @@ class ResidentHome final : public GroupHome {
   std::vector<torch::Tensor> exp_avg_, exp_avg_sq_;  // per parameter: created at its first update
   int64_t moment_bytes_ = 0;                         // of those, allocated so far
   std::vector<uint8_t> bucket_stepped_;              // per bucket, this window
+  const std::vector<uint8_t> keepable_;              // per group: the placement's replica rule
   std::unique_ptr<ResidentReplicas> replicas_;       // null: no group follows the replica rule
 };
 

@@ -7,10 +7,12 @@
 #endif
 
 #include <algorithm>
+#include <iomanip>
 #include <string>
 
 #include "common/errors.hpp"
 #include "common/log.hpp"
+#include "common/stopwatch.hpp"
 #include "daemon/plan/job_options.hpp"
 #include "daemon/homes/line_views.hpp"
 #include "daemon/homes/store_chunks.hpp"
@@ -69,6 +71,7 @@ void StoreHome::engine_options(comm::EngineOptions& o) {
 
 // (validate refuses offload with sgd: the store steps Adam/AdamW)
 void StoreHome::build(HomeSetup& setup) {
+  const auto t0 = SteadyClock::now();
   comm::Engine& engine = setup.engine;
   engine_ = &engine;
   plans_ = &setup.plans;
@@ -139,6 +142,7 @@ void StoreHome::build(HomeSetup& setup) {
   }
   // Shard gradients in flight on the device: as many as the store has slots for shards.
   grad_inflight_cap_ = static_cast<size_t>(std::max<int64_t>(2, store_->plan().slots)) * store_->plan().slot_bytes;
+  setup.copy_device = device_.get();  // a store built after this one copies on the same streams
   chunks_ = std::make_unique<StoreChunks>(
       *store_, plane_.device, [this](int u, torch::Tensor g) { hand_over_shard(u, std::move(g)); },
       [this](size_t bytes) { throttle_grads(bytes); });
@@ -169,6 +173,8 @@ void StoreHome::build(HomeSetup& setup) {
   THETAD_LOG(info, "offload") << "host store: " << shapes.size() << " task groups, " << store_->plan().slots
                               << " device slots of " << store_->plan().slot_bytes << " bytes, host arena "
                               << store_->arena().bytes() << " bytes";
+  THETAD_LOG(info, "offload") << "host store ready in " << std::fixed << std::setprecision(2) << ms_since(t0) / 1000
+                              << " s";
 }
 
 // offload.device_cache_mb: a size (no more than the device has), or auto: none at set-up. On a

@@ -12,9 +12,9 @@
 
 namespace thetad::daemon {
 
-StreamedTrunk::StreamedTrunk(const config::Job& job, ParamGroups& groups, const DataPlane& plane, DeviceAdam& adam,
-                             Timeline* timeline)
-    : job_(job), groups_(groups), plane_(plane), adam_(adam), timeline_(timeline),
+StreamedTrunk::StreamedTrunk(const config::Job& job, TaskModel& model, ParamGroups& groups, const DataPlane& plane,
+                             DeviceAdam& adam, Timeline* timeline)
+    : job_(job), model_(model), groups_(groups), plane_(plane), adam_(adam), timeline_(timeline),
       line_views_(std::make_unique<LineViews>(groups, plane.device)), prefetch_(job.offload.shared_prefetch_layers) {
   // Θ's parameters come in layer order, weight then bias (multitask_mlp registers them so).
   const auto& members = groups_.members.at(0);
@@ -46,7 +46,7 @@ StreamedTrunk::~StreamedTrunk() = default;
 
 void StreamedTrunk::build(HomeSetup& setup) {
   engine_ = &setup.engine;
-  offload::Device* device = shared_device_;
+  offload::Device* device = setup.copy_device;
   std::vector<offload::GroupShape> shapes;
   for (size_t l = 0; l < layer_params_.size(); ++l)
     shapes.push_back({static_cast<int>(l) + 1, layer_params_[l].w_numel + layer_params_[l].b_numel, 1});
@@ -95,7 +95,7 @@ void StreamedTrunk::build(HomeSetup& setup) {
                       std::to_string(o.cache_bytes) + " bytes of device memory (" +
                       std::to_string(store_->cache().cache_line_bytes()) + " per layer: values and Adam moments), but the " +
                       "device had room for " + std::to_string(store_->cache().cache_lines()) + "; lower it");
-  if (!job_.offload.enabled) ThreadPool::configure(store_->cpu_threads());
+  if (!setup.copy_device) ThreadPool::configure(store_->cpu_threads());  // the first store sizes the owners' pool
   resolve_split();
   store_->init_all([this](int g, float* dst) {
     torch::NoGradGuard no_grad;  // thread-local: this runs on the store's threads
@@ -120,6 +120,7 @@ void StreamedTrunk::build(HomeSetup& setup) {
                               << split_ << " streamed layers updated on the device (offload.shared_split_layers: "
                               << job_.offload.shared_split_layers << ", " << store_->update_line_bytes()
                               << " bytes of update lines)";
+  model_.set_layer_weights(this);  // the trunk layer function reads Θ's layers from here
 }
 
 size_t StreamedTrunk::offset_in_layer(int p) const {

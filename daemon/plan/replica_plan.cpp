@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "common/errors.hpp"
+#include "daemon/plan/placement.hpp"
 
 namespace thetad::daemon {
 
@@ -85,11 +86,7 @@ ReplicaDecision ReplicaPlan::decision(int64_t w, int group) {
 }
 
 std::vector<uint8_t> replica_keepable(const config::Job& job, int world) {
-  std::vector<uint8_t> keep(static_cast<size_t>(job.model.tasks) + 1, 0);
-  if (world < 2 || job.comm.sole_user != config::SoleUser::Keep) return keep;
-  keep[0] = job.offload.shared != config::SharedMode::Stream && job.model.train_shared ? 1 : 0;
-  for (size_t g = 1; g < keep.size(); ++g) keep[g] = job.offload.enabled ? 0 : 1;
-  return keep;
+  return Placement::of(job, world).replica_keepable;
 }
 
 std::optional<StateMove> ReplicaHolders::before(int g, const ReplicaDecision& d, const std::vector<int>& readers) {

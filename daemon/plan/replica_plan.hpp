@@ -80,9 +80,8 @@ class ReplicaPlan {
   const int min_run_;
 };
 
-// Per group: whether the rule applies to it in this job on `world` ranks. Only resident groups
-// (Θ unless offload.shared: stream; θ[t] unless offload.enabled) with a gradient, from 2 ranks on,
-// with comm.sole_user: keep. Homes places groups by the same keys (daemon/homes/homes.cpp).
+// Per group: whether the rule applies to it in this job on `world` ranks: Placement::replica_keepable
+// (resident groups with a gradient, from 2 ranks on, with comm.sole_user: keep).
 std::vector<uint8_t> replica_keepable(const config::Job& job, int world);
 
 // A move of one group's state (values and moments) from the rank that holds it.

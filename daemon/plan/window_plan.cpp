@@ -33,7 +33,8 @@ std::vector<int> WindowPlan::task_groups() const {
   return groups;
 }
 
-WindowPlans::WindowPlans(const Schedule& schedule, int64_t micro_steps) : schedule_(schedule), micro_steps_(micro_steps) {
+WindowPlans::WindowPlans(const Schedule& schedule, int64_t micro_steps)
+    : schedule_(schedule), micro_steps_(micro_steps) {
   THETAD_CHECK(micro_steps_ >= 1, InternalError, "WindowPlans: ", micro_steps_, " micro-steps");
 }
 

@@ -92,7 +92,7 @@ RunState::RunState(const config::Job& job, const comm::WorldInfo& world, comm::C
   // their initial values (offload.host_groups: scheduled), each task's lora.init_from directory.
   if (world.rank != 0 || job.checkpoint.dir.empty()) return;
   if (!job.model.init_from.empty()) model_print_ = fingerprint_path(job.model.init_from, "model.init_from");
-  if (!job.lora.init_from.empty() && job.offload.enabled && job.offload.host_groups == config::HostGroups::Scheduled)
+  if (!job.lora.init_from.empty() && homes.placement().unheld_tasks)
     for (int64_t t = 0; t < job.model.tasks; ++t)
       lora_prints_.push_back(fingerprint_path(adapter_dir(job.lora.init_from, job, t), "lora.init_from"));
 }

@@ -24,6 +24,7 @@
 #include "daemon/observe/timeline.hpp"
 #include "daemon/optim/optimizer.hpp"
 #include "daemon/plan/input_path.hpp"
+#include "daemon/plan/placement.hpp"
 #include "daemon/plan/schedule.hpp"
 #include "daemon/plan/window_plan.hpp"
 #include "daemon/reducer/grad_hooks.hpp"
@@ -66,6 +67,7 @@ class Trainer {
   std::shared_ptr<comm::Communicator> ctrl_;  // control plane: agreements, checkpoints (MPI)
   std::unique_ptr<comm::ControlPlane> plane_;
   DataPlane data_;                            // device, gradients' communicator, compute stream
+  Placement placement_;                       // where each group lives, decided once from the job
   std::unique_ptr<Timeline> timeline_;
   std::unique_ptr<TaskModel> model_;
   std::unique_ptr<DataSource> batches_;

@@ -123,7 +123,7 @@ std::vector<std::vector<float>> train(bool test_home, HostVectorHome** placed = 
   ParamGroups groups(model->params(), static_cast<int>(job.model.tasks) + 1);
   auto schedule = Schedule::create(job, 1);
   auto data = make_data(job, *model, torch::kCPU);
-  Homes homes(job, *model, groups, plane, nullptr);
+  Homes homes(job, Placement::of(job, 1), *model, groups, plane, nullptr);
   if (test_home) {
     auto home = std::make_unique<HostVectorHome>(groups);
     if (placed) *placed = home.get();
