@@ -53,12 +53,20 @@ ReplicaPlan::ReplicaPlan(WindowPlans& plans, std::vector<uint8_t> keepable, Repl
   plans_.keep_behind(kHorizon);  // the scan around a window reads back as far
 }
 
+const std::vector<std::shared_ptr<const WindowPlan>>& ReplicaPlan::ranks(int64_t w) {
+  if (w != ranks_window_) {
+    ranks_ = plans_.all_ranks(w);
+    ranks_window_ = w;
+  }
+  return ranks_;
+}
+
 // Window w's use of a keepable group: the ranks whose window plans read it, and of those, the
 // ones that train it (a group counted once per rank).
 GroupUse ReplicaPlan::use(int64_t w, int group) {
   GroupUse u;
   if (!keepable_[static_cast<size_t>(group)]) return u;
-  for (const auto& p : plans_.all_ranks(w)) {
+  for (const auto& p : ranks(w)) {
     if (!p->reads(group)) continue;
     u.readers += 1;
     u.trainers += p->trains(group) ? 1 : 0;
@@ -69,11 +77,11 @@ GroupUse ReplicaPlan::use(int64_t w, int group) {
 }
 
 std::vector<int> ReplicaPlan::readers(int64_t w, int group) {
-  std::vector<int> ranks;
-  if (!keepable_[static_cast<size_t>(group)]) return ranks;
-  for (const auto& p : plans_.all_ranks(w))
-    if (p->reads(group)) ranks.push_back(p->rank);
-  return ranks;
+  std::vector<int> reading;
+  if (!keepable_[static_cast<size_t>(group)]) return reading;
+  for (const auto& p : ranks(w))
+    if (p->reads(group)) reading.push_back(p->rank);
+  return reading;
 }
 
 ReplicaDecision ReplicaPlan::decision(int64_t w, int group) {

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <vector>
 
@@ -75,9 +76,15 @@ class ReplicaPlan {
   int num_groups() const { return static_cast<int>(keepable_.size()); }
 
  private:
+  // Every rank's plan of window w: the last window asked for is kept at hand, since a window's
+  // decisions ask it once per group.
+  const std::vector<std::shared_ptr<const WindowPlan>>& ranks(int64_t w);
+
   WindowPlans& plans_;
   const std::vector<uint8_t> keepable_;
   const int min_run_;
+  int64_t ranks_window_ = -1;
+  std::vector<std::shared_ptr<const WindowPlan>> ranks_;
 };
 
 // Per group: whether the rule applies to it in this job on `world` ranks: Placement::replica_keepable

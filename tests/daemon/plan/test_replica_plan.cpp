@@ -106,6 +106,21 @@ TEST(ReplicaPlanOfSchedule, RoundRobinWDividingTKeepsEveryHead) {
   }
 }
 
+// The rule reads the run's window plans: its scans around each window draw no (window, rank) twice,
+// and the trainer's own plan of a window it decided is already there.
+TEST(ReplicaPlanOfSchedule, ReadsEachWindowPlanOnce) {
+  config::Job job = job_of("round_robin", 16);
+  const auto schedule = Schedule::create(job, 4);
+  WindowPlans windows(*schedule, 2);
+  ReplicaPlan plan(windows, replica_keepable(job, 4), replica_costs(job));
+  for (int64_t w = 0; w < 40; ++w)
+    for (int g = 0; g < plan.num_groups(); ++g) plan.decision(w, g);
+  const int64_t drawn = schedule->draws();
+  EXPECT_EQ(drawn, windows.computed() * 2);
+  for (int64_t w = 0; w < 40; ++w) windows.at(w, 1);
+  EXPECT_EQ(schedule->draws(), drawn);
+}
+
 TEST(ReplicaPlanOfSchedule, RoundRobinWNotDividingTSends) {
   config::Job job = job_of("round_robin", 5);
   const auto schedule = Schedule::create(job, 2);
