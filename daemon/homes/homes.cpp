@@ -2,6 +2,7 @@
 #include "daemon/homes/homes.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 
 #include "common/errors.hpp"
@@ -9,6 +10,7 @@
 #include "daemon/homes/resident_home.hpp"
 #include "daemon/homes/store_home.hpp"
 #include "daemon/homes/streamed_trunk.hpp"
+#include "daemon/models/precision.hpp"
 
 namespace thetad::daemon {
 
@@ -156,6 +158,25 @@ void Homes::step(const std::vector<int>& contributors, const AdamSettings& setti
     s.step = ++group_steps_[gi];
     of(g).step(g, s);
   }
+}
+
+Homes::HostValues Homes::values_on_host(int p) const {
+  const NamedParam& np = groups_[p];
+  HostValues v;
+  if ((v.data = of(np.group).host_values(p))) return v;
+  v.keep = fp32_values(np.tensor.detach()).cpu().contiguous();
+  v.data = v.keep.data_ptr<float>();
+  return v;
+}
+
+bool Homes::finite(int p) const {
+  const NamedParam& np = groups_[p];
+  if (const float* v = of(np.group).host_values(p)) {
+    for (int64_t i = 0, n = np.tensor.numel(); i < n; ++i)
+      if (!std::isfinite(v[i])) return false;
+    return true;
+  }
+  return torch::isfinite(np.tensor.detach()).all().item<bool>();
 }
 
 void Homes::release_step(int64_t step) {

@@ -63,6 +63,18 @@ class Homes {
   // Every home's groups current on every rank (GroupHome::make_current; collective).
   void make_current();
 
+  // ---- a parameter's values, wherever its home keeps them (the final hash, the loss check) ----
+  // Parameter p's float32 values readable on the host: in place where its home keeps a host copy
+  // (no copy of θ), else the model's tensor widened (a bf16-held base) and copied to the host
+  // (`keep` holds that copy).
+  struct HostValues {
+    const float* data = nullptr;
+    torch::Tensor keep;
+  };
+  HostValues values_on_host(int p) const;
+  // Every value of parameter p is finite (read where its home keeps it: no copy to the host).
+  bool finite(int p) const;
+
   // Optimizer steps per group (resume sets them; checkpoints record them).
   std::vector<int64_t>& group_steps() { return group_steps_; }
   const std::vector<int64_t>& group_steps() const { return group_steps_; }

@@ -182,10 +182,9 @@ std::vector<std::vector<float>> train(bool test_home, HostVectorHome** placed = 
   for (size_t i = 0; i < groups.size(); ++i) {
     const NamedParam& p = groups[static_cast<int>(i)];
     std::vector<float> v(static_cast<size_t>(p.tensor.numel()));
-    if (const float* host = homes.of(p.group).host_values(static_cast<int>(i)))
-      std::memcpy(v.data(), host, v.size() * sizeof(float));
-    else
-      std::memcpy(v.data(), p.tensor.detach().contiguous().data_ptr<float>(), v.size() * sizeof(float));
+    const Homes::HostValues host = homes.values_on_host(static_cast<int>(i));  // wherever its home keeps it
+    std::memcpy(v.data(), host.data, v.size() * sizeof(float));
+    EXPECT_TRUE(homes.finite(static_cast<int>(i))) << p.name;
     values.push_back(std::move(v));
   }
   return values;
