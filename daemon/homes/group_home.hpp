@@ -4,8 +4,9 @@
 // every point of a step, of a checkpoint and of the final hash. The table of which group lives
 // where (Homes) is built once at set-up; the trainer and the run state only loop over it.
 //
-// Adding a home (say, NVMe): implement this interface in daemon/homes/, and give it its groups
-// in Homes' constructor (homes.cpp, `place`); nothing in train/ or state/ changes.
+// Adding a home (say, NVMe): implement this interface in daemon/homes/, name its kind in the
+// placement (daemon/plan/placement: which groups go there, and its memory terms in the estimates)
+// and build it for that kind in Homes' constructor (homes.cpp); nothing in train/ or state/ changes.
 #pragma once
 
 #include <torch/torch.h>
@@ -20,9 +21,13 @@
 #include "comm/engine.hpp"
 #include "common/errors.hpp"
 #include "daemon/observe/metrics.hpp"
-#include "daemon/plan/schedule.hpp"
+#include "daemon/plan/window_plan.hpp"
 #include "daemon/models/param_groups.hpp"
 #include "daemon/optim/optimizer.hpp"
+
+namespace thetad::offload {
+class Device;
+}
 
 namespace thetad::daemon {
 
@@ -31,6 +36,18 @@ struct HomeMemory {
   int64_t params = 0;     // its groups' values in the caching allocator (the model's tensors)
   int64_t optimizer = 0;  // Adam moments in the caching allocator
   int64_t lines = 0;      // slots, cache and transit lines: memory of its own, outside the allocator
+};
+
+// What set-up hands each home in turn (Homes::build): the engine, the run's window plans (which a
+// home may read ahead in: the store's look-ahead), this rank, and what a home built earlier
+// offers the later ones.
+struct HomeSetup {
+  comm::Engine& engine;
+  WindowPlans& plans;
+  int rank = 0;
+  // The copy device (H2D and D2H streams) of a host store built earlier: a later store shares it,
+  // so that both copy on the same streams (null: none yet).
+  offload::Device* copy_device = nullptr;
 };
 
 // What every home may use of the current window.
@@ -59,11 +76,12 @@ class GroupHome {
   virtual comm::GradMemory grad_memory(int g) const = 0;
   virtual void engine_options(comm::EngineOptions& o) { (void)o; }
   // Once the engine exists (the host stores are built here: collective over the host's ranks).
-  virtual void build(comm::Engine& engine, const Schedule& schedule, int rank) = 0;
+  virtual void build(HomeSetup& setup) = 0;
 
   // ---- a window (one optimizer step of accumulate_steps micro-steps) ----
-  virtual void start_window(int64_t step, const WindowSettings& w) {
-    (void)step;
+  // `plan`: this rank's plan of the window (its step, micro-steps, used and trained groups).
+  virtual void start_window(const WindowPlan& plan, const WindowSettings& w) {
+    (void)plan;
     (void)w;
   }
   virtual void start_micro(const StepPlan& plan) { (void)plan; }

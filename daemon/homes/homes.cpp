@@ -2,42 +2,47 @@
 #include "daemon/homes/homes.hpp"
 
 #include <algorithm>
-#include <iomanip>
+#include <cmath>
 #include <string>
 
 #include "common/errors.hpp"
 #include "common/log.hpp"
-#include "common/stopwatch.hpp"
 #include "daemon/homes/resident_home.hpp"
 #include "daemon/homes/store_home.hpp"
 #include "daemon/homes/streamed_trunk.hpp"
+#include "daemon/models/precision.hpp"
 
 namespace thetad::daemon {
 
-Homes::Homes(const config::Job& job, TaskModel& model, ParamGroups& groups, const DataPlane& plane,
-             Timeline* timeline)
-    : job_(job), model_(model), groups_(groups), plane_(plane), timeline_(timeline), adam_(plane, job.optimizer) {
-  auto resident = std::make_unique<ResidentHome>(job, model, groups, plane, adam_, timeline);
+Homes::Homes(const config::Job& job, const Placement& placement, TaskModel& model, ParamGroups& groups,
+             const DataPlane& plane, Timeline* timeline)
+    : job_(job), placement_(placement), groups_(groups), plane_(plane), timeline_(timeline),
+      adam_(plane, job.optimizer) {
+  // One home per kind the placement names, made in set-up order: the resident home (every group's
+  // until placed elsewhere, and a test's default), the θ[t] store, then Θ's streamed store, which
+  // shares the θ[t] store's copy device.
+  auto resident =
+      std::make_unique<ResidentHome>(job, model, groups, plane, adam_, timeline, placement.replica_keepable);
   GroupHome* const on_device = resident.get();
   home_of_.assign(static_cast<size_t>(groups.num_groups()), on_device);
   homes_.push_back(std::move(resident));
-  if (job.offload.enabled) {  // θ[t] in the host store
-    auto store = std::make_unique<StoreHome>(job, model, groups, plane, adam_, timeline);
-    store_ = store.get();
-    for (int g = 1; g < groups.num_groups(); ++g) home_of_[static_cast<size_t>(g)] = store_;
-    homes_.push_back(std::move(store));
-  }
-  if (job.offload.shared == config::SharedMode::Stream) {  // Θ in a host store of its own
-    auto trunk = std::make_unique<StreamedTrunk>(job, groups, plane, adam_, timeline);
-    trunk_ = trunk.get();
-    home_of_[0] = trunk_;
-    homes_.push_back(std::move(trunk));
+  for (HomeKind kind : {HomeKind::host_store, HomeKind::streamed_trunk}) {
+    std::unique_ptr<GroupHome> home;
+    for (int g = 0; g < groups.num_groups(); ++g) {
+      if (placement.home(g) != kind) continue;
+      if (!home && kind == HomeKind::host_store)
+        home = std::make_unique<StoreHome>(job, model, groups, plane, adam_, timeline);
+      if (!home && kind == HomeKind::streamed_trunk)
+        home = std::make_unique<StreamedTrunk>(job, model, groups, plane, adam_, timeline);
+      home_of_[static_cast<size_t>(g)] = home.get();
+    }
+    if (home) homes_.push_back(std::move(home));
   }
   group_steps_.assign(static_cast<size_t>(groups.num_groups()), 0);
   find_in_use();
   // A model with groups in a host store was built on the host; the resident ones move to the
   // device (the stores take the others from the host).
-  if (plane.device.is_cpu() || homes_.size() == 1) return;
+  if (plane.device.is_cpu() || !placement.model_on_host) return;
   torch::NoGradGuard no_grad;
   for (size_t i = 0; i < groups.size(); ++i) {
     auto& np = groups[static_cast<int>(i)];
@@ -51,9 +56,8 @@ Homes::~Homes() {
   while (!homes_.empty()) homes_.pop_back();
 }
 
-torch::Device Homes::model_device(const config::Job& job, const DataPlane& plane) {
-  const bool host_store = job.offload.enabled || job.offload.shared == config::SharedMode::Stream;
-  return host_store ? torch::Device(torch::kCPU) : plane.device;
+torch::Device Homes::model_device(const Placement& placement, const DataPlane& plane) {
+  return placement.model_on_host ? torch::Device(torch::kCPU) : plane.device;
 }
 
 void Homes::place(int g, std::unique_ptr<GroupHome> home) {
@@ -104,27 +108,19 @@ void Homes::engine_options(comm::EngineOptions& o) {
   for (GroupHome* h : in_use_) h->engine_options(o);
 }
 
-// The stores are built in order (θ[t]'s first: Θ's device layers are allocated after it, and
-// Θ's store shares its device, so that both use the same H2D and D2H streams).
-void Homes::build(comm::Engine& engine, const Schedule& schedule, int rank) {
+// The homes are built in set-up order: a store built later (Θ's) shares the copy device of one
+// built before (θ[t]'s: HomeSetup::copy_device), so that both use the same H2D and D2H streams.
+void Homes::build(comm::Engine& engine, WindowPlans& plans, int rank) {
   engine_ = &engine;
-  for (GroupHome* h : in_use_) {
-    if (h == trunk_) trunk_->share_device(store_ ? store_->device() : nullptr);
-    const auto t0 = SteadyClock::now();
-    h->build(engine, schedule, rank);
-    if (h == trunk_) model_.set_layer_weights(trunk_);
-    if (h == store_) {
-      THETAD_LOG(info, "offload") << "host store ready in " << std::fixed << std::setprecision(2)
-                                  << ms_since(t0) / 1000 << " s";
-    }
-  }
+  HomeSetup setup{engine, plans, rank};
+  for (GroupHome* h : in_use_) h->build(setup);
 }
 
-void Homes::start_window(int64_t step, const AdamSettings& settings) {
+void Homes::start_window(const WindowPlan& plan, const AdamSettings& settings) {
   window_.adam = settings;
   window_.group_steps = &group_steps_;
   window_.update_known = job_.train.on_nonfinite != config::NonFinite::SkipStep && job_.optimizer.clip_norm <= 0;
-  for (GroupHome* h : in_use_) h->start_window(step, window_);
+  for (GroupHome* h : in_use_) h->start_window(plan, window_);
 }
 
 void Homes::start_micro(const StepPlan& plan) {
@@ -162,6 +158,25 @@ void Homes::step(const std::vector<int>& contributors, const AdamSettings& setti
     s.step = ++group_steps_[gi];
     of(g).step(g, s);
   }
+}
+
+Homes::HostValues Homes::values_on_host(int p) const {
+  const NamedParam& np = groups_[p];
+  HostValues v;
+  if ((v.data = of(np.group).host_values(p))) return v;
+  v.keep = fp32_values(np.tensor.detach()).cpu().contiguous();
+  v.data = v.keep.data_ptr<float>();
+  return v;
+}
+
+bool Homes::finite(int p) const {
+  const NamedParam& np = groups_[p];
+  if (const float* v = of(np.group).host_values(p)) {
+    for (int64_t i = 0, n = np.tensor.numel(); i < n; ++i)
+      if (!std::isfinite(v[i])) return false;
+    return true;
+  }
+  return torch::isfinite(np.tensor.detach()).all().item<bool>();
 }
 
 void Homes::release_step(int64_t step) {

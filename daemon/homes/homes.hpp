@@ -1,6 +1,6 @@
 // The table of where each parameter group lives: one GroupHome per kind of place, and group ->
-// home, decided once at set-up from the job (Θ: resident, or streamed with offload.shared:
-// stream; θ[t]: resident, or the host store with offload.enabled). The engine hands each
+// home, built once at set-up from the job's Placement (daemon/plan/placement: Θ resident or
+// streamed, θ[t] resident or in the host store). The engine hands each
 // launched bucket straight to its group's home; the trainer and the run state loop over the
 // groups and ask their homes. Also the groups' optimizer step counts (lazy: a group counts only
 // the steps that updated it).
@@ -16,27 +16,27 @@
 #include "daemon/homes/group_home.hpp"
 #include "daemon/models/model.hpp"
 #include "daemon/optim/device_adam.hpp"
+#include "daemon/plan/placement.hpp"
 
 namespace thetad::daemon {
 
-class StoreHome;
-class StreamedTrunk;
-
 class Homes {
  public:
-  // Places every group; on a GPU moves the resident groups' tensors there (the model is built on
-  // the host when a host store takes some of its groups).
-  Homes(const config::Job& job, TaskModel& model, ParamGroups& groups, const DataPlane& plane, Timeline* timeline);
+  // Builds the home of each kind `placement` names and gives it its groups; on a GPU moves the
+  // resident groups' tensors there (the model is built on the host when a host store takes some
+  // of its groups: placement.model_on_host).
+  Homes(const config::Job& job, const Placement& placement, TaskModel& model, ParamGroups& groups,
+        const DataPlane& plane, Timeline* timeline);
   ~Homes();
   Homes(const Homes&) = delete;
   Homes& operator=(const Homes&) = delete;
 
   // Where the model is built, before the table exists: on the host when a host store takes some
-  // of its groups (θ[t] never lives on the device whole), else on the device; task groups are
-  // built lazily (drawn by the store, in its arena) when the store takes them.
-  static torch::Device model_device(const config::Job& job, const DataPlane& plane);
-  static bool lazy_tasks(const config::Job& job) { return job.offload.enabled; }
+  // of its groups (θ[t] never lives on the device whole), else on the device.
+  static torch::Device model_device(const Placement& placement, const DataPlane& plane);
 
+  // The placement the table was built from.
+  const Placement& placement() const { return placement_; }
   int num_groups() const { return static_cast<int>(home_of_.size()); }
   GroupHome& of(int g) const { return *home_of_[static_cast<size_t>(g)]; }
   // A test's home for group g instead of the job's choice (before set-up).
@@ -47,10 +47,10 @@ class Homes {
   std::vector<comm::ParamInfo> plan_params() const;
   std::vector<comm::GradMemory> grad_memory() const;
   void engine_options(comm::EngineOptions& o);
-  void build(comm::Engine& engine, const Schedule& schedule, int rank);
+  void build(comm::Engine& engine, WindowPlans& plans, int rank);
 
-  // ---- a window: every home hears every phase ----
-  void start_window(int64_t step, const AdamSettings& settings);
+  // ---- a window: every home hears every phase (`plan`: this rank's, built once by the trainer) ----
+  void start_window(const WindowPlan& plan, const AdamSettings& settings);
   void start_micro(const StepPlan& plan);
   void add_reached(std::vector<uint8_t>& found) const;
   void before_backward(bool last, const StepPlan& plan);
@@ -63,6 +63,18 @@ class Homes {
   // Every home's groups current on every rank (GroupHome::make_current; collective).
   void make_current();
 
+  // ---- a parameter's values, wherever its home keeps them (the final hash, the loss check) ----
+  // Parameter p's float32 values readable on the host: in place where its home keeps a host copy
+  // (no copy of θ), else the model's tensor widened (a bf16-held base) and copied to the host
+  // (`keep` holds that copy).
+  struct HostValues {
+    const float* data = nullptr;
+    torch::Tensor keep;
+  };
+  HostValues values_on_host(int p) const;
+  // Every value of parameter p is finite (read where its home keeps it: no copy to the host).
+  bool finite(int p) const;
+
   // Optimizer steps per group (resume sets them; checkpoints record them).
   std::vector<int64_t>& group_steps() { return group_steps_; }
   const std::vector<int64_t>& group_steps() const { return group_steps_; }
@@ -73,7 +85,7 @@ class Homes {
  private:
   void find_in_use();
   const config::Job& job_;
-  TaskModel& model_;
+  const Placement placement_;
   ParamGroups& groups_;
   const DataPlane& plane_;
   Timeline* timeline_;
@@ -81,8 +93,6 @@ class Homes {
   std::vector<std::unique_ptr<GroupHome>> homes_;
   std::vector<GroupHome*> home_of_;  // per group
   std::vector<GroupHome*> in_use_;   // the homes of some group, each once, in set-up order
-  StoreHome* store_ = nullptr;       // θ[t]'s host store (offload.enabled)
-  StreamedTrunk* trunk_ = nullptr;   // Θ's (offload.shared: stream)
   comm::Engine* engine_ = nullptr;
   WindowSettings window_;
   std::vector<int64_t> group_steps_;

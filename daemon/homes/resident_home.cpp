@@ -4,14 +4,14 @@
 #include <string>
 
 #include "common/errors.hpp"
-#include "daemon/plan/replica_plan.hpp"
 #include "daemon/models/precision.hpp"
 
 namespace thetad::daemon {
 
 ResidentHome::ResidentHome(const config::Job& job, const TaskModel& model, ParamGroups& groups,
-                           const DataPlane& plane, DeviceAdam& adam, Timeline* timeline)
-    : job_(job), model_(model), groups_(groups), plane_(plane), adam_(adam), timeline_(timeline) {
+                           const DataPlane& plane, DeviceAdam& adam, Timeline* timeline, std::vector<uint8_t> keepable)
+    : job_(job), model_(model), groups_(groups), plane_(plane), adam_(adam), timeline_(timeline),
+      keepable_(std::move(keepable)) {
   exp_avg_.resize(groups_.size());
   exp_avg_sq_.resize(groups_.size());
 }
@@ -30,13 +30,12 @@ comm::GradMemory ResidentHome::grad_memory(int g) const {
   return g == 0 ? comm::GradMemory::overwrite : comm::GradMemory::pooled;
 }
 
-void ResidentHome::build(comm::Engine& engine, const Schedule& schedule, int rank) {
+void ResidentHome::build(HomeSetup& setup) {
+  comm::Engine& engine = setup.engine;
   engine_ = &engine;
-  schedule_ = &schedule;
-  rank_ = rank;
   bucket_stepped_.assign(engine.plan().buckets.size(), 0);
   // The replica rule: for the groups held here that have a gradient of the engine's own.
-  std::vector<uint8_t> keepable = replica_keepable(job_, plane_.comm->size()), held_here(keepable.size(), 0);
+  std::vector<uint8_t> keepable = keepable_, held_here(keepable.size(), 0);
   for (int g : held()) held_here[static_cast<size_t>(g)] = 1;
   bool any = false;
   for (size_t g = 0; g < keepable.size(); ++g) {
@@ -49,7 +48,7 @@ void ResidentHome::build(comm::Engine& engine, const Schedule& schedule, int ran
   std::vector<int64_t> state_numel;  // replica_state's elements: values, and Adam's two moments
   const int64_t tensors = job_.optimizer.kind == config::OptimizerKind::Sgd ? 1 : 3;
   for (size_t g = 0; g < keepable.size(); ++g) state_numel.push_back(tensors * groups_.numel(static_cast<int>(g)));
-  replicas_ = std::make_unique<ResidentReplicas>(job_, plane_, engine, schedule, std::move(keepable),
+  replicas_ = std::make_unique<ResidentReplicas>(job_, plane_, engine, setup.plans, std::move(keepable),
                                                  std::move(state_numel), [this](int g) { return replica_state(g); },
                                                  timeline_);
 }
@@ -79,17 +78,16 @@ void ResidentHome::add_stats(StepRecord& rec) {
 
 // The pooled groups this rank uses in the window get their .grad in the pool buffer bound to
 // them now (zeroed: autograd's first gradient adds into it, 0 + g = g).
-void ResidentHome::start_window(int64_t step, const WindowSettings& w) {
+void ResidentHome::start_window(const WindowPlan& plan, const WindowSettings& w) {
   window_ = &w;
   std::fill(bucket_stepped_.begin(), bucket_stepped_.end(), 0);
-  const std::vector<uint8_t> used = schedule_->window_task_groups(step, job_.accumulate_steps, rank_);
   const auto opts = torch::TensorOptions().dtype(torch::kFloat32).device(plane_.device);
   for (int g : held()) {
-    if (!used[static_cast<size_t>(g)] || grad_memory(g) != comm::GradMemory::pooled) continue;
+    if (g == 0 || !plan.reads(g) || grad_memory(g) != comm::GradMemory::pooled) continue;
     for (int p : groups_.members[static_cast<size_t>(g)])
       groups_[p].tensor.mutable_grad() = torch::from_blob(engine_->grad(p), groups_[p].tensor.sizes(), opts);
   }
-  if (replicas_) replicas_->start_window(step);  // before forward reads any replica
+  if (replicas_) replicas_->start_window(plan.window);  // before forward reads any replica
 }
 
 void ResidentHome::create_moments(int p) {

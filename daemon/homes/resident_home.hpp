@@ -23,13 +23,14 @@ namespace thetad::daemon {
 
 class ResidentHome final : public GroupHome {
  public:
+  // `keepable` (per group): the groups the replica rule may keep (Placement::replica_keepable).
   ResidentHome(const config::Job& job, const TaskModel& model, ParamGroups& groups, const DataPlane& plane,
-               DeviceAdam& adam, Timeline* timeline);
+               DeviceAdam& adam, Timeline* timeline, std::vector<uint8_t> keepable);
   const char* kind() const override { return "resident"; }
 
   comm::GradMemory grad_memory(int g) const override;
-  void build(comm::Engine& engine, const Schedule& schedule, int rank) override;
-  void start_window(int64_t step, const WindowSettings& w) override;
+  void build(HomeSetup& setup) override;
+  void start_window(const WindowPlan& plan, const WindowSettings& w) override;
   void on_bucket_launch(int b, int contributors, comm::Work& work, float* data) override;
   void step(int g, const AdamSettings& s) override;
   void make_current() override;
@@ -53,12 +54,11 @@ class ResidentHome final : public GroupHome {
   DeviceAdam& adam_;
   Timeline* timeline_;
   comm::Engine* engine_ = nullptr;
-  const Schedule* schedule_ = nullptr;
-  int rank_ = 0;
   const WindowSettings* window_ = nullptr;
   std::vector<torch::Tensor> exp_avg_, exp_avg_sq_;  // per parameter: created at its first update
   int64_t moment_bytes_ = 0;                         // of those, allocated so far
   std::vector<uint8_t> bucket_stepped_;              // per bucket, this window
+  const std::vector<uint8_t> keepable_;              // per group: the placement's replica rule
   std::unique_ptr<ResidentReplicas> replicas_;       // null: no group follows the replica rule
 };
 

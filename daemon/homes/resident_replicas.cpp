@@ -10,7 +10,7 @@
 namespace thetad::daemon {
 
 ResidentReplicas::ResidentReplicas(const config::Job& job, const DataPlane& plane, comm::Engine& engine,
-                                   const Schedule& schedule, std::vector<uint8_t> keepable,
+                                   WindowPlans& plans, std::vector<uint8_t> keepable,
                                    std::vector<int64_t> state_numel, StateOf state_of, Timeline* timeline)
     : job_(job),
       plane_(plane),
@@ -19,7 +19,7 @@ ResidentReplicas::ResidentReplicas(const config::Job& job, const DataPlane& plan
       state_numel_(std::move(state_numel)),
       state_of_(std::move(state_of)),
       timeline_(timeline),
-      plan_(schedule, job.accumulate_steps, keepable_, replica_costs(job)),
+      plan_(plans, keepable_, replica_costs(job)),
       holders_(static_cast<int>(keepable_.size())) {
   int n = 0;
   for (uint8_t k : keepable_) n += k;

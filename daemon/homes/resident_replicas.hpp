@@ -17,7 +17,6 @@
 #include "config/job.hpp"
 #include "daemon/observe/metrics.hpp"
 #include "daemon/plan/replica_plan.hpp"
-#include "daemon/plan/schedule.hpp"
 #include "daemon/observe/timeline.hpp"
 #include "daemon/device/data_plane.hpp"
 
@@ -31,7 +30,7 @@ class ResidentReplicas {
 
   // `keepable` (per group): the resident groups the rule applies to; `state_numel` (per group): the
   // elements state_of gives (asked only of the ranks a move involves).
-  ResidentReplicas(const config::Job& job, const DataPlane& plane, comm::Engine& engine, const Schedule& schedule,
+  ResidentReplicas(const config::Job& job, const DataPlane& plane, comm::Engine& engine, WindowPlans& plans,
                    std::vector<uint8_t> keepable, std::vector<int64_t> state_numel, StateOf state_of,
                    Timeline* timeline);
 

@@ -7,10 +7,12 @@
 #endif
 
 #include <algorithm>
+#include <iomanip>
 #include <string>
 
 #include "common/errors.hpp"
 #include "common/log.hpp"
+#include "common/stopwatch.hpp"
 #include "daemon/plan/job_options.hpp"
 #include "daemon/homes/line_views.hpp"
 #include "daemon/homes/store_chunks.hpp"
@@ -68,10 +70,12 @@ void StoreHome::engine_options(comm::EngineOptions& o) {
 }
 
 // (validate refuses offload with sgd: the store steps Adam/AdamW)
-void StoreHome::build(comm::Engine& engine, const Schedule& schedule, int rank) {
+void StoreHome::build(HomeSetup& setup) {
+  const auto t0 = SteadyClock::now();
+  comm::Engine& engine = setup.engine;
   engine_ = &engine;
-  schedule_ = &schedule;
-  rank_ = rank;
+  plans_ = &setup.plans;
+  rank_ = setup.rank;
   std::vector<offload::GroupShape> shapes;
   for (int g = 1; g < groups_.num_groups(); ++g) {
     if (model_.row_chunked(g)) {  // one [rows x row_elems] parameter
@@ -86,10 +90,10 @@ void StoreHome::build(comm::Engine& engine, const Schedule& schedule, int rank) 
     // stay out of the arena; the others keep their only copy of the initial values there.
     // Every group the store will ever copy, update or read through the arena: any rank's, in
     // steps [0, steps] and the store's lookahead past the last one (prefetch, the cache's
-    // next-step loads), over each window's micro-steps.
+    // next-step loads), over each window's micro-steps: once, at set-up, from the schedule.
     const int64_t k = job_.accumulate_steps;
     const std::vector<uint8_t> used =
-        schedule_->task_groups_used_before((job_.steps + std::max<int64_t>(1, job_.offload.prefetch) + 1) * k);
+        plans_->schedule().task_groups_used_before((job_.steps + std::max<int64_t>(1, job_.offload.prefetch) + 1) * k);
     for (offload::GroupShape& s : shapes) {
       bool drawable = true;
       for (int p : groups_.members[static_cast<size_t>(s.group)]) drawable &= groups_[p].init != nullptr;
@@ -101,26 +105,14 @@ void StoreHome::build(comm::Engine& engine, const Schedule& schedule, int rank) 
   else
     device_ = std::make_unique<offload::HostDevice>();
   // The groups of one rank (its slots and prefetch), or of every rank (the device cache's
-  // placement, which every rank must decide alike).
-  const auto groups_used = [this](int64_t step, int first_rank, int last_rank) {
-    std::vector<uint8_t> any;
-    for (int r = first_rank; r <= last_rank; ++r) {
-      const std::vector<uint8_t> used = schedule_->window_task_groups(step, job_.accumulate_steps, r);
-      any.resize(std::max(any.size(), used.size()), 0);
-      for (size_t g = 1; g < used.size(); ++g) any[g] |= used[g];
-    }
-    std::vector<int> groups;
-    for (size_t g = 1; g < any.size(); ++g)
-      if (any[g]) groups.push_back(static_cast<int>(g));
-    return groups;
-  };
+  // placement, which every rank must decide alike): the window plans, each computed once.
   offload::StoreOptions options = store_options(job_);
   options.cache_bytes = cache_budget();
   size_t free_bytes = 0, total = 0;
   auto_cache_pending_ = job_.offload.device_cache_auto() && device_->memory(&free_bytes, &total);
   store_ = std::make_unique<offload::ParamStore>(
-      options, shapes, *device_, [this, groups_used](int64_t step) { return groups_used(step, rank_, rank_); },
-      [this, groups_used](int64_t step) { return groups_used(step, 0, schedule_->world_size() - 1); });
+      options, shapes, *device_, [this](int64_t step) { return plans_->task_groups(step, rank_, rank_); },
+      [this](int64_t step) { return plans_->task_groups(step, 0, plans_->world_size() - 1); });
   // A budget given in MiB that holds no group is a mistake to say, not a cache to skip quietly.
   if (!job_.offload.device_cache_auto() && options.cache_bytes > 0 && store_->cache().cache_lines() == 0 &&
       store_->cache().cache_line_bytes() > options.cache_bytes)
@@ -150,6 +142,7 @@ void StoreHome::build(comm::Engine& engine, const Schedule& schedule, int rank) 
   }
   // Shard gradients in flight on the device: as many as the store has slots for shards.
   grad_inflight_cap_ = static_cast<size_t>(std::max<int64_t>(2, store_->plan().slots)) * store_->plan().slot_bytes;
+  setup.copy_device = device_.get();  // a store built after this one copies on the same streams
   chunks_ = std::make_unique<StoreChunks>(
       *store_, plane_.device, [this](int u, torch::Tensor g) { hand_over_shard(u, std::move(g)); },
       [this](size_t bytes) { throttle_grads(bytes); });
@@ -180,6 +173,8 @@ void StoreHome::build(comm::Engine& engine, const Schedule& schedule, int rank) 
   THETAD_LOG(info, "offload") << "host store: " << shapes.size() << " task groups, " << store_->plan().slots
                               << " device slots of " << store_->plan().slot_bytes << " bytes, host arena "
                               << store_->arena().bytes() << " bytes";
+  THETAD_LOG(info, "offload") << "host store ready in " << std::fixed << std::setprecision(2) << ms_since(t0) / 1000
+                              << " s";
 }
 
 // offload.device_cache_mb: a size (no more than the device has), or auto: none at set-up. On a
@@ -201,24 +196,23 @@ size_t StoreHome::cache_budget() const {
   return 0;
 }
 
-void StoreHome::start_window(int64_t step, const WindowSettings& w) {
+void StoreHome::start_window(const WindowPlan& plan, const WindowSettings& w) {
+  const int64_t step = plan.window;
   window_ = &w;
   if (auto_cache_pending_ && prepared_steps_ > 0) {  // the first step's work is queued: size the cache
     auto_cache_pending_ = false;
     store_->cache().size_cache(offload::auto_cache_bytes(*device_, /*after_a_step=*/true));
   }
   ++prepared_steps_;
-  const std::vector<uint8_t> used = schedule_->window_task_groups(step, job_.accumulate_steps, rank_);
   // The previous step's gradient copies read pooled buffers that this step re-binds (and
   // zeroes on the compute stream); they started during that step's backward.
   store_->compute_after_pushes();
   param_stepped_.assign(groups_.size(), 0);
   store_->place(step);  // the device cache's loads and evictions for this step
-  for (size_t g = 1; g < used.size(); ++g) {
-    if (!used[g]) continue;
+  for (int g : plan.task_groups()) {
     const int64_t t_us = Timeline::now_us();
-    bind_group(static_cast<int>(g), step);
-    bind_grads(static_cast<int>(g));
+    bind_group(g, step);
+    bind_grads(g);
     if (timeline_)
       timeline_->record(Lane::h2d, "acquire θ[" + std::to_string(g - 1) + "]", t_us, Timeline::now_us() - t_us,
                         {{"group", int64_t(g)}});

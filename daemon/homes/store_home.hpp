@@ -16,7 +16,7 @@
 #include "comm/bucket_plan.hpp"
 #include "comm/engine.hpp"
 #include "config/job.hpp"
-#include "daemon/plan/schedule.hpp"
+#include "daemon/plan/window_plan.hpp"
 #include "daemon/observe/timeline.hpp"
 #include "daemon/device/data_plane.hpp"
 #include "daemon/models/param_groups.hpp"
@@ -56,12 +56,13 @@ class StoreHome final : public GroupHome {
   void engine_options(comm::EngineOptions& o) override;
   // Builds the store (the host arena, the device slots, every group's initial values written
   // by its owner) and drops the model's own copies of θ[t].
-  void build(comm::Engine& engine, const Schedule& schedule, int rank) override;
+  void build(HomeSetup& setup) override;
 
-  // Start of step `step`: orders its compute after the previous step's gradient copies, places
-  // the step's groups in the device cache, points the groups this rank uses at their lines or
-  // slots (and their gradients at the engine's pool), and prefetches what the next steps need.
-  void start_window(int64_t step, const WindowSettings& w) override;
+  // Start of the plan's step: orders its compute after the previous step's gradient copies,
+  // places the step's groups in the device cache, points the groups this rank uses at their lines
+  // or slots (and their gradients at the engine's pool), and prefetches what the next steps need
+  // (read ahead in the run's window plans).
+  void start_window(const WindowPlan& plan, const WindowSettings& w) override;
   // Before each backward of the window (`last`: the window's last): shards of groups that the
   // last backward does not compute are handed over before it.
   void before_backward(bool last, const StepPlan& plan) override;
@@ -115,7 +116,7 @@ class StoreHome final : public GroupHome {
   Timeline* timeline_;
   const WindowSettings* window_ = nullptr;
   comm::Engine* engine_ = nullptr;
-  const Schedule* schedule_ = nullptr;
+  WindowPlans* plans_ = nullptr;
   int rank_ = 0;
   std::unique_ptr<offload::Device> device_;
   std::unique_ptr<offload::ParamStore> store_;

@@ -12,9 +12,9 @@
 
 namespace thetad::daemon {
 
-StreamedTrunk::StreamedTrunk(const config::Job& job, ParamGroups& groups, const DataPlane& plane, DeviceAdam& adam,
-                             Timeline* timeline)
-    : job_(job), groups_(groups), plane_(plane), adam_(adam), timeline_(timeline),
+StreamedTrunk::StreamedTrunk(const config::Job& job, TaskModel& model, ParamGroups& groups, const DataPlane& plane,
+                             DeviceAdam& adam, Timeline* timeline)
+    : job_(job), model_(model), groups_(groups), plane_(plane), adam_(adam), timeline_(timeline),
       line_views_(std::make_unique<LineViews>(groups, plane.device)), prefetch_(job.offload.shared_prefetch_layers) {
   // Θ's parameters come in layer order, weight then bias (multitask_mlp registers them so).
   const auto& members = groups_.members.at(0);
@@ -44,11 +44,9 @@ StreamedTrunk::StreamedTrunk(const config::Job& job, ParamGroups& groups, const 
 
 StreamedTrunk::~StreamedTrunk() = default;
 
-void StreamedTrunk::build(comm::Engine& engine, const Schedule& schedule, int rank) {
-  (void)schedule;
-  (void)rank;
-  engine_ = &engine;
-  offload::Device* device = shared_device_;
+void StreamedTrunk::build(HomeSetup& setup) {
+  engine_ = &setup.engine;
+  offload::Device* device = setup.copy_device;
   std::vector<offload::GroupShape> shapes;
   for (size_t l = 0; l < layer_params_.size(); ++l)
     shapes.push_back({static_cast<int>(l) + 1, layer_params_[l].w_numel + layer_params_[l].b_numel, 1});
@@ -97,7 +95,7 @@ void StreamedTrunk::build(comm::Engine& engine, const Schedule& schedule, int ra
                       std::to_string(o.cache_bytes) + " bytes of device memory (" +
                       std::to_string(store_->cache().cache_line_bytes()) + " per layer: values and Adam moments), but the " +
                       "device had room for " + std::to_string(store_->cache().cache_lines()) + "; lower it");
-  if (!job_.offload.enabled) ThreadPool::configure(store_->cpu_threads());
+  if (!setup.copy_device) ThreadPool::configure(store_->cpu_threads());  // the first store sizes the owners' pool
   resolve_split();
   store_->init_all([this](int g, float* dst) {
     torch::NoGradGuard no_grad;  // thread-local: this runs on the store's threads
@@ -122,6 +120,7 @@ void StreamedTrunk::build(comm::Engine& engine, const Schedule& schedule, int ra
                               << split_ << " streamed layers updated on the device (offload.shared_split_layers: "
                               << job_.offload.shared_split_layers << ", " << store_->update_line_bytes()
                               << " bytes of update lines)";
+  model_.set_layer_weights(this);  // the trunk layer function reads Θ's layers from here
 }
 
 size_t StreamedTrunk::offset_in_layer(int p) const {
@@ -129,7 +128,8 @@ size_t StreamedTrunk::offset_in_layer(int p) const {
   return p == l.w ? 0 : l.w_numel;
 }
 
-void StreamedTrunk::start_window(int64_t step, const WindowSettings& w) {
+void StreamedTrunk::start_window(const WindowPlan& plan, const WindowSettings& w) {
+  const int64_t step = plan.window;
   step_ = step;
   early_ = w.update_known ? std::optional<AdamSettings>(w.for_group(0)) : std::nullopt;
   store_->place(step);  // step 0: the device's layers are loaded into their lines

@@ -36,6 +36,7 @@
 #include "config/job.hpp"
 #include "daemon/observe/timeline.hpp"
 #include "daemon/device/data_plane.hpp"
+#include "daemon/models/model.hpp"
 #include "daemon/models/param_groups.hpp"
 #include "daemon/models/trunk_layer.hpp"
 #include "daemon/homes/group_home.hpp"
@@ -54,8 +55,9 @@ class LineViews;
 class StreamedTrunk final : public GroupHome, public LayerWeights {
  public:
   // Θ must be the trunk layers trunk.<i>.weight, trunk.<i>.bias (multitask_mlp; validate checks).
-  StreamedTrunk(const config::Job& job, ParamGroups& groups, const DataPlane& plane, DeviceAdam& adam,
-                Timeline* timeline);
+  // Built, it gives `model` its layers (TaskModel::set_layer_weights).
+  StreamedTrunk(const config::Job& job, TaskModel& model, ParamGroups& groups, const DataPlane& plane,
+                DeviceAdam& adam, Timeline* timeline);
   ~StreamedTrunk() override;
   StreamedTrunk(const StreamedTrunk&) = delete;
   StreamedTrunk& operator=(const StreamedTrunk&) = delete;
@@ -74,17 +76,16 @@ class StreamedTrunk final : public GroupHome, public LayerWeights {
     (void)g;
     return comm::GradMemory::overwrite;
   }
-  // The θ[t] store's device, so that both stores share the H2D and D2H streams (before build).
-  void share_device(offload::Device* device) { shared_device_ = device; }
-  // Builds the store (collective over the host's ranks) on the shared device or, without one, a
-  // device of its own; each layer's owner writes its values into the arena from the model's
-  // tensors, which then become placeholders.
-  void build(comm::Engine& engine, const Schedule& schedule, int rank) override;
+  // Builds the store (collective over the host's ranks) on the θ[t] store's copy device
+  // (setup.copy_device: both stores share the H2D and D2H streams) or, without one, a device of
+  // its own; each layer's owner writes its values into the arena from the model's tensors, which
+  // then become placeholders, and the model's trunk reads its layers from here.
+  void build(HomeSetup& setup) override;
 
   // Start of optimizer step `step` (its window) and of each micro-step's forward. Where the
   // step's update is known before backward (no skip_step, no clipping), each layer's CPU AdamW
   // is submitted as soon as its reduced gradient is pushed, during backward, instead of after.
-  void start_window(int64_t step, const WindowSettings& w) override;
+  void start_window(const WindowPlan& plan, const WindowSettings& w) override;
   void start_micro(const StepPlan& plan) override;
   // comm.active: discover: the trunk ran with gradients for Θ in this micro-step's forward (its
   // placeholders are not in the graph).
@@ -150,12 +151,12 @@ class StreamedTrunk final : public GroupHome, public LayerWeights {
   void step_on_device(const AdamSettings& s);
 
   const config::Job& job_;
+  TaskModel& model_;
   ParamGroups& groups_;
   const DataPlane& plane_;
   DeviceAdam& adam_;
   Timeline* timeline_;
   comm::Engine* engine_ = nullptr;
-  offload::Device* shared_device_ = nullptr;
   std::unique_ptr<offload::Device> own_device_;
   std::unique_ptr<LineViews> line_views_;  // the device layers' lines, as tensors
   std::unique_ptr<offload::ParamStore> store_;

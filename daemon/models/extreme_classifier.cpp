@@ -7,6 +7,7 @@
 #include "daemon/models/chunked_softmax.hpp"
 #include "daemon/models/kinds.hpp"
 #include "daemon/models/param_builder.hpp"
+#include "daemon/plan/placement.hpp"
 
 namespace thetad::daemon {
 namespace {
@@ -24,7 +25,7 @@ using namespace detail;
 class ExtremeClassifier : public TaskModel {
  public:
   ExtremeClassifier(const config::Job& job, torch::Device device, bool lazy)
-      : negatives_(job.model.negatives_per_step), sharded_(job.offload.shard_mb > 0) {
+      : negatives_(job.model.negatives_per_step), sharded_(Placement::of(job, 1).row_shards) {
     const auto& m = job.model;
     num_tasks_ = static_cast<int>(m.tasks);
     ParamBuilder pb(job, device, params_, lazy);

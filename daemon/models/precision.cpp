@@ -5,6 +5,8 @@
 #include <ATen/autocast_mode.h>
 #include <torch/version.h>
 
+#include "daemon/plan/placement.hpp"
+
 #define THETAD_TORCH_AUTOCAST_BY_DEVICE (TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4))
 
 namespace thetad::daemon {
@@ -64,12 +66,9 @@ std::optional<torch::ScalarType> active_autocast_dtype(torch::DeviceType type) {
   return autocast_dtype(type);
 }
 
-bool frozen_base_in_bf16(const config::Job& job) {
-  // A TorchScript model's forward is its own: nothing says which of its parameters reach autocast
-  // only. Streamed Θ lives in a float32 host store of its own.
-  return job.precision == config::Precision::Bf16 && !job.model.train_shared &&
-         job.offload.shared == config::SharedMode::Resident && job.model.kind != config::ModelKind::Torchscript;
-}
+// Decided with the rest of the placement (daemon/plan/placement.cpp), for the models' builders,
+// which hold the job only.
+bool frozen_base_in_bf16(const config::Job& job) { return Placement::of(job, 1).frozen_base_bf16; }
 
 torch::Tensor fp32_values(const torch::Tensor& t) {
   if (t.scalar_type() == torch::kFloat32) return t;

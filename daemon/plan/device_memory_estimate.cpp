@@ -14,6 +14,7 @@
 #include "common/log.hpp"
 #include "common/test_hooks.hpp"
 #include "daemon/plan/memory_estimate.hpp"
+#include "daemon/plan/placement.hpp"
 #include "daemon/plan/schedule.hpp"
 #include "offload/device.hpp"
 
@@ -82,19 +83,14 @@ const char* step_groups_key(const config::Job& job) {
   return "model.tasks";
 }
 
-// The extreme classifier with offload.shard_mb computes (and, offloaded, stores) its output slices
-// in row chunks (daemon/models row_chunked): no pooled gradient, no cached bf16 copy.
-bool row_chunked(const config::Job& job) {
-  return job.model.kind == config::ModelKind::ExtremeClassifier && job.offload.shard_mb > 0;
-}
-
 // The θ[t] store's device slots (offload/store_plan.cpp plan_store): as many as device_slots, or
-// as the budget holds, of the largest unit (a group, or with shard_mb a row shard), at most one
-// per unit (there are at least model.tasks units).
-void add_task_slots(const config::Job& job, const Sizes& s, std::vector<DeviceMemoryTerm>& terms) {
+// as the budget holds, of the largest unit (a group, or with row shards a shard), at most one per
+// unit (there are at least model.tasks units).
+void add_task_slots(const config::Job& job, const Placement& place, const Sizes& s,
+                    std::vector<DeviceMemoryTerm>& terms) {
   const config::OffloadConfig& o = job.offload;
   double slot = s.per_task * 4;
-  if (row_chunked(job)) {
+  if (place.row_shards) {
     const double row = double(job.model.hidden + 1) * 4;
     const double rows = std::ceil(double(job.model.classes) / double(job.model.tasks));
     const double per = rows * row > double(o.shard_bytes()) ? std::max(1.0, std::floor(double(o.shard_bytes()) / row)) : rows;
@@ -197,6 +193,7 @@ DeviceMemoryNeed device_memory_need(const config::Job& job, const config::ParamC
   if (!c.known) return need;
   need.known = true;
   const Sizes s = sizes_of(job, c);
+  const Placement place = Placement::of(job, 1);
   const config::OffloadConfig& o = job.offload;
   const bool adam = job.optimizer.kind != config::OptimizerKind::Sgd;
   const bool bf16 = job.precision == config::Precision::Bf16;
@@ -210,48 +207,53 @@ DeviceMemoryNeed device_memory_need(const config::Job& job, const config::ParamC
   };
   const std::string tkey = tasks_key(job), skey = shared_key(job), gkey = step_groups_key(job);
 
-  // Θ on the device (ResidentHome): its values (bf16 where the frozen base is held so, as
-  // daemon/models/precision.cpp frozen_base_in_bf16 decides), its gradient buckets (the engine's,
-  // for its lifetime), its Adam moments (created at its first update) and, under bf16 autocast,
-  // the bf16 copies forward keeps for backward.
-  if (o.shared == config::SharedMode::Resident) {
-    add("Θ's values", s.shared, !train && bf16 ? 2 : 4, skey);
-    if (train) {
-      add("Θ's gradient buckets", s.shared, 4, skey);
-      if (adam) add("Θ's Adam m and v", s.shared, 8, skey);
-      if (bf16) add("Θ's bf16 copies for backward", s.shared_cast, 2, skey);
-    }
-  } else {
-    add_streamed_trunk(job, s, terms);
+  // Θ, by its home. On the device (ResidentHome): its values (bf16 where the placement holds the
+  // frozen base so), its gradient buckets (the engine's, for its lifetime), its Adam moments
+  // (created at its first update) and, under bf16 autocast, the bf16 copies forward keeps for
+  // backward. Streamed: its store's slots and lines.
+  switch (place.shared) {
+    case HomeKind::resident:
+      add("Θ's values", s.shared, place.frozen_base_bf16 ? 2 : 4, skey);
+      if (train) {
+        add("Θ's gradient buckets", s.shared, 4, skey);
+        if (adam) add("Θ's Adam m and v", s.shared, 8, skey);
+        if (bf16) add("Θ's bf16 copies for backward", s.shared_cast, 2, skey);
+      }
+      break;
+    case HomeKind::streamed_trunk: add_streamed_trunk(job, s, terms); break;
+    case HomeKind::host_store: break;  // never Θ's
   }
 
-  // The task groups: on the device whole without a host store, else in the store's slots. Their
+  // The task groups, by their home: on the device whole, or in the store's slots. Their
   // gradients come from a pool of buffers of the largest group, one per group the rank uses in a
-  // step (comm/engine/grad_buffers.cpp), or, row-chunked and resident, buckets of their own.
+  // step (comm/engine/grad_buffers.cpp), or, in row shards and resident, buckets of their own.
   const double used = double(first.rank_used), trained = double(first.rank_trained_micro),
                any = double(first.any_trained);
   const std::string of_first = " of the first step's ";
-  if (!o.enabled) {
-    add("the task groups' values (model.tasks = " + std::to_string(job.model.tasks) + ")", s.tasks_total, 4, tkey);
-    if (row_chunked(job)) add("their gradient buckets", s.tasks_total, 4, tkey);
-    // Moments of every group some rank used, each rank alike (ResidentHome::create_moments).
-    if (adam) add("Adam m and v" + of_first + count(any) + " trained task group(s)", any * s.smallest_task, 8, gkey);
-  } else {
-    add_task_slots(job, s, terms);
+  switch (place.tasks) {
+    case HomeKind::resident:
+      add("the task groups' values (model.tasks = " + std::to_string(job.model.tasks) + ")", s.tasks_total, 4, tkey);
+      if (place.row_shards) add("their gradient buckets", s.tasks_total, 4, tkey);
+      // Moments of every group some rank used, each rank alike (ResidentHome::create_moments).
+      if (adam) add("Adam m and v" + of_first + count(any) + " trained task group(s)", any * s.smallest_task, 8, gkey);
+      break;
+    case HomeKind::host_store: add_task_slots(job, place, s, terms); break;
+    case HomeKind::streamed_trunk: break;  // never θ[t]'s
   }
-  if (!row_chunked(job))
+  if (!place.row_shards)
     add("the gradient pool" + of_first + count(used) + " task group(s) on this rank", used * s.per_task, 4, gkey);
-  if (bf16 && !row_chunked(job))
+  if (bf16 && !place.row_shards)
     add("bf16 copies for backward of a micro-step's " + count(trained) + " trained task group(s)",
         trained * std::floor(s.smallest_task * s.task_cast), 2, gkey);
 
+  const bool store = place.tasks == HomeKind::host_store;
   std::string later = "activations, workspace, the CUDA context and NCCL's buffers";
-  if (o.enabled)
+  if (store)
     later += o.device_cache_auto() ? ", the device cache (offload.device_cache_mb: auto, sized after the first step)"
                                    : ", the device cache (offload.device_cache_mb: as many lines as the device holds)";
-  if (o.shared == config::SharedMode::Stream && o.shared_device_layers_auto())
+  if (place.shared == HomeKind::streamed_trunk && o.shared_device_layers_auto())
     later += ", Θ's layers on the device (offload.shared_device_layers: auto)";
-  if (!o.enabled && adam) later += ", the moments of groups first trained later";
+  if (!store && adam) later += ", the moments of groups first trained later";
   need.not_counted = later;
   return need;
 }
@@ -261,7 +263,8 @@ void check_device_memory(const config::Job& job, const DeviceMemoryNeed& need, i
   if (!need.known || need.total() <= free_bytes) return;
   const std::string key = need.key();
   std::string hint = "lower " + key;
-  if (!job.offload.enabled && key == tasks_key(job)) hint += ", or keep the task groups in the host store (offload.enabled)";
+  if (Placement::of(job, 1).tasks == HomeKind::resident && key == tasks_key(job))
+    hint += ", or keep the task groups in the host store (offload.enabled)";
   throw ConfigError(job.source + ": " + key + ": the job needs at least " + format_bytes(double(need.total())) +
                     " of device memory per rank, but " + where + " has " + format_bytes(double(free_bytes)) +
                     " free of " + format_bytes(double(total_bytes)) + ": " + need.parts() + "; " + hint + " (" +

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "common/errors.hpp"
+#include "daemon/plan/placement.hpp"
 #include "offload/host_arena.hpp"
 #include "offload/meminfo.hpp"
 
@@ -38,15 +39,17 @@ HostMemoryNeed host_memory_need(const config::Job& job, const config::ParamCount
   need.local_ranks = local_ranks;
   if (!c.known) return need;
   need.known = true;
+  const Placement place = Placement::of(job, 1);
   const config::OffloadConfig& o = job.offload;
   const bool adam = job.optimizer.kind != config::OptimizerKind::Sgd;
   // A trained resident parameter: its value, its gradient (the engine's bucket) and, with Adam,
   // m and v (made at its group's first update; every group is updated sooner or later). A frozen
   // Θ (model.train_shared: false) holds its values only.
   const double trained = adam ? 16 : 8;
-  const bool theta_streamed = o.shared == config::SharedMode::Stream;
+  const bool theta_streamed = place.shared == HomeKind::streamed_trunk;
+  const bool task_store = place.tasks == HomeKind::host_store;
   const double theta_bytes = theta_streamed ? 0 : c.shared * (job.model.train_shared ? trained : 4);
-  const double tasks_bytes = o.enabled ? 0 : c.tasks_total * trained;
+  const double tasks_bytes = task_store ? 0 : c.tasks_total * trained;
   // The host stores' arenas, one per node, as HostArena sizes them (values, Adam m and v, the
   // gradient's landing area, a bf16 copy with offload.h2d_dtype: bf16; aligned, page-rounded).
   // offload.host_groups: scheduled holds the groups the schedule uses: at least one. Θ's store
@@ -59,7 +62,7 @@ HostMemoryNeed host_memory_need(const config::Job& job, const config::ParamCount
   const bool bf16 = o.h2d_dtype == config::H2dDtype::Bf16;
   const int64_t tasks = o.host_groups == config::HostGroups::All ? job.model.tasks : 1;
   const double task_params = static_cast<double>(tasks) * std::floor(c.tasks_total / double(job.model.tasks));
-  const double arena_tasks = o.enabled ? arena(tasks, task_params / double(tasks), bf16) : 0;
+  const double arena_tasks = task_store ? arena(tasks, task_params / double(tasks), bf16) : 0;
   const double arena_theta = theta_streamed ? arena(1, c.shared, false) : 0;
   if (!gpu) need.per_rank_bytes = static_cast<int64_t>(theta_bytes + tasks_bytes);
   need.node_bytes = static_cast<int64_t>(arena_tasks + arena_theta);
@@ -69,7 +72,7 @@ HostMemoryNeed host_memory_need(const config::Job& job, const config::ParamCount
   if (need.per_rank_bytes > 0)
     os << local_ranks << " rank(s) x " << format_bytes(double(need.per_rank_bytes)) << " (" << moments << ": "
        << count(theta_streamed ? 0 : c.shared) << " shared parameters"
-       << (o.enabled ? "" : " + " + count(c.tasks_total) + " of the tasks, model.tasks = " +
+       << (task_store ? "" : " + " + count(c.tasks_total) + " of the tasks, model.tasks = " +
                                std::to_string(job.model.tasks) + " x " + count(c.per_task) + " each")
        << ")";
   if (arena_tasks > 0)
@@ -97,7 +100,8 @@ void check_host_memory(const config::Job& job, const HostMemoryNeed& need, int64
   if (!need.known || available < 0 || need.total() <= available) return;
   std::string hint = "lower " + need.key;
   if (need.per_rank_bytes > need.node_bytes && need.local_ranks > 1) hint += ", run fewer ranks per node";
-  if (!job.offload.enabled && need.per_rank_bytes > 0) hint += ", or keep the task groups in one host arena per node (offload.enabled)";
+  if (Placement::of(job, 1).tasks == HomeKind::resident && need.per_rank_bytes > 0)
+    hint += ", or keep the task groups in one host arena per node (offload.enabled)";
   throw ConfigError(job.source + ": " + need.key + ": the job needs at least " + format_bytes(double(need.total())) +
                     " of host memory on " + where + ", which has " + format_bytes(double(available)) +
                     " available (MemAvailable in /proc/meminfo): " + need.parts + "; " + hint +

@@ -2,9 +2,9 @@
 #include "daemon/plan/replica_plan.hpp"
 
 #include <algorithm>
-#include <limits>
 
 #include "common/errors.hpp"
+#include "daemon/plan/placement.hpp"
 
 namespace thetad::daemon {
 
@@ -46,83 +46,55 @@ ReplicaDecision decide_replica(const std::function<GroupUse(int64_t)>& use, int6
   return {ReplicaMode::send, -1};
 }
 
-ReplicaPlan::ReplicaPlan(const Schedule& schedule, int64_t micro_steps, std::vector<uint8_t> keepable,
-                         ReplicaCosts costs)
-    : schedule_(schedule), micro_steps_(micro_steps), keepable_(std::move(keepable)), min_run_(min_kept_run(costs)) {
-  THETAD_CHECK(micro_steps_ >= 1 && static_cast<int>(keepable_.size()) == schedule_.num_groups(), InternalError,
-               "ReplicaPlan: ", micro_steps_, " micro-steps, ", keepable_.size(), " keepable flags for ",
-               schedule_.num_groups(), " groups");
+ReplicaPlan::ReplicaPlan(WindowPlans& plans, std::vector<uint8_t> keepable, ReplicaCosts costs)
+    : plans_(plans), keepable_(std::move(keepable)), min_run_(min_kept_run(costs)) {
+  THETAD_CHECK(static_cast<int>(keepable_.size()) == plans_.num_groups(), InternalError, "ReplicaPlan: ",
+               keepable_.size(), " keepable flags for ", plans_.num_groups(), " groups");
+  plans_.keep_behind(kHorizon);  // the scan around a window reads back as far
 }
 
-// Window w's uses of the keepable groups: each rank's plans of its micro-steps, a group counted once
-// per rank. Windows past the last micro-step index that fits in 64 bits touch nothing.
-const ReplicaPlan::Window& ReplicaPlan::window(int64_t w) {
-  auto it = cache_.find(w);
-  if (it != cache_.end()) return it->second;
-  std::map<int, std::pair<std::vector<int>, int>> acc;  // group -> (readers, trainers)
-  if (w <= std::numeric_limits<int64_t>::max() / micro_steps_ - 1) {
-    for (int r = 0; r < schedule_.world_size(); ++r) {
-      std::vector<uint8_t> read(keepable_.size(), 0), trained(keepable_.size(), 0);
-      for (int64_t m = 0; m < micro_steps_; ++m) {
-        const StepPlan p = schedule_.plan(w * micro_steps_ + m, r);
-        const auto note = [&](size_t g) {
-          if (!keepable_[g]) return;
-          read[g] = 1;
-          trained[g] |= p.trained[g];
-        };
-        note(0);
-        for (int t : p.tasks) note(static_cast<size_t>(t) + 1);
-      }
-      for (size_t g = 0; g < read.size(); ++g) {
-        if (!read[g]) continue;
-        auto& a = acc[static_cast<int>(g)];
-        a.first.push_back(r);
-        a.second += trained[g];
-      }
-    }
+const std::vector<std::shared_ptr<const WindowPlan>>& ReplicaPlan::ranks(int64_t w) {
+  if (w != ranks_window_) {
+    ranks_ = plans_.all_ranks(w);
+    ranks_window_ = w;
   }
-  Window win;
-  for (auto& [g, a] : acc) {
-    win.groups.push_back(g);
-    GroupUse u;
-    u.readers = static_cast<int>(a.first.size());
-    u.trainers = a.second;
-    u.sole = u.readers == 1 ? a.first[0] : -1;
-    win.uses.push_back(u);
-    win.readers.push_back(std::move(a.first));
-  }
-  return cache_.emplace(w, std::move(win)).first->second;
+  return ranks_;
 }
 
+// Window w's use of a keepable group: the ranks whose window plans read it, and of those, the
+// ones that train it (a group counted once per rank).
 GroupUse ReplicaPlan::use(int64_t w, int group) {
-  const Window& win = window(w);
-  const auto it = std::lower_bound(win.groups.begin(), win.groups.end(), group);
-  if (it == win.groups.end() || *it != group) return {};
-  return win.uses[static_cast<size_t>(it - win.groups.begin())];
+  GroupUse u;
+  if (!keepable_[static_cast<size_t>(group)]) return u;
+  for (const auto& p : ranks(w)) {
+    if (!p->reads(group)) continue;
+    u.readers += 1;
+    u.trainers += p->trains(group) ? 1 : 0;
+    u.sole = p->rank;
+  }
+  if (u.readers != 1) u.sole = -1;
+  return u;
 }
 
 std::vector<int> ReplicaPlan::readers(int64_t w, int group) {
-  const Window& win = window(w);
-  const auto it = std::lower_bound(win.groups.begin(), win.groups.end(), group);
-  if (it == win.groups.end() || *it != group) return {};
-  return win.readers[static_cast<size_t>(it - win.groups.begin())];
+  std::vector<int> reading;
+  if (!keepable_[static_cast<size_t>(group)]) return reading;
+  for (const auto& p : ranks(w))
+    if (p->reads(group)) reading.push_back(p->rank);
+  return reading;
 }
 
 ReplicaDecision ReplicaPlan::decision(int64_t w, int group) {
   THETAD_CHECK(w >= 0 && group >= 0 && group < num_groups(), InternalError, "ReplicaPlan: window ", w, ", group ",
                group);
   // The scan around w needs no window before w - kHorizon: those go (the loop moves forward).
-  cache_.erase(cache_.begin(), cache_.lower_bound(w - kHorizon));
+  plans_.advance(w);
   if (!keepable_[static_cast<size_t>(group)]) return {ReplicaMode::send, -1};
   return decide_replica([&](int64_t x) { return use(x, group); }, w, min_run_, kHorizon);
 }
 
 std::vector<uint8_t> replica_keepable(const config::Job& job, int world) {
-  std::vector<uint8_t> keep(static_cast<size_t>(job.model.tasks) + 1, 0);
-  if (world < 2 || job.comm.sole_user != config::SoleUser::Keep) return keep;
-  keep[0] = job.offload.shared != config::SharedMode::Stream && job.model.train_shared ? 1 : 0;
-  for (size_t g = 1; g < keep.size(); ++g) keep[g] = job.offload.enabled ? 0 : 1;
-  return keep;
+  return Placement::of(job, world).replica_keepable;
 }
 
 std::optional<StateMove> ReplicaHolders::before(int g, const ReplicaDecision& d, const std::vector<int>& readers) {

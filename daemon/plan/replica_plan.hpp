@@ -8,12 +8,12 @@
 
 #include <cstdint>
 #include <functional>
-#include <map>
+#include <memory>
 #include <optional>
 #include <vector>
 
 #include "config/job.hpp"
-#include "daemon/plan/schedule.hpp"
+#include "daemon/plan/window_plan.hpp"
 
 namespace thetad::daemon {
 
@@ -57,15 +57,15 @@ struct ReplicaDecision {
 ReplicaDecision decide_replica(const std::function<GroupUse(int64_t)>& use, int64_t window, int min_run,
                                int64_t horizon);
 
-// The rule over a job's schedule: each window's uses computed once from Schedule::plan of every
-// rank, kept while the scan around the current window may need them.
+// The rule over a job's schedule: each window's uses read from the run's window plans (every
+// rank's, computed once; the plans of kHorizon windows behind the current one are kept for it).
 class ReplicaPlan {
  public:
   // How far either side of a window the rule looks (windows).
   static constexpr int64_t kHorizon = 1024;
 
   // `keepable` (per group): groups the rule may keep (replica_keepable); the others are sent.
-  ReplicaPlan(const Schedule& schedule, int64_t micro_steps, std::vector<uint8_t> keepable, ReplicaCosts costs);
+  ReplicaPlan(WindowPlans& plans, std::vector<uint8_t> keepable, ReplicaCosts costs);
 
   // The rule's decision; `send` for a group it does not apply to (whoever trains it).
   ReplicaDecision decision(int64_t window, int group);
@@ -76,23 +76,19 @@ class ReplicaPlan {
   int num_groups() const { return static_cast<int>(keepable_.size()); }
 
  private:
-  struct Window {
-    std::vector<int> groups;  // touched, ascending
-    std::vector<GroupUse> uses;
-    std::vector<std::vector<int>> readers;
-  };
-  const Window& window(int64_t w);
+  // Every rank's plan of window w: the last window asked for is kept at hand, since a window's
+  // decisions ask it once per group.
+  const std::vector<std::shared_ptr<const WindowPlan>>& ranks(int64_t w);
 
-  const Schedule& schedule_;
-  const int64_t micro_steps_;
+  WindowPlans& plans_;
   const std::vector<uint8_t> keepable_;
   const int min_run_;
-  std::map<int64_t, Window> cache_;
+  int64_t ranks_window_ = -1;
+  std::vector<std::shared_ptr<const WindowPlan>> ranks_;
 };
 
-// Per group: whether the rule applies to it in this job on `world` ranks. Only resident groups
-// (Θ unless offload.shared: stream; θ[t] unless offload.enabled) with a gradient, from 2 ranks on,
-// with comm.sole_user: keep. Homes places groups by the same keys (daemon/homes/homes.cpp).
+// Per group: whether the rule applies to it in this job on `world` ranks: Placement::replica_keepable
+// (resident groups with a gradient, from 2 ranks on, with comm.sole_user: keep).
 std::vector<uint8_t> replica_keepable(const config::Job& job, int world);
 
 // A move of one group's state (values and moments) from the rank that holds it.

@@ -112,6 +112,7 @@ int Schedule::weighted_pick(int64_t step, int rank, int64_t j) const {
 }
 
 std::vector<std::pair<int, int64_t>> Schedule::draw(int64_t step, int rank) const {
+  draws_.fetch_add(1, std::memory_order_relaxed);
   const int64_t T = num_tasks_;
   std::vector<int> tasks;
   switch (kind_) {

@@ -5,6 +5,7 @@
 // Tasks are numbered 0..T-1; the parameter group of task t is t+1; group 0 is the shared Θ.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -61,6 +62,10 @@ class Schedule {
   // will return when every rank declares its plan (used by tests and sanity checks).
   std::vector<int> contributors(int64_t step) const;
 
+  // (step, rank) compositions drawn so far (plan, tasks_at and what calls them): how often the
+  // schedule was asked, for tests that count it.
+  int64_t draws() const { return draws_.load(std::memory_order_relaxed); }
+
   Kind kind() const { return kind_; }
   int num_tasks() const { return num_tasks_; }
   int num_groups() const { return num_tasks_ + 1; }
@@ -83,6 +88,7 @@ class Schedule {
   std::vector<std::vector<int>> per_rank_;
   std::vector<config::AlternateEntry> alternate_;
   bool train_shared_ = true;  // model.train_shared: false keeps Θ frozen (used, never trained)
+  mutable std::atomic<int64_t> draws_{0};
 };
 
 // Splits `total` rows into `parts` nearly equal parts, the remainder to the first parts.

@@ -4,7 +4,6 @@
 #include <ATen/Parallel.h>
 
 #include <chrono>
-#include <cmath>
 #include <iomanip>
 #include <map>
 
@@ -17,7 +16,6 @@
 #include "daemon/checkpoint_format/file_checksum.hpp"
 #include "daemon/plan/job_options.hpp"
 #include "daemon/models/param_builder.hpp"
-#include "daemon/models/precision.hpp"
 #include "common/thread_pool.hpp"
 
 namespace thetad::daemon {
@@ -92,7 +90,7 @@ RunState::RunState(const config::Job& job, const comm::WorldInfo& world, comm::C
   // their initial values (offload.host_groups: scheduled), each task's lora.init_from directory.
   if (world.rank != 0 || job.checkpoint.dir.empty()) return;
   if (!job.model.init_from.empty()) model_print_ = fingerprint_path(job.model.init_from, "model.init_from");
-  if (!job.lora.init_from.empty() && job.offload.enabled && job.offload.host_groups == config::HostGroups::Scheduled)
+  if (!job.lora.init_from.empty() && homes.placement().unheld_tasks)
     for (int64_t t = 0; t < job.model.tasks; ++t)
       lora_prints_.push_back(fingerprint_path(adapter_dir(job.lora.init_from, job, t), "lora.init_from"));
 }
@@ -212,16 +210,8 @@ std::string RunState::first_nonfinite_param(int first, int stride) {
   for (int g = first; g < groups_.num_groups(); g += stride) {
     GroupHome& home = homes_.of(g);
     if (home.initial(g)) continue;  // initial values: finite
-    for (int p : groups_.members[static_cast<size_t>(g)]) {
-      const NamedParam& np = groups_[p];
-      bool finite = true;
-      if (const float* v = home.host_values(p)) {
-        for (int64_t i = 0, n = np.tensor.numel(); i < n && finite; ++i) finite = std::isfinite(v[i]);
-      } else {
-        finite = torch::isfinite(np.tensor.detach()).all().item<bool>();
-      }
-      if (!finite) return "parameter '" + np.name + "' of group " + std::to_string(g);
-    }
+    for (int p : groups_.members[static_cast<size_t>(g)])
+      if (!homes_.finite(p)) return "parameter '" + groups_[p].name + "' of group " + std::to_string(g);
   }
   return "";
 }
@@ -465,12 +455,9 @@ uint64_t RunState::params_hash() {
     }
     const NamedParam& p = groups_[static_cast<int>(i)];
     const auto bytes = static_cast<size_t>(p.tensor.numel()) * sizeof(float);
-    if (const float* v = homes_.of(p.group).host_values(static_cast<int>(i))) {
-      per[i] = bytes_hash(v, bytes, basis);  // hashed where it lives: no copy of θ (T = 384: 52 GB)
-    } else {
-      torch::Tensor c = fp32_values(p.tensor.detach()).cpu().contiguous();  // a bf16-held base: widened
-      per[i] = bytes_hash(c.data_ptr(), bytes, basis);
-    }
+    // Hashed where it lives where the home keeps it on the host: no copy of θ (T = 384: 52 GB).
+    const Homes::HostValues v = homes_.values_on_host(static_cast<int>(i));
+    per[i] = bytes_hash(v.data, bytes, basis);
     ++i;
   }
   return comm::fnv1a64(per.data(), per.size() * sizeof(uint64_t), basis);

@@ -149,10 +149,10 @@ void GraphedPass::backward(bool last) {
   last_ = nullptr;
 }
 
-std::unique_ptr<GraphedPass> make_graphed_pass(const config::Job& job, TaskModel& model, ParamGroups& groups,
-                                               GradHooks& hooks, const DataPlane& data) {
+std::unique_ptr<GraphedPass> make_graphed_pass(const config::Job& job, const Placement& placement, TaskModel& model,
+                                               ParamGroups& groups, GradHooks& hooks, const DataPlane& data) {
   const bool applies = job.train.cuda_graphs && job.comm.active == config::Active::Declared &&
-                       !job.offload.activations && job.offload.shared == config::SharedMode::Resident &&
+                       !job.offload.activations && placement.shared == HomeKind::resident &&
                        model.fuses_tasks();
   if (!applies) return nullptr;
   const bool capture = data.gpu() && THETAD_CUDA_GRAPHS;

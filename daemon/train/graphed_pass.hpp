@@ -20,6 +20,7 @@
 #include "daemon/device/data_plane.hpp"
 #include "daemon/models/model.hpp"
 #include "daemon/models/param_groups.hpp"
+#include "daemon/plan/placement.hpp"
 #include "daemon/reducer/grad_hooks.hpp"
 
 namespace thetad::daemon {
@@ -65,7 +66,7 @@ class GraphedPass {
 // 2.x, with groups declared (discovery walks autograd's graph, which a replay has none of), no
 // activation offload (its copies are ordered by the host) and Θ resident. On the CPU only the
 // test aid THETAD_TEST_SLOT_PASS gives one (without a graph).
-std::unique_ptr<GraphedPass> make_graphed_pass(const config::Job& job, TaskModel& model, ParamGroups& groups,
-                                               GradHooks& hooks, const DataPlane& data);
+std::unique_ptr<GraphedPass> make_graphed_pass(const config::Job& job, const Placement& placement, TaskModel& model,
+                                               ParamGroups& groups, GradHooks& hooks, const DataPlane& data);
 
 }  // namespace thetad::daemon

@@ -34,14 +34,16 @@ void Trainer::build() {
                         data_.compute_stream, data_.device_sharers);
   if (!job_.timeline.path.empty())
     timeline_ = std::make_unique<Timeline>(config::expand_path(job_.timeline.path, job_, world_.rank), world_.rank);
+  placement_ = Placement::of(job_, world_.size);
   schedule_ = Schedule::create(job_, world_.size);
+  plans_ = std::make_unique<WindowPlans>(*schedule_, job_.accumulate_steps);
   setup_start_ = Clock::now();  // after the device's and NCCL's initialisation (open_data_plane)
   build_model();
   build_engine();
   // Before the hooks: the host stores move their groups' data to device placeholders.
-  homes_->build(*engine_, *schedule_, world_.rank);
+  homes_->build(*engine_, *plans_, world_.rank);
   hooks_ = std::make_unique<GradHooks>(*groups_, *engine_, data_, homes_->grad_memory());
-  graphed_ = make_graphed_pass(job_, *model_, *groups_, *hooks_, data_);
+  graphed_ = make_graphed_pass(job_, placement_, *model_, *groups_, *hooks_, data_);
   state_ = std::make_unique<RunState>(job_, world_, *plane_, *groups_, *homes_);
   // A rank's (task, micro-step) losses of one step: the most tasks of a plan with a row each.
   const int64_t per_micro = std::min(schedule_->max_tasks_per_plan(), job_.data.batch_per_rank);
@@ -57,29 +59,22 @@ void Trainer::build() {
 
 // train.backward: auto takes a pass per task where nothing is shared between the tasks'
 // gradients (Θ frozen), so that the passes only split the work: each task's adapters get the same
-// bits, and the activations of one task, not of all, are alive at once. A trained Θ would
-// accumulate over the passes in another order, and a streamed trunk would stream its layers once
-// per pass: there auto keeps one backward over the sum (per_task still splits, as gradient
-// accumulation over the micro-step's tasks would).
+// bits, and the activations of one task, not of all, are alive at once (Placement::split_passes;
+// per_task still splits, as gradient accumulation over the micro-step's tasks would). A model
+// that fuses tasks (the transformer) runs a micro-step's tasks through its shared layers in one
+// pass where each task's rows alone would make kernels too small: its answer is the input.
 bool Trainer::backward_per_task() const {
-  switch (job_.train.backward) {
-    case config::Backward::Joint: return false;
-    case config::Backward::PerTask: return true;
-    case config::Backward::Auto: break;
-  }
-  const bool split = !job_.model.train_shared && job_.offload.shared != config::SharedMode::Stream;
-  // A model that fuses tasks (the transformer) runs a micro-step's tasks through its shared
-  // layers in one pass where each task's rows alone would make kernels too small.
   const int64_t tasks = std::max<int64_t>(1, schedule_->max_tasks_per_plan());
-  if (model_->fuses_tasks() && model_->fusing_pays(job_.data.batch_per_rank / tasks)) return false;
-  return split;
+  const bool fusing_pays = model_->fuses_tasks() && model_->fusing_pays(job_.data.batch_per_rank / tasks);
+  return placement_.backward_per_task(job_.train.backward, fusing_pays);
 }
 
-// With a host store, the model is built on the host and Homes moves the resident groups to the
-// device; the stores own the others from then on (θ[t] never lives on the device whole).
+// With a host store, the model is built on the host (its task groups lazily, drawn by the store)
+// and Homes moves the resident groups to the device; the stores own the others from then on
+// (θ[t] never lives on the device whole).
 void Trainer::build_model() {
   const auto t_model = Clock::now();
-  model_ = make_model(inputs_, Homes::model_device(job_, data_), Homes::lazy_tasks(job_));
+  model_ = make_model(inputs_, Homes::model_device(placement_, data_), placement_.lazy_tasks);
   THETAD_LOG(info, "train") << "model " << config::to_string(job_.model.kind) << " built in " << std::fixed << std::setprecision(2)
                             << ms_since(t_model) / 1000 << " s";
   batches_ = make_data(inputs_, *model_, data_.device);
@@ -91,7 +86,7 @@ void Trainer::build_model() {
     act_stash_->set_timeline(timeline_.get());
     model_->set_activation_stash(act_stash_.get());
   }
-  homes_ = std::make_unique<Homes>(job_, *model_, *groups_, data_, timeline_.get());
+  homes_ = std::make_unique<Homes>(job_, placement_, *model_, *groups_, data_, timeline_.get());
 }
 
 void Trainer::build_engine() {

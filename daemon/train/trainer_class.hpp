@@ -24,7 +24,9 @@
 #include "daemon/observe/timeline.hpp"
 #include "daemon/optim/optimizer.hpp"
 #include "daemon/plan/input_path.hpp"
+#include "daemon/plan/placement.hpp"
 #include "daemon/plan/schedule.hpp"
+#include "daemon/plan/window_plan.hpp"
 #include "daemon/reducer/grad_hooks.hpp"
 #include "daemon/state/run_state.hpp"
 #include "daemon/train/evaluation.hpp"
@@ -65,10 +67,15 @@ class Trainer {
   std::shared_ptr<comm::Communicator> ctrl_;  // control plane: agreements, checkpoints (MPI)
   std::unique_ptr<comm::ControlPlane> plane_;
   DataPlane data_;                            // device, gradients' communicator, compute stream
+  Placement placement_;                       // where each group lives, decided once from the job
   std::unique_ptr<Timeline> timeline_;
   std::unique_ptr<TaskModel> model_;
   std::unique_ptr<DataSource> batches_;
   std::unique_ptr<Schedule> schedule_;
+  // Each window's plan per rank, computed once from the schedule: this rank's is built at the
+  // window's start and handed to every home; the store's look-ahead and the replica rule read
+  // other ranks' and later windows' from it.
+  std::unique_ptr<WindowPlans> plans_;
   std::unique_ptr<ParamGroups> groups_;
   std::unique_ptr<comm::Engine> engine_;
   // Where each group lives (device, host store, streamed). Destroyed before the engine: the

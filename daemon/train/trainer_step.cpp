@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -17,14 +18,17 @@
 namespace thetad::daemon {
 
 // One optimizer step: accumulate_steps micro-steps (micro-step m of step s uses the schedule
-// and data of index s*k+m); the engine reduces once, over the union of the window's groups.
+// and data of index s*k+m); the engine reduces once, over the union of the window's groups. The
+// window's plan is built once here and handed to every home.
 void Trainer::train_step(int64_t step, PendingStep& p) {
   const int64_t k = job_.accumulate_steps;
   recorder_->mark(p, Phase::start);
+  plans_->advance(step);
+  const std::shared_ptr<const WindowPlan> window = plans_->at(step, world_.rank);
   memory_->start_step(homes_->device_memory());
   engine_->start_window(step);
   hooks_->start_window();
-  homes_->start_window(step, adam_settings(step));
+  homes_->start_window(*window, adam_settings(step));
   p.rec.task_loss.clear();
   task_losses_.clear();
   p.rec.forward_ms = p.rec.backward_ms = 0;
@@ -32,7 +36,7 @@ void Trainer::train_step(int64_t step, PendingStep& p) {
   for (int64_t m = 0; m < k; ++m) {
     const int64_t micro = step * k + m;
     const bool last = m + 1 == k;
-    const StepPlan plan = schedule_->plan(micro, world_.rank);
+    const StepPlan plan = window->step_plan(m);
     hooks_->set_trained(plan.trained);
     homes_->start_micro(plan);
     if (declared_) engine_->declare_active(plan.trained);

@@ -63,7 +63,8 @@ int compare(const std::vector<std::string>& args, std::ostream& out, std::ostrea
   try {
     config::Job job = config::load_job(job_path, lo);
     auto schedule = Schedule::create(job, world);
-    ReplicaPlan replicas(*schedule, job.accumulate_steps, replica_keepable(job, world), replica_costs(job));
+    WindowPlans windows(*schedule, job.accumulate_steps);
+    ReplicaPlan replicas(windows, replica_keepable(job, world), replica_costs(job));
     torch::Device cpu(torch::kCPU);
     const config::Job inputs = with_input_paths(job, 0);  // as rank 0 reads them
     auto model = make_model(inputs, cpu);

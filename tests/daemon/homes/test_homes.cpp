@@ -6,8 +6,11 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cstdio>
 #include <cstring>
 #include <map>
+#include <string>
+#include <utility>
 #include <memory>
 #include <vector>
 
@@ -16,6 +19,7 @@
 #include "config/loader.hpp"
 #include "daemon/plan/job_options.hpp"
 #include "daemon/plan/schedule.hpp"
+#include "daemon/plan/window_plan.hpp"
 #include "daemon/homes/homes.hpp"
 #include "daemon/reducer/grad_hooks.hpp"
 
@@ -31,10 +35,8 @@ class HostVectorHome final : public GroupHome {
     (void)g;
     return comm::GradMemory::pooled;
   }
-  void build(comm::Engine& engine, const Schedule& schedule, int rank) override {
-    (void)schedule;
-    (void)rank;
-    engine_ = &engine;
+  void build(HomeSetup& setup) override {
+    engine_ = &setup.engine;
     torch::NoGradGuard no_grad;
     for (int g : held()) {
       Flat& f = flat_[g];
@@ -49,8 +51,8 @@ class HostVectorHome final : public GroupHome {
       }
     }
   }
-  void start_window(int64_t step, const WindowSettings& w) override {
-    (void)step;
+  void start_window(const WindowPlan& plan, const WindowSettings& w) override {
+    (void)plan;
     (void)w;
     for (int g : held())  // pooled: bound per window (here every window, used or not)
       for (int p : groups_.members[static_cast<size_t>(g)])
@@ -100,11 +102,20 @@ const char* kJob =
     "comm: {backend: mpi, bucket_cap_mb: 0.0008, first_bucket_mb: 0.0004, timeout_s: 60}\n"
     "optimizer: {kind: adamw, lr: 0.01, weight_decay: 0.01}\n";
 
+// What a run asked of the schedule: (step, rank) compositions drawn at set-up and in each step.
+struct ScheduleAsks {
+  int64_t setup = 0;
+  std::vector<int64_t> per_step;
+  int64_t total = 0;    // over the run
+  int64_t windows = 0;  // (window, rank) plans computed over the run
+};
+
 // Every parameter's values after the job's steps, read through the homes; `test_home`: task 1's
 // group (group 2) lives in a HostVectorHome.
-std::vector<std::vector<float>> train(bool test_home, HostVectorHome** placed = nullptr) {
+std::vector<std::vector<float>> train(bool test_home, HostVectorHome** placed = nullptr, const char* job_text = kJob,
+                                      ScheduleAsks* asks = nullptr) {
   static comm::MpiSession mpi;
-  const config::Job job = config::load_job_from_string(kJob, "homes.yaml");
+  const config::Job job = config::load_job_from_string(job_text, "homes.yaml");
   auto ctrl = comm::make_mpi_communicator();
   DataPlane plane;
   plane.comm = ctrl;
@@ -112,7 +123,7 @@ std::vector<std::vector<float>> train(bool test_home, HostVectorHome** placed = 
   ParamGroups groups(model->params(), static_cast<int>(job.model.tasks) + 1);
   auto schedule = Schedule::create(job, 1);
   auto data = make_data(job, *model, torch::kCPU);
-  Homes homes(job, *model, groups, plane, nullptr);
+  Homes homes(job, Placement::of(job, 1), *model, groups, plane, nullptr);
   if (test_home) {
     auto home = std::make_unique<HostVectorHome>(groups);
     if (placed) *placed = home.get();
@@ -122,44 +133,58 @@ std::vector<std::vector<float>> train(bool test_home, HostVectorHome** placed = 
   homes.engine_options(eopts);
   comm::Engine engine(ctrl, comm::make_bucket_plan(homes.plan_params(), groups.num_groups(), bucket_plan_options(job)),
                       eopts);
-  homes.build(engine, *schedule, 0);
+  WindowPlans plans(*schedule, job.accumulate_steps);
+  homes.build(engine, plans, 0);
   GradHooks hooks(groups, engine, plane, homes.grad_memory());
+  if (asks) asks->setup = schedule->draws();
   for (int64_t step = 0; step < job.steps; ++step) {
+    const int64_t drawn = schedule->draws();
     AdamSettings s;
     s.lr = job.optimizer.lr;
     s.weight_decay = job.optimizer.weight_decay;
     engine.start_window(step);
     hooks.start_window();
-    homes.start_window(step, s);
-    const StepPlan plan = schedule->plan(step, 0);
-    hooks.set_trained(plan.trained);
-    homes.start_micro(plan);
-    engine.declare_active(plan.trained);
-    engine.begin_sync();
-    torch::Tensor loss;
-    for (size_t i = 0; i < plan.tasks.size(); ++i) {
-      Batch b = data->batch(step, 0, 1, plan.tasks[i], plan.task_rows[i]);
-      torch::Tensor l = model->loss(b, plan.tasks[i], static_cast<uint64_t>(step));
-      loss = loss.defined() ? loss + l : l;
+    plans.advance(step);
+    const auto window = plans.at(step, 0);  // built once, handed to every home
+    homes.start_window(*window, s);
+    const int64_t k = job.accumulate_steps;
+    for (int64_t m = 0; m < k; ++m) {
+      const bool last = m + 1 == k;
+      const int64_t micro = step * k + m;
+      const StepPlan plan = window->step_plan(m);
+      hooks.set_trained(plan.trained);
+      homes.start_micro(plan);
+      engine.declare_active(plan.trained);
+      if (last) engine.begin_sync();
+      torch::Tensor loss;
+      for (size_t i = 0; i < plan.tasks.size(); ++i) {
+        Batch b = data->batch(micro, 0, 1, plan.tasks[i], plan.task_rows[i]);
+        torch::Tensor l = model->loss(b, plan.tasks[i], static_cast<uint64_t>(micro));
+        loss = loss.defined() ? loss + l : l;
+      }
+      homes.before_backward(last, plan);
+      loss.backward();
+      hooks.rethrow_error();
+      homes.after_backward(last);
     }
-    homes.before_backward(true, plan);
-    loss.backward();
-    hooks.rethrow_error();
-    homes.after_backward(true);
     engine.finish_backward();
     homes.after_reduce();
     hooks.end_window();
     homes.step(engine.contributors(), s, /*skip=*/false);
     homes.release_step(step);
+    if (asks) asks->per_step.push_back(schedule->draws() - drawn);
+  }
+  if (asks) {
+    asks->total = schedule->draws();
+    asks->windows = plans.computed();
   }
   std::vector<std::vector<float>> values;
   for (size_t i = 0; i < groups.size(); ++i) {
     const NamedParam& p = groups[static_cast<int>(i)];
     std::vector<float> v(static_cast<size_t>(p.tensor.numel()));
-    if (const float* host = homes.of(p.group).host_values(static_cast<int>(i)))
-      std::memcpy(v.data(), host, v.size() * sizeof(float));
-    else
-      std::memcpy(v.data(), p.tensor.detach().contiguous().data_ptr<float>(), v.size() * sizeof(float));
+    const Homes::HostValues host = homes.values_on_host(static_cast<int>(i));  // wherever its home keeps it
+    std::memcpy(v.data(), host.data, v.size() * sizeof(float));
+    EXPECT_TRUE(homes.finite(static_cast<int>(i))) << p.name;
     values.push_back(std::move(v));
   }
   return values;
@@ -177,6 +202,28 @@ TEST(Homes, ATestOnlyHomeGivesTheResidentBits) {
   // round_robin over 4 tasks, 6 steps: task 1 is in steps 1 and 5; its buckets went to its home.
   EXPECT_EQ(home->steps, 2);
   EXPECT_GT(home->launches, 0);
+}
+
+// The schedule is asked once per (window, rank) a run needs: the trainer's plan, the homes'
+// bindings, the store's slots and prefetch and the device cache's placement all read one window
+// plan. Over the run every plan computed was drawn once (its micro-steps), and once the store's
+// look-ahead runs ahead of the steps, a step draws at most the one window that enters it.
+TEST(Homes, TheScheduleIsAskedOncePerWindow) {
+  const std::string resident = kJob;
+  const std::string offloaded = resident + "offload: {enabled: true, device_slots: 2, prefetch: 1}\n";
+  const std::string accumulated = offloaded + "accumulate_steps: 2\n";
+  for (const auto& [text, micro] : {std::pair<std::string, int64_t>{resident, 1}, {offloaded, 1}, {accumulated, 2}}) {
+    ScheduleAsks asks;
+    train(false, nullptr, text.c_str(), &asks);
+    ASSERT_GE(asks.per_step.size(), 2u);
+    std::string counts;
+    for (int64_t n : asks.per_step) counts += " " + std::to_string(n);
+    std::printf("schedule draws: set-up %lld, per step%s (%lld micro-step(s) per window)\n",
+                static_cast<long long>(asks.setup), counts.c_str(), static_cast<long long>(micro));
+    for (size_t s = asks.per_step.size() / 2; s < asks.per_step.size(); ++s)
+      EXPECT_LE(asks.per_step[s], micro) << "step " << s << " of\n" << text;
+    EXPECT_EQ(asks.total, asks.windows * micro) << "each (window, rank) drawn once:\n" << text;
+  }
 }
 
 }  // namespace

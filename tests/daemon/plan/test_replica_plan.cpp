@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <memory>
 #include <random>
 
 #include "daemon/plan/replica_plan.hpp"
@@ -89,15 +90,27 @@ TEST(ReplicaRule, IdleWindowsDoNotBreakARunReadOnlyOnesDoNotCount) {
   EXPECT_EQ(decide_replica(seq(uses), 20, 3, kHorizon), keep(3));
 }
 
+// The rule over `job`'s schedule on `world` ranks, with the window plans it reads (which hold on to
+// the schedule).
+struct Rule {
+  Rule(const config::Job& job, int world, int64_t micro)
+      : schedule(Schedule::create(job, world)),
+        windows(*schedule, micro),
+        plan(windows, replica_keepable(job, world), replica_costs(job)) {}
+  std::unique_ptr<Schedule> schedule;
+  WindowPlans windows;
+  ReplicaPlan plan;
+};
+
 TEST(ReplicaPlanOfSchedule, RoundRobinWDividingTKeepsEveryHead) {
   for (int world : {2, 4, 8}) {
     config::Job job = job_of("round_robin", 16);
-    const auto schedule = Schedule::create(job, world);
-    ReplicaPlan plan(*schedule, 1, replica_keepable(job, world), replica_costs(job));
+    Rule plan_rule(job, world, 1);
+    ReplicaPlan& plan = plan_rule.plan;
     for (int64_t w = 0; w < 40; ++w) {
       EXPECT_EQ(plan.decision(w, 0), kSend) << "Θ: every rank trains it";
       for (int r = 0; r < world; ++r) {
-        const int task = schedule->tasks_at(w, r)[0];
+        const int task = plan_rule.schedule->tasks_at(w, r)[0];
         EXPECT_EQ(plan.decision(w, task + 1), keep(r)) << "W " << world << " window " << w << " task " << task;
         EXPECT_EQ(plan.readers(w, task + 1), std::vector<int>{r});
       }
@@ -105,10 +118,24 @@ TEST(ReplicaPlanOfSchedule, RoundRobinWDividingTKeepsEveryHead) {
   }
 }
 
+// The rule reads the run's window plans: its scans around each window draw no (window, rank) twice,
+// and the trainer's own plan of a window it decided is already there.
+TEST(ReplicaPlanOfSchedule, ReadsEachWindowPlanOnce) {
+  config::Job job = job_of("round_robin", 16);
+  Rule plan_rule(job, 4, 2);
+  ReplicaPlan& plan = plan_rule.plan;
+  for (int64_t w = 0; w < 40; ++w)
+    for (int g = 0; g < plan.num_groups(); ++g) plan.decision(w, g);
+  const int64_t drawn = plan_rule.schedule->draws();
+  EXPECT_EQ(drawn, plan_rule.windows.computed() * 2);
+  for (int64_t w = 0; w < 40; ++w) plan_rule.windows.at(w, 1);
+  EXPECT_EQ(plan_rule.schedule->draws(), drawn);
+}
+
 TEST(ReplicaPlanOfSchedule, RoundRobinWNotDividingTSends) {
   config::Job job = job_of("round_robin", 5);
-  const auto schedule = Schedule::create(job, 2);
-  ReplicaPlan plan(*schedule, 1, replica_keepable(job, 2), replica_costs(job));
+  Rule plan_rule(job, 2, 1);
+  ReplicaPlan& plan = plan_rule.plan;
   for (int64_t w = 0; w < 20; ++w)
     for (int g = 1; g <= 5; ++g) {
       const ReplicaDecision d = plan.decision(w, g);
@@ -120,16 +147,16 @@ TEST(ReplicaPlanOfSchedule, RoundRobinWNotDividingTSends) {
 TEST(ReplicaPlanOfSchedule, PerRankAccumulationAlternateAndSwitches) {
   config::Job job = job_of("per_rank", 3);
   job.data.per_rank = {{0}, {0, 1}, {2}};
-  auto schedule = Schedule::create(job, 3);
-  ReplicaPlan per_rank(*schedule, 1, replica_keepable(job, 3), replica_costs(job));
+  Rule per_rank_rule(job, 3, 1);
+  ReplicaPlan& per_rank = per_rank_rule.plan;
   EXPECT_EQ(per_rank.decision(7, 1), kSend);    // task 0: two ranks
   EXPECT_EQ(per_rank.decision(7, 2), keep(1));  // task 1: rank 1 only
   EXPECT_EQ(per_rank.decision(7, 3), keep(2));
 
   // accumulate_steps 2, T = 4, W = 2: micro-steps 2w and 2w + 1 give rank 0 tasks {0, 2}.
   job = job_of("round_robin", 4);
-  schedule = Schedule::create(job, 2);
-  ReplicaPlan accumulate(*schedule, 2, replica_keepable(job, 2), replica_costs(job));
+  Rule accumulate_rule(job, 2, 2);
+  ReplicaPlan& accumulate = accumulate_rule.plan;
   EXPECT_EQ(accumulate.decision(3, 1), keep(0));
   EXPECT_EQ(accumulate.decision(3, 3), keep(0));
   EXPECT_EQ(accumulate.decision(3, 2), keep(1));
@@ -137,8 +164,8 @@ TEST(ReplicaPlanOfSchedule, PerRankAccumulationAlternateAndSwitches) {
   job = job_of("alternate", 3);
   job.data.alternate = {"shared", "task:1"};
   job.data.alternate_entries = {{config::AlternateEntry::Kind::Shared, -1}, {config::AlternateEntry::Kind::Task, 1}};
-  schedule = Schedule::create(job, 2);
-  ReplicaPlan alternate(*schedule, 1, replica_keepable(job, 2), replica_costs(job));
+  Rule alternate_rule(job, 2, 1);
+  ReplicaPlan& alternate = alternate_rule.plan;
   EXPECT_EQ(alternate.decision(0, 2), kNone);  // read by both, trained by none
   EXPECT_EQ(alternate.decision(1, 2), kSend);  // task 1: both ranks train it
   EXPECT_EQ(alternate.readers(1, 2), (std::vector<int>{0, 1}));
@@ -153,8 +180,8 @@ TEST(ReplicaPlanOfSchedule, PerRankAccumulationAlternateAndSwitches) {
   EXPECT_EQ(replica_keepable(job, 2), (std::vector<uint8_t>{1, 0, 0, 0, 0}));
   job.offload.shared = config::SharedMode::Stream;
   EXPECT_EQ(replica_keepable(job, 2), std::vector<uint8_t>(5, 0));
-  schedule = Schedule::create(job, 2);
-  ReplicaPlan off(*schedule, 1, replica_keepable(job, 2), replica_costs(job));
+  Rule off_rule(job, 2, 1);
+  ReplicaPlan& off = off_rule.plan;
   EXPECT_EQ(off.decision(0, 1), kSend);
 }
 
@@ -199,8 +226,8 @@ TEST(ReplicaHoldersRecord, SimulatedRunsNeverReadAStaleReplica) {
     if (trial % 4 == 1) job.data.weights[0] = 30;  // one hot task: longer runs
     if (trial % 5 == 2) job.comm.grad_dtype = config::GradDtype::Bf16;
     const int64_t micro = 1 + trial % 2;
-    const auto schedule = Schedule::create(job, world);
-    ReplicaPlan plan(*schedule, micro, replica_keepable(job, world), replica_costs(job));
+    Rule plan_rule(job, world, micro);
+    ReplicaPlan& plan = plan_rule.plan;
     ReplicaHolders holders(tasks + 1);
     std::vector<std::vector<int>> version(static_cast<size_t>(tasks + 1), std::vector<int>(world, 0));
     std::vector<int> newest(static_cast<size_t>(tasks + 1), 0);

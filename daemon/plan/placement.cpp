@@ -1,0 +1,57 @@
+// Placement (see placement.hpp): every condition that decides where a group lives, once.
+#include "daemon/plan/placement.hpp"
+
+namespace thetad::daemon {
+
+const char* to_string(HomeKind kind) {
+  switch (kind) {
+    case HomeKind::resident: return "resident";
+    case HomeKind::host_store: return "host store";
+    case HomeKind::streamed_trunk: return "streamed trunk";
+  }
+  return "?";
+}
+
+namespace {
+
+HomeKind shared_home(const config::Job& job) {
+  return job.offload.shared == config::SharedMode::Stream ? HomeKind::streamed_trunk : HomeKind::resident;
+}
+
+HomeKind task_home(const config::Job& job) { return job.offload.enabled ? HomeKind::host_store : HomeKind::resident; }
+
+}  // namespace
+
+Placement Placement::of(const config::Job& job, int world_size) {
+  Placement p;
+  p.shared = shared_home(job);
+  p.tasks = task_home(job);
+  p.model_on_host = p.shared != HomeKind::resident || p.tasks != HomeKind::resident;
+  p.lazy_tasks = p.tasks == HomeKind::host_store;
+  p.unheld_tasks = p.tasks == HomeKind::host_store && job.offload.host_groups == config::HostGroups::Scheduled;
+  // A TorchScript model's forward is its own: nothing says which of its parameters reach autocast
+  // only. Streamed Θ lives in a float32 host store of its own.
+  p.frozen_base_bf16 = job.precision == config::Precision::Bf16 && !job.model.train_shared &&
+                       p.shared == HomeKind::resident && job.model.kind != config::ModelKind::Torchscript;
+  p.row_shards = job.model.kind == config::ModelKind::ExtremeClassifier && job.offload.shard_mb > 0;
+  // A trained Θ would accumulate over the passes in another order, and a streamed trunk would
+  // stream its layers once per pass.
+  p.split_passes = !job.model.train_shared && p.shared != HomeKind::streamed_trunk;
+  p.replica_keepable.assign(static_cast<size_t>(job.model.tasks) + 1, 0);
+  if (world_size >= 2 && job.comm.sole_user == config::SoleUser::Keep) {
+    p.replica_keepable[0] = p.shared == HomeKind::resident && job.model.train_shared ? 1 : 0;
+    for (size_t g = 1; g < p.replica_keepable.size(); ++g) p.replica_keepable[g] = p.tasks == HomeKind::resident ? 1 : 0;
+  }
+  return p;
+}
+
+bool Placement::backward_per_task(config::Backward key, bool fusing_pays) const {
+  switch (key) {
+    case config::Backward::Joint: return false;
+    case config::Backward::PerTask: return true;
+    case config::Backward::Auto: break;
+  }
+  return split_passes && !fusing_pays;
+}
+
+}  // namespace thetad::daemon
