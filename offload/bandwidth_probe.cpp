@@ -56,7 +56,7 @@ UpdateBandwidths probe_bandwidths(Device& device, void* device_buf, size_t numel
   }
   // AdamW over one group's size (at most 4 M parameters), call after call on fresh memory: 16 M
   // parameters (256 MiB of p, g, m, v), more than a CPU's last-level cache, as the store's groups
-  // are (the first session on an H100 host measured 330 GB/s over one cached 4 M slice, 3.2x the
+  // are (an H100 host measured 330 GB/s over one cached 4 M slice, 3.2x the
   // 104 GB/s its steps then ran at). Gradients of a typical size (no subnormal moments).
   const size_t n = std::max<size_t>(1, std::min(numel, kAdamParams / 4));
   const size_t calls = std::clamp<size_t>(kAdamParams / n, 1, 4096);

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Issue 36, items 2, 7, 9 and 13: inputs that are not regular files (FIFOs) are refused before
-# they are opened (exit 2 naming the file, within seconds, never a hang); a stop signal ends a
+# Inputs that are not regular files (FIFOs) are refused before they are opened (exit 2 naming
+# the file, within seconds, never a hang); a stop signal ends a
 # process whose start-up is stuck (exit 4 with a line saying so); {job} and {rank} are expanded in
 # data.dir and model.path; a TorchScript model whose output shape differs from the targets is
 # exit 2 naming both shapes; a stop without checkpoint.dir says nothing is written.

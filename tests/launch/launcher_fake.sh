@@ -455,7 +455,7 @@ case_stop_outlives_srun() {
 
 # An mpirun that catches SIGUSR1 and forwards nothing: the stop must still reach this host's
 # ranks (the launcher also signals their wrappers itself). On the GPU image's mpirun the stop
-# never reached the ranks and the launcher ran on (seventeenth session); this is that symptom.
+# never reached the ranks and the launcher ran on; this is that symptom.
 case_stop_unforwarded() {
   local job
   job=$(make_job unfwd)
