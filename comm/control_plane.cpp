@@ -9,6 +9,7 @@
 
 #include "comm/bucket_plan.hpp"
 #include "common/errors.hpp"
+#include "common/leak_on_purpose.hpp"
 #include "common/log.hpp"
 
 namespace thetad::comm {
@@ -205,7 +206,7 @@ ControlPlane::AnyFlag ControlPlane::post_any(bool flag, const CollectiveTag& wha
 }
 
 void ControlPlane::AnyFlag::keep_if_in_flight() noexcept {
-  if (work_ && !work_->is_completed()) new std::shared_ptr<int32_t>(std::move(flag_));  // left allocated
+  if (work_ && !work_->is_completed()) leak_on_purpose(new std::shared_ptr<int32_t>(std::move(flag_)));
 }
 
 ControlPlane::AnyFlag::~AnyFlag() { keep_if_in_flight(); }
@@ -240,7 +241,7 @@ ControlPlane::Gathered ControlPlane::post_gather(std::vector<int64_t> words, con
 }
 
 ControlPlane::Gathered::~Gathered() {
-  if (work_ && !work_->is_completed()) new std::shared_ptr<Buffers>(std::move(buffers_));  // left allocated
+  if (work_ && !work_->is_completed()) leak_on_purpose(new std::shared_ptr<Buffers>(std::move(buffers_)));
 }
 
 bool ControlPlane::Gathered::ready() const { return !work_ || work_->is_completed(); }

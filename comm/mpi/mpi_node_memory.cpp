@@ -14,6 +14,7 @@
 #include "comm/node_memory.hpp"
 #include "comm/mpi/node_comm.hpp"
 #include "common/errors.hpp"
+#include "common/leak_on_purpose.hpp"
 
 namespace thetad::comm {
 namespace {
@@ -40,7 +41,7 @@ class MpiNodeMemory final : public NodeMemory {
   ~MpiNodeMemory() override {
     release();
     if (node_memory_abandoned()) {
-      (void)plane_.release();  // its communicator too: freeing it may wait for failed ranks
+      (void)leak_on_purpose(plane_.release());  // its communicator too: freeing it may wait for failed ranks
       return;
     }
     plane_.reset();
