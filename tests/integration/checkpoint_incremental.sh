@@ -115,35 +115,32 @@ damage stale_copy_sealed "step-00000012/shard-[0-9]+.pt: group [0-9]+: step coun
 # test aid): step 14 is not published with it, but written again at once with its groups anew;
 # the run ends with exit 0, and its newest checkpoint resumes to the same parameters. The file:
 # step 12's of group 1 (untrained in steps 12 and 13: step 14 shares it), linked from step 10.
-rm -rf "$WORK/heal"; cp -a "$WORK/np1" "$WORK/heal"; rm -f "$WORK/heal/.lock"
 sfile=$($py -c "import json, sys; m = json.load(open(sys.argv[1])); r = [r for r in m['runs'] if r[0] <= 1 < r[0] + r[1]][0]
-print(m['files'][r[2]]['file'])" "$WORK/heal/step-00000012/manifest.json")
+print(m['files'][r[2]]['file'])" "$WORK/np1/step-00000012/manifest.json")
 expect_code 0 plain16 run 1 --set steps=16 --no-resume --set checkpoint.dir="$WORK/plain16"
-THETAD_TEST_CHECKPOINT_WRITE_DELAY_MS=1500 run 1 --set steps=16 --set checkpoint.async=false \
-  --set checkpoint.dir="$WORK/heal" > "$WORK/heal.log" 2>&1 &
-healer=$!
-if wait_for 60 exists "$WORK/heal/.tmp-step-00000014"; then
-  $py -c "import sys; b=bytearray(open(sys.argv[1],'rb').read()); b[len(b)//2]^=0x41; open(sys.argv[1],'r+b').write(b)" \
-    "$WORK/heal/step-00000012/$sfile"
-else fail "heal: no write of step 14 began"; fi
-code=0; wait $healer || code=$?
-[ "$code" = 0 ] && pass "heal: exit 0" || { fail "heal: exit $code"; tail -15 "$WORK/heal.log"; }
+# damaged_while_writing NAME ASYNC: a copy of np1's checkpoints resumed to step 16 (its writes
+# slowed), the shared file $sfile of step 12 damaged while step 14 is being written; exit 0.
+damaged_while_writing() {
+  local name=$1 async=$2 healer code
+  rm -rf "$WORK/$name"; cp -a "$WORK/np1" "$WORK/$name"; rm -f "$WORK/$name/.lock"
+  THETAD_TEST_CHECKPOINT_WRITE_DELAY_MS=1500 run 1 --set steps=16 --set checkpoint.async="$async" \
+    --set checkpoint.dir="$WORK/$name" > "$WORK/$name.log" 2>&1 &
+  healer=$!
+  if wait_for 60 exists "$WORK/$name/.tmp-step-00000014"; then
+    $py -c "import sys; b=bytearray(open(sys.argv[1],'rb').read()); b[len(b)//2]^=0x41; open(sys.argv[1],'r+b').write(b)" \
+      "$WORK/$name/step-00000012/$sfile"
+  else fail "$name: no write of step 14 began"; fi
+  code=0; wait $healer || code=$?
+  [ "$code" = 0 ] && pass "$name: exit 0" || { fail "$name: exit $code"; tail -15 "$WORK/$name.log"; }
+}
+damaged_while_writing heal false
 expect_in heal "checkpoint of step 14 not published: .*step-00000012/$sfile no longer matches its checksum .*hold it by hard link: step-00000010 step-00000012"
 same_hash "heal: the run that met the damage == uninterrupted" plain16 heal
 [ -f "$WORK/heal/step-00000014/manifest.json" ] && [ ! -e "$WORK/heal/step-00000014/$sfile" ] \
   && pass "heal: step 14 published without the damaged file" || fail "heal: step 14: $(ls "$WORK/heal/step-00000014")"
 # The same with a checkpoint in the background: step 14 is dropped, training goes on, and the
 # next checkpoint (the run's last, 16) writes the damaged file's groups anew.
-rm -rf "$WORK/heal_bg"; cp -a "$WORK/np1" "$WORK/heal_bg"; rm -f "$WORK/heal_bg/.lock"
-THETAD_TEST_CHECKPOINT_WRITE_DELAY_MS=1500 run 1 --set steps=16 --set checkpoint.async=true \
-  --set checkpoint.dir="$WORK/heal_bg" > "$WORK/heal_bg.log" 2>&1 &
-healer=$!
-if wait_for 60 exists "$WORK/heal_bg/.tmp-step-00000014"; then
-  $py -c "import sys; b=bytearray(open(sys.argv[1],'rb').read()); b[len(b)//2]^=0x41; open(sys.argv[1],'r+b').write(b)" \
-    "$WORK/heal_bg/step-00000012/$sfile"
-else fail "heal_bg: no write of step 14 began"; fi
-code=0; wait $healer || code=$?
-[ "$code" = 0 ] && pass "heal_bg: exit 0" || { fail "heal_bg: exit $code"; tail -15 "$WORK/heal_bg.log"; }
+damaged_while_writing heal_bg true
 expect_in heal_bg "checkpoint of step 14 not published: .*step-00000012/$sfile no longer matches its checksum"
 same_hash "heal_bg: the run that met the damage == uninterrupted" plain16 heal_bg
 [ ! -e "$WORK/heal_bg/step-00000014" ] && [ -f "$WORK/heal_bg/step-00000016/manifest.json" ] && \
