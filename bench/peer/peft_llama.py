@@ -33,8 +33,10 @@ HF_TARGETS = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj",
               "gate": "gate_proj", "up": "up_proj", "down": "down_proj"}
 
 
-def parse_args(argv):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def parse_llama_args(argv, doc, add=None, check=None):
+    """The options of a one-GPU Llama peer (bench/gpu/plain.sh's llama shapes give them):
+    add(parser) adds a peer's own, check(args) returns what is wrong with them (or None)."""
+    p = argparse.ArgumentParser(description=doc.split("\n")[0])
     for name, default in (("layers", 2), ("d-model", 64), ("heads", 4), ("kv-heads", 0), ("d-ff", 256),
                           ("vocab", 256), ("seq-len", 32), ("tasks", 4), ("rank", 8), ("tasks-per-rank", 1),
                           ("batch", 16), ("steps", 40), ("warmup", 5), ("seed", 1)):
@@ -46,16 +48,25 @@ def parse_args(argv):
     p.add_argument("--noise", type=float, default=0.01)
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--precision", choices=["bf16"], default="bf16", help="the base in bf16, autocast bf16")
-    p.add_argument("--switch", choices=["direct", "set_adapter"], default="direct")
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     p.add_argument("--out", default="")
+    if add:
+        add(p)
     a = p.parse_args(argv)
     a.targets = [t for t in a.targets.split(",") if t]
     a.kv_heads = a.kv_heads or a.heads
     if not a.targets or any(t not in HF_TARGETS for t in a.targets) or a.d_model % a.heads or a.heads % a.kv_heads:
         p.error("--targets must be of %s; --heads must divide --d-model, --kv-heads --heads" % ",".join(HF_TARGETS))
+    problem = check(a) if check else None
+    if problem:
+        p.error(problem)
     a.frozen_base = True
     return a
+
+
+def parse_args(argv):
+    return parse_llama_args(argv, __doc__, lambda p: p.add_argument(
+        "--switch", choices=["direct", "set_adapter"], default="direct"))
 
 
 def build_base(a, device):

@@ -5,13 +5,16 @@ where available (torch >= 2 on CUDA; else foreach), which creates Adam state laz
 parameters without a gradient. --model multitask is ddp_multitask.py's model, init, data,
 round_robin schedule and loss (thetad's multitask_mlp); --model lora is ddp_lora_transformer.py's
 (--frozen-base, --precision bf16 = autocast); --model peft-llama is peft_llama.py's (Hugging Face
-transformers' Llama in bf16, frozen, a peft LoRA adapter per task). Every other option is that
+transformers' Llama in bf16, frozen, a peft LoRA adapter per task); --model compiled-llama is
+compiled_llama.py's (the same Llama and adapters written by hand: SDPA attention, the decoder layer
+under torch.compile on CUDA, eager on the CPU and on torch 1.x). Every other option is that
 peer's own (same names, same defaults), parsed by it; the DDP-only ones (--backend,
 --bucket-cap-mb, ...) are ignored.
 
     python3 bench/peer/plain_loop.py --model multitask --tasks 24 --steps 130 --out r.json
     python3 bench/peer/plain_loop.py --model lora --frozen-base --precision bf16 --tasks 48 ...
-    python3 bench/peer/plain_loop.py --check      # a few CPU steps of both on tiny shapes
+    python3 bench/peer/plain_loop.py --model compiled-llama --layers 16 --d-model 2048 --heads 16 ...
+    python3 bench/peer/plain_loop.py --check      # a few CPU steps of each (not peft-llama) on tiny shapes
 
 Step time: the host waits for the device only at the edges of windows of --window steps after
 --warmup (losses stay on the device until the end), so a window's wall time / steps is the
@@ -37,7 +40,7 @@ from peer_common import WindowClock, make_adamw, memory_fields, window_summary  
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                 epilog="Other options: those of ddp_multitask.py / ddp_lora_transformer.py.")
-    p.add_argument("--model", choices=["multitask", "lora", "peft-llama"])
+    p.add_argument("--model", choices=["multitask", "lora", "peft-llama", "compiled-llama"])
     p.add_argument("--window", type=int, default=20, help="steps per timing window")
     p.add_argument("--timing", choices=["host", "cuda-events"], default="host")
     p.add_argument("--no-fused", action="store_true", help="AdamW foreach instead of fused")
@@ -78,6 +81,9 @@ def model_of(name):
         return mt, multitask_setup
     if name == "lora":
         return lora, lora_setup
+    if name == "compiled-llama":
+        import compiled_llama
+        return compiled_llama, compiled_llama.setup
     import peft_llama  # transformers and peft: only where they are used
     return peft_llama, peft_llama.setup
 
@@ -142,6 +148,9 @@ CHECK_ARGS = {
     "multitask": "--input-dim 16 --hidden 32 --output-dim 8 --trunk-layers 2 --tasks 1 --batch 16 --lr 1e-2",
     "lora": "--layers 1 --d-model 32 --heads 2 --d-ff 64 --vocab 32 --seq-len 16 --tasks 2 --tasks-per-rank 2 "
             "--batch 8 --frozen-base --lr 3e-2 --noise 0",
+    "compiled-llama": "--layers 2 --d-model 32 --heads 4 --kv-heads 2 --d-ff 64 --vocab 32 --seq-len 16 "
+                      "--tasks 3 --tasks-per-rank 2 --batch 8 --rank 4 --alpha 8 --targets q,k,v,o,gate,up,down "
+                      "--lr 3e-2 --noise 0",
 }
 
 
