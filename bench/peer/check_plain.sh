@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# CPU check of the one-GPU peer (plain_loop.py), ~30 s: its --check (finite, falling
-# losses on tiny shapes), then the same tiny runs as the DDP peers on one gloo rank: the losses
-# must be bitwise equal (same init, data, schedule and loss functions, imported from them).
-#   bash bench/peer/check_plain.sh [python3]
+# CPU check of the one-GPU peer (plain_loop.py), ~10 s: its --check (finite, falling
+# losses on tiny shapes), the hand-written Llama of --model compiled-llama against the formula
+# (check_compiled_llama.py; eager: torch.compile is for CUDA), then the same tiny runs as the DDP
+# peers on one gloo rank: the losses must be bitwise equal (same init, data, schedule and loss
+# functions, imported from them). PYTHON: one with torch (Debian's python3-torch: /usr/bin/python3).
+#   bash bench/peer/check_plain.sh [PYTHON]
 set -uo pipefail
 PY=${1:-python3}
 DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -10,6 +12,7 @@ TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 fail=0
 "$PY" "$DIR/plain_loop.py" --check || fail=1
+"$PY" "$DIR/check_compiled_llama.py" || fail=1
 MT=(--device cpu --input-dim 16 --hidden 32 --output-dim 8 --trunk-layers 2 --tasks 3 --batch 8 --steps 6 --warmup 1)
 LO=(--device cpu --layers 1 --d-model 16 --heads 2 --d-ff 32 --vocab 32 --seq-len 8 --tasks 3 --tasks-per-rank 2 --batch 4 --steps 4 --warmup 1)
 pair() {  # NAME DDP_SCRIPT PLAIN_MODEL ARGS...
