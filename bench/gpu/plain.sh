@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # One GPU: thetad all-resident (or, offload=1, with its θ[t] host store;
 # `mpirun -np 1 thetad run JOB`, the job YAML generated per shape) next to the plain PyTorch loop
-# (bench/peer/plain_loop.py: eager, fused AdamW, zero_grad(set_to_none=True)) on the same model,
-# data and steps, for several shapes; then
+# (bench/peer/plain_loop.py: eager, or compiled for a llama shape's compiled peer; fused AdamW,
+# zero_grad(set_to_none=True)) on the same model, data and steps, for several shapes; then
 # one table (bench/gpu/plain_table.py): step ms (median of 20-step window means after warm-up),
 # peak device GiB (thetad's device_mem_peak_bytes, the peer's max_memory_allocated), ratios.
 #
 #   bash bench/gpu/plain.sh /tmp/build      # thetad built in /tmp/build; environment: docs/gpu.md
 #
-# Results: ${OUT:-/tmp/out}/plain/<shape>/{job.yaml,thetad/,peer/}, summary.md, summary.json.
+# Results: ${OUT:-/tmp/out}/plain/<shape>/{job.yaml,thetad/,peer/}, summary.md, summary.json (a llama
+# shape's further peers in peer_<name>/, one table row per peer).
 # Environment:
 #   PLAIN_SHAPES="NAME NAME:key=value,key=value ..."  shapes to run (default: all built-in, in the
 #       order below); NAME:k=v,... overrides keys of a built-in shape, or defines a new one from
@@ -17,6 +18,8 @@
 #   PLAIN_BUDGET_S=330  runs that would start after this many seconds are skipped and listed
 #   PLAIN_CAP_S=150     timeout of one run    PLAIN_PYTHON=python3    PLAIN_TIMING=cuda-events|host
 #   PLAIN_DEVICE=cpu    run without a GPU (plumbing only: tiny shapes, no memory figures)
+#   PLAIN_LLAMA_PEERS="peft compiled"  the llama shapes' peers, each run after the shape's one
+#       thetad run (the first in peer/, the others in peer_<name>/); default: the shape's `peer`
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$ROOT" || exit 1
@@ -45,8 +48,10 @@ MPI=(mpirun -np 1 --oversubscribe --bind-to none --mca btl self,vader,tcp --mca 
 # round_robin), batch rows, init of the peer (exact: thetad's values, so the losses agree; fast:
 # the same distribution drawn on the GPU, for the large ones). lora: the transformer of
 # bench/jobs/lora-transformer.yaml (8 layers here), 2 adapters per step, frozen base. llama: the
-# Llama architecture (model.arch: llama) against Hugging Face transformers + peft
-# (bench/peer/peft_llama.py; not in the default order: bench/gpu/llama_peft.sh runs it). Steps:
+# Llama architecture (model.arch: llama) against the peer the key `peer` names: peft, Hugging Face
+# transformers + peft (bench/peer/peft_llama.py), or compiled, the same Llama written by hand with
+# SDPA and torch.compile (bench/peer/compiled_llama.py: its step 0 compiles, within
+# PLAIN_CAP_S); not in the default order (bench/gpu/llama_peft.sh runs them). Steps:
 # every task is used at least 3 times; the first `warmup` steps are left out of the windows.
 declare -A SHAPES=(
   [mlp_w1024_t24_fp32]="kind=mlp hidden=1024 trunk=8 head=2 tasks=24 batch=256 precision=fp32 init=exact steps=130"
@@ -65,8 +70,9 @@ declare -A SHAPES=(
 ORDER="mlp_w1024_t24_fp32 mlp_w4096_t24_fp32 mlp_w4096_t24_bf16 mlp_w8192_t12_bf16 lora_t48_bf16 lora_t48_fp32 mlp_d1024_t1024_fp32"
 DEFAULTS="kind=mlp hidden=4096 trunk=8 head=2 tasks=16 batch=256 precision=fp32 init=exact steps=130 warmup=10 window=20
           layers=8 d_model=2048 heads=16 kv_heads=0 d_ff=8192 vocab=32000 seq_len=512 rank=16 tpr=2 frozen=1
-          targets=q,k,v,o offload=0 cache=auto act=0 overlap=true backward=auto"
-CPU_DIMS="hidden=32 trunk=2 tasks=3 steps=50 warmup=5 window=5 layers=1 d_model=32 heads=2 d_ff=64 vocab=64 seq_len=16 rank=4 batch=8 init=exact"
+          targets=q,k,v,o offload=0 cache=auto act=0 overlap=true backward=auto peer=peft"
+CPU_DIMS="hidden=32 trunk=2 tasks=3 steps=50 warmup=5 window=5 layers=1 d_model=32 heads=2 kv_heads=1 d_ff=64 vocab=64 seq_len=16 rank=4 batch=8 init=exact"
+LLAMA_PEERS="peft compiled"  # the values of `peer` (plain_loop.py --model peft-llama, compiled-llama)
 
 log() { printf '[plain %4ds] %s\n' "$(( $(date +%s) - START ))" "$*"; }
 # spec KEY: the value of KEY in the current shape's SPEC (word-split on purpose: k=v words).
@@ -110,7 +116,7 @@ job_yaml() {  # the thetad job of the current shape on stdout
   echo "log: {level: info, progress_every_s: 10}"
 }
 
-peer_args() {  # the peer's command-line options of the current shape
+peer_args() {  # [LLAMA_PEER]: the peer's command-line options of the current shape
   local common=(--device "$DEVICE" --steps "$(spec steps)" --warmup "$(spec warmup)" --window "$(spec window)"
                 --timing "$TIMING" --precision "$(spec precision)" --tasks "$(spec tasks)" --batch "$(spec batch)")
   if [ "$(spec kind)" = mlp ]; then
@@ -122,7 +128,7 @@ peer_args() {  # the peer's command-line options of the current shape
                  --vocab "$(spec vocab)" --seq-len "$(spec seq_len)" --rank "$(spec rank)" --alpha 32
                  --targets "$(spec targets)" --tasks-per-rank "$(spec tpr)" --lr 1e-4 --seed 1234)
     if [ "$(spec kind)" = llama ]; then
-      echo --model peft-llama "${common[@]}" "${shape[@]}" --kv-heads "$(spec kv_heads)"
+      echo --model "${1:-$(spec peer)}-llama" "${common[@]}" "${shape[@]}" --kv-heads "$(spec kv_heads)"
     else
       echo --model lora "${common[@]}" "${shape[@]}" "$([ "$(spec frozen)" = 1 ] && echo --frozen-base)"
     fi
@@ -147,11 +153,19 @@ run_one() {  # LABEL LOGDIR command...: under timeout, in its own process group;
 
 {
   echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)  commit: $(git rev-parse --short HEAD 2>/dev/null)$(git diff --quiet HEAD 2>/dev/null || echo ' (+local changes)')"
-  echo "command: bash bench/gpu/plain.sh $BUILD  PLAIN_SHAPES='${PLAIN_SHAPES:-}' PLAIN_STEPS='${PLAIN_STEPS:-}' timing: $TIMING"
+  echo "command: bash bench/gpu/plain.sh $BUILD  PLAIN_SHAPES='${PLAIN_SHAPES:-}' PLAIN_STEPS='${PLAIN_STEPS:-}' PLAIN_LLAMA_PEERS='${PLAIN_LLAMA_PEERS:-}' timing: $TIMING"
   [ "$DEVICE" = cuda ] && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   "$PY" -c 'import torch; print("torch", torch.__version__)' 2>&1
 } > "$OUT/env.txt"
 cat "$OUT/env.txt"
+is_llama_peer() { case " $LLAMA_PEERS " in *" $1 "*) return 0 ;; esac; return 1; }
+for p in ${PLAIN_LLAMA_PEERS:-}; do
+  is_llama_peer "$p" || { echo "bench/gpu/plain.sh: PLAIN_LLAMA_PEERS: unknown peer '$p' (known: $LLAMA_PEERS)" >&2; exit 2; }
+done
+# shellcheck disable=SC2086
+if [ -n "$(printf '%s\n' ${PLAIN_LLAMA_PEERS:-} | sort | uniq -d)" ]; then
+  echo "bench/gpu/plain.sh: PLAIN_LLAMA_PEERS: '$PLAIN_LLAMA_PEERS' names a peer twice" >&2; exit 2
+fi
 NAMES=() SPECS=()
 for entry in ${PLAIN_SHAPES:-$ORDER}; do  # every shape checked before anything runs
   name=${entry%%:*}
@@ -162,10 +176,15 @@ for entry in ${PLAIN_SHAPES:-$ORDER}; do  # every shape checked before anything 
   for kv in $over; do
     case "$KNOWN" in *" ${kv%%=*} "*) ;; *) echo "bench/gpu/plain.sh: PLAIN_SHAPES: unknown key '${kv%%=*}' in '$entry' (known:$KNOWN)" >&2; exit 2 ;; esac
   done
-  # shellcheck disable=SC2046,SC2086
   # A shape with overrides is its own row (and folder, and job name): NAME_key-value_...
-  label=$name; [ -n "$over" ] && label="${name}_$(echo $over | tr ' =' '_-')"
-  NAMES+=("$label") SPECS+=("$(resolve $DEFAULTS ${SHAPES[$name]:-} $over $([ "$DEVICE" = cpu ] && echo $CPU_DIMS) ${PLAIN_STEPS:+steps=$PLAIN_STEPS})")
+  label=$name; [ -n "$over" ] && label="${name}_$(echo "$over" | tr ' =' '_-')"
+  # shellcheck disable=SC2046,SC2086
+  SPEC=$(resolve $DEFAULTS ${SHAPES[$name]:-} $over $([ "$DEVICE" = cpu ] && echo $CPU_DIMS) ${PLAIN_STEPS:+steps=$PLAIN_STEPS})
+  is_llama_peer "$(spec peer)" || { echo "bench/gpu/plain.sh: PLAIN_SHAPES: '$entry': peer=$(spec peer) is not one of: $LLAMA_PEERS" >&2; exit 2; }
+  # A llama shape's peers, in order (plain_table.py reads them): the first runs in peer/.
+  # shellcheck disable=SC2086
+  [ "$(spec kind)" = llama ] && SPEC="$SPEC peers=$(echo ${PLAIN_LLAMA_PEERS:-$(spec peer)} | tr ' ' ,)"
+  NAMES+=("$label") SPECS+=("$SPEC")
 done
 for i in "${!NAMES[@]}"; do
   NAME=${NAMES[$i]} SPEC=${SPECS[$i]} DIR=$OUT/${NAMES[$i]}
@@ -173,8 +192,13 @@ for i in "${!NAMES[@]}"; do
   echo "$SPEC" > "$DIR/spec.txt"
   job_yaml > "$DIR/job.yaml"
   run_one thetad "$DIR/thetad" "${MPI[@]}" "$THETAD" run "$DIR/job.yaml" --no-resume
-  # shellcheck disable=SC2046
-  run_one peer "$DIR/peer" "$PY" bench/peer/plain_loop.py $(peer_args) --out "$DIR/peer/result.json"
+  peers=$(spec peers | tr , ' ') folder=peer
+  for p in ${peers:-""}; do  # one peer (mlp, lora), or each of a llama shape's: peer/, peer_NAME/...
+    [ "$folder" = peer ] || folder=peer_$p
+    # shellcheck disable=SC2046
+    run_one "$folder" "$DIR/$folder" "$PY" bench/peer/plain_loop.py $(peer_args "$p") --out "$DIR/$folder/result.json"
+    folder=
+  done
 done
 log "done; table:"
 "$PY" bench/gpu/plain_table.py "$OUT" "${NAMES[@]}"

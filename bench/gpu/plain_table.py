@@ -4,12 +4,15 @@
     python3 bench/gpu/plain_table.py OUT_DIR SHAPE...
 
 Per shape OUT_DIR/SHAPE/ holds spec.txt (key=value ..., warmup and window included),
-thetad/metrics.jsonl and peer/result.json (bench/peer/plain_loop.py). Step ms: the median (and
+thetad/metrics.jsonl and peer/result.json (bench/peer/plain_loop.py). A llama shape run against
+several peers (spec `peers=peft,compiled`: the first in peer/, the others in peer_NAME/) has a row
+per peer, the peer named after the shape; one peer, one row as any shape's. Step ms: the median (and
 min-max) of the means of windows of `window` steps after `warmup` steps, the same windows on both
 sides (thetad's per-step step_ms add up to its run time, as the peer's windows measure
 throughput). Peak: thetad's device_mem_peak_bytes (max over steps), the peer's
 max_memory_allocated (reserved in summary.json). Loss: the mean over the last window, both sides.
-Writes OUT_DIR/summary.md and summary.json; prints the table.
+Writes OUT_DIR/summary.md and summary.json (per shape: spec, thetad, peer, last_window_loss; a
+further peer's side as peer_NAME, its losses as last_window_loss_peer_NAME); prints the table.
 """
 import json
 import os
@@ -62,6 +65,14 @@ def peer_side(d):
     return r
 
 
+def peer_dirs(spec):
+    """[(row label suffix, folder)] of a shape's peers: one unnamed, or each of several llama peers."""
+    peers = [p for p in spec.get("peers", "").split(",") if p]
+    if len(peers) < 2:
+        return [("", "peer")]
+    return [(" (peer: %s)" % p, "peer" if i == 0 else "peer_" + p) for i, p in enumerate(peers)]
+
+
 def last_window_loss(r, window):
     xs = [v for v in (r.get("losses") or [])[-window:] if isinstance(v, (int, float))]
     return statistics.mean(xs) if xs else None
@@ -75,6 +86,21 @@ def ratio(a, b):
     return "%.2f" % (a / b) if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b else "-"
 
 
+def ms(r):
+    if r.get("step_ms_median") is None:
+        return "failed (%s)" % r["status"] if r["status"] != "rc 0" else "no windows"
+    return "%s (%s–%s)" % (fmt(r["step_ms_median"]), fmt(r["step_ms_min"]), fmt(r["step_ms_max"]))
+
+
+def row(label, t, p, lt, lp):
+    """A table row: thetad's side `t` against a peer's side `p`."""
+    note = p.get("error") or ""
+    return "| %s | %s | %s | %s | %s | %s | %s | %s / %s | %s |" % (
+        label, ms(t), ms(p), ratio(t.get("step_ms_median"), p.get("step_ms_median")),
+        fmt(t.get("peak_mem_bytes"), GIB), fmt(p.get("peak_mem_bytes"), GIB),
+        ratio(t.get("peak_mem_bytes"), p.get("peak_mem_bytes")), fmt(lt, 1, 4), fmt(lp, 1, 4), note[:80])
+
+
 def main():
     out, names = sys.argv[1], sys.argv[2:]
     rows, summary = [], {}
@@ -82,19 +108,17 @@ def main():
         d = os.path.join(out, name)
         spec = read_spec(os.path.join(d, "spec.txt"))
         warmup, window = int(spec.get("warmup", 10)), int(spec.get("window", 20))
-        t, p = thetad_side(os.path.join(d, "thetad"), warmup, window), peer_side(os.path.join(d, "peer"))
-        lt, lp = last_window_loss(t, window), last_window_loss(p, window)
-        summary[name] = {"spec": spec, "thetad": t, "peer": p, "last_window_loss": [lt, lp]}
-
-        def ms(r):
-            if r.get("step_ms_median") is None:
-                return "failed (%s)" % r["status"] if r["status"] != "rc 0" else "no windows"
-            return "%s (%s–%s)" % (fmt(r["step_ms_median"]), fmt(r["step_ms_min"]), fmt(r["step_ms_max"]))
-        note = p.get("error") or ""
-        rows.append("| %s | %s | %s | %s | %s | %s | %s | %s / %s | %s |" % (
-            name, ms(t), ms(p), ratio(t.get("step_ms_median"), p.get("step_ms_median")),
-            fmt(t.get("peak_mem_bytes"), GIB), fmt(p.get("peak_mem_bytes"), GIB),
-            ratio(t.get("peak_mem_bytes"), p.get("peak_mem_bytes")), fmt(lt, 1, 4), fmt(lp, 1, 4), note[:80]))
+        t = thetad_side(os.path.join(d, "thetad"), warmup, window)
+        lt = last_window_loss(t, window)
+        for suffix, folder in peer_dirs(spec):
+            p = peer_side(os.path.join(d, folder))
+            lp = last_window_loss(p, window)
+            if folder == "peer":
+                summary[name] = {"spec": spec, "thetad": t, "peer": p, "last_window_loss": [lt, lp]}
+            else:
+                summary[name][folder] = p
+                summary[name]["last_window_loss_" + folder] = [lt, lp]
+            rows.append(row(name + suffix, t, p, lt, lp))
     head = ["| shape | thetad step ms, median (min–max) of windows | plain peer step ms | ratio | thetad peak GiB "
             "| peer peak GiB | ratio | loss, last window, thetad / peer | note |",
             "|---|---|---|---|---|---|---|---|---|"]
