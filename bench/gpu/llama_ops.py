@@ -3,7 +3,15 @@
 grouped-query attention with key/value heads repeated against SDPA's own GQA, RMSNorm as a
 formula against the fused op, rotary positions. Tells where a layer's time goes besides its GEMMs.
 
+--floor: the step's compute-bound work alone, the floor of a LoRA step on a frozen base at this
+shape: every layer's base GEMMs (q/k/v joined, o, gate/up joined, down) forward and backward to
+their inputs, grouped-query flash attention forward and backward, the output layer forward and
+backward to its input; nothing else (no norms, rotary, SwiGLU, residual adds, adapters, loss).
+Printed for the rows at once and for one row at a time (a pass per task), with the share of
+--peak (dense bf16 TFLOP/s) each reaches.
+
     python3 bench/gpu/llama_ops.py [--rows 8 --seq 2048 --d 2048 --heads 32 --kv 4]
+    python3 bench/gpu/llama_ops.py --floor [--layers 22 --ff 5632 --vocab 32000 --peak 989]
 """
 import argparse
 
@@ -31,7 +39,16 @@ def main():
     p.add_argument("--d", type=int, default=2048)
     p.add_argument("--heads", type=int, default=32)
     p.add_argument("--kv", type=int, default=4)
+    p.add_argument("--floor", action="store_true")
+    p.add_argument("--layers", type=int, default=22)
+    p.add_argument("--ff", type=int, default=5632)
+    p.add_argument("--vocab", type=int, default=32000)
+    p.add_argument("--peak", type=float, default=989.0)
     a = p.parse_args()
+    if a.floor:
+        for rows in (a.rows, 1):
+            floor(a, rows)
+        return
     dh, rep = a.d // a.heads, a.heads // a.kv
     dev, bf = "cuda", torch.bfloat16
     q = torch.randn(a.rows, a.heads, a.seq, dh, device=dev, dtype=bf, requires_grad=True)
@@ -76,6 +93,46 @@ def main():
             print(f"{name:28s} {ms:8.3f} ms fwd+bwd{extra}")
         except Exception as e:  # an op this PyTorch lacks
             print(f"{name:28s} failed: {str(e).splitlines()[0][:100]}")
+
+
+def floor(a, rows):
+    """The compute-bound work of a step of a.rows rows, run `rows` rows at a time."""
+    dev, bf, dh = "cuda", torch.bfloat16, a.d // a.heads
+    t = rows * a.seq
+    kv = a.kv * dh
+    mats = [(a.d + 2 * kv, a.d), (a.d, a.d), (2 * a.ff, a.d), (a.d, a.ff)]  # [out, in]
+    ws = [torch.randn(o, i, device=dev, dtype=bf) * 0.02 for o, i in mats]
+    xs = [torch.randn(t, i, device=dev, dtype=bf) for _, i in mats]
+    gs = [torch.randn(t, o, device=dev, dtype=bf) for o, _ in mats]
+    head = torch.randn(a.vocab, a.d, device=dev, dtype=bf) * 0.02
+    q = torch.randn(rows, a.heads, a.seq, dh, device=dev, dtype=bf, requires_grad=True)
+    k = torch.randn(rows, a.kv, a.seq, dh, device=dev, dtype=bf, requires_grad=True)
+    v = torch.randn(rows, a.kv, a.seq, dh, device=dev, dtype=bf, requires_grad=True)
+    go = torch.randn(rows, a.heads, a.seq, dh, device=dev, dtype=bf)
+
+    def gemms():
+        for w, x, g in zip(ws, xs, gs):
+            torch.mm(x, w.t())  # forward
+            torch.mm(g, w)      # backward to the input
+
+    def attention():
+        F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True).backward(go)
+
+    h, g_logits = xs[1], torch.randn(t, a.vocab, device=dev, dtype=bf)
+
+    def output_layer():
+        torch.mm(h, head.t())
+        torch.mm(g_logits, head)
+
+    parts = {"layer GEMMs": timed(gemms), "attention": timed(attention), "output layer": timed(output_layer)}
+    passes = a.rows // rows
+    ms = passes * (a.layers * (parts["layer GEMMs"] + parts["attention"]) + parts["output layer"])
+    per_token = 2 * 2 * (sum(o * i for o, i in mats) * a.layers + a.vocab * a.d)  # forward + backward to inputs
+    attn = a.layers * 4 * a.heads * a.seq * dh / 2 * 3.5  # per token: causal, forward + backward (2.5x)
+    tflop = a.rows * a.seq * (per_token + attn) / 1e12
+    print(f"floor, {passes} pass(es) of {rows} x {a.seq}: {ms:.1f} ms for {tflop:.1f} TFLOP = "
+          f"{tflop / ms * 1e3:.0f} TFLOP/s ({tflop / ms * 1e3 / a.peak:.0%} of {a.peak:.0f}); per layer and pass: "
+          + ", ".join(f"{n} {v:.3f} ms" for n, v in parts.items()))
 
 
 if __name__ == "__main__":

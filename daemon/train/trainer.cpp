@@ -18,6 +18,7 @@
 #include "common/errors.hpp"
 #include "common/log.hpp"
 #include "daemon/plan/job_options.hpp"
+#include "daemon/train/device_profile.hpp"
 #include "daemon/train/stop_agreement.hpp"
 #include "daemon/train/trainer_class.hpp"
 
@@ -94,9 +95,11 @@ int Trainer::run() {
     pending.reset();
   };
   const RecordOnError record_on_error(*recorder_, pending);
+  DeviceProfile profile(world_.rank);
   for (int64_t step = start_step; step < job_.steps; ++step) {
     const auto t_step = Clock::now();
     auto cur = std::make_unique<PendingStep>(step, world_.rank);
+    profile.before_step(step);
     train_step(step, *cur);
     const bool skip = !lagged_check && nonfinite(step, loss_total_.item<double>(), cur->rec);
     {
@@ -106,6 +109,7 @@ int Trainer::run() {
       recorder_->queue_losses(*cur, loss_total_, task_losses_);
     }
     record_engine_stats(cur->rec);
+    profile.after_step(step);
     // Step `step` is queued; the previous one has (nearly) finished on the device.
     flush();
     pending = std::move(cur);

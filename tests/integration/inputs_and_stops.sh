@@ -3,7 +3,9 @@
 # the file, within seconds, never a hang); a stop signal ends a
 # process whose start-up is stuck (exit 4 with a line saying so); {job} and {rank} are expanded in
 # data.dir and model.path; a TorchScript model whose output shape differs from the targets is
-# exit 2 naming both shapes; a stop without checkpoint.dir says nothing is written.
+# exit 2 naming both shapes; a stop without checkpoint.dir says nothing is written;
+# THETAD_DEVICE_PROFILE: malformed is exit 2 naming it, valid traces its steps (a LibTorch without
+# Kineto, Debian's: a warning, and the run goes on).
 source "$(dirname "$0")/lib.sh"
 thetad=$1
 job=$HERE/jobs/small.yaml
@@ -82,4 +84,10 @@ if $py -c 'import torch' 2>/dev/null; then
 else
   echo "python3-torch missing: TorchScript part skipped"
 fi
+expect_code 2 profile_malformed env THETAD_DEVICE_PROFILE=2:1:"$WORK/trace.json" "$thetad" run "$job" --set steps=3 --no-resume
+expect_in profile_malformed "THETAD_DEVICE_PROFILE: '2:1:.*trace.json' is not FIRST:LAST:PATH"
+expect_code 0 profile env THETAD_DEVICE_PROFILE=1:2:"$WORK/trace.json" "$thetad" run "$job" --set steps=3 --no-resume --set log.level=info
+if grep -q "THETAD_DEVICE_PROFILE: no trace" "$WORK/profile.log"; then pass "profile: no Kineto here, the run went on"
+elif [ -s "$WORK/trace.json" ]; then expect_in profile "THETAD_DEVICE_PROFILE: steps 1..2 written to"
+else fail "profile: neither a trace nor a warning"; fi
 finish
