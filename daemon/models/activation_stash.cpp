@@ -62,10 +62,12 @@ int64_t PooledActivationStash::put(int layer, std::vector<torch::Tensor> saved) 
   const int64_t t_us = Timeline::now_us();
   Entry e;
   e.layer = layer;
+  // Contiguous first (a view of a joined GEMM's output is not), then the fence: the copies
+  // must wait for the compute that makes what they read.
   std::vector<torch::Tensor> src;
+  for (const auto& t : saved) src.push_back(t.contiguous());
   const offload::Fence after = device_->record_compute();
-  for (const auto& t : saved) {
-    torch::Tensor c = t.contiguous();
+  for (const torch::Tensor& c : src) {
     Saved s;
     s.bytes = static_cast<size_t>(c.nbytes());
     s.host = host_buffer(s.bytes);
@@ -76,7 +78,6 @@ int64_t PooledActivationStash::put(int layer, std::vector<torch::Tensor> saved) 
     e.d2h = device_->d2h(s.host.ptr, c.data_ptr(), s.bytes, after);
     e.bytes += static_cast<int64_t>(s.bytes);
     e.saved.push_back(std::move(s));
-    src.push_back(std::move(c));
   }
   stats_.d2h_bytes += e.bytes;
   stats_.layer_peak_bytes = std::max(stats_.layer_peak_bytes, e.bytes);
