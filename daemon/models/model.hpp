@@ -86,10 +86,9 @@ class SlotPass {
   // Each part's loss (its mean): x holds every part's rows in order, ys each part's targets.
   // The same function as TaskModel::losses of those tasks, with the tasks' parameters bound.
   virtual std::vector<torch::Tensor> losses(const torch::Tensor& x, const std::vector<torch::Tensor>& ys) = 0;
-  // Task `task` at position i: each of its parameters (by name) with its gradient, a view into
-  // `slot_grads` (the gradients of slots(), in their order).
-  virtual std::vector<std::pair<std::string, torch::Tensor>> grads(int task, int i,
-                                                                   const std::vector<torch::Tensor>& slot_grads) const = 0;
+  // Task `task`'s parameter (by name) in each slot, in slots()' order: at position i of the
+  // pass, its gradient is the slot's gradient at index i of its first dimension.
+  virtual std::vector<std::string> slot_params(int task) const = 0;
 };
 
 class TaskModel {

@@ -2,22 +2,23 @@
 // family (llama, mistral, qwen2, qwen3).
 #include "daemon/models/transformer.hpp"
 
-#include <torch/version.h>
-
 #include <algorithm>
 #include <array>
 #include <cmath>
-#include <limits>
 #include <string>
 #include <vector>
 
 #include "common/errors.hpp"
 
+#include "daemon/models/decoder_ops.hpp"
 #include "daemon/models/ffn_activation.hpp"
+#include "daemon/models/fused_llama_ops.hpp"
 #include "daemon/models/fused_cross_entropy.hpp"
+#include "daemon/models/joined_linear.hpp"
 #include "daemon/models/param_builder.hpp"
 #include "daemon/models/precision.hpp"
 #include "daemon/models/rotary.hpp"
+#include "daemon/plan/placement.hpp"
 
 namespace thetad::daemon {
 namespace {
@@ -29,6 +30,11 @@ enum Target { kQ, kK, kV, kO, kGate, kUp, kDown, kTargets };
 constexpr std::array<const char*, kTargets> kTargetNames = {"q", "k", "v", "o", "gate", "up", "down"};
 constexpr std::array<const char*, kTargets> kParamNames = {"attn.q", "attn.k", "attn.v", "attn.o",
                                                            "mlp.gate", "mlp.up", "mlp.down"};
+
+// The targets that read one input: a layer's GEMMs (and its adapters) in four groups, joined into
+// one GEMM each where the base is frozen (daemon/models/joined_linear.hpp).
+enum Projection { kQkv, kAttnOut, kGateUp, kFfnOut, kProjections };
+const std::array<std::vector<int>, kProjections> kMembers = {{{kQ, kK, kV}, {kO}, {kGate, kUp}, {kDown}}};
 
 int target_of(const std::string& word) {
   for (int i = 0; i < kTargets; ++i)
@@ -45,12 +51,16 @@ struct Block {
   std::array<torch::Tensor, kTargets> w;     // [out x in]; gate undefined for gpt2
   std::array<torch::Tensor, kTargets> bias;  // qwen2's q, k and v; undefined elsewhere
   torch::Tensor q_norm, k_norm;              // qwen3: RMSNorm weights [head size] of each query and key head
+  // A frozen base's projections of several targets as one matrix (and bias) whose rows the
+  // targets' parameters view; undefined where not joined.
+  std::array<torch::Tensor, kProjections> joined_w, joined_b;
 };
 
 class Transformer : public TaskModel {
  public:
   Transformer(const config::Job& job, torch::Device device, bool lazy)
       : m_(job.model), llama_(config::llama_family(job.model.arch)), train_shared_(job.model.train_shared),
+        join_base_(Placement::of(job, 1).shared == HomeKind::resident),
         masked_(job.data.loss_mask) {
     num_tasks_ = static_cast<int>(m_.tasks);
     const int64_t d = m_.d_model, ff = m_.d_ff;
@@ -134,7 +144,7 @@ class Transformer : public TaskModel {
     return head_loss(hidden_states(batch.x, {{task, batch.x.size(0)}}), batch.y);
   }
 
-  // The base once over every part's rows, each task's adapters on its own rows (lora_delta), the
+  // The base once over every part's rows, each task's adapters on its own rows (with_adapters), the
   // output layer's loss per part: each part's loss has the bits loss() gives it alone where the
   // base is frozen (every kernel but the adapters' is row-wise; the adapters' batched GEMMs
   // compute each task's product as its own GEMM does).
@@ -198,44 +208,39 @@ class Transformer : public TaskModel {
     // (A frozen base may hold the embedding in bf16, where that is exact: widened here.)
     torch::Tensor h = embed_.index_select(0, x.reshape({-1})).to(torch::kFloat32).view({rows, seq, d});
     if (!llama_) h = h + pos_.narrow(0, 0, seq);
+    if (join_base_) join_frozen_base();
     for (size_t i = 0; i < blocks_.size(); ++i) {
       const Block& b = blocks_[i];
       const Layer l{b, i, segments, slots};
-      const torch::Tensor a = norm(h, b.ln1_w, b.ln1_b);
-      torch::Tensor q = linear(a, l, kQ), k = linear(a, l, kK);
-      if (qk_norm_) {  // qwen3: each query and key head RMS-normed before the rotary positions
-        q = head_norm(q, b.q_norm);
-        k = head_norm(k, b.k_norm);
+      const Projected qkv = project(compute_dtype(norm(h, b.ln1_w, b.ln1_b)), l, kQkv);
+      torch::Tensor attended;
+      if (llama_ && !qk_norm_ && fused_kernels_for(qkv.joined)) {  // one pass: rotated, in SDPA's layout
+        const auto [q, k, v] = rotary_split(qkv.joined, rotary_, m_.heads, kv_heads_, dh_);
+        attended = causal_attention(q, k, v, m_.heads, kv_heads_, dh_, nullptr);
+      } else {
+        torch::Tensor q = qkv.out[kQ], k = qkv.out[kK];
+        if (qk_norm_) {  // qwen3: each query and key head RMS-normed before the rotary positions
+          q = head_norm(q, b.q_norm);
+          k = head_norm(k, b.k_norm);
+        }
+        attended = attention(q, k, qkv.out[kV]);
       }
-      h = h + linear(attention(q, k, linear(a, l, kV)), l, kO);
-      const torch::Tensor f = norm(h, b.ln2_w, b.ln2_b);
+      h = h + project(attended, l, kAttnOut).out[kO];
       // gpt2: down(gelu(up f)); llama (SwiGLU): down(silu(gate f) * up f). Their inputs, d_ff
       // wide, are what offload.activations sends to the host.
-      const torch::Tensor gate = llama_ ? linear(f, l, kGate) : torch::Tensor();
-      const torch::Tensor inner = ffn_activation(gate, linear(f, l, kUp), static_cast<int>(i), stash_);
-      h = h + linear(inner, l, kDown);
+      const Projected gate_up = project(compute_dtype(norm(h, b.ln2_w, b.ln2_b)), l, kGateUp);
+      const torch::Tensor inner = llama_ && fused_kernels_for(gate_up.joined)
+                                      ? swiglu_joined(gate_up.joined, static_cast<int>(i), stash_)
+                                      : ffn_activation(gate_up.out[kGate], gate_up.out[kUp], static_cast<int>(i), stash_);
+      h = h + project(inner, l, kFfnOut).out[kDown];
     }
     return norm(h, lnf_w_, lnf_b_);
   }
 
-  // In float32 whatever the compute dtype (as autocast does on GPUs, and as Hugging Face's
-  // LlamaRMSNorm does): LayerNorm (gpt2) or RMSNorm x / sqrt(mean(x^2) + eps) * w (llama).
   torch::Tensor norm(const torch::Tensor& h, const torch::Tensor& w, const torch::Tensor& b) const {
-    const torch::Tensor h32 = h.to(torch::kFloat32);
-    if (!llama_) return torch::layer_norm(h32, {m_.d_model}, w, b, m_.norm_eps);
-#if THETAD_TORCH_CUDA && (TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 8))
-    // One fused kernel each way on GPUs, where the formula is five passes over the activations.
-    if (h32.is_cuda()) return at::rms_norm(h32, {m_.d_model}, w, m_.norm_eps);
-#endif
-    return w * (h32 * torch::rsqrt(h32.pow(2).mean(-1, /*keepdim=*/true) + m_.norm_eps));
+    return block_norm(h, w, b, /*rms=*/llama_, m_.norm_eps);
   }
-
-  // Hugging Face's RMSNorm of each head of x [rows, seq, heads x head size] with weight w [head
-  // size], in float32.
-  torch::Tensor head_norm(const torch::Tensor& x, const torch::Tensor& w) const {
-    const torch::Tensor h32 = x.view({x.size(0), x.size(1), -1, dh_}).to(torch::kFloat32);
-    return (w * (h32 * torch::rsqrt(h32.pow(2).mean(-1, /*keepdim=*/true) + m_.norm_eps))).view(x.sizes());
-  }
+  torch::Tensor head_norm(const torch::Tensor& x, const torch::Tensor& w) const { return head_rms_norm(x, w, dh_, m_.norm_eps); }
 
   // One block of a pass: its base weights, its index (the adapters' layer), the pass's tasks and
   // where their adapters are read (the model's, or slots).
@@ -246,103 +251,131 @@ class Transformer : public TaskModel {
     const SlotTensors* slots;
   };
 
-  // x W^T (+ bias: qwen2's q, k, v), plus each task's LoRA path (alpha / rank) (x A^T) B^T on its
-  // rows where the target is adapted.
-  torch::Tensor linear(const torch::Tensor& x, const Layer& l, int k) const {
-    const torch::Tensor y = torch::linear(x, l.block.w[static_cast<size_t>(k)], l.block.bias[static_cast<size_t>(k)]);
-    if (!adapted_[static_cast<size_t>(k)]) return y;
-    return y + lora_delta(x, l, k) * scale_;
+  // A norm's output in the dtype its GEMMs read under autocast, cast once for all of them
+  // (autocast would cast it again for each GEMM that reads it: the base's and the adapters').
+  static torch::Tensor compute_dtype(const torch::Tensor& x) {
+    const auto dtype = active_autocast_dtype(x.device().type());
+    return dtype && x.is_floating_point() ? x.to(*dtype) : x;
+  }
+
+  // The frozen base's projections of several targets joined (join_rows), again wherever a
+  // target's parameters were re-pointed since (values loaded into the model). Parameters that
+  // take a gradient (a trained base, or one a schedule trains now) are left as they are.
+  void join_frozen_base() {
+    for (Block& b : blocks_) {
+      for (int p = 0; p < kProjections; ++p) {
+        std::vector<torch::Tensor> ws, bs;
+        for (int k : kMembers[static_cast<size_t>(p)]) {
+          if (!b.w[static_cast<size_t>(k)].defined()) continue;
+          ws.push_back(b.w[static_cast<size_t>(k)]);
+          if (b.bias[static_cast<size_t>(k)].defined()) bs.push_back(b.bias[static_cast<size_t>(k)]);
+        }
+        if (ws.size() < 2 || trained(ws) || joined_in(b.joined_w[static_cast<size_t>(p)], ws)) continue;
+        b.joined_w[static_cast<size_t>(p)] = join_rows(ws);
+        b.joined_b[static_cast<size_t>(p)] = bs.size() == ws.size() ? join_rows(bs) : torch::Tensor();
+        if (!bs.empty() && !b.joined_b[static_cast<size_t>(p)].defined()) b.joined_w[static_cast<size_t>(p)] = torch::Tensor();
+      }
+    }
+  }
+
+  // The outputs of projection p's targets on x, indexed by target (undefined: not in p, or no
+  // such matrix: gpt2's gate): x W^T (+ bias: qwen2's q, k, v) plus each task's LoRA path
+  // (alpha / rank) (x A^T) B^T on its rows where the target is adapted. One GEMM over the joined
+  // matrix where the base is, the targets' outputs being views of its output.
+  struct Projected {
+    std::array<torch::Tensor, kTargets> out;
+    torch::Tensor joined;  // the joined GEMM's output, whose columns `out` views; else undefined
+  };
+  Projected project(const torch::Tensor& x, const Layer& l, int p) const {
+    const Block& b = l.block;
+    std::vector<int> ks;
+    std::vector<int64_t> outs;
+    for (int k : kMembers[static_cast<size_t>(p)]) {
+      if (!b.w[static_cast<size_t>(k)].defined()) continue;
+      ks.push_back(k);
+      outs.push_back(b.w[static_cast<size_t>(k)].size(0));
+    }
+    Projected out;
+    if (b.joined_w[static_cast<size_t>(p)].defined() && !trained({b.w[static_cast<size_t>(ks.front())]})) {
+      out.joined = with_adapters(torch::linear(x, b.joined_w[static_cast<size_t>(p)], b.joined_b[static_cast<size_t>(p)]), x, l, ks, outs);
+      const std::vector<torch::Tensor> parts = out.joined.split_with_sizes(outs, -1);
+      for (size_t i = 0; i < ks.size(); ++i) out.out[static_cast<size_t>(ks[i])] = parts[i];
+      return out;
+    }
+    for (size_t i = 0; i < ks.size(); ++i) {
+      const size_t k = static_cast<size_t>(ks[i]);
+      out.out[k] = with_adapters(torch::linear(x, b.w[k], b.bias[k]), x, l, {ks[i]}, {outs[i]});
+    }
+    return out;
+  }
+
+  static bool trained(const std::vector<torch::Tensor>& ws) {
+    return std::any_of(ws.begin(), ws.end(), [](const torch::Tensor& w) { return w.requires_grad(); });
   }
 
   const Lora& adapter(int task, size_t layer, int k) const {
     return lora_[static_cast<size_t>(task)][layer][static_cast<size_t>(k)];
   }
 
-  // (x A^T) B^T of each segment's task on its rows. Segments of equal rows (the schedule's
-  // usual split) take two batched GEMMs over all tasks at once, where a GEMM pair per task would
-  // launch 2 x tasks small kernels per target and layer.
-  torch::Tensor lora_delta(const torch::Tensor& x, const Layer& l, int k) const {
+  // y, the output of targets `ks` (of out sizes `outs`) on x, plus each segment's task's
+  // adapters on its rows. Segments of equal rows (the schedule's usual split) take two batched
+  // GEMMs over all tasks at once; their adapters are stacked (or read from slots, stacked
+  // already), where a GEMM pair per task would launch 2 x tasks small kernels per target.
+  torch::Tensor with_adapters(const torch::Tensor& y, const torch::Tensor& x, const Layer& l, const std::vector<int>& ks,
+                              const std::vector<int64_t>& outs) const {
+    if (std::none_of(ks.begin(), ks.end(), [&](int k) { return adapted_[static_cast<size_t>(k)]; })) return y;
     const Segments& seg = l.segments;
-    if (l.slots) {
-      const Lora& s = (*l.slots)[l.index][static_cast<size_t>(k)];
-      if (seg.size() == 1) return torch::linear(torch::linear(x, s.a.select(0, 0)), s.b.select(0, 0));
-      return batched_delta(x, s.a, s.b);
-    }
-    if (seg.size() == 1) {
-      const Lora& a = adapter(seg.front().task, l.index, k);
-      return torch::linear(torch::linear(x, a.a), a.b);
-    }
-    const bool equal = std::all_of(seg.begin(), seg.end(), [&](const Segment& s) { return s.rows == seg.front().rows; });
-    if (equal) {
+    // The stacked adapters [n, ...] of the tasks `tasks` (slots: the pass's), joined over ks.
+    const auto joined = [&](const std::vector<int>& tasks) {
       std::vector<torch::Tensor> as, bs;
-      for (const Segment& s : seg) {
-        as.push_back(adapter(s.task, l.index, k).a);
-        bs.push_back(adapter(s.task, l.index, k).b);
+      for (int k : ks) {
+        if (!adapted_[static_cast<size_t>(k)]) {
+          bs.emplace_back();
+          continue;
+        }
+        if (l.slots) {
+          const Lora& s = (*l.slots)[l.index][static_cast<size_t>(k)];
+          as.push_back(s.a);
+          bs.push_back(s.b);
+          continue;
+        }
+        std::vector<torch::Tensor> ta, tb;
+        for (int t : tasks) {
+          ta.push_back(adapter(t, l.index, k).a);
+          tb.push_back(adapter(t, l.index, k).b);
+        }
+        as.push_back(torch::stack(ta));
+        bs.push_back(torch::stack(tb));
       }
-      return batched_delta(x, torch::stack(as), torch::stack(bs));
+      return std::pair{join_lora_a(as), join_lora_b(bs, outs)};
+    };
+    const bool equal = std::all_of(seg.begin(), seg.end(), [&](const Segment& s) { return s.rows == seg.front().rows; });
+    if (l.slots || equal) {
+      std::vector<int> tasks;
+      for (const Segment& s : seg) tasks.push_back(s.task);
+      const auto [a, b] = joined(tasks);
+      return add_lora(y, x, a, b, scale_);
     }
     std::vector<int64_t> rows;
     for (const Segment& s : seg) rows.push_back(s.rows);
-    const std::vector<torch::Tensor> xs = x.split_with_sizes(rows);
-    std::vector<torch::Tensor> ds;
+    const std::vector<torch::Tensor> xs = x.split_with_sizes(rows), ys = y.split_with_sizes(rows);
+    std::vector<torch::Tensor> parts;
     for (size_t i = 0; i < seg.size(); ++i) {
-      const Lora& a = adapter(seg[i].task, l.index, k);
-      ds.push_back(torch::linear(torch::linear(xs[i], a.a), a.b));
+      const auto [a, b] = joined({seg[i].task});
+      parts.push_back(add_lora(ys[i], xs[i], a, b, scale_));
     }
-    return torch::cat(ds);
+    return torch::cat(parts);
   }
 
-  // x [n x rows, ..., in] through n stacked adapters a [n, rank, in], b [n, out, rank], each on
-  // its own rows.
-  static torch::Tensor batched_delta(const torch::Tensor& x, const torch::Tensor& a, const torch::Tensor& b) {
-    const torch::Tensor z = torch::bmm(x.reshape({a.size(0), -1, x.size(-1)}), a.transpose(1, 2));
-    std::vector<int64_t> shape = x.sizes().vec();
-    shape.back() = b.size(1);
-    return torch::bmm(z, b.transpose(1, 2)).view(shape);
-  }
-
-  // Causal attention over [rows, seq, heads x dh] queries and [rows, seq, kv_heads x dh] keys and
-  // values (llama: rotary positions, each key/value head shared by heads / kv_heads queries).
-  // Rows are independent sequences: a fused pass takes its tasks' rows at once.
   torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) const {
-    const int64_t rows = q.size(0), seq = q.size(1);
-    const auto split = [&](const torch::Tensor& t, int64_t heads) { return t.view({rows, seq, heads, dh_}).transpose(1, 2); };
-    torch::Tensor qh = split(q, m_.heads), kh = split(k, kv_heads_), vh = split(v, kv_heads_);
-    if (llama_) {
-      qh = rotary_.rotate(qh);
-      kh = rotary_.rotate(kh);
-    }
-    torch::Tensor out;
-#if THETAD_TORCH_CUDA && (TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 5))
-    // The fused kernel (flash / memory-efficient attention), grouped-query heads read in place:
-    // repeating them would write and read back heads / kv_heads copies of every key and value.
-    if (qh.is_cuda())
-      out = at::scaled_dot_product_attention(qh, kh, vh, {}, 0.0, /*is_causal=*/true, std::nullopt,
-                                             /*enable_gqa=*/kv_heads_ != m_.heads);
-#elif THETAD_TORCH_CUDA && TORCH_VERSION_MAJOR >= 2
-    if (qh.is_cuda()) out = at::scaled_dot_product_attention(qh, repeat_kv(kh), repeat_kv(vh), {}, 0.0, /*is_causal=*/true);
-#endif
-    if (!out.defined()) {
-      kh = repeat_kv(kh);
-      vh = repeat_kv(vh);
-      // The plain formula; the softmax in float32.
-      const torch::Tensor scores = torch::matmul(qh, kh.transpose(-2, -1)).to(torch::kFloat32) / std::sqrt(double(dh_));
-      const torch::Tensor mask = torch::ones({seq, seq}, torch::TensorOptions().dtype(torch::kBool).device(q.device())).triu(1);
-      const torch::Tensor p = torch::softmax(scores.masked_fill(mask, -std::numeric_limits<float>::infinity()), -1);
-      out = torch::matmul(p.to(vh.scalar_type()), vh);
-    }
-    return out.transpose(1, 2).reshape({rows, seq, m_.heads * dh_});
-  }
-
-  // Each key/value head repeated for the heads / kv_heads query heads that share it.
-  torch::Tensor repeat_kv(const torch::Tensor& t) const {
-    return kv_heads_ == m_.heads ? t : t.repeat_interleave(m_.heads / kv_heads_, 1);
+    return causal_attention(q, k, v, m_.heads, kv_heads_, dh_, llama_ ? &rotary_ : nullptr);
   }
 
   config::ModelConfig m_;
   bool llama_;
   bool qk_norm_ = false;  // qwen3
   bool train_shared_ = true;
+  bool join_base_ = false;                // a resident base: its projections joined while frozen
   bool masked_ = false;                   // data.loss_mask
   std::array<bool, kTargets> adapted_{};  // lora.targets
   int64_t dh_ = 0, kv_heads_ = 0;
@@ -392,17 +425,15 @@ class Transformer::Slots final : public SlotPass {
     return out;
   }
 
-  std::vector<std::pair<std::string, torch::Tensor>> grads(int task, int i,
-                                                           const std::vector<torch::Tensor>& slot_grads) const override {
-    std::vector<std::pair<std::string, torch::Tensor>> out;
-    size_t leaf = 0;
+  std::vector<std::string> slot_params(int task) const override {
+    std::vector<std::string> out;
     for (size_t layer = 0; layer < slots_.size(); ++layer) {
       for (int k = 0; k < kTargets; ++k) {
         if (!slots_[layer][static_cast<size_t>(k)].a.defined()) continue;
         const std::string n = "lora." + std::to_string(task) + "." + std::to_string(layer) + "." +
                               kTargetNames[static_cast<size_t>(k)];
-        out.emplace_back(n + ".a", slot_grads.at(leaf++).select(0, i));
-        out.emplace_back(n + ".b", slot_grads.at(leaf++).select(0, i));
+        out.push_back(n + ".a");
+        out.push_back(n + ".b");
       }
     }
     return out;

@@ -48,9 +48,11 @@ void adam_group(std::vector<at::Tensor>& params, const std::vector<at::Tensor>& 
   // GPUs: one fused multi-tensor kernel for the group (PyTorch >= 2), instead of ~8 passes.
   if (!params.empty() && params[0].is_cuda()) {
     if (s.grad_scale != 1.0) at::_foreach_mul_(grads, s.grad_scale);
-    std::vector<at::Tensor> steps;
-    for (const auto& p : params)
-      steps.push_back(at::full({}, static_cast<double>(s.step), p.options().dtype(at::kFloat)));
+    // One step count read by every tensor (the kernel only reads it): a tensor of its own per
+    // parameter would be an allocation and a fill kernel each, thousands per step with many
+    // adapters, enough to fill the launch queue and stall the host behind the device.
+    const at::Tensor step = at::full({}, static_cast<double>(s.step), params[0].options().dtype(at::kFloat));
+    const std::vector<at::Tensor> steps(params.size(), step);
     if (decoupled)
       at::_fused_adamw_(params, grads, exp_avg, exp_avg_sq, {}, steps, s.lr, s.beta1, s.beta2,
                         s.weight_decay, s.eps, /*amsgrad=*/false, /*maximize=*/false);

@@ -56,16 +56,16 @@ void GradHooks::on_gradient(int p) {
   }
 }
 
-void GradHooks::deliver(int p, const torch::Tensor& g, bool lasts_window) {
-  torch::Tensor& t = groups_[p].tensor;
-  {
-    torch::NoGradGuard no_grad;
-    plane_.on_compute_stream([&] {
+void GradHooks::deliver(const std::vector<std::pair<int, torch::Tensor>>& grads, bool lasts_window) {
+  torch::NoGradGuard no_grad;
+  plane_.on_compute_stream([&] {
+    for (const auto& [p, g] : grads) {
+      torch::Tensor& t = groups_[p].tensor;
       if (t.grad().defined()) t.mutable_grad().add_(g);
       else t.mutable_grad() = lasts_window && g.is_contiguous() ? g : g.clone(torch::MemoryFormat::Contiguous);
-    });
-  }
-  on_gradient(p);
+      on_gradient(p);
+    }
+  });
 }
 
 void GradHooks::rethrow_error() {

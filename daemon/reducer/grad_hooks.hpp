@@ -47,12 +47,12 @@ class GradHooks {
   // After backward: rethrows the first exception a hook caught (its type kept: a failed
   // collective stays a CommError, exit 3), so backward itself never unwinds through autograd.
   void rethrow_error();
-  // A gradient computed outside autograd's graph of the parameter (a pass replayed from a CUDA
-  // graph: daemon/train/graphed_pass) handed over as autograd would: accumulated into .grad, or
-  // made .grad where it is undefined, then the hook. `lasts_window`: `g` stays as it is until the
-  // window's update has read it (its last pass), so .grad may be `g` itself; else a copy, since
-  // the next pass overwrites `g`.
-  void deliver(int p, const torch::Tensor& g, bool lasts_window);
+  // Gradients (parameter, gradient) computed outside autograd's graph of the parameters (a pass
+  // replayed from a CUDA graph: daemon/train/graphed_pass) handed over in order as autograd
+  // would: each accumulated into .grad, or made .grad where it is undefined, then the hook.
+  // `lasts_window`: the gradients stay as they are until the window's update has read them (its
+  // last pass), so .grad may be the gradient itself; else a copy, since the next pass overwrites it.
+  void deliver(const std::vector<std::pair<int, torch::Tensor>>& grads, bool lasts_window);
   // Parameter p's gradient in its bucket (resident groups).
   const torch::Tensor& view(int p) const { return views_[static_cast<size_t>(p)]; }
 

@@ -49,6 +49,7 @@ class GraphedPass {
   struct Shape;
   void run(Shape& s, const std::vector<double>& weights);
   void capture(Shape& s, const std::vector<double>& weights);
+  const std::vector<int>& slot_params(const Shape& s, int task);
 
   TaskModel& model_;
   ParamGroups& groups_;
@@ -57,6 +58,7 @@ class GraphedPass {
   const bool capture_;
   std::map<std::pair<int, int64_t>, std::unique_ptr<Shape>> shapes_;  // (parts, rows) -> its pass
   std::unordered_map<std::string, int> param_of_;                     // name -> parameter index
+  std::unordered_map<int, std::vector<int>> slot_params_;             // task -> its parameter per slot
   Shape* last_ = nullptr;
   std::vector<int> last_tasks_;
   int captures_ = 0;

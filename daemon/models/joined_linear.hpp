@@ -1,0 +1,39 @@
+// The transformer's linear layers as few, large GEMMs: a frozen base's matrices that read the
+// same input (q, k and v; gate and up) joined into one matrix, and the tasks' LoRA adapters on
+// those matrices joined to match, so that a layer reads its input once, writes one output and,
+// in backward, one gradient of its input, and the adapters' products land in the base GEMM's
+// output without a pass of their own.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <vector>
+
+namespace thetad::daemon {
+
+// The parts' rows (matrices [out_i, in], or vectors [out_i]) concatenated into one tensor, each
+// part then re-pointed at its own rows of it (set_data: every holder of the parameter sees the
+// view, the values are unchanged, no second copy stays). For parameters nothing updates (a
+// frozen base); an empty tensor where the parts cannot be joined (devices, dtypes or trailing
+// sizes differ, or a part is not plain contiguous memory).
+torch::Tensor join_rows(const std::vector<torch::Tensor>& parts);
+
+// Whether the parts are still consecutive row blocks of `joined` (join_rows's views): a
+// parameter re-pointed since (a checkpoint's values loaded by set_data) makes it false.
+bool joined_in(const torch::Tensor& joined, const std::vector<torch::Tensor>& parts);
+
+// The A matrices [n, r, in] of a joined matrix's adapted parts, stacked as one [n, m r, in].
+torch::Tensor join_lora_a(const std::vector<torch::Tensor>& as);
+
+// The B matrices [n, out_i, r] of a joined matrix's parts (undefined: the part is not adapted)
+// as one [n, sum out_i, m r]: the i-th adapted part's rows hold its B in that part's own r
+// columns, zeros elsewhere, so (x A^T) B^T gives every part its own adapter's product.
+torch::Tensor join_lora_b(const std::vector<torch::Tensor>& bs, const std::vector<int64_t>& outs);
+
+// y + scale (x a^T) b^T where x [rows, ..., in] and y [rows, ..., out] hold n tasks' equal
+// shares of rows in order and a [n, R, in], b [n, out, R] their adapters: the product is added
+// by the second GEMM itself (beta = 1), no pass over y of its own.
+torch::Tensor add_lora(const torch::Tensor& y, const torch::Tensor& x, const torch::Tensor& a, const torch::Tensor& b,
+                       double scale);
+
+}  // namespace thetad::daemon
