@@ -46,7 +46,7 @@ struct SwigluJoinedFn : torch::autograd::Function<SwigluJoinedFn> {
   }
 };
 
-kernels::RotaryShape shape_of(const torch::Tensor& qkv, int64_t heads, int64_t kv_heads, int64_t head) {
+kernels::RotaryShape rotary_shape(const torch::Tensor& qkv, int64_t heads, int64_t kv_heads, int64_t head) {
   return {qkv.size(0) * qkv.size(1), qkv.size(1), heads, kv_heads, head};
 }
 
@@ -58,7 +58,7 @@ struct RotarySplitFn : torch::autograd::Function<RotarySplitFn> {
     torch::Tensor k = torch::empty({rows, seq, kv_heads * head}, qkv.options());
     torch::Tensor v = torch::empty({rows, seq, kv_heads * head}, qkv.options());
     kernels::rotary_split_forward(bits(qkv), cos.data_ptr<float>(), sin.data_ptr<float>(), bits(q), bits(k), bits(v),
-                                  shape_of(qkv, heads, kv_heads, head), stream_of(qkv));
+                                  rotary_shape(qkv, heads, kv_heads, head), stream_of(qkv));
     ctx->save_for_backward({cos, sin});
     ctx->saved_data["shape"] = std::vector<int64_t>{rows, seq, heads, kv_heads, head};
     return {q, k, v};

@@ -15,13 +15,13 @@ namespace {
 
 using torch::profiler::impl::ActivityType;
 
-std::set<ActivityType> activities() {
+std::set<ActivityType> traced_activities() {
   std::set<ActivityType> a{ActivityType::CPU};
   if (torch::cuda::is_available()) a.insert(ActivityType::CUDA);
   return a;
 }
 
-torch::profiler::impl::ProfilerConfig config() {
+torch::profiler::impl::ProfilerConfig kineto_config() {
   return torch::profiler::impl::ProfilerConfig(torch::profiler::impl::ProfilerState::KINETO);
 }
 
@@ -41,7 +41,7 @@ DeviceProfile::DeviceProfile(int rank) {
   THETAD_CHECK(b != std::string::npos && end == s.c_str() + b && first_ >= 0 && last_ >= first_ && !path_.empty(),
                ConfigError, "THETAD_DEVICE_PROFILE: '", s, "' is not FIRST:LAST:PATH (steps FIRST <= LAST)");
   try {
-    torch::autograd::profiler::prepareProfiler(config(), activities());
+    torch::autograd::profiler::prepareProfiler(kineto_config(), traced_activities());
   } catch (const std::exception& e) {
     refuse(e);
   }
@@ -66,7 +66,7 @@ DeviceProfile::~DeviceProfile() {
 void DeviceProfile::before_step(int64_t step) {
   if (step != first_) return;
   try {
-    torch::autograd::profiler::enableProfiler(config(), activities());
+    torch::autograd::profiler::enableProfiler(kineto_config(), traced_activities());
     on_ = true;
   } catch (const std::exception& e) {
     refuse(e);
