@@ -26,13 +26,13 @@ double double_of(int64_t w) {
 
 }  // namespace
 
-std::vector<int64_t> pack_task_losses(const std::vector<TaskRows>& entries, size_t capacity) {
+std::vector<int64_t> pack_task_losses(const std::vector<TaskRowsLoss>& entries, size_t capacity) {
   THETAD_CHECK(entries.size() <= capacity, InternalError, "a step's task losses: ", entries.size(),
                " entries, room for ", capacity);
   std::vector<int64_t> words(task_loss_words(capacity), 0);
   words[0] = static_cast<int64_t>(entries.size());
   for (size_t i = 0; i < entries.size(); ++i) {
-    const TaskRows& e = entries[i];
+    const TaskRowsLoss& e = entries[i];
     THETAD_CHECK(e.task >= 0 && e.rows > 0 && e.rows <= kLow32 >> 1, InternalError, "a step's task losses: task ",
                  e.task, " with ", e.rows, " rows");
     words[1 + 2 * i] = static_cast<int64_t>(e.task) | (e.rows << 32);
@@ -41,10 +41,10 @@ std::vector<int64_t> pack_task_losses(const std::vector<TaskRows>& entries, size
   return words;
 }
 
-std::vector<TaskRows> unpack_task_losses(const std::vector<int64_t>& words, int ranks, size_t capacity) {
+std::vector<TaskRowsLoss> unpack_task_losses(const std::vector<int64_t>& words, int ranks, size_t capacity) {
   const size_t per_rank = task_loss_words(capacity);
   THETAD_CHECK_EQ(words.size(), per_rank * static_cast<size_t>(std::max(ranks, 0)), "gathered task losses");
-  std::vector<TaskRows> out;
+  std::vector<TaskRowsLoss> out;
   for (int r = 0; r < ranks; ++r) {
     const int64_t* w = words.data() + per_rank * static_cast<size_t>(r);
     THETAD_CHECK(w[0] >= 0 && static_cast<size_t>(w[0]) <= capacity, InternalError, "task losses of rank ", r,
@@ -57,14 +57,14 @@ std::vector<TaskRows> unpack_task_losses(const std::vector<int64_t>& words, int 
   return out;
 }
 
-std::vector<TaskLoss> merge_task_losses(const std::vector<TaskRows>& entries) {
+std::vector<TaskLoss> merge_task_losses(const std::vector<TaskRowsLoss>& entries) {
   struct Sum {
     double weighted = 0.0;
     int64_t rows = 0, count = 0;
     double only = 0.0;
   };
   std::map<int, Sum> by_task;
-  for (const TaskRows& e : entries) {
+  for (const TaskRowsLoss& e : entries) {
     Sum& s = by_task[e.task];
     s.weighted += e.loss * static_cast<double>(e.rows);
     s.rows += e.rows;

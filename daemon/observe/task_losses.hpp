@@ -13,7 +13,7 @@
 namespace thetad::daemon {
 
 // One task's loss over `rows` rows of one rank (one micro-step, or several merged).
-struct TaskRows {
+struct TaskRowsLoss {
   int task = 0;
   int64_t rows = 0;
   double loss = 0.0;
@@ -24,13 +24,13 @@ inline size_t task_loss_words(size_t capacity) { return 1 + 2 * capacity; }
 
 // This rank's entries as task_loss_words(capacity) words. InternalError where there are more
 // entries than `capacity` or a task or row count does not fit its 32 bits.
-std::vector<int64_t> pack_task_losses(const std::vector<TaskRows>& entries, size_t capacity);
+std::vector<int64_t> pack_task_losses(const std::vector<TaskRowsLoss>& entries, size_t capacity);
 // Every rank's entries from `ranks` records laid end to end (an allgather of pack_task_losses),
 // rank by rank. InternalError on a record that pack_task_losses cannot have written.
-std::vector<TaskRows> unpack_task_losses(const std::vector<int64_t>& words, int ranks, size_t capacity);
+std::vector<TaskRowsLoss> unpack_task_losses(const std::vector<int64_t>& words, int ranks, size_t capacity);
 // One loss per task, ascending by task: a task's entries (micro-steps, ranks) averaged weighted
 // by their rows, i.e. the loss over all its rows of the step when each entry is a mean over its
 // rows. A task of one entry keeps its value exactly.
-std::vector<TaskLoss> merge_task_losses(const std::vector<TaskRows>& entries);
+std::vector<TaskLoss> merge_task_losses(const std::vector<TaskRowsLoss>& entries);
 
 }  // namespace thetad::daemon

@@ -14,7 +14,7 @@
 
 namespace thetad::daemon {
 
-struct ParamGroups;  // daemon/models/param_groups.hpp (not included: its TaskRows is not task_losses.hpp's)
+struct ParamGroups;  // daemon/models/param_groups.hpp
 
 struct GradNormParts {
   torch::Tensor norms;     // float32 [pieces] on the device: each piece's L2 norm (undefined: none)

@@ -143,7 +143,7 @@ void StepRecorder::finish(PendingStep& p, const std::function<void(StepRecord&)>
 #endif
   const float* l = p.losses.data_ptr<float>();
   rec.loss = l[0];
-  std::vector<TaskRows> mine;
+  std::vector<TaskRowsLoss> mine;
   for (size_t i = 0; i < p.tasks.size(); ++i) mine.push_back({p.tasks[i], p.rows[i], l[i + 1]});
   add_rates_and_norms(rec, p, l + 1 + p.tasks.size());
   rec.task_loss = merge_task_losses(mine);

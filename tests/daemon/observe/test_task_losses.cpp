@@ -16,14 +16,14 @@ namespace {
 TEST(TaskLosses, PackUnpackMerge) {
   const size_t cap = 3;
   // Rank 0: task 5 in two micro-steps; rank 1: tasks 2 and 5; rank 2: nothing this step.
-  const std::vector<TaskRows> r0{{5, 3, 0.25}, {5, 1, 0.75}};
-  const std::vector<TaskRows> r1{{2, 4, std::nextafter(0.1, 1.0)}, {5, 4, 1.0}};
+  const std::vector<TaskRowsLoss> r0{{5, 3, 0.25}, {5, 1, 0.75}};
+  const std::vector<TaskRowsLoss> r1{{2, 4, std::nextafter(0.1, 1.0)}, {5, 4, 1.0}};
   std::vector<int64_t> words = pack_task_losses(r0, cap);
   ASSERT_EQ(words.size(), task_loss_words(cap));
   const std::vector<int64_t> w1 = pack_task_losses(r1, cap), w2 = pack_task_losses({}, cap);
   words.insert(words.end(), w1.begin(), w1.end());
   words.insert(words.end(), w2.begin(), w2.end());
-  const std::vector<TaskRows> all = unpack_task_losses(words, 3, cap);
+  const std::vector<TaskRowsLoss> all = unpack_task_losses(words, 3, cap);
   ASSERT_EQ(all.size(), 4u);
   EXPECT_EQ(all[2].task, 2);
   EXPECT_EQ(all[2].rows, 4);
