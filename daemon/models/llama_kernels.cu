@@ -95,6 +95,14 @@ __global__ void swiglu_backward_kernel(const bf16* __restrict__ gu, const bf16* 
   }
 }
 
+// Where head h (of the joined output's heads: q's, then k's, then v's) of token t starts in the
+// split tensors.
+__device__ __forceinline__ bf16* split_head(int64_t t, int64_t h, const RotaryShape& s, bf16* q, bf16* k, bf16* v) {
+  if (h < s.heads) return q + (t * s.heads + h) * s.head;
+  if (h < s.heads + s.kv_heads) return k + (t * s.kv_heads + (h - s.heads)) * s.head;
+  return v + (t * s.kv_heads + (h - s.heads - s.kv_heads)) * s.head;
+}
+
 // One thread per pair (element i < head / 2 of a head and i + head / 2) of every q, k and v head
 // of every token. Forward reads `joined` and writes q, k, v; backward reads the gradients of q,
 // k, v from those and writes the joined gradient, rotated back.
@@ -107,25 +115,11 @@ __global__ void rotary_split_kernel(bf16* __restrict__ joined, bf16* __restrict_
   for (int64_t p = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; p < n; p += stride) {
     const int64_t t = p / (heads_all * half), rest = p - t * heads_all * half;
     const int64_t h = rest / half, i = rest - h * half;
-    // Where the head lives in the split tensors: q, then k, then v.
-    bf16* dst;
-    int64_t at;
-    bool rotate = true;
-    if (h < s.heads) {
-      dst = q;
-      at = (t * s.heads + h) * s.head;
-    } else if (h < s.heads + s.kv_heads) {
-      dst = k;
-      at = (t * s.kv_heads + (h - s.heads)) * s.head;
-    } else {
-      dst = v;
-      at = (t * s.kv_heads + (h - s.heads - s.kv_heads)) * s.head;
-      rotate = false;
-    }
-    bf16* const out = kForward ? dst + at : joined + t * width + h * s.head;
-    const bf16* const in = kForward ? joined + t * width + h * s.head : dst + at;
+    bf16* const split = split_head(t, h, s, q, k, v);
+    bf16* const out = kForward ? split : joined + t * width + h * s.head;
+    const bf16* const in = kForward ? joined + t * width + h * s.head : split;
     const float x1 = __bfloat162float(in[i]), x2 = __bfloat162float(in[i + half]);
-    if (!rotate) {
+    if (h >= s.heads + s.kv_heads) {  // v: as it is
       out[i] = in[i];
       out[i + half] = in[i + half];
       continue;
@@ -148,20 +142,9 @@ __global__ void rotary_split_vec(bf16* __restrict__ joined, bf16* __restrict__ q
   for (int64_t p = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; p < n; p += stride) {
     const int64_t t = p / (heads_all * chunks), rest = p - t * heads_all * chunks;
     const int64_t h = rest / chunks, i = (rest - h * chunks) * kVec;
-    bf16* dst;
-    int64_t at;
-    if (h < s.heads) {
-      dst = q;
-      at = (t * s.heads + h) * s.head;
-    } else if (h < s.heads + s.kv_heads) {
-      dst = k;
-      at = (t * s.kv_heads + (h - s.heads)) * s.head;
-    } else {
-      dst = v;
-      at = (t * s.kv_heads + (h - s.heads - s.kv_heads)) * s.head;
-    }
-    bf16* const out = kForward ? dst + at : joined + t * width + h * s.head;
-    const bf16* const in = kForward ? joined + t * width + h * s.head : dst + at;
+    bf16* const split = split_head(t, h, s, q, k, v);
+    bf16* const out = kForward ? split : joined + t * width + h * s.head;
+    const bf16* const in = kForward ? joined + t * width + h * s.head : split;
     if (h >= s.heads + s.kv_heads) {  // v: as it is
       *reinterpret_cast<uint4*>(out + i) = *reinterpret_cast<const uint4*>(in + i);
       *reinterpret_cast<uint4*>(out + i + half) = *reinterpret_cast<const uint4*>(in + i + half);
