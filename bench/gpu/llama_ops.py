@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Device time of the Llama layer's memory-bound pieces, forward and backward, at one shape:
-grouped-query attention with key/value heads repeated against SDPA's own GQA, RMSNorm as a
-formula against the fused op, rotary positions. Tells where a layer's time goes besides its GEMMs.
+grouped-query attention with key/value heads repeated against SDPA's own GQA (and that per SDPA
+backend, in thetad's layout: heads as a view of [rows, seq, heads, head]), RMSNorm as a formula
+against the fused op, rotary positions. Tells where a layer's time goes besides its GEMMs.
 
 --floor: the step's compute-bound work alone, the floor of a LoRA step on a frozen base at this
 shape: every layer's base GEMMs (q/k/v joined, o, gate/up joined, down) forward and backward to
@@ -64,6 +65,23 @@ def main():
         o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         o.backward(g)
 
+    # thetad's layout: the rotary split writes [rows, seq, heads, head]; SDPA reads transposed views.
+    tq = torch.randn(a.rows, a.seq, a.heads, dh, device=dev, dtype=bf).transpose(1, 2).requires_grad_(True)
+    tk = torch.randn(a.rows, a.seq, a.kv, dh, device=dev, dtype=bf).transpose(1, 2).requires_grad_(True)
+    tv = torch.randn(a.rows, a.seq, a.kv, dh, device=dev, dtype=bf).transpose(1, 2).requires_grad_(True)
+    tg = torch.randn(a.rows, a.seq, a.heads, dh, device=dev, dtype=bf).transpose(1, 2)
+
+    def backend(b):
+        def run():
+            from torch.nn.attention import sdpa_kernel
+            with sdpa_kernel([b]):
+                F.scaled_dot_product_attention(tq, tk, tv, is_causal=True, enable_gqa=True).backward(tg)
+        return run
+
+    from torch.nn.attention import SDPBackend
+    backends = [(f"attention, gqa, {b.name.lower()}", backend(b))
+                for b in (SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION)]
+
     x = torch.randn(a.rows * a.seq, a.d, device=dev, requires_grad=True)
     w = torch.ones(a.d, device=dev, requires_grad=True)
     gx = torch.randn_like(x)
@@ -84,15 +102,15 @@ def main():
         (q * cos + r * sin).backward(g)
 
     flops = 4 * a.rows * a.heads * a.seq * a.seq * dh / 2 * 3.5  # causal; fwd + bwd (2.5x)
-    for name, fn in [("attention, kv repeated", repeated), ("attention, enable_gqa", native),
+    for name, fn in [("attention, kv repeated", repeated), ("attention, enable_gqa", native)] + backends + [
                      ("rmsnorm formula (fp32)", rms_formula), ("rmsnorm fused (fp32)", rms_fused),
                      ("rotary on q", rotary)]:
         try:
             ms = timed(fn)
             extra = f"  ({flops / ms / 1e9:.0f} TFLOP/s)" if name.startswith("attention") else ""
-            print(f"{name:28s} {ms:8.3f} ms fwd+bwd{extra}")
+            print(f"{name:36s} {ms:8.3f} ms fwd+bwd{extra}")
         except Exception as e:  # an op this PyTorch lacks
-            print(f"{name:28s} failed: {str(e).splitlines()[0][:100]}")
+            print(f"{name:36s} failed: {str(e).splitlines()[0][:100]}")
 
 
 def floor(a, rows):

@@ -5,6 +5,12 @@
 #include <algorithm>
 #include <initializer_list>
 
+#if THETAD_TORCH_CUDA && THETAD_MODEL_KERNELS
+#include <c10/cuda/CUDAStream.h>
+
+#include "daemon/models/cross_entropy_kernels.hpp"
+#endif
+
 namespace thetad::daemon {
 namespace {
 
@@ -34,6 +40,28 @@ torch::Tensor loss_and_gradient(const torch::Tensor& logits, const torch::Tensor
   l.exp_();
   l.scatter_add_(1, t, torch::full({l.size(0), 1}, -1.0, l.options()));
   return l;
+}
+
+// loss_and_gradient and the scaling into `grad` as one kernel, where the logits are a contiguous
+// bf16 chunk on a GPU of a build that has it (grad may be the logits: overwritten in place);
+// false elsewhere, nothing done. The same function: the kernel computes in float32 and rounds the
+// gradient once, as scale_into does.
+bool softmax_gradient_kernel(const torch::Tensor& logits, const torch::Tensor& targets, torch::Tensor per_row,
+                             torch::Tensor grad, double inv_rows) {
+#if THETAD_TORCH_CUDA && THETAD_MODEL_KERNELS
+  if (!logits.is_cuda() || logits.scalar_type() != torch::kBFloat16 || !logits.is_contiguous() ||
+      grad.scalar_type() != torch::kBFloat16 || !grad.is_contiguous() || !per_row.is_contiguous())
+    return false;
+  const torch::Tensor t = targets.to(torch::kInt64).contiguous();
+  kernels::softmax_gradient(reinterpret_cast<const uint16_t*>(logits.data_ptr()), t.data_ptr<int64_t>(),
+                            per_row.data_ptr<float>(), reinterpret_cast<uint16_t*>(grad.data_ptr()), logits.size(0),
+                            logits.size(1), static_cast<float>(inv_rows),
+                            c10::cuda::getCurrentCUDAStream(logits.device().index()).stream());
+  return true;
+#else
+  (void)logits, (void)targets, (void)per_row, (void)grad, (void)inv_rows;
+  return false;
+#endif
 }
 
 // Masked targets (below 0): the rows' weights [rows, 1] as float32, valid / counted rows, and the
@@ -93,6 +121,9 @@ struct FusedCrossEntropy : torch::autograd::Function<FusedCrossEntropy> {
     const int64_t step = rows_per_chunk > 0 ? rows_per_chunk : chunk_rows(classes);
     for (int64_t r = 0; r < rows; r += step) {
       const int64_t n = std::min(step, rows - r);
+      if (softmax_gradient_kernel(logits.narrow(0, r, n), targets.narrow(0, r, n), per_row.narrow(0, r, n),
+                                  grad.narrow(0, r, n), inv_rows))
+        continue;
       const torch::Tensor chunk = logits.narrow(0, r, n).to(torch::kFloat32);
       scale_into(grad.narrow(0, r, n), loss_and_gradient(chunk, targets.narrow(0, r, n), per_row.narrow(0, r, n)),
                  inv_rows);
@@ -133,9 +164,15 @@ struct LinearCrossEntropy : torch::autograd::Function<LinearCrossEntropy> {
       const int64_t n = std::min(step, rows - r);
       const torch::Tensor logits = torch::matmul(hidden.narrow(0, r, n), w.t());
       if (w.scalar_type() != logits.scalar_type()) w = weight.to(logits.scalar_type());
+      torch::Tensor out = grad_hidden.narrow(0, r, n);
+      if (softmax_gradient_kernel(logits, targets.narrow(0, r, n), per_row.narrow(0, r, n), logits, inv_rows)) {
+        // The logits' gradient, written over them, through the weight.
+        if (out.scalar_type() == logits.scalar_type()) torch::mm_out(out, logits, w);
+        else out.copy_(torch::mm(logits, w));
+        continue;
+      }
       const torch::Tensor l =
           loss_and_gradient(logits.to(torch::kFloat32), targets.narrow(0, r, n), per_row.narrow(0, r, n));
-      torch::Tensor out = grad_hidden.narrow(0, r, n);
       if (logits.scalar_type() == torch::kFloat32 && out.scalar_type() == torch::kFloat32) {
         // 1/rows as the GEMM's alpha and its product straight into the output rows (beta 0: their
         // old contents are ignored): no pass over the chunk to scale it, no copy.

@@ -1,4 +1,4 @@
-// The fused SwiGLU and rotary split (see fused_llama_ops.hpp).
+// The fused residual RMSNorm, SwiGLU and rotary split (see fused_llama_ops.hpp).
 #include "daemon/models/fused_llama_ops.hpp"
 
 #if THETAD_TORCH_CUDA && THETAD_MODEL_KERNELS
@@ -8,6 +8,7 @@
 #endif
 
 #include "common/errors.hpp"
+#include "daemon/models/precision.hpp"
 
 namespace thetad::daemon {
 
@@ -19,6 +20,45 @@ using torch::autograd::variable_list;
 
 void* stream_of(const torch::Tensor& t) { return c10::cuda::getCurrentCUDAStream(t.device().index()).stream(); }
 uint16_t* bits(const torch::Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr()); }
+
+struct ResidualRmsNormFn : torch::autograd::Function<ResidualRmsNormFn> {
+  // o empty (no sublayer's output: nodes take no undefined inputs): the output is n alone (h is
+  // the sum); else {sum, n}.
+  static variable_list forward(AutogradContext* ctx, const torch::Tensor& h, const torch::Tensor& o,
+                               const torch::Tensor& w, double eps) {
+    const int64_t d = h.size(-1), rows = h.numel() / d;
+    const bool add = o.numel() > 0;
+    const torch::Tensor sum = add ? torch::empty_like(h) : h;
+    const torch::Tensor n = torch::empty(h.sizes(), h.options().dtype(torch::kBFloat16));
+    const torch::Tensor rstd = torch::empty({rows}, h.options());
+    kernels::residual_rms_norm_forward(h.data_ptr<float>(), add ? bits(o) : nullptr, w.data_ptr<float>(),
+                                       add ? sum.data_ptr<float>() : nullptr, bits(n), rstd.data_ptr<float>(), rows, d,
+                                       static_cast<float>(eps), stream_of(h));
+    ctx->save_for_backward({sum, w, rstd});
+    ctx->saved_data["add"] = add;
+    ctx->set_materialize_grads(false);  // the last norm's sum takes no gradient: no zeros made for it
+    if (add) return {sum, n};
+    return {n};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const torch::Tensor& x = saved[0];
+    const bool add = ctx->saved_data["add"].toBool();
+    const int64_t d = x.size(-1), rows = x.numel() / d;
+    const torch::Tensor& g_n_in = grads[add ? 1 : 0];
+    const torch::Tensor g_n = g_n_in.defined() ? g_n_in.to(torch::kBFloat16).contiguous()
+                                               : torch::zeros(x.sizes(), x.options().dtype(torch::kBFloat16));
+    const torch::Tensor g_sum = add && grads[0].defined() ? grads[0].to(torch::kFloat32).contiguous() : torch::Tensor();
+    const torch::Tensor g_h = ctx->needs_input_grad(0) ? torch::empty_like(x) : torch::Tensor();
+    const torch::Tensor g_o = add && ctx->needs_input_grad(1) ? torch::empty_like(g_n) : torch::Tensor();
+    kernels::residual_rms_norm_backward(bits(g_n), x.data_ptr<float>(), saved[1].data_ptr<float>(),
+                                        saved[2].data_ptr<float>(), g_sum.defined() ? g_sum.data_ptr<float>() : nullptr,
+                                        g_h.defined() ? g_h.data_ptr<float>() : nullptr,
+                                        g_o.defined() ? bits(g_o) : nullptr, rows, d, stream_of(x));
+    return {g_h, g_o, torch::Tensor(), torch::Tensor()};
+  }
+};
 
 struct SwigluJoinedFn : torch::autograd::Function<SwigluJoinedFn> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& gu, int64_t layer, int64_t stash_ptr) {
@@ -82,6 +122,21 @@ struct RotarySplitFn : torch::autograd::Function<RotarySplitFn> {
 
 }  // namespace
 
+bool residual_rms_norm_fits(const torch::Tensor& h, const torch::Tensor& o, const torch::Tensor& w) {
+  if (!h.defined() || !h.is_cuda() || h.scalar_type() != torch::kFloat32 || !h.is_contiguous() || w.requires_grad())
+    return false;
+  if (active_autocast_dtype(h.device().type()) != torch::kBFloat16) return false;
+  return !o.defined() || (fused_kernels_for(o) && o.sizes() == h.sizes() && o.device() == h.device());
+}
+
+std::pair<torch::Tensor, torch::Tensor> residual_rms_norm(const torch::Tensor& h, const torch::Tensor& o,
+                                                          const torch::Tensor& w, double eps) {
+  const torch::Tensor add = o.defined() ? o : torch::empty({0}, h.options().dtype(torch::kBFloat16));
+  const variable_list out = ResidualRmsNormFn::apply(h, add, w.to(torch::kFloat32).contiguous(), eps);
+  if (o.defined()) return {out[0], out[1]};
+  return {h, out[0]};
+}
+
 bool fused_kernels_for(const torch::Tensor& x) {
   return x.defined() && x.is_cuda() && x.scalar_type() == torch::kBFloat16 && x.is_contiguous();
 }
@@ -99,6 +154,13 @@ std::array<torch::Tensor, 3> rotary_split(const torch::Tensor& qkv, const Rotary
 }
 
 #else
+
+bool residual_rms_norm_fits(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&) { return false; }
+
+std::pair<torch::Tensor, torch::Tensor> residual_rms_norm(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&,
+                                                          double) {
+  throw InternalError("residual_rms_norm: this build has no model kernels");
+}
 
 bool fused_kernels_for(const torch::Tensor&) { return false; }
 

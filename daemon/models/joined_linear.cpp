@@ -1,7 +1,123 @@
 // Joined linear layers and their adapters (see joined_linear.hpp).
 #include "daemon/models/joined_linear.hpp"
 
+#include <algorithm>
+
+#include "daemon/models/precision.hpp"
+
 namespace thetad::daemon {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// The [k, tokens, last] batches of t's (contiguous) shares of rows: one batch of all n where
+// the shares are equal (batched GEMMs), else a batch of one per share.
+std::vector<torch::Tensor> shares(const torch::Tensor& t, const std::vector<int64_t>& rows) {
+  const int64_t last = t.size(-1);
+  if (std::all_of(rows.begin(), rows.end(), [&](int64_t r) { return r == rows.front(); }))
+    return {t.view({static_cast<int64_t>(rows.size()), -1, last})};
+  std::vector<torch::Tensor> out;
+  int64_t at = 0;
+  for (int64_t r : rows) {
+    out.push_back(t.narrow(0, at, r).view({1, -1, last}));
+    at += r;
+  }
+  return out;
+}
+
+// The adapters [n, ...] of the batches shares() makes: all of them, or one task's each.
+std::vector<torch::Tensor> task_batches(const torch::Tensor& t, const std::vector<int64_t>& rows, size_t batches) {
+  if (batches == 1) return {t};
+  std::vector<torch::Tensor> out;
+  for (size_t i = 0; i < rows.size(); ++i) out.push_back(t.narrow(0, static_cast<int64_t>(i), 1));
+  return out;
+}
+
+// The base's GEMM and the adapters' two as one node: forward adds the adapters' product into the
+// base GEMM's output in place (beta = 1), backward adds the adapters' share of the input's
+// gradient into the base's the same way; autograd's nodes would copy the output to add into a
+// new tensor, and sum the two gradients of the input in a pass of their own.
+struct LoraLinearFn : torch::autograd::Function<LoraLinearFn> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& w,
+                               const torch::Tensor& bias, const torch::Tensor& a, const torch::Tensor& b, double scale,
+                               const std::vector<int64_t>& rows) {
+    // What autocast would compute in (it stays on here, but an in-place GEMM is not among its
+    // operators): every operand cast to it once.
+    const torch::ScalarType dt = active_autocast_dtype(x.device().type()).value_or(x.scalar_type());
+    const torch::Tensor xc = x.to(dt).contiguous(), wc = w.to(dt), ac = a.to(dt), bc = b.to(dt);
+    const int64_t in = x.size(-1), out = w.size(0), rank = a.size(1);
+    const auto shape = [&](int64_t last) {
+      std::vector<int64_t> s = x.sizes().vec();
+      s.back() = last;
+      return s;
+    };
+    torch::Tensor y = torch::empty(shape(out), xc.options()), z = torch::empty(shape(rank), xc.options());
+    const torch::Tensor x2 = xc.view({-1, in});
+    torch::Tensor y2 = y.view({-1, out});
+    if (bias.numel() > 0) torch::addmm_out(y2, bias.to(dt), x2, wc.t());
+    else torch::mm_out(y2, x2, wc.t());
+    const std::vector<torch::Tensor> xs = shares(xc, rows), ys = shares(y, rows), zs = shares(z, rows);
+    const std::vector<torch::Tensor> as = task_batches(ac, rows, xs.size()), bs = task_batches(bc, rows, xs.size());
+    for (size_t i = 0; i < xs.size(); ++i) {
+      torch::Tensor zi = zs[i];
+      torch::bmm_out(zi, xs[i], as[i].transpose(1, 2));
+      ys[i].baddbmm_(zi, bs[i].transpose(1, 2), /*beta=*/1, /*alpha=*/scale);
+    }
+    ctx->save_for_backward({xc, wc, ac, bc, z});
+    ctx->saved_data["scale"] = scale;
+    ctx->saved_data["rows"] = rows;
+    return y;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list saved = ctx->get_saved_variables();
+    const torch::Tensor &x = saved[0], &w = saved[1], &a = saved[2], &b = saved[3], &z = saved[4];
+    const double scale = ctx->saved_data["scale"].toDouble();
+    const std::vector<int64_t> rows = ctx->saved_data["rows"].toIntVector();
+    const int64_t in = x.size(-1), out = w.size(0);
+    const torch::Tensor g = grads[0].to(x.scalar_type()).contiguous();
+    const torch::Tensor g2 = g.view({-1, out});
+    const std::vector<torch::Tensor> gs = shares(g, rows), xs = shares(x, rows), zs = shares(z, rows);
+    const std::vector<torch::Tensor> as = task_batches(a, rows, gs.size()), bs = task_batches(b, rows, gs.size());
+    // The gradient of z = x a^T. The products scaled by the GEMMs' alpha, no pass of their own,
+    // beta 0 (over zeros on the CPU, where LibTorch 1.13's GEMM multiplies an empty tensor's
+    // values by it).
+    const auto scaled_product = [scale](torch::Tensor out, const torch::Tensor& m1, const torch::Tensor& m2) {
+      torch::baddbmm_out(out, out, m1, m2, /*beta=*/0, /*alpha=*/scale);
+    };
+    const auto blank = [](const torch::Tensor& like) {
+      return like.is_cuda() ? torch::empty_like(like) : torch::zeros_like(like);
+    };
+    const torch::Tensor dz = blank(z);
+    const std::vector<torch::Tensor> dzs = shares(dz, rows);
+    for (size_t i = 0; i < gs.size(); ++i) scaled_product(dzs[i], gs[i], bs[i]);
+    torch::Tensor dx, dw, dbias, da, db;
+    if (ctx->needs_input_grad(0)) {
+      dx = torch::mm(g2, w).view(x.sizes());
+      const std::vector<torch::Tensor> dxs = shares(dx, rows);
+      for (size_t i = 0; i < gs.size(); ++i) dxs[i].baddbmm_(dzs[i], as[i]);
+    }
+    if (ctx->needs_input_grad(1)) dw = torch::mm(g2.t(), x.view({-1, in}));
+    if (ctx->needs_input_grad(2)) dbias = g2.sum(0);  // never for the placeholder: it takes no gradient
+    if (ctx->needs_input_grad(3)) {
+      da = torch::empty_like(a);
+      const std::vector<torch::Tensor> das = task_batches(da, rows, gs.size());
+      for (size_t i = 0; i < gs.size(); ++i) {
+        torch::Tensor dai = das[i];
+        torch::bmm_out(dai, dzs[i].transpose(1, 2), xs[i]);
+      }
+    }
+    if (ctx->needs_input_grad(4)) {
+      db = blank(b);
+      const std::vector<torch::Tensor> dbs = task_batches(db, rows, gs.size());
+      for (size_t i = 0; i < gs.size(); ++i) scaled_product(dbs[i], gs[i].transpose(1, 2), zs[i]);
+    }
+    return {dx, dw, dbias, da, db, torch::Tensor(), torch::Tensor()};
+  }
+};
+
+}  // namespace
 
 torch::Tensor join_rows(const std::vector<torch::Tensor>& parts) {
   if (parts.size() < 2) return {};
@@ -69,11 +185,11 @@ torch::Tensor join_lora_b(const std::vector<torch::Tensor>& bs, const std::vecto
   return torch::cat(rows, 1);
 }
 
-torch::Tensor add_lora(const torch::Tensor& y, const torch::Tensor& x, const torch::Tensor& a, const torch::Tensor& b,
-                       double scale) {
-  const int64_t n = a.size(0);
-  const torch::Tensor z = torch::bmm(x.reshape({n, -1, x.size(-1)}), a.transpose(1, 2));
-  return torch::baddbmm(y.reshape({n, -1, y.size(-1)}), z, b.transpose(1, 2), /*beta=*/1, /*alpha=*/scale).view(y.sizes());
+torch::Tensor lora_linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& bias,
+                          const torch::Tensor& a, const torch::Tensor& b, double scale, const std::vector<int64_t>& rows) {
+  // No bias: an empty tensor (LibTorch 1.13's nodes take no undefined inputs).
+  return LoraLinearFn::apply(x, w, bias.defined() ? bias : torch::empty({0}, w.options()), a, b, scale, rows);
 }
+
 
 }  // namespace thetad::daemon

@@ -2,7 +2,7 @@
 // same input (q, k and v; gate and up) joined into one matrix, and the tasks' LoRA adapters on
 // those matrices joined to match, so that a layer reads its input once, writes one output and,
 // in backward, one gradient of its input, and the adapters' products land in the base GEMM's
-// output without a pass of their own.
+// output (and their gradients in the base's) without a pass of their own.
 #pragma once
 
 #include <torch/torch.h>
@@ -30,10 +30,13 @@ torch::Tensor join_lora_a(const std::vector<torch::Tensor>& as);
 // columns, zeros elsewhere, so (x A^T) B^T gives every part its own adapter's product.
 torch::Tensor join_lora_b(const std::vector<torch::Tensor>& bs, const std::vector<int64_t>& outs);
 
-// y + scale (x a^T) b^T where x [rows, ..., in] and y [rows, ..., out] hold n tasks' equal
-// shares of rows in order and a [n, R, in], b [n, out, R] their adapters: the product is added
-// by the second GEMM itself (beta = 1), no pass over y of its own.
-torch::Tensor add_lora(const torch::Tensor& y, const torch::Tensor& x, const torch::Tensor& a, const torch::Tensor& b,
-                       double scale);
+// x w^T (+ bias) + scale (x a^T) b^T, where x [rows, ..., in] holds n tasks' shares of rows in
+// order (`rows`: each task's) and a [n, R, in], b [n, out, R] are their adapters; computed in
+// autocast's dtype where it is on. Equal shares take batched GEMMs over all tasks, unequal ones
+// a GEMM pair per task. The adapters' product is added into the base GEMM's output by the second
+// GEMM itself (beta = 1), and backward adds their share of x's gradient into the base's the same
+// way: no pass over the output or the gradient of their own.
+torch::Tensor lora_linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& bias,
+                          const torch::Tensor& a, const torch::Tensor& b, double scale, const std::vector<int64_t>& rows);
 
 }  // namespace thetad::daemon

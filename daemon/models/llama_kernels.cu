@@ -4,17 +4,14 @@
 // pointers allow (the Llama shapes do), one pair a thread otherwise.
 #include "daemon/models/llama_kernels.hpp"
 
-#include <cuda_bf16.h>
-
 #include <algorithm>
 #include <cstdint>
 
 #include "common/cuda_check.hpp"
+#include "daemon/models/bf16_vectors.cuh"
 
 namespace thetad::daemon::kernels {
 namespace {
-
-using bf16 = __nv_bfloat16;
 
 constexpr int kThreads = 256;
 
@@ -23,23 +20,6 @@ unsigned blocks_for(int64_t count) {
 }
 
 __device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + __expf(-x)); }
-
-// Eight bf16 values in one 16-byte load or store (the vector kernels' unit; their callers check
-// the alignment).
-constexpr int kVec = 8;
-__device__ __forceinline__ void load8(const bf16* p, float* out) {
-  const uint4 u = *reinterpret_cast<const uint4*>(p);
-  const bf16* h = reinterpret_cast<const bf16*>(&u);
-#pragma unroll
-  for (int e = 0; e < kVec; ++e) out[e] = __bfloat162float(h[e]);
-}
-__device__ __forceinline__ void store8(bf16* p, const float* in) {
-  uint4 u;
-  bf16* h = reinterpret_cast<bf16*>(&u);
-#pragma unroll
-  for (int e = 0; e < kVec; ++e) h[e] = __float2bfloat16_rn(in[e]);
-  *reinterpret_cast<uint4*>(p) = u;
-}
 
 __global__ void swiglu_forward_vec(const bf16* __restrict__ gu, bf16* __restrict__ out, int64_t rows, int64_t ff) {
   const int64_t per_row = ff / kVec, n = rows * per_row, stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
@@ -166,8 +146,6 @@ __global__ void rotary_split_vec(bf16* __restrict__ joined, bf16* __restrict__ q
   }
 }
 
-bool aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 template <bool kForward>
 void launch_rotary(uint16_t* joined, uint16_t* q, uint16_t* k, uint16_t* v, const float* cos, const float* sin,
                    const RotaryShape& s, void* stream) {
@@ -178,7 +156,7 @@ void launch_rotary(uint16_t* joined, uint16_t* q, uint16_t* k, uint16_t* v, cons
   auto* bq = reinterpret_cast<bf16*>(q);
   auto* bk = reinterpret_cast<bf16*>(k);
   auto* bv = reinterpret_cast<bf16*>(v);
-  if ((s.head / 2) % kVec == 0 && aligned(joined) && aligned(q) && aligned(k) && aligned(v) && aligned(cos) && aligned(sin))
+  if ((s.head / 2) % kVec == 0 && aligned16(joined) && aligned16(q) && aligned16(k) && aligned16(v) && aligned16(cos) && aligned16(sin))
     rotary_split_vec<kForward><<<blocks_for(pairs / kVec), kThreads, 0, st>>>(j, bq, bk, bv, cos, sin, s);
   else
     rotary_split_kernel<kForward><<<blocks_for(pairs), kThreads, 0, st>>>(j, bq, bk, bv, cos, sin, s);
@@ -190,7 +168,7 @@ void launch_rotary(uint16_t* joined, uint16_t* q, uint16_t* k, uint16_t* v, cons
 void swiglu_forward(const uint16_t* gu, uint16_t* out, int64_t rows, int64_t ff, void* stream) {
   if (rows * ff == 0) return;
   const auto s = static_cast<cudaStream_t>(stream);
-  if (ff % kVec == 0 && aligned(gu) && aligned(out))
+  if (ff % kVec == 0 && aligned16(gu) && aligned16(out))
     swiglu_forward_vec<<<blocks_for(rows * ff / kVec), kThreads, 0, s>>>(reinterpret_cast<const bf16*>(gu),
                                                                          reinterpret_cast<bf16*>(out), rows, ff);
   else
@@ -205,7 +183,7 @@ void swiglu_backward(const uint16_t* gu, const uint16_t* g, uint16_t* d_gu, int6
   const auto* in = reinterpret_cast<const bf16*>(gu);
   const auto* grad = reinterpret_cast<const bf16*>(g);
   auto* out = reinterpret_cast<bf16*>(d_gu);
-  if (ff % kVec == 0 && aligned(gu) && aligned(g) && aligned(d_gu))
+  if (ff % kVec == 0 && aligned16(gu) && aligned16(g) && aligned16(d_gu))
     swiglu_backward_vec<<<blocks_for(rows * ff / kVec), kThreads, 0, s>>>(in, grad, out, rows, ff);
   else
     swiglu_backward_kernel<<<blocks_for(rows * ff), kThreads, 0, s>>>(in, grad, out, rows, ff);

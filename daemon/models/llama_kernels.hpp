@@ -29,4 +29,15 @@ void rotary_split_forward(const uint16_t* qkv, const float* cos, const float* si
 void rotary_split_backward(const uint16_t* dq, const uint16_t* dk, const uint16_t* dv, const float* cos,
                            const float* sin, uint16_t* d_qkv, const RotaryShape& s, void* stream);
 
+// The residual stream's step before a GEMM (residual_norm_kernels.cu), a row of d float32 values
+// at a time: sum = h + o (o, the sublayer's bf16 output; null: sum is h and is not written), n =
+// bf16(w * (sum * rstd)) with rstd = 1 / sqrt(mean(sum^2) + eps) per row, kept for backward.
+void residual_rms_norm_forward(const float* h, const uint16_t* o, const float* w, float* sum, uint16_t* n, float* rstd,
+                               int64_t rows, int64_t d, float eps, void* stream);
+// Its gradient from g_n (n's, bf16) and g_sum (the sum's from later layers, float32; null:
+// none), x being the normed sum: the sum's whole gradient written to g_h in float32 and to g_o
+// rounded to bf16 (either null: not wanted).
+void residual_rms_norm_backward(const uint16_t* g_n, const float* x, const float* w, const float* rstd,
+                                const float* g_sum, float* g_h, uint16_t* g_o, int64_t rows, int64_t d, void* stream);
+
 }  // namespace thetad::daemon::kernels

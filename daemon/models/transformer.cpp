@@ -6,6 +6,7 @@
 #include <array>
 #include <cmath>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "common/errors.hpp"
@@ -144,8 +145,8 @@ class Transformer : public TaskModel {
     return head_loss(hidden_states(batch.x, {{task, batch.x.size(0)}}), batch.y);
   }
 
-  // The base once over every part's rows, each task's adapters on its own rows (with_adapters), the
-  // output layer's loss per part: each part's loss has the bits loss() gives it alone where the
+  // The base once over every part's rows, each task's adapters on its own rows
+  // (linear_with_adapters), the output layer's loss per part: each part's loss has the bits loss() gives it alone where the
   // base is frozen (every kernel but the adapters' is row-wise; the adapters' batched GEMMs
   // compute each task's product as its own GEMM does).
   std::vector<torch::Tensor> losses(const std::vector<TaskRows>& parts) override {
@@ -194,8 +195,8 @@ class Transformer : public TaskModel {
     return linear_cross_entropy(h.reshape({-1, h.size(-1)}), head_, next.reshape({-1}), 0, masked_);
   }
 
-  // The final norm's output [rows, seq, d_model]: what the output layer multiplies. The
-  // segments' adapters are the model's, or `slots` where given.
+  // The final norm's output [rows, seq, d_model] in the GEMMs' dtype: what the output layer
+  // multiplies. The segments' adapters are the model's, or `slots` where given.
   torch::Tensor hidden_states(const torch::Tensor& x, const Segments& segments, const SlotTensors* slots = nullptr) {
     const int64_t rows = x.size(0), seq = x.size(1), d = m_.d_model;
     // The rotary tables are no parameters: a model built on the host for a host store (offload)
@@ -209,10 +210,22 @@ class Transformer : public TaskModel {
     torch::Tensor h = embed_.index_select(0, x.reshape({-1})).to(torch::kFloat32).view({rows, seq, d});
     if (!llama_) h = h + pos_.narrow(0, 0, seq);
     if (join_base_) join_frozen_base();
+    torch::Tensor pending;  // a sublayer's output, added to h by the next norm
+    const auto add_and_norm = [&](const torch::Tensor& w, const torch::Tensor& bias) {
+      torch::Tensor out;
+      if (llama_ && residual_rms_norm_fits(h, pending, w)) {  // one kernel each way: add, norm, cast
+        std::tie(h, out) = residual_rms_norm(h, pending, w, m_.norm_eps);
+      } else {
+        if (pending.defined()) h = h + pending;
+        out = compute_dtype(norm(h, w, bias));
+      }
+      pending = torch::Tensor();
+      return out;
+    };
     for (size_t i = 0; i < blocks_.size(); ++i) {
       const Block& b = blocks_[i];
       const Layer l{b, i, segments, slots};
-      const Projected qkv = project(compute_dtype(norm(h, b.ln1_w, b.ln1_b)), l, kQkv);
+      const Projected qkv = project(add_and_norm(b.ln1_w, b.ln1_b), l, kQkv);
       torch::Tensor attended;
       if (llama_ && !qk_norm_ && fused_kernels_for(qkv.joined)) {  // one pass: rotated, in SDPA's layout
         const auto [q, k, v] = rotary_split(qkv.joined, rotary_, m_.heads, kv_heads_, dh_);
@@ -225,16 +238,16 @@ class Transformer : public TaskModel {
         }
         attended = attention(q, k, qkv.out[kV]);
       }
-      h = h + project(attended, l, kAttnOut).out[kO];
+      pending = project(attended, l, kAttnOut).out[kO];
       // gpt2: down(gelu(up f)); llama (SwiGLU): down(silu(gate f) * up f). Their inputs, d_ff
       // wide, are what offload.activations sends to the host.
-      const Projected gate_up = project(compute_dtype(norm(h, b.ln2_w, b.ln2_b)), l, kGateUp);
+      const Projected gate_up = project(add_and_norm(b.ln2_w, b.ln2_b), l, kGateUp);
       const torch::Tensor inner = llama_ && fused_kernels_for(gate_up.joined)
                                       ? swiglu_joined(gate_up.joined, static_cast<int>(i), stash_)
                                       : ffn_activation(gate_up.out[kGate], gate_up.out[kUp], static_cast<int>(i), stash_);
-      h = h + project(inner, l, kFfnOut).out[kDown];
+      pending = project(inner, l, kFfnOut).out[kDown];
     }
-    return norm(h, lnf_w_, lnf_b_);
+    return add_and_norm(lnf_w_, lnf_b_);
   }
 
   torch::Tensor norm(const torch::Tensor& h, const torch::Tensor& w, const torch::Tensor& b) const {
@@ -297,14 +310,15 @@ class Transformer : public TaskModel {
     }
     Projected out;
     if (b.joined_w[static_cast<size_t>(p)].defined() && !trained({b.w[static_cast<size_t>(ks.front())]})) {
-      out.joined = with_adapters(torch::linear(x, b.joined_w[static_cast<size_t>(p)], b.joined_b[static_cast<size_t>(p)]), x, l, ks, outs);
+      const size_t j = static_cast<size_t>(p);
+      out.joined = linear_with_adapters(x, b.joined_w[j], b.joined_b[j], l, ks, outs);
       const std::vector<torch::Tensor> parts = out.joined.split_with_sizes(outs, -1);
       for (size_t i = 0; i < ks.size(); ++i) out.out[static_cast<size_t>(ks[i])] = parts[i];
       return out;
     }
     for (size_t i = 0; i < ks.size(); ++i) {
       const size_t k = static_cast<size_t>(ks[i]);
-      out.out[k] = with_adapters(torch::linear(x, b.w[k], b.bias[k]), x, l, {ks[i]}, {outs[i]});
+      out.out[k] = linear_with_adapters(x, b.w[k], b.bias[k], l, {ks[i]}, {outs[i]});
     }
     return out;
   }
@@ -317,13 +331,15 @@ class Transformer : public TaskModel {
     return lora_[static_cast<size_t>(task)][layer][static_cast<size_t>(k)];
   }
 
-  // y, the output of targets `ks` (of out sizes `outs`) on x, plus each segment's task's
-  // adapters on its rows. Segments of equal rows (the schedule's usual split) take two batched
-  // GEMMs over all tasks at once; their adapters are stacked (or read from slots, stacked
-  // already), where a GEMM pair per task would launch 2 x tasks small kernels per target.
-  torch::Tensor with_adapters(const torch::Tensor& y, const torch::Tensor& x, const Layer& l, const std::vector<int>& ks,
-                              const std::vector<int64_t>& outs) const {
-    if (std::none_of(ks.begin(), ks.end(), [&](int k) { return adapted_[static_cast<size_t>(k)]; })) return y;
+  // x w^T (+ bias), the output of targets `ks` (of out sizes `outs`, w their matrix), plus each
+  // segment's task's adapters on its rows: one node (lora_linear) with the base GEMM over all
+  // rows. Segments of equal rows (the schedule's usual split) take two batched GEMMs over all
+  // tasks at once; their adapters are stacked (or read from slots, stacked already), where a GEMM
+  // pair per task would launch 2 x tasks small kernels per target.
+  torch::Tensor linear_with_adapters(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& bias,
+                                     const Layer& l, const std::vector<int>& ks, const std::vector<int64_t>& outs) const {
+    if (std::none_of(ks.begin(), ks.end(), [&](int k) { return adapted_[static_cast<size_t>(k)]; }))
+      return torch::linear(x, w, bias);
     const Segments& seg = l.segments;
     // The stacked adapters [n, ...] of the tasks `tasks` (slots: the pass's), joined over ks.
     const auto joined = [&](const std::vector<int>& tasks) {
@@ -349,22 +365,14 @@ class Transformer : public TaskModel {
       }
       return std::pair{join_lora_a(as), join_lora_b(bs, outs)};
     };
-    const bool equal = std::all_of(seg.begin(), seg.end(), [&](const Segment& s) { return s.rows == seg.front().rows; });
-    if (l.slots || equal) {
-      std::vector<int> tasks;
-      for (const Segment& s : seg) tasks.push_back(s.task);
-      const auto [a, b] = joined(tasks);
-      return add_lora(y, x, a, b, scale_);
-    }
+    std::vector<int> tasks;
     std::vector<int64_t> rows;
-    for (const Segment& s : seg) rows.push_back(s.rows);
-    const std::vector<torch::Tensor> xs = x.split_with_sizes(rows), ys = y.split_with_sizes(rows);
-    std::vector<torch::Tensor> parts;
-    for (size_t i = 0; i < seg.size(); ++i) {
-      const auto [a, b] = joined({seg[i].task});
-      parts.push_back(add_lora(ys[i], xs[i], a, b, scale_));
+    for (const Segment& s : seg) {
+      tasks.push_back(s.task);
+      rows.push_back(s.rows);
     }
-    return torch::cat(parts);
+    const auto [a, b] = joined(tasks);
+    return lora_linear(x, w, bias, a, b, scale_, rows);
   }
 
   torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) const {

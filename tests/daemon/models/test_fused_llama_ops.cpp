@@ -1,10 +1,16 @@
-// The Llama layer's own kernels (daemon/models/fused_llama_ops, llama_kernels.cu) against the
-// operators' formulas in float32 on the same bf16 inputs, values and gradients. A GPU test: it
+// The models' own kernels (daemon/models/fused_llama_ops, llama_kernels.cu,
+// residual_norm_kernels.cu; the loss's cross_entropy_kernels.cu through linear_cross_entropy; the
+// optimizer's adam_kernels.cu through adam_group)
+// against the operators' formulas in float32 on the same bf16 inputs, values and gradients. A GPU test: it
 // skips without a CUDA device or where the build has no kernels (fused_kernels_for false).
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cmath>
+
+#include "daemon/models/fused_cross_entropy.hpp"
 #include "daemon/models/fused_llama_ops.hpp"
+#include "daemon/optim/optimizer.hpp"
 #include "daemon/models/rotary.hpp"
 
 namespace thetad::daemon {
@@ -38,6 +44,112 @@ TEST(FusedLlamaOps, SwigluJoinedIsSiluOfGateTimesUp) {
     ref.backward(g.to(torch::kFloat32));
     expect_close(out, ref, ff == 40 ? "forward, ff 40" : "forward, ff 36");
     expect_close(gu.grad(), ref_in.grad(), ff == 40 ? "gradient, ff 40" : "gradient, ff 36");
+  }
+}
+
+// h + o and its RMSNorm in bf16 against the formula in float32; the gradients of h (float32) and o
+// (bf16) from the norm's and the sum's. Width 40: four values a thread; 38: one. Without o: the
+// norm of h alone.
+TEST(FusedLlamaOps, ResidualRmsNormIsTheSumAndItsNorm) {
+  if (!have_kernels()) GTEST_SKIP() << "no CUDA device or no model kernels in this build";
+  for (int64_t d : {40, 38}) {
+    for (bool add : {true, false}) {
+      torch::manual_seed(3);
+      const auto f32 = torch::TensorOptions().device(torch::kCUDA);
+      const torch::Tensor h = torch::randn({3, 5, d}, f32).requires_grad_(true);
+      const torch::Tensor o = add ? torch::randn({3, 5, d}, f32.dtype(torch::kBFloat16)).requires_grad_(true) : torch::Tensor();
+      const torch::Tensor w = torch::rand({d}, f32) + 0.5;
+      const auto [sum, n] = residual_rms_norm(h, o, w, 1e-5);
+      const torch::Tensor g_n = torch::randn_like(n), g_sum = torch::randn_like(sum);
+      ((n.to(torch::kFloat32) * g_n.to(torch::kFloat32)).sum() + (add ? (sum * g_sum).sum() : torch::zeros({}, f32))).backward();
+
+      const torch::Tensor rh = h.detach().clone().requires_grad_(true);
+      const torch::Tensor ro = add ? o.detach().to(torch::kFloat32).requires_grad_(true) : torch::Tensor();
+      const torch::Tensor rs = add ? rh + ro : rh;
+      const torch::Tensor rn = w * (rs * torch::rsqrt(rs.pow(2).mean(-1, true) + 1e-5));
+      ((rn * g_n.to(torch::kFloat32)).sum() + (add ? (rs * g_sum).sum() : torch::zeros({}, f32))).backward();
+      const std::string what = "width " + std::to_string(d) + (add ? ", h + o" : ", h");
+      EXPECT_EQ(n.scalar_type(), torch::kBFloat16);
+      if (add) {
+        EXPECT_TRUE(torch::allclose(sum, rs, 1e-6, 1e-6)) << what << ": the sum";
+      } else {
+        EXPECT_TRUE(sum.is_same(h)) << what << ": h is the sum";
+      }
+      expect_close(n, rn, (what + ": norm").c_str());
+      EXPECT_TRUE(torch::allclose(h.grad(), rh.grad(), 1e-4, 1e-4)) << what << ": h's gradient";
+      if (add) expect_close(o.grad(), ro.grad(), (what + ": o's gradient").c_str());
+    }
+  }
+}
+
+// The output layer's loss on bf16 CUDA tensors (the softmax gradient kernel) against
+// cross_entropy over the same bf16 logits widened to float32: the loss, and the hidden states'
+// gradient. 40 classes: eight a thread; 37: one. Masked targets (-1) left out of the mean.
+TEST(FusedLlamaOps, SoftmaxGradientKernelIsTheCrossEntropy) {
+  if (!have_kernels()) GTEST_SKIP() << "no CUDA device or no model kernels in this build";
+  for (int64_t classes : {40, 37}) {
+    for (bool masked : {false, true}) {
+      torch::manual_seed(5);
+      const auto opts = torch::TensorOptions().dtype(torch::kBFloat16).device(torch::kCUDA);
+      const torch::Tensor h = torch::randn({9, 16}, opts).requires_grad_(true);
+      const torch::Tensor w = torch::randn({classes, 16}, opts);
+      torch::Tensor y = torch::randint(classes, {9}, opts.dtype(torch::kInt64));
+      if (masked) y.index_put_({torch::arange(0, 9, 3, y.options())}, -1);
+      const torch::Tensor loss = linear_cross_entropy(h, w, y, 4, masked);
+      loss.backward();
+
+      const torch::Tensor rh = h.detach().clone().requires_grad_(true);
+      const torch::Tensor logits = torch::matmul(rh, w.t()).to(torch::kFloat32);
+      const torch::Tensor ref = torch::nn::functional::cross_entropy(
+          logits, y, torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-1));
+      ref.backward();
+      const std::string what = std::to_string(classes) + " classes" + (masked ? ", masked" : "");
+      EXPECT_NEAR(loss.item<double>(), ref.item<double>(), 1e-3 * std::abs(ref.item<double>())) << what;
+      expect_close(h.grad(), rh.grad(), (what + ": gradient").c_str());
+    }
+  }
+}
+
+// adam_group on CUDA float32 tensors (the one-launch kernel) against torch.optim's formulas in
+// float64 on the host: AdamW and Adam with weight decay, a clipping scale, step 3, and tensors
+// from one element to several chunks.
+TEST(FusedLlamaOps, AdamKernelIsTorchOptimsStep) {
+  if (!have_kernels()) GTEST_SKIP() << "no CUDA device or no model kernels in this build";
+  for (const auto kind : {config::OptimizerKind::AdamW, config::OptimizerKind::Adam}) {
+    torch::manual_seed(8);
+    AdamSettings s;
+    s.kind = kind;
+    s.lr = 1e-2;
+    s.weight_decay = 0.1;
+    s.step = 3;
+    s.grad_scale = 0.5;
+    std::vector<torch::Tensor> p, g, m, v;
+    for (int64_t n : {1, 7, 4096, 4097, 20000}) {
+      const auto opts = torch::TensorOptions().device(torch::kCUDA);
+      p.push_back(torch::randn({n}, opts));
+      g.push_back(torch::randn({n}, opts));
+      m.push_back(torch::randn({n}, opts) * 0.1);
+      v.push_back(torch::rand({n}, opts) * 0.1);
+    }
+    const auto host64 = [](const std::vector<torch::Tensor>& ts) {
+      std::vector<torch::Tensor> out;
+      for (const auto& t : ts) out.push_back(t.to(torch::kCPU, torch::kFloat64));
+      return out;
+    };
+    std::vector<torch::Tensor> rp = host64(p), rg = host64(g), rm = host64(m), rv = host64(v);
+    adam_group(p, g, m, v, s);
+    const double bias1 = 1 - std::pow(s.beta1, 3.0), bias2 = 1 - std::pow(s.beta2, 3.0);
+    for (size_t i = 0; i < rp.size(); ++i) {
+      torch::Tensor grad = rg[i] * s.grad_scale;
+      if (kind == config::OptimizerKind::AdamW) rp[i] = rp[i] * (1 - s.lr * s.weight_decay);
+      else grad = grad + s.weight_decay * rp[i];
+      rm[i] = s.beta1 * rm[i] + (1 - s.beta1) * grad;
+      rv[i] = s.beta2 * rv[i] + (1 - s.beta2) * grad * grad;
+      rp[i] = rp[i] - s.lr / bias1 * rm[i] / (rv[i].sqrt() / std::sqrt(bias2) + s.eps);
+      EXPECT_TRUE(torch::allclose(p[i].to(torch::kCPU, torch::kFloat64), rp[i], 1e-5, 1e-6)) << "param " << i;
+      EXPECT_TRUE(torch::allclose(m[i].to(torch::kCPU, torch::kFloat64), rm[i], 1e-5, 1e-6)) << "exp_avg " << i;
+      EXPECT_TRUE(torch::allclose(v[i].to(torch::kCPU, torch::kFloat64), rv[i], 1e-5, 1e-6)) << "exp_avg_sq " << i;
+    }
   }
 }
 
