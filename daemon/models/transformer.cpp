@@ -146,9 +146,9 @@ class Transformer : public TaskModel {
   }
 
   // The base once over every part's rows, each task's adapters on its own rows
-  // (linear_with_adapters), the output layer's loss per part: each part's loss has the bits loss() gives it alone where the
-  // base is frozen (every kernel but the adapters' is row-wise; the adapters' batched GEMMs
-  // compute each task's product as its own GEMM does).
+  // (linear_with_adapters), the output layer's loss per part: each part's loss has the bits
+  // loss() gives it alone where the base is frozen (every kernel but the adapters' is row-wise;
+  // the adapters' batched GEMMs compute each task's product as its own GEMM does).
   std::vector<torch::Tensor> losses(const std::vector<TaskRows>& parts) override {
     if (parts.size() == 1) return {loss(*parts[0].batch, parts[0].task, parts[0].sample_seed)};
     Segments segments;
