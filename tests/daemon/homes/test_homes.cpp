@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <string>
@@ -207,7 +208,10 @@ TEST(Homes, ATestOnlyHomeGivesTheResidentBits) {
 // The schedule is asked once per (window, rank) a run needs: the trainer's plan, the homes'
 // bindings, the store's slots and prefetch and the device cache's placement all read one window
 // plan. Over the run every plan computed was drawn once (its micro-steps), and once the store's
-// look-ahead runs ahead of the steps, a step draws at most the one window that enters it.
+// look-ahead runs ahead of the steps, a step draws the one window that enters it. The look-ahead
+// draws on a thread of its own: a draw it makes late is counted in the next step (draws 1 0 2 1
+// where they were 1 1 1 1, about one run in seven here), so from the run's second half on the
+// draws so far are the steps' windows, one more or one fewer.
 TEST(Homes, TheScheduleIsAskedOncePerWindow) {
   const std::string resident = kJob;
   const std::string offloaded = resident + "offload: {enabled: true, device_slots: 2, prefetch: 1}\n";
@@ -220,8 +224,13 @@ TEST(Homes, TheScheduleIsAskedOncePerWindow) {
     for (int64_t n : asks.per_step) counts += " " + std::to_string(n);
     std::printf("schedule draws: set-up %lld, per step%s (%lld micro-step(s) per window)\n",
                 static_cast<long long>(asks.setup), counts.c_str(), static_cast<long long>(micro));
-    for (size_t s = asks.per_step.size() / 2; s < asks.per_step.size(); ++s)
-      EXPECT_LE(asks.per_step[s], micro) << "step " << s << " of\n" << text;
+    const size_t half = asks.per_step.size() / 2;
+    int64_t drawn = 0;
+    for (size_t s = half; s < asks.per_step.size(); ++s) {
+      drawn += asks.per_step[s];
+      const int64_t windows = static_cast<int64_t>(s - half + 1) * micro;
+      EXPECT_LE(std::abs(drawn - windows), micro) << "steps " << half << ".." << s << " of\n" << text;
+    }
     EXPECT_EQ(asks.total, asks.windows * micro) << "each (window, rank) drawn once:\n" << text;
   }
 }
