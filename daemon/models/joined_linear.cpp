@@ -89,9 +89,11 @@ struct LoraLinearFn : torch::autograd::Function<LoraLinearFn> {
     const auto blank = [](const torch::Tensor& like) {
       return like.is_cuda() ? torch::empty_like(like) : torch::zeros_like(like);
     };
-    const torch::Tensor dz = blank(z);
-    const std::vector<torch::Tensor> dzs = shares(dz, rows);
-    for (size_t i = 0; i < gs.size(); ++i) scaled_product(dzs[i], gs[i], bs[i]);
+    // Only x's and a's gradients read it.
+    const bool need_dz = ctx->needs_input_grad(0) || ctx->needs_input_grad(3);
+    const torch::Tensor dz = need_dz ? blank(z) : torch::Tensor();
+    const std::vector<torch::Tensor> dzs = need_dz ? shares(dz, rows) : std::vector<torch::Tensor>();
+    for (size_t i = 0; i < dzs.size(); ++i) scaled_product(dzs[i], gs[i], bs[i]);
     torch::Tensor dx, dw, dbias, da, db;
     if (ctx->needs_input_grad(0)) {
       dx = torch::mm(g2, w).view(x.sizes());
@@ -190,6 +192,5 @@ torch::Tensor lora_linear(const torch::Tensor& x, const torch::Tensor& w, const 
   // No bias: an empty tensor (LibTorch 1.13's nodes take no undefined inputs).
   return LoraLinearFn::apply(x, w, bias.defined() ? bias : torch::empty({0}, w.options()), a, b, scale, rows);
 }
-
 
 }  // namespace thetad::daemon
