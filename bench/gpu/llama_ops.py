@@ -11,8 +11,16 @@ backward to its input; nothing else (no norms, rotary, SwiGLU, residual adds, ad
 Printed for the rows at once and for one row at a time (a pass per task), with the share of
 --peak (dense bf16 TFLOP/s) each reaches.
 
+--adapters: the LoRA adapters' products beside the base GEMMs of each projection (q/k/v joined,
+o, gate/up joined, down; a task per row, rank --rank per target): the base GEMM alone, then the
+two orders of adding the low-rank product into its output (and, backward, into the input's
+gradient): base first and the product added by a second GEMM with beta = 1 (a pass that reads
+and writes the output), or the product first and the base GEMM adding into it (its epilogue
+reads what the product wrote).
+
     python3 bench/gpu/llama_ops.py [--rows 8 --seq 2048 --d 2048 --heads 32 --kv 4]
     python3 bench/gpu/llama_ops.py --floor [--layers 22 --ff 5632 --vocab 32000 --peak 989]
+    python3 bench/gpu/llama_ops.py --adapters [--rank 16 --layers 22]
 """
 import argparse
 
@@ -41,6 +49,8 @@ def main():
     p.add_argument("--heads", type=int, default=32)
     p.add_argument("--kv", type=int, default=4)
     p.add_argument("--floor", action="store_true")
+    p.add_argument("--adapters", action="store_true")
+    p.add_argument("--rank", type=int, default=16)
     p.add_argument("--layers", type=int, default=22)
     p.add_argument("--ff", type=int, default=5632)
     p.add_argument("--vocab", type=int, default=32000)
@@ -49,6 +59,9 @@ def main():
     if a.floor:
         for rows in (a.rows, 1):
             floor(a, rows)
+        return
+    if a.adapters:
+        adapters(a)
         return
     dh, rep = a.d // a.heads, a.heads // a.kv
     dev, bf = "cuda", torch.bfloat16
@@ -151,6 +164,41 @@ def floor(a, rows):
     print(f"floor, {passes} pass(es) of {rows} x {a.seq}: {ms:.1f} ms for {tflop:.1f} TFLOP = "
           f"{tflop / ms * 1e3:.0f} TFLOP/s ({tflop / ms * 1e3 / a.peak:.0%} of {a.peak:.0f}); per layer and pass: "
           + ", ".join(f"{n} {v:.3f} ms" for n, v in parts.items()))
+
+
+def adapters(a):
+    """Per projection: the base GEMM, and the adapters' product added after it or before it."""
+    dev, bf, n, t = "cuda", torch.bfloat16, a.rows, a.seq
+    kv = a.kv * a.d // a.heads
+    # [out, in, targets joined]
+    mats = {"q/k/v": (a.d + 2 * kv, a.d, 3), "o": (a.d, a.d, 1), "gate/up": (2 * a.ff, a.d, 2), "down": (a.d, a.ff, 1)}
+    total = {}
+    for name, (out, inp, joined) in mats.items():
+        r = a.rank * joined
+        w = torch.randn(out, inp, device=dev, dtype=bf) * 0.02
+        x = torch.randn(n, t, inp, device=dev, dtype=bf)
+        g = torch.randn(n, t, out, device=dev, dtype=bf)
+        A = torch.randn(n, r, inp, device=dev, dtype=bf) * 0.02
+        B = torch.randn(n, out, r, device=dev, dtype=bf) * 0.02
+        z = torch.bmm(x, A.transpose(1, 2))
+        dz = torch.bmm(g, B)
+        y = torch.empty(n, t, out, device=dev, dtype=bf)
+        dx = torch.empty(n, t, inp, device=dev, dtype=bf)
+        y2, dx2, x2, g2 = y.view(-1, out), dx.view(-1, inp), x.view(-1, inp), g.view(-1, out)
+        cases = {
+            "forward, base alone": lambda: torch.mm(x2, w.t(), out=y2),
+            "forward, base then product": lambda: (torch.mm(x2, w.t(), out=y2), y.baddbmm_(z, B.transpose(1, 2))),
+            "forward, product then base": lambda: (torch.bmm(z, B.transpose(1, 2), out=y), y2.addmm_(x2, w.t())),
+            "dx, base alone": lambda: torch.mm(g2, w, out=dx2),
+            "dx, base then product": lambda: (torch.mm(g2, w, out=dx2), dx.baddbmm_(dz, A)),
+            "dx, product then base": lambda: (torch.bmm(dz, A, out=dx), dx2.addmm_(g2, w)),
+        }
+        for case, fn in cases.items():
+            ms = timed(fn)
+            total[case] = total.get(case, 0.0) + ms
+            print(f"{name:8s} {case:28s} {ms:8.3f} ms")
+    for case, ms in total.items():
+        print(f"{a.layers} layers, {case:28s} {a.layers * ms:8.2f} ms")
 
 
 if __name__ == "__main__":

@@ -34,6 +34,12 @@ std::vector<torch::Tensor> task_batches(const torch::Tensor& t, const std::vecto
   return out;
 }
 
+// An output a GEMM writes with beta = 0: uninitialised on the GPU, zeros on the CPU, where
+// LibTorch 1.13's GEMM multiplies the old values by beta (garbage times 0 may be NaN).
+torch::Tensor blank(at::IntArrayRef sizes, const torch::TensorOptions& options) {
+  return options.device().is_cuda() ? torch::empty(sizes, options) : torch::zeros(sizes, options);
+}
+
 // The base's GEMM and the adapters' two as one node: forward adds the adapters' product into the
 // base GEMM's output in place (beta = 1), backward adds the adapters' share of the input's
 // gradient into the base's the same way; autograd's nodes would copy the output to add into a
@@ -52,18 +58,24 @@ struct LoraLinearFn : torch::autograd::Function<LoraLinearFn> {
       s.back() = last;
       return s;
     };
-    torch::Tensor y = torch::empty(shape(out), xc.options()), z = torch::empty(shape(rank), xc.options());
+    const bool with_bias = bias.numel() > 0;
+    torch::Tensor y = with_bias ? torch::empty(shape(out), xc.options()) : blank(shape(out), xc.options());
+    torch::Tensor z = torch::empty(shape(rank), xc.options());
     const torch::Tensor x2 = xc.view({-1, in});
     torch::Tensor y2 = y.view({-1, out});
-    if (bias.numel() > 0) torch::addmm_out(y2, bias.to(dt), x2, wc.t());
-    else torch::mm_out(y2, x2, wc.t());
+    // With a bias, the base GEMM (bias in its epilogue) first and the product added to it. Without
+    // one (the llama family), the product first and the base GEMM adding into it (beta = 1): its
+    // epilogue reads the output while the GEMM is bound by math, where the other order makes the
+    // product's GEMM read and write the whole output once more, bound by memory.
+    if (with_bias) torch::addmm_out(y2, bias.to(dt), x2, wc.t());
     const std::vector<torch::Tensor> xs = shares(xc, rows), ys = shares(y, rows), zs = shares(z, rows);
     const std::vector<torch::Tensor> as = task_batches(ac, rows, xs.size()), bs = task_batches(bc, rows, xs.size());
     for (size_t i = 0; i < xs.size(); ++i) {
-      torch::Tensor zi = zs[i];
+      torch::Tensor zi = zs[i], yi = ys[i];
       torch::bmm_out(zi, xs[i], as[i].transpose(1, 2));
-      ys[i].baddbmm_(zi, bs[i].transpose(1, 2), /*beta=*/1, /*alpha=*/scale);
+      torch::baddbmm_out(yi, yi, zi, bs[i].transpose(1, 2), /*beta=*/with_bias ? 1 : 0, /*alpha=*/scale);
     }
+    if (!with_bias) y2.addmm_(x2, wc.t());
     ctx->save_for_backward({xc, wc, ac, bc, z});
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["rows"] = rows;
@@ -81,24 +93,26 @@ struct LoraLinearFn : torch::autograd::Function<LoraLinearFn> {
     const std::vector<torch::Tensor> gs = shares(g, rows), xs = shares(x, rows), zs = shares(z, rows);
     const std::vector<torch::Tensor> as = task_batches(a, rows, gs.size()), bs = task_batches(b, rows, gs.size());
     // The gradient of z = x a^T. The products scaled by the GEMMs' alpha, no pass of their own,
-    // beta 0 (over zeros on the CPU, where LibTorch 1.13's GEMM multiplies an empty tensor's
-    // values by it).
+    // beta 0 (into blank()s).
     const auto scaled_product = [scale](torch::Tensor out, const torch::Tensor& m1, const torch::Tensor& m2) {
       torch::baddbmm_out(out, out, m1, m2, /*beta=*/0, /*alpha=*/scale);
     };
-    const auto blank = [](const torch::Tensor& like) {
-      return like.is_cuda() ? torch::empty_like(like) : torch::zeros_like(like);
-    };
+    const auto blank_like = [](const torch::Tensor& like) { return blank(like.sizes(), like.options()); };
     // Only x's and a's gradients read it.
     const bool need_dz = ctx->needs_input_grad(0) || ctx->needs_input_grad(3);
-    const torch::Tensor dz = need_dz ? blank(z) : torch::Tensor();
+    const torch::Tensor dz = need_dz ? blank_like(z) : torch::Tensor();
     const std::vector<torch::Tensor> dzs = need_dz ? shares(dz, rows) : std::vector<torch::Tensor>();
     for (size_t i = 0; i < dzs.size(); ++i) scaled_product(dzs[i], gs[i], bs[i]);
     torch::Tensor dx, dw, dbias, da, db;
     if (ctx->needs_input_grad(0)) {
-      dx = torch::mm(g2, w).view(x.sizes());
+      // The adapters' share first, the base GEMM adding into it: the forward's order, and why.
+      dx = blank_like(x);
       const std::vector<torch::Tensor> dxs = shares(dx, rows);
-      for (size_t i = 0; i < gs.size(); ++i) dxs[i].baddbmm_(dzs[i], as[i]);
+      for (size_t i = 0; i < gs.size(); ++i) {
+        torch::Tensor dxi = dxs[i];
+        torch::baddbmm_out(dxi, dxi, dzs[i], as[i], /*beta=*/0, /*alpha=*/1);
+      }
+      dx.view({-1, in}).addmm_(g2, w);
     }
     if (ctx->needs_input_grad(1)) dw = torch::mm(g2.t(), x.view({-1, in}));
     if (ctx->needs_input_grad(2)) dbias = g2.sum(0);  // never for the placeholder: it takes no gradient
@@ -111,7 +125,7 @@ struct LoraLinearFn : torch::autograd::Function<LoraLinearFn> {
       }
     }
     if (ctx->needs_input_grad(4)) {
-      db = blank(b);
+      db = blank_like(b);
       const std::vector<torch::Tensor> dbs = task_batches(db, rows, gs.size());
       for (size_t i = 0; i < gs.size(); ++i) scaled_product(dbs[i], gs[i].transpose(1, 2), zs[i]);
     }
