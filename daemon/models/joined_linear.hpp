@@ -33,9 +33,9 @@ torch::Tensor join_lora_b(const std::vector<torch::Tensor>& bs, const std::vecto
 // x w^T (+ bias) + scale (x a^T) b^T, where x [rows, ..., in] holds n tasks' shares of rows in
 // order (`rows`: each task's) and a [n, R, in], b [n, out, R] are their adapters; computed in
 // autocast's dtype where it is on. Equal shares take batched GEMMs over all tasks, unequal ones
-// a GEMM pair per task. The adapters' product is added into the base GEMM's output by the second
-// GEMM itself (beta = 1), and backward adds their share of x's gradient into the base's the same
-// way: no pass over the output or the gradient of their own.
+// a GEMM pair per task. The adapters' product is written first and the base GEMM adds into it
+// (beta = 1; with a bias, the base first and the product added by its GEMM), and backward makes
+// x's gradient the same way: no pass over the output or the gradient of their own.
 torch::Tensor lora_linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& bias,
                           const torch::Tensor& a, const torch::Tensor& b, double scale, const std::vector<int64_t>& rows);
 
