@@ -304,6 +304,11 @@ Plan make_plan(const Options& o) {
     ::setenv("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1", 0);
     ::setenv("NVSHMEM_DISABLE_NVLS", "1", 0);
   }
+  // NCCL's bootstrap and socket transport listen, unauthenticated, on the interface
+  // NCCL_SOCKET_IFNAME names (docs/deploy.md, Security): ranks that all run on this host keep
+  // them on loopback, unless the user named one.
+  if (p.gpus > 0 && p.launcher == "mpirun" && !p.host_list && env("NCCL_SOCKET_IFNAME").empty())
+    ::setenv("NCCL_SOCKET_IFNAME", "lo", 1);
   if (p.launcher == "mpirun")
     add_mpirun_flags(p, o, uniform, sim);
   else

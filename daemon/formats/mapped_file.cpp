@@ -18,31 +18,37 @@ MappedFile MappedFile::open(const std::string& path, bool allow_empty) {
   MappedFile f;
   f.path_ = path;
   // O_NONBLOCK: a FIFO opens at once (then is refused as not a regular file) instead of waiting
-  // for a writer forever; a regular file's reads ignore it.
-  f.fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (f.fd_ < 0) throw ConfigError(path + ": cannot open: " + std::strerror(errno));
+  // for a writer forever; a regular file's reads ignore it. The descriptor is closed once the
+  // file is mapped: a job may map a file or two per task, thousands.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) throw ConfigError(path + ": cannot open: " + std::strerror(errno));
   struct stat st {};
   std::string problem;
-  if (::fstat(f.fd_, &st) != 0) problem = std::string("cannot stat: ") + std::strerror(errno);
+  if (::fstat(fd, &st) != 0) problem = std::string("cannot stat: ") + std::strerror(errno);
   else if (!S_ISREG(st.st_mode)) problem = "not a regular file";
   else if (st.st_size == 0 && !allow_empty) problem = "empty file";
   if (problem.empty() && st.st_size > 0) {
-    void* m = ::mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_PRIVATE, f.fd_, 0);
+    void* m = ::mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_PRIVATE, fd, 0);
     if (m == MAP_FAILED) problem = std::string("cannot mmap: ") + std::strerror(errno);
     else f.map_ = m, f.size_ = static_cast<size_t>(st.st_size);
   }
-  if (!problem.empty()) throw ConfigError(path + ": " + problem);  // ~MappedFile closes the file
+  ::close(fd);
+  if (!problem.empty()) throw ConfigError(path + ": " + problem);
+  f.device_ = st.st_dev;
+  f.inode_ = st.st_ino;
   return f;
 }
 
 void MappedFile::check_read(const std::string& what, bool completed) const {
+  // The mapped file's size now, found by its name: the same file (device and inode) still there.
+  // A file put in its place by a rename leaves the mapped one as it was: a completed read stands.
   struct stat st {};
-  const bool stat_ok = ::fstat(fd_, &st) == 0;
-  if (completed && stat_ok && static_cast<size_t>(st.st_size) >= size_) return;
-  const std::string now = stat_ok ? "now " + std::to_string(st.st_size) + " bytes" : "shorter now";
+  const bool same = ::stat(path_.c_str(), &st) == 0 && st.st_dev == device_ && st.st_ino == inode_;
+  if (completed && (!same || static_cast<size_t>(st.st_size) >= size_)) return;
+  const std::string now = same ? "now " + std::to_string(st.st_size) + " bytes" : "shorter now";
   throw ConfigError(path_ + ": " + what + ": cannot be read: the file is " + now + ", " + std::to_string(size_) +
                     " when it was opened (another process truncated or rewrote it while thetad read it; "
-                    "a model file must stay as it is until the job has read it)");
+                    "a model or data file must stay as it is while the job reads it)");
 }
 
 MappedFile::MappedFile(MappedFile&& other) noexcept { *this = std::move(other); }
@@ -53,7 +59,8 @@ MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
     path_ = std::move(other.path_);
     map_ = std::exchange(other.map_, nullptr);
     size_ = std::exchange(other.size_, 0);
-    fd_ = std::exchange(other.fd_, -1);
+    device_ = other.device_;
+    inode_ = other.inode_;
   }
   return *this;
 }
@@ -62,10 +69,8 @@ MappedFile::~MappedFile() { reset(); }
 
 void MappedFile::reset() noexcept {
   if (map_) ::munmap(map_, size_);
-  if (fd_ >= 0) ::close(fd_);
   map_ = nullptr;
   size_ = 0;
-  fd_ = -1;
 }
 
 }  // namespace thetad::daemon

@@ -1,12 +1,13 @@
-// A read-only memory map of a whole regular file (safetensors checkpoints): move-only, unmapped on
-// destruction; errors name the file. Reads out of the map go through `read`, which turns a file
-// shortened by another process while it is mapped (a model rewritten in a shared hub cache) into a
-// ConfigError instead of SIGBUS.
+// A read-only memory map of a whole regular file (safetensors checkpoints, .npy arrays): move-only,
+// unmapped on destruction; errors name the file. Reads out of the map go through `read`, which
+// turns a file shortened by another process while it is mapped (a model rewritten in a shared hub
+// cache, a data file rewritten in place) into a ConfigError instead of SIGBUS.
 //
 //   map.read("tensor 'w'", [&] { std::memcpy(dst, map.data() + at, n); });  // ConfigError if short
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <type_traits>
 
@@ -54,7 +55,9 @@ class MappedFile {
   std::string path_;
   void* map_ = nullptr;
   size_t size_ = 0;
-  int fd_ = -1;  // kept open: the file's size now, not that of whatever has its name now
+  // The mapped file, to tell it from another put in its place (check_read). No descriptor is
+  // held: a job may map thousands of files.
+  uint64_t device_ = 0, inode_ = 0;
 };
 
 }  // namespace thetad::daemon

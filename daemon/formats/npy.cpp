@@ -1,14 +1,9 @@
-// .npy header parsing and file mapping. The parser walks the header with an explicit end
+// .npy header parsing and file mapping (MappedFile: reads out of the map are guarded). The parser walks the header with an explicit end
 // pointer and checks every length before using it: it is run on arbitrary bytes by
 // tests/fuzz/fuzz_npy_header.cpp.
 #include "daemon/formats/npy.hpp"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
-#include <cerrno>
+#include <algorithm>
 #include <cstring>
 #include <limits>
 
@@ -175,7 +170,15 @@ int64_t npy_numel(const std::vector<int64_t>& shape, const std::string& file) {
   return n;
 }
 
-NpyHeader parse_npy_header(const char* data, size_t size, const std::string& file) {
+namespace {
+
+// The prefix's length (magic, version, header length) and the header length it declares, checked
+// against the file's `size`; reads only the first min(size, 12) bytes of `data`.
+struct NpyPrefix {
+  size_t prefix = 0, hlen = 0;
+};
+
+NpyPrefix parse_npy_prefix(const char* data, size_t size, const std::string& file) {
   if (data == nullptr || size < kMagicLen || std::memcmp(data, kMagic, kMagicLen) != 0)
     fail(file, "not a .npy file (missing the \\x93NUMPY magic)");
   if (size < 10) fail(file, "truncated .npy file: " + std::to_string(size) + " bytes, the header needs at least 10");
@@ -185,25 +188,34 @@ NpyHeader parse_npy_header(const char* data, size_t size, const std::string& fil
     fail(file, "unsupported .npy format version " + std::to_string(major) + "." + std::to_string(minor) +
                    " (1.0, 2.0 and 3.0 are supported)");
   const auto* u = reinterpret_cast<const unsigned char*>(data);
-  size_t prefix = 0;
-  size_t hlen = 0;
+  NpyPrefix p;
   if (major == 1) {
-    prefix = 10;
-    hlen = static_cast<size_t>(u[8]) | (static_cast<size_t>(u[9]) << 8);
+    p.prefix = 10;
+    p.hlen = static_cast<size_t>(u[8]) | (static_cast<size_t>(u[9]) << 8);
   } else {
-    prefix = 12;
-    if (size < prefix)
+    p.prefix = 12;
+    if (size < p.prefix)
       fail(file, "truncated .npy file: " + std::to_string(size) + " bytes, a version " +
                      std::to_string(major) + " header needs at least 12");
-    hlen = static_cast<size_t>(u[8]) | (static_cast<size_t>(u[9]) << 8) |
-           (static_cast<size_t>(u[10]) << 16) | (static_cast<size_t>(u[11]) << 24);
+    p.hlen = static_cast<size_t>(u[8]) | (static_cast<size_t>(u[9]) << 8) |
+             (static_cast<size_t>(u[10]) << 16) | (static_cast<size_t>(u[11]) << 24);
   }
-  if (hlen > kNpyMaxHeaderLen)
-    fail(file, "implausible .npy header length " + std::to_string(hlen) + " (limit " +
+  if (p.hlen > kNpyMaxHeaderLen)
+    fail(file, "implausible .npy header length " + std::to_string(p.hlen) + " (limit " +
                    std::to_string(kNpyMaxHeaderLen) + ")");
-  if (hlen > size - prefix)
-    fail(file, "truncated .npy header: it declares " + std::to_string(hlen) + " bytes but only " +
-                   std::to_string(size - prefix) + " follow");
+  if (p.hlen > size - p.prefix)
+    fail(file, "truncated .npy header: it declares " + std::to_string(p.hlen) + " bytes but only " +
+                   std::to_string(size - p.prefix) + " follow");
+  return p;
+}
+
+constexpr size_t kNpyLongestPrefix = 12;
+
+}  // namespace
+
+NpyHeader parse_npy_header(const char* data, size_t size, const std::string& file) {
+  const NpyPrefix p = parse_npy_prefix(data, size, file);
+  const size_t prefix = p.prefix, hlen = p.hlen;
   if (hlen == 0) fail(file, "malformed .npy header: empty header");
 
   const char* begin = data + prefix;
@@ -295,34 +307,18 @@ NpyHeader parse_npy_header(const char* data, size_t size, const std::string& fil
 
 NpyArray NpyArray::open(const std::string& path) {
   NpyArray a;
-  a.path_ = path;
-  // O_NONBLOCK: a FIFO would block open() until a writer comes; refused below as not regular.
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) fail(path, std::string("cannot open: ") + std::strerror(errno));
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    const int e = errno;
-    ::close(fd);
-    fail(path, std::string("cannot stat: ") + std::strerror(e));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    fail(path, "not a regular file");
-  }
-  const auto size = static_cast<size_t>(st.st_size);
-  if (size == 0) {
-    ::close(fd);
-    fail(path, "empty file, not a .npy file");
-  }
-  void* m = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
-  const int map_errno = errno;
-  ::close(fd);  // the mapping keeps the file alive
-  if (m == MAP_FAILED) fail(path, std::string("cannot mmap: ") + std::strerror(map_errno));
-  a.map_ = m;
-  a.map_size_ = size;
-
-  // From here on `a` owns the mapping; an exception unmaps it via ~NpyArray.
-  a.header_ = parse_npy_header(static_cast<const char*>(m), size, path);
+  a.map_ = MappedFile::open(path);  // missing, not a regular file (a FIFO included), empty
+  const size_t size = a.map_.size();
+  // The header copied out of the map (guarded reads) and parsed from the copy: its prefix first,
+  // for the length it declares, then the prefix and the header whole.
+  char first[kNpyLongestPrefix] = {};
+  const size_t first_n = std::min(size, kNpyLongestPrefix);
+  a.map_.read(".npy header", [&] { std::memcpy(first, a.map_.data(), first_n); });
+  const NpyPrefix p = parse_npy_prefix(first, size, path);
+  std::string head(p.prefix + p.hlen, '\0');
+  char* to = head.data();
+  a.map_.read(".npy header", [&] { std::memcpy(to, a.map_.data(), p.prefix + p.hlen); });
+  a.header_ = parse_npy_header(head.data(), head.size(), path);
   const NpyHeader& h = a.header_;
   if (h.dtype[0] == '>')
     fail(path, "big-endian data ('" + h.dtype + "') is not supported; save it little-endian ('<" +
@@ -336,48 +332,18 @@ NpyArray NpyArray::open(const std::string& path) {
     fail(path, "file size " + std::to_string(size) + " bytes does not match its header (shape " +
                    npy_shape_string(h.shape) + " of " + npy_dtype_name(h.dtype) + " needs " +
                    std::to_string(expected) + " bytes): the file is truncated or corrupt");
-  a.data_ = static_cast<const char*>(m) + h.data_offset;
   return a;
-}
-
-NpyArray::NpyArray(NpyArray&& other) noexcept { *this = std::move(other); }
-
-NpyArray& NpyArray::operator=(NpyArray&& other) noexcept {
-  if (this != &other) {
-    reset();
-    path_ = std::move(other.path_);
-    header_ = std::move(other.header_);
-    numel_ = other.numel_;
-    itemsize_ = other.itemsize_;
-    map_ = other.map_;
-    map_size_ = other.map_size_;
-    data_ = other.data_;
-    other.map_ = nullptr;
-    other.map_size_ = 0;
-    other.data_ = nullptr;
-    other.numel_ = 0;
-  }
-  return *this;
-}
-
-NpyArray::~NpyArray() { reset(); }
-
-void NpyArray::reset() noexcept {
-  if (map_ != nullptr) ::munmap(map_, map_size_);
-  map_ = nullptr;
-  map_size_ = 0;
-  data_ = nullptr;
 }
 
 void NpyArray::require_dtype(const std::string& dtype) const {
   if (header_.dtype != dtype)
-    fail(path_, "expected " + npy_dtype_name(dtype) + " ('" + dtype + "'), found '" + header_.dtype + "'");
+    fail(path(), "expected " + npy_dtype_name(dtype) + " ('" + dtype + "'), found '" + header_.dtype + "'");
 }
 
 void NpyArray::require_ndim(size_t ndim) const {
   if (header_.shape.size() != ndim)
-    fail(path_, "expected a " + std::to_string(ndim) + "-D array, found shape " +
-                    npy_shape_string(header_.shape));
+    fail(path(), "expected a " + std::to_string(ndim) + "-D array, found shape " +
+                     npy_shape_string(header_.shape));
 }
 
 }  // namespace thetad::daemon

@@ -5,7 +5,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
+
+#include "daemon/formats/mapped_file.hpp"
 
 namespace thetad::daemon {
 
@@ -37,7 +40,9 @@ std::string npy_dtype_name(const std::string& dtype);
 // Product of the dims; throws ConfigError naming `file` if it overflows int64.
 int64_t npy_numel(const std::vector<int64_t>& shape, const std::string& file);
 
-// A read-only memory map of one .npy file. Move-only; unmaps on destruction.
+// A read-only memory map of one .npy file. Move-only; unmaps on destruction. Its header is
+// copied out of the map and parsed at open; its elements are read only inside read(), so that a
+// file another process shortens while it is mapped is a ConfigError naming it, not SIGBUS.
 class NpyArray {
  public:
   // Maps `path` and checks it: header valid, little-endian or byte-order-free data, C order
@@ -45,14 +50,7 @@ class NpyArray {
   // Throws ConfigError naming the path on any problem (missing file included).
   static NpyArray open(const std::string& path);
 
-  NpyArray() = default;
-  NpyArray(NpyArray&& other) noexcept;
-  NpyArray& operator=(NpyArray&& other) noexcept;
-  NpyArray(const NpyArray&) = delete;
-  NpyArray& operator=(const NpyArray&) = delete;
-  ~NpyArray();
-
-  const std::string& path() const { return path_; }
+  const std::string& path() const { return map_.path(); }
   const NpyHeader& header() const { return header_; }
   const std::string& dtype() const { return header_.dtype; }
   const std::vector<int64_t>& shape() const { return header_.shape; }
@@ -61,10 +59,18 @@ class NpyArray {
   size_t itemsize() const { return itemsize_; }
   size_t nbytes() const { return static_cast<size_t>(numel_) * itemsize_; }
   // Start of the element data (not aligned beyond what the file gives: numpy pads headers so
-  // that data starts at a multiple of 64, hence 16, bytes into the file).
-  const void* data() const { return data_; }
+  // that data starts at a multiple of 64, hence 16, bytes into the file). Read it inside read().
+  const void* data() const { return map_.data() == nullptr ? nullptr : map_.data() + header_.data_offset; }
   template <typename T>
-  const T* data_as() const { return static_cast<const T*>(data_); }
+  const T* data_as() const { return static_cast<const T*>(data()); }
+
+  // Runs `copy`, which reads data() (MappedFile::read: it must own nothing that needs
+  // destroying); ConfigError "PATH: WHAT: cannot be read: the file is now N bytes, ..." when the
+  // file was shortened since it was opened.
+  template <typename F>
+  void read(const std::string& what, F&& copy) const {
+    map_.read(what, std::forward<F>(copy));
+  }
 
   // Throws ConfigError "FILE: expected float32 ('<f4'), found '<f8'" when the dtype differs.
   void require_dtype(const std::string& dtype) const;
@@ -72,15 +78,10 @@ class NpyArray {
   void require_ndim(size_t ndim) const;
 
  private:
-  void reset() noexcept;
-
-  std::string path_;
+  MappedFile map_;
   NpyHeader header_;
   int64_t numel_ = 0;
   size_t itemsize_ = 0;
-  void* map_ = nullptr;
-  size_t map_size_ = 0;
-  const void* data_ = nullptr;
 };
 
 // "(3, 4)" for error messages.

@@ -7,10 +7,12 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <numeric>
 #include <random>
+#include <vector>
 
 #include "common/errors.hpp"
 #include "daemon/formats/npy.hpp"
@@ -63,33 +65,17 @@ class NpyData : public DataSource {
   Batch batch(int64_t step, int rank, int world, int task, int64_t rows) override {
     Task& t = tasks_.at(task);
     const int64_t n = t.x.header().shape[0];
-    if (labels_) {
-      auto x = torch::empty({rows, in_}, torch::kFloat32);
-      auto y = torch::empty({rows}, torch::kInt64);
-      const float* xs = t.x.data_as<float>();
-      const int64_t* ys = t.y.data_as<int64_t>();
-      const int64_t base = (step * world + rank) * rows;
-      for (int64_t r = 0; r < rows; ++r) {
-        const int64_t pos = base + r;
-        const int64_t idx = permutation(t, task, pos / n)[pos % n];
-        std::copy(xs + idx * in_, xs + (idx + 1) * in_, x.data_ptr<float>() + r * in_);
-        y.data_ptr<int64_t>()[r] = ys[idx];
-      }
-      return {x.to(device_), y.to(device_)};
-    }
-    auto x = torch::empty({rows, in_}, torch::kFloat32);
-    auto y = torch::empty({rows, out_}, torch::kFloat32);
-    const float* xs = t.x.data_as<float>();
-    const float* ys = t.y.data_as<float>();
-    // Global position of this batch's first row in the task's stream of samples.
-    const int64_t base = (step * world + rank) * rows;
+    // The rows' indices first (the permutations allocate), then the copies out of the maps.
+    std::vector<int64_t> index(static_cast<size_t>(rows));
+    const int64_t base = (step * world + rank) * rows;  // this batch's first row in the task's stream
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t pos = base + r;
-      const int64_t epoch = pos / n;
-      const int64_t idx = permutation(t, task, epoch)[pos % n];
-      std::copy(xs + idx * in_, xs + (idx + 1) * in_, x.data_ptr<float>() + r * in_);
-      std::copy(ys + idx * out_, ys + (idx + 1) * out_, y.data_ptr<float>() + r * out_);
+      index[static_cast<size_t>(r)] = permutation(t, task, pos / n)[pos % n];
     }
+    auto x = torch::empty({rows, in_}, torch::kFloat32);
+    auto y = labels_ ? torch::empty({rows}, torch::kInt64) : torch::empty({rows, out_}, torch::kFloat32);
+    copy_rows(t.x, index, in_, x.data_ptr());
+    copy_rows(t.y, index, labels_ ? 1 : out_, y.data_ptr());
     return {x.to(device_), y.to(device_)};
   }
 
@@ -98,6 +84,17 @@ class NpyData : public DataSource {
     NpyArray x, y;
     std::map<int64_t, std::vector<int64_t>> perms;  // epoch -> order (few epochs live at once)
   };
+
+  // Rows `index` of a 2-D array (or elements of a 1-D one, width 1) into `to`.
+  static void copy_rows(const NpyArray& a, const std::vector<int64_t>& index, int64_t width, void* to) {
+    const auto bytes = static_cast<size_t>(width) * a.itemsize();
+    const char* from = static_cast<const char*>(a.data());
+    char* out = static_cast<char*>(to);
+    a.read("rows of a batch", [&] {
+      for (size_t r = 0; r < index.size(); ++r)
+        std::memcpy(out + r * bytes, from + static_cast<size_t>(index[r]) * bytes, bytes);
+    });
+  }
 
   const std::vector<int64_t>& permutation(Task& t, int task, int64_t epoch) {
     auto it = t.perms.find(epoch);
@@ -124,11 +121,16 @@ class NpyData : public DataSource {
                         std::to_string(xs[0]) + ",)), found shape " + npy_shape_string(ys));
     const int64_t classes = job.model.classes / job.model.tasks + (t < job.model.classes % job.model.tasks ? 1 : 0);
     const int64_t* y = task.y.data_as<int64_t>();
-    for (int64_t i = 0; i < ys[0]; ++i)
-      if (y[i] < 0 || y[i] >= classes)
-        throw ConfigError(yp + ": label " + std::to_string(y[i]) + " at row " + std::to_string(i) +
-                          " is out of range: slice " + std::to_string(t) + " has classes 0.." +
-                          std::to_string(classes - 1));
+    const int64_t count = ys[0];
+    int64_t bad = -1, label = 0;  // the first label out of range
+    task.y.read("class labels", [&] {
+      for (int64_t i = 0; i < count && bad < 0; ++i)
+        if (y[i] < 0 || y[i] >= classes) bad = i, label = y[i];
+    });
+    if (bad >= 0)
+      throw ConfigError(yp + ": label " + std::to_string(label) + " at row " + std::to_string(bad) +
+                        " is out of range: slice " + std::to_string(t) + " has classes 0.." +
+                        std::to_string(classes - 1));
   }
 
   uint64_t seed_;

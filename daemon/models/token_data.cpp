@@ -211,11 +211,15 @@ class TaskTokens {
     else if (a.dtype() == "<u2") type = torch::kInt16;  // read as bits, widened below
     else
       throw ConfigError(path + ": token ids must be int64, int32 or uint16, found " + npy_dtype_name(a.dtype()));
-    torch::Tensor ids = torch::from_blob(const_cast<void*>(a.data()), {a.numel()}, type);
-    // Copied out of the map (which goes with `a`): widened, or cloned when already int64.
+    // Copied out of the map (which goes with `a`), then widened where they are not int64.
+    torch::Tensor ids = torch::empty({a.numel()}, type);
+    void* to = ids.data_ptr();
+    const void* from = a.data();
+    const size_t bytes = a.nbytes();
+    a.read("token ids", [&] { std::memcpy(to, from, bytes); });
     return type == torch::kInt16 ? ids.to(torch::kInt32).bitwise_and(0xffff).to(torch::kInt64)
            : type == torch::kInt32 ? ids.to(torch::kInt64)
-                                   : ids.clone();
+                                   : ids;
   }
   int64_t vocab_;
   std::vector<TokenFile> file_;  // .bin: the file (none for .npy)

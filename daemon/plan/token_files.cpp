@@ -89,11 +89,19 @@ TokenFileFacts scan_npy_ids(const NpyArray& a, const std::string& path, int64_t 
   TokenFileFacts facts;
   facts.tokens = a.numel();
   const T* v = a.data_as<T>();
-  for (int64_t i = 0; i < a.numel(); ++i) {
-    const auto id = static_cast<int64_t>(v[i]);
-    if (id < 0 || id >= vocab) throw ConfigError(out_of_range(path, id, i, vocab, what));
-    facts.max_id = std::max(facts.max_id, id);
-  }
+  const int64_t n = a.numel();
+  int64_t bad = -1, bad_id = 0;  // the first id out of range
+  a.read("token ids", [&] {
+    for (int64_t i = 0; i < n; ++i) {
+      const auto id = static_cast<int64_t>(v[i]);
+      if (id < 0 || id >= vocab) {
+        bad = i, bad_id = id;
+        return;
+      }
+      facts.max_id = std::max(facts.max_id, id);
+    }
+  });
+  if (bad >= 0) throw ConfigError(out_of_range(path, bad_id, bad, vocab, what));
   return facts;
 }
 

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include <unistd.h>
 
@@ -82,6 +83,32 @@ inline std::string st_bytes(std::string header, const std::string& data) {
   std::string out(8, '\0');
   for (int i = 0; i < 8; ++i) out[static_cast<size_t>(i)] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
   return out + header + data;
+}
+
+// The bytes numpy.save writes: magic, version, little-endian header length, the dict padded
+// with spaces to a multiple of 64 bytes and ended by '\n', then the raw data.
+inline std::string npy_bytes(const std::string& dict, const std::string& payload, int major = 1) {
+  std::string out = "\x93NUMPY";
+  out += static_cast<char>(major);
+  out += '\0';
+  const size_t prefix = major == 1 ? 10 : 12;
+  std::string header = dict;
+  while ((prefix + header.size() + 1) % 64 != 0) header += ' ';
+  header += '\n';
+  const size_t n = header.size();
+  out += static_cast<char>(n & 0xff);
+  out += static_cast<char>((n >> 8) & 0xff);
+  if (major != 1) {
+    out += static_cast<char>((n >> 16) & 0xff);
+    out += static_cast<char>((n >> 24) & 0xff);
+  }
+  return out + header + payload;
+}
+
+// The bytes of a vector's elements.
+template <typename T>
+std::string raw_bytes(const std::vector<T>& v) {
+  return std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
 }
 
 inline bool have_python() { return std::filesystem::exists("/usr/bin/python3"); }

@@ -9,7 +9,8 @@
 #     (default 0; then it prints "checkpoint complete"). THETAD_FAKE_RAW: bytes one rank writes. It installs its SIGTERM handler only
 #     after THETAD_FAKE_START_DELAY seconds (default 0), like thetad while LibTorch loads: a
 #     SIGTERM before that kills it. Once its handler is set it reports so on the fd the launcher's
-#     wrapper names in THETAD_READY_FD, as thetad does. Writes its pid to $THETAD_FAKE_STATE/pid-R and marks
+#     wrapper names in THETAD_READY_FD, as thetad does. Writes its pid to $THETAD_FAKE_STATE/pid-R and
+#     the NCCL_SOCKET_IFNAME it was given to nccl_socket_ifname-R, and marks
 #     $THETAD_FAKE_STATE/ran when run at all.
 # shellcheck disable=SC2317  # on_term runs from a trap
 set -euo pipefail
@@ -35,6 +36,7 @@ esac
 rank=${OMPI_COMM_WORLD_RANK:-${PMIX_RANK:-${SLURM_PROCID:-0}}}
 state=${THETAD_FAKE_STATE:?}
 echo $$ >"$state/pid-$rank"
+echo "${NCCL_SOCKET_IFNAME:-}" >"$state/nccl_socket_ifname-$rank"
 touch "$state/ran"
 # say LEVEL TAG TEXT: one log line as thetad writes it. No $(...) while the TERM trap is set (bash
 # 5.2 runs a trap that arrives while it expands one with a broken parser: see thetad-launch).

@@ -361,6 +361,18 @@ case_flags() {
   grep -q -- '-np 3 ' <<<"$out" || fail "3 visible GPUs: want 3 ranks: $out"
   grep -q -- '-x CUDA_VISIBLE_DEVICES' <<<"$out" || fail "CUDA_VISIBLE_DEVICES not passed: $out"
   grep -q -- '-x NCCL_NVLS_ENABLE' <<<"$out" || fail "NCCL_NVLS_ENABLE=0 not passed on GPUs: $out"
+  # NCCL's sockets on loopback where every rank runs on this host; a named interface is kept.
+  grep -q -- '-x NCCL_SOCKET_IFNAME' <<<"$out" || fail "one host with GPUs: NCCL_SOCKET_IFNAME=lo not passed: $out"
+  local ifname
+  for ifname in "" eth9; do  # what the rank sees: lo, or the user's own
+    rm -f "$THETAD_FAKE_STATE"/*
+    CUDA_VISIBLE_DEVICES=0 NCCL_SOCKET_IFNAME=$ifname THETAD_FAKE_STEPS=1 run_launcher "$T/ifname" --log-dir "$T/ifname-logs" "$job"
+    ((RC == 0)) || { cat "$T/ifname.err" >&2; fail "a run on one host with GPUs: want exit 0, got $RC"; }
+    [[ $(cat "$THETAD_FAKE_STATE/nccl_socket_ifname-0") == "${ifname:-lo}" ]] ||
+      fail "NCCL_SOCKET_IFNAME='$ifname' set: the rank saw '$(cat "$THETAD_FAKE_STATE/nccl_socket_ifname-0")'"
+  done
+  out=$(CUDA_VISIBLE_DEVICES=0,1 "$LAUNCHER" --thetad "$FAKE" --dry-run --hosts "a:2,b:2" "$job")
+  ! grep -q -- '-x NCCL_SOCKET_IFNAME' <<<"$out" || fail "several hosts: NCCL_SOCKET_IFNAME set to lo: $out"
   out=$("$LAUNCHER" --thetad "$FAKE" --dry-run --hosts "a:2,b:2" "$job")
   grep -q -- '-np 4 --host a:2,b:2' <<<"$out" || fail "--hosts: $out"
   printf 'nodeA slots=4\nnodeB slots=4\n' >"$T/hostfile"

@@ -2,8 +2,13 @@
 // kind of malformation, each of which must be a ConfigError naming the file.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <vector>
 
 #include "common/errors.hpp"
 #include "daemon/formats/npy.hpp"
@@ -13,31 +18,8 @@ namespace thetad::daemon {
 namespace {
 
 using test::expect_config_error;
-
-// The bytes numpy.save writes: magic, version, little-endian header length, the dict padded
-// with spaces to a multiple of 64 bytes and ended by '\n', then the raw data.
-std::string npy_bytes(const std::string& dict, const std::string& payload, int major = 1) {
-  std::string out = "\x93NUMPY";
-  out += static_cast<char>(major);
-  out += '\0';
-  const size_t prefix = major == 1 ? 10 : 12;
-  std::string header = dict;
-  while ((prefix + header.size() + 1) % 64 != 0) header += ' ';
-  header += '\n';
-  const size_t n = header.size();
-  out += static_cast<char>(n & 0xff);
-  out += static_cast<char>((n >> 8) & 0xff);
-  if (major != 1) {
-    out += static_cast<char>((n >> 16) & 0xff);
-    out += static_cast<char>((n >> 24) & 0xff);
-  }
-  return out + header + payload;
-}
-
-template <typename T>
-std::string raw(const std::vector<T>& v) {
-  return std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
-}
+using test::npy_bytes;
+using test::raw_bytes;
 
 void write_file(const std::string& path, const std::string& bytes) {
   std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
@@ -47,7 +29,7 @@ TEST(Npy, Float32TwoDimV1) {
   test::ScratchDir dir;
   const std::string path = dir.file("task3_x.npy");
   const std::vector<float> v = {1, 2, 3, 4, 5, 6};
-  write_file(path, npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }", raw(v)));
+  write_file(path, npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }", raw_bytes(v)));
   NpyArray a = NpyArray::open(path);
   EXPECT_EQ(a.dtype(), "<f4");
   EXPECT_EQ(a.shape(), (std::vector<int64_t>{2, 3}));
@@ -71,7 +53,7 @@ TEST(Npy, Int64OneDimV2AndDoubleQuotes) {
   test::ScratchDir dir;
   const std::string path = dir.file("task0_y.npy");
   const std::vector<int64_t> v = {7, -1, 42};
-  write_file(path, npy_bytes("{\"descr\": \"<i8\", \"shape\": (3,), \"fortran_order\": False}", raw(v), 2));
+  write_file(path, npy_bytes("{\"descr\": \"<i8\", \"shape\": (3,), \"fortran_order\": False}", raw_bytes(v), 2));
   NpyArray a = NpyArray::open(path);
   EXPECT_EQ(a.dtype(), "<i8");
   EXPECT_EQ(a.shape(), (std::vector<int64_t>{3}));
@@ -94,7 +76,7 @@ TEST(Npy, EmptyScalarAndOneDimFortran) {
 
   // A 1-D Fortran-order array is laid out like a C one, so it opens.
   test::ScratchDir dir;
-  write_file(dir.file("f.npy"), npy_bytes("{'descr': '<f4', 'fortran_order': True, 'shape': (2,)}", raw(std::vector<float>{1, 2})));
+  write_file(dir.file("f.npy"), npy_bytes("{'descr': '<f4', 'fortran_order': True, 'shape': (2,)}", raw_bytes(std::vector<float>{1, 2})));
   EXPECT_EQ(NpyArray::open(dir.file("f.npy")).numel(), 2);
 }
 
@@ -152,15 +134,15 @@ TEST(Npy, FileLevelErrors) {
 
   expect_config_error([&] { NpyArray::open(dir.file("missing_x.npy")); }, "missing_x.npy", "cannot open");
 
-  write_file(dir.file("short.npy"), npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 4)}", raw(six)));
+  write_file(dir.file("short.npy"), npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 4)}", raw_bytes(six)));
   expect_config_error([&] { NpyArray::open(dir.file("short.npy")); }, "short.npy", "does not match its header");
-  write_file(dir.file("long.npy"), npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (5,)}", raw(six)));
+  write_file(dir.file("long.npy"), npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (5,)}", raw_bytes(six)));
   expect_config_error([&] { NpyArray::open(dir.file("long.npy")); }, "long.npy", "does not match its header");
 
-  write_file(dir.file("fortran.npy"), npy_bytes("{'descr': '<f4', 'fortran_order': True, 'shape': (2, 3)}", raw(six)));
+  write_file(dir.file("fortran.npy"), npy_bytes("{'descr': '<f4', 'fortran_order': True, 'shape': (2, 3)}", raw_bytes(six)));
   expect_config_error([&] { NpyArray::open(dir.file("fortran.npy")); }, "fortran.npy", "Fortran-order");
 
-  write_file(dir.file("big.npy"), npy_bytes("{'descr': '>f4', 'fortran_order': False, 'shape': (6,)}", raw(six)));
+  write_file(dir.file("big.npy"), npy_bytes("{'descr': '>f4', 'fortran_order': False, 'shape': (6,)}", raw_bytes(six)));
   expect_config_error([&] { NpyArray::open(dir.file("big.npy")); }, "big.npy", "big-endian");
 
   write_file(dir.file("empty.npy"), "");
@@ -180,6 +162,51 @@ TEST(Npy, ReadsNumpyOutput) {
   a.require_dtype("<f4");
   EXPECT_EQ(a.shape(), (std::vector<int64_t>{3, 4}));
   EXPECT_EQ(a.data_as<float>()[11], 11.0f);
+}
+
+// A file shortened by another process while it is mapped: a read out of it is a ConfigError
+// naming the file (not SIGBUS), a file replaced under its name leaves the mapped one readable.
+TEST(Npy, ReadOfAFileShortenedWhileMappedNamesIt) {
+  test::ScratchDir dir;
+  const std::string path = dir.file("task0_x.npy");
+  const std::vector<float> v(64 << 10, 0.25f);  // 256 KiB: pages past the header's
+  write_file(path, npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (16384, 4), }", raw_bytes(v)));
+  const NpyArray a = NpyArray::open(path);
+  std::vector<float> out(v.size());
+  a.read("rows", [&] { std::memcpy(out.data(), a.data(), a.nbytes()); });
+  EXPECT_EQ(out.back(), 0.25f);
+  ASSERT_EQ(::truncate(path.c_str(), 128), 0);
+  expect_config_error([&] { a.read("rows", [&] { std::memcpy(out.data(), a.data(), a.nbytes()); }); }, path,
+                      "rows: cannot be read: the file is now 128 bytes");
+  // Within the page the new end falls in (zeros there, no fault): found by the file's size.
+  expect_config_error([&] { a.read("rows", [&] { std::memcpy(out.data(), a.data(), 16); }); }, path, "cannot be read");
+
+  const std::string other = dir.file("task1_x.npy");
+  write_file(other, npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (16384, 4), }", raw_bytes(v)));
+  const NpyArray b = NpyArray::open(other);
+  write_file(dir.file("new.npy"), npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (1, 4), }", raw_bytes(std::vector<float>(4))));
+  ASSERT_EQ(::rename(dir.file("new.npy").c_str(), other.c_str()), 0);
+  b.read("rows", [&] { std::memcpy(out.data(), b.data(), b.nbytes()); });
+  EXPECT_EQ(out.back(), 0.25f);
+}
+
+// A job maps a file or two per task, thousands: a mapped file holds no descriptor.
+TEST(Npy, AMappedFileHoldsNoDescriptor) {
+  test::ScratchDir dir;
+  const std::string path = dir.file("x.npy");
+  write_file(path, npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (2,), }", raw_bytes(std::vector<float>{1, 2})));
+  const auto descriptors = [] {
+    size_t n = 0;
+    for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) ++n;
+    return n;
+  };
+  const size_t before = descriptors();
+  std::vector<NpyArray> maps;
+  for (int i = 0; i < 32; ++i) maps.push_back(NpyArray::open(path));
+  EXPECT_EQ(descriptors(), before);
+  float first = 0;
+  maps.back().read("x", [&] { first = maps.back().data_as<float>()[0]; });
+  EXPECT_EQ(first, 1.0f);
 }
 
 }  // namespace

@@ -2,8 +2,9 @@
 // here: a state dict (model.init_from, .pt) whose pickle lies about its tensors (offsets,
 // strides, a storage longer than its record, nesting, a short argument tuple), non-finite values
 // in a base (.pt or safetensors) or in PEFT adapters (lora.init_from), an adapter_config.json
-// nested deep or not a regular file, and a token file truncated while the job runs. Each is an
-// error naming the file (and the tensor), never a crash, a hang or values read from elsewhere.
+// nested deep or not a regular file, and a token file or .npy data truncated while the job runs.
+// Each is an error naming the file (and the tensor), never a crash, a hang or values read from
+// elsewhere.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -24,6 +25,7 @@
 #include "daemon/formats/safetensors.hpp"
 #include "daemon/models/model.hpp"
 #include "../pt_craft.hpp"
+#include "tests/daemon/test_util.hpp"
 
 namespace thetad::daemon {
 namespace {
@@ -300,6 +302,38 @@ TEST_F(ModelFiles, TokenFileTruncatedWhileRunning) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find(bin + ": "), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("changed while the job ran"), std::string::npos) << e.what();
+  }
+}
+
+// Features and targets (.npy, mapped) cut short while the job runs: the next batch is an error
+// naming the file, not SIGBUS.
+TEST_F(ModelFiles, NpyDataTruncatedWhileRunning) {
+  const std::string data = file("npy");
+  fs::create_directories(data);
+  const int64_t rows = 16384;  // 256 KiB of features a task: pages past the header's
+  for (int t = 0; t < 2; ++t) {
+    const std::string n = std::to_string(rows);
+    put(data + "/task" + std::to_string(t) + "_x.npy",
+        test::npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (" + n + ", 4), }",
+                        test::raw_bytes(std::vector<float>(static_cast<size_t>(rows) * 4, 0.5f))));
+    put(data + "/task" + std::to_string(t) + "_y.npy",
+        test::npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (" + n + ",), }",
+                        test::raw_bytes(std::vector<float>(static_cast<size_t>(rows), 1.5f))));
+  }
+  const config::Job j = job(kMlp, {"data.kind=npy", "data.dir=" + data});
+  const auto model = make_model(j, torch::kCPU);
+  const auto source = make_data(j, *model, torch::kCPU);
+  const Batch b = source->batch(0, 0, 1, 0, 64);
+  EXPECT_TRUE(b.x.eq(0.5f).all().item<bool>());
+  EXPECT_TRUE(b.y.eq(1.5f).all().item<bool>());
+  const std::string x = data + "/task0_x.npy";
+  ASSERT_EQ(::truncate(x.c_str(), 128), 0);
+  try {
+    for (int64_t step = 1; step < 50; ++step) source->batch(step, 0, 1, 0, 64);
+    ADD_FAILURE() << "no error after the features were cut short";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find(x + ": rows of a batch: cannot be read: the file is now 128 bytes"),
+              std::string::npos) << e.what();
   }
 }
 
