@@ -176,7 +176,8 @@ void load_safetensors_weights(const config::Job& job, TaskModel& model) {
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   THETAD_LOG(info, "train") << "model.init_from: " << source.size() << " parameters from " << path << " ("
                             << std::fixed << std::setprecision(3) << bytes / 1e9 << " GB read in " << s << " s: "
-                            << std::setprecision(2) << bytes / 1e9 / std::max(s, 1e-9) << " GB/s)";
+                            << std::setprecision(2) << bytes / 1e9 / std::max(s, 1e-9) << " GB/s, "
+                            << at::get_num_threads() << " threads)";
 }
 
 }  // namespace thetad::daemon
