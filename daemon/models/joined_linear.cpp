@@ -106,11 +106,11 @@ struct LoraLinearFn : torch::autograd::Function<LoraLinearFn> {
     torch::Tensor dx, dw, dbias, da, db;
     if (ctx->needs_input_grad(0)) {
       // The adapters' share first, the base GEMM adding into it: the forward's order, and why.
-      dx = blank_like(x);
+      dx = torch::empty_like(x);
       const std::vector<torch::Tensor> dxs = shares(dx, rows);
       for (size_t i = 0; i < gs.size(); ++i) {
         torch::Tensor dxi = dxs[i];
-        torch::baddbmm_out(dxi, dxi, dzs[i], as[i], /*beta=*/0, /*alpha=*/1);
+        torch::bmm_out(dxi, dzs[i], as[i]);
       }
       dx.view({-1, in}).addmm_(g2, w);
     }
