@@ -3,8 +3,9 @@
 # (model.init_from: config.json + model.safetensors, bf16, written once by
 # bench/gpu/write_llama_safetensors.py) against `cat > /dev/null` of the same bytes in the same
 # run, both from the page cache (the file is read once before): thetad's own log line
-# "model.init_from: N parameters from DIR (X GB read in S s: G GB/s, T threads)", with the frozen
-# base held in bf16 (precision: bf16: no conversion) and in float32 (precision: fp32: BF16 widened).
+# "model.init_from: N parameters from DIR (X GB read in S s: G GB/s, T threads; thread-seconds:
+# finiteness a, conversion b, copy to the device c)", with the frozen base held in bf16
+# (precision: bf16: no conversion) and in float32 (precision: fp32: BF16 widened).
 # Goal: >= 1 GB/s. (2) 10,000 PEFT adapters exported (export.adapters_dir; a tiny transformer,
 # 100 adapters trained per step, each once): thetad's line "export.adapters_dir: N adapters
 # written in S s". Goal: <= 60 s. On a GPU or on the CPU alike (the model lives where thetad runs).
@@ -73,7 +74,7 @@ for prec in bf16 fp32; do
   load_job "$prec" > "$OUT/load_$prec.yaml"
   "$THETAD" run "$OUT/load_$prec.yaml" --no-resume > "$OUT/load_$prec.log" 2>&1
   rc=$?
-  line=$(grep -o 'model.init_from: [0-9]* parameters from .*threads)' "$OUT/load_$prec.log" | tail -1)
+  line=$(grep -o 'model.init_from: [0-9]* parameters from .*)' "$OUT/load_$prec.log" | tail -1)
   echo "thetad load, precision $prec (rc $rc): ${line:-no load line, see $OUT/load_$prec.log}" | tee -a "$OUT/summary.txt"
   grep -o 'frozen base held in bf16.*' "$OUT/load_$prec.log" | tee -a "$OUT/summary.txt"
 done
