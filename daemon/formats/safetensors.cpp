@@ -158,7 +158,7 @@ StHeader parse_safetensors_header(const char* data, size_t size, const std::stri
 void st_to_fp32(const std::string& dtype, const void* src, size_t n, float* dst, const std::string& where) {
   const auto* p = static_cast<const unsigned char*>(src);
   if (dtype == "F32") {
-    std::memcpy(dst, p, n * 4);
+    if (n > 0) std::memcpy(dst, p, n * 4);  // an empty tensor's pointers may be null
   } else if (dtype == "BF16") {
     // Little-endian host (x86, arm64): the bf16 bits are the float's upper half. In blocks through
     // aligned local buffers, which the compiler vectorizes (the mapped bytes may be unaligned).
@@ -234,7 +234,7 @@ uint16_t st_fp32_to_bf16(float f) {
 void st_to_bf16(const std::string& dtype, const void* src, size_t n, uint16_t* dst, const std::string& where) {
   const auto* p = static_cast<const unsigned char*>(src);
   if (dtype == "BF16") {
-    std::memcpy(dst, p, n * 2);
+    if (n > 0) std::memcpy(dst, p, n * 2);  // an empty tensor's pointers may be null
     return;
   }
   if (dtype != "F32" && dtype != "F16")

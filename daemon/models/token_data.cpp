@@ -216,7 +216,7 @@ class TaskTokens {
     void* to = ids.data_ptr();
     const void* from = a.data();
     const size_t bytes = a.nbytes();
-    a.read("token ids", [&] { std::memcpy(to, from, bytes); });
+    if (bytes > 0) a.read("token ids", [&] { std::memcpy(to, from, bytes); });
     return type == torch::kInt16 ? ids.to(torch::kInt32).bitwise_and(0xffff).to(torch::kInt64)
            : type == torch::kInt32 ? ids.to(torch::kInt64)
                                    : ids;
