@@ -7,7 +7,6 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <vector>
 
 #include "common/errors.hpp"
@@ -20,16 +19,13 @@ namespace {
 using test::expect_config_error;
 using test::npy_bytes;
 using test::raw_bytes;
-
-void write_file(const std::string& path, const std::string& bytes) {
-  std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-}
+using test::put;
 
 TEST(Npy, Float32TwoDimV1) {
   test::ScratchDir dir;
   const std::string path = dir.file("task3_x.npy");
   const std::vector<float> v = {1, 2, 3, 4, 5, 6};
-  write_file(path, npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }", raw_bytes(v)));
+  put(path, npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }", raw_bytes(v)));
   NpyArray a = NpyArray::open(path);
   EXPECT_EQ(a.dtype(), "<f4");
   EXPECT_EQ(a.shape(), (std::vector<int64_t>{2, 3}));
@@ -53,7 +49,7 @@ TEST(Npy, Int64OneDimV2AndDoubleQuotes) {
   test::ScratchDir dir;
   const std::string path = dir.file("task0_y.npy");
   const std::vector<int64_t> v = {7, -1, 42};
-  write_file(path, npy_bytes("{\"descr\": \"<i8\", \"shape\": (3,), \"fortran_order\": False}", raw_bytes(v), 2));
+  put(path, npy_bytes("{\"descr\": \"<i8\", \"shape\": (3,), \"fortran_order\": False}", raw_bytes(v), 2));
   NpyArray a = NpyArray::open(path);
   EXPECT_EQ(a.dtype(), "<i8");
   EXPECT_EQ(a.shape(), (std::vector<int64_t>{3}));
@@ -76,7 +72,7 @@ TEST(Npy, EmptyScalarAndOneDimFortran) {
 
   // A 1-D Fortran-order array is laid out like a C one, so it opens.
   test::ScratchDir dir;
-  write_file(dir.file("f.npy"), npy_bytes("{'descr': '<f4', 'fortran_order': True, 'shape': (2,)}", raw_bytes(std::vector<float>{1, 2})));
+  put(dir.file("f.npy"), npy_bytes("{'descr': '<f4', 'fortran_order': True, 'shape': (2,)}", raw_bytes(std::vector<float>{1, 2})));
   EXPECT_EQ(NpyArray::open(dir.file("f.npy")).numel(), 2);
 }
 
@@ -134,20 +130,20 @@ TEST(Npy, FileLevelErrors) {
 
   expect_config_error([&] { NpyArray::open(dir.file("missing_x.npy")); }, "missing_x.npy", "cannot open");
 
-  write_file(dir.file("short.npy"), npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 4)}", raw_bytes(six)));
+  put(dir.file("short.npy"), npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 4)}", raw_bytes(six)));
   expect_config_error([&] { NpyArray::open(dir.file("short.npy")); }, "short.npy", "does not match its header");
-  write_file(dir.file("long.npy"), npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (5,)}", raw_bytes(six)));
+  put(dir.file("long.npy"), npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (5,)}", raw_bytes(six)));
   expect_config_error([&] { NpyArray::open(dir.file("long.npy")); }, "long.npy", "does not match its header");
 
-  write_file(dir.file("fortran.npy"), npy_bytes("{'descr': '<f4', 'fortran_order': True, 'shape': (2, 3)}", raw_bytes(six)));
+  put(dir.file("fortran.npy"), npy_bytes("{'descr': '<f4', 'fortran_order': True, 'shape': (2, 3)}", raw_bytes(six)));
   expect_config_error([&] { NpyArray::open(dir.file("fortran.npy")); }, "fortran.npy", "Fortran-order");
 
-  write_file(dir.file("big.npy"), npy_bytes("{'descr': '>f4', 'fortran_order': False, 'shape': (6,)}", raw_bytes(six)));
+  put(dir.file("big.npy"), npy_bytes("{'descr': '>f4', 'fortran_order': False, 'shape': (6,)}", raw_bytes(six)));
   expect_config_error([&] { NpyArray::open(dir.file("big.npy")); }, "big.npy", "big-endian");
 
-  write_file(dir.file("empty.npy"), "");
+  put(dir.file("empty.npy"), "");
   expect_config_error([&] { NpyArray::open(dir.file("empty.npy")); }, "empty.npy", "empty file");
-  write_file(dir.file("text.npy"), "hello, this is not numpy\n");
+  put(dir.file("text.npy"), "hello, this is not numpy\n");
   expect_config_error([&] { NpyArray::open(dir.file("text.npy")); }, "text.npy", "magic");
 }
 
@@ -170,7 +166,7 @@ TEST(Npy, ReadOfAFileShortenedWhileMappedNamesIt) {
   test::ScratchDir dir;
   const std::string path = dir.file("task0_x.npy");
   const std::vector<float> v(64 << 10, 0.25f);  // 256 KiB: pages past the header's
-  write_file(path, npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (16384, 4), }", raw_bytes(v)));
+  put(path, npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (16384, 4), }", raw_bytes(v)));
   const NpyArray a = NpyArray::open(path);
   std::vector<float> out(v.size());
   a.read("rows", [&] { std::memcpy(out.data(), a.data(), a.nbytes()); });
@@ -182,9 +178,9 @@ TEST(Npy, ReadOfAFileShortenedWhileMappedNamesIt) {
   expect_config_error([&] { a.read("rows", [&] { std::memcpy(out.data(), a.data(), 16); }); }, path, "cannot be read");
 
   const std::string other = dir.file("task1_x.npy");
-  write_file(other, npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (16384, 4), }", raw_bytes(v)));
+  put(other, npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (16384, 4), }", raw_bytes(v)));
   const NpyArray b = NpyArray::open(other);
-  write_file(dir.file("new.npy"), npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (1, 4), }", raw_bytes(std::vector<float>(4))));
+  put(dir.file("new.npy"), npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (1, 4), }", raw_bytes(std::vector<float>(4))));
   ASSERT_EQ(::rename(dir.file("new.npy").c_str(), other.c_str()), 0);
   b.read("rows", [&] { std::memcpy(out.data(), b.data(), b.nbytes()); });
   EXPECT_EQ(out.back(), 0.25f);
@@ -194,7 +190,7 @@ TEST(Npy, ReadOfAFileShortenedWhileMappedNamesIt) {
 TEST(Npy, AMappedFileHoldsNoDescriptor) {
   test::ScratchDir dir;
   const std::string path = dir.file("x.npy");
-  write_file(path, npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (2,), }", raw_bytes(std::vector<float>{1, 2})));
+  put(path, npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (2,), }", raw_bytes(std::vector<float>{1, 2})));
   const auto descriptors = [] {
     size_t n = 0;
     for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) ++n;

@@ -14,7 +14,6 @@
 
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <limits>
 #include <string>
 #include <vector>
@@ -31,6 +30,7 @@ namespace thetad::daemon {
 namespace {
 
 namespace fs = std::filesystem;
+using test::put;
 
 const std::string kMlp =
     "job: files\nseed: 3\nsteps: 1\n"
@@ -53,9 +53,6 @@ class ModelFiles : public ::testing::Test {
   }
   void TearDown() override { fs::remove_all(dir_); }
   std::string file(const std::string& name) const { return (dir_ / name).string(); }
-  static void put(const std::string& path, const std::string& bytes) {
-    std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  }
   static config::Job job(const std::string& yaml, std::vector<std::string> sets) {
     config::LoadOptions lo;
     lo.overrides = std::move(sets);
