@@ -91,11 +91,14 @@ sig_case() {  # sig_case TERM|INT [bg]
   pass "SIG$sig to the launcher: every worker got SIGTERM and exited 4; launcher exit 4 in ${ELAPSED}s"
 }
 
-# launcher_catches PID SIG: the launcher runs (exec'd) and catches SIG (its SigCgt mask).
+# launcher_catches PID SIG: the launcher program runs (exec'd by the wrapper) and catches SIG (its
+# SigCgt mask). The program itself, not its command line: the wrapper's sh also shows SIGINT as
+# caught (dash catches it while it runs a script) and ends with 130 on it.
 launcher_catches() {
-  local bit key val
+  local bit key val exe
   bit=$((1 << ($(kill -l "$2") - 1)))
-  tr '\0' ' ' <"/proc/$1/cmdline" 2>/dev/null | grep -q thetad-launch || return 1
+  exe=$(readlink "/proc/$1/exe" 2>/dev/null) || return 1
+  [[ ${exe##*/} == thetad-launch ]] || return 1
   while read -r key val _; do
     [[ $key == SigCgt: ]] && (((0x$val & bit) != 0)) && return 0
   done <"/proc/$1/status"
