@@ -7,11 +7,12 @@
 //
 // Two pools, each for loops that must never wait for the other's: instance(), the CPU work of
 // training (the owner's CPU AdamW, the host arena's faulting and pinning, the groups' initial
-// values, the final hash), sized by the store once it knows its share (configure); files(), the
-// checkpoint files' work (the snapshot's host copies, each block copied, checksummed and written,
-// the checksums resume and publishing read), which a background checkpoint runs while the first
-// pool updates the next step's groups. A pool runs one loop at a time: concurrent callers take
-// turns, and a loop started from inside one of its own loops runs on the calling thread alone.
+// values, a base read from safetensors, the final hash), sized by the store once it knows its share
+// (configure); files(), the checkpoint files' work (the snapshot's host copies, each block copied,
+// checksummed and written, the checksums resume and publishing read), which a background checkpoint
+// runs while the first pool updates the next step's groups. A pool runs one loop at a time:
+// concurrent callers take turns, and a loop started from inside one of its own loops runs on the
+// calling thread alone.
 // Torch-free.
 #pragma once
 

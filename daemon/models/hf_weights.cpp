@@ -1,8 +1,6 @@
 // load_safetensors_weights (see hf_weights.hpp).
 #include "daemon/models/hf_weights.hpp"
 
-#include <ATen/Parallel.h>
-
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -17,6 +15,7 @@
 
 #include "common/errors.hpp"
 #include "common/log.hpp"
+#include "common/thread_pool.hpp"
 #include "common/text.hpp"
 #include "daemon/formats/hf_names.hpp"
 #include "daemon/formats/safetensors.hpp"
@@ -179,12 +178,13 @@ void load_safetensors_weights(const config::Job& job, TaskModel& model) {
     for (int64_t first = 0; first < n; first += kPieceElems) pieces.push_back({p, &name, first, std::min(kPieceElems, n - first)});
     bytes += double(n) * double(st_itemsize(ck->tensor(name).dtype));
   }
+  // On the training pool (the rank's CPUs), not LibTorch's intra-op threads: those are as many as
+  // OMP_NUM_THREADS says, and an environment that sets it to 1 (Debian's LibTorch runs on 1
+  // anyway) would read the whole base on one thread.
   LoadStages stages;
-  at::parallel_for(0, static_cast<int64_t>(pieces.size()), 1, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) {
-      const Piece& piece = pieces[static_cast<size_t>(i)];
-      read_range(*ck, *piece.name, *piece.p, piece.first, piece.count, "model.init_from", &stages);
-    }
+  ThreadPool& pool = ThreadPool::instance();
+  pool.parallel_for(pieces.size(), [&](size_t i) {
+    read_range(*ck, *pieces[i].name, *pieces[i].p, pieces[i].first, pieces[i].count, "model.init_from", &stages);
   });
   if (!extra.empty()) {
     std::string list;
@@ -197,7 +197,7 @@ void load_safetensors_weights(const config::Job& job, TaskModel& model) {
   THETAD_LOG(info, "train") << "model.init_from: " << source.size() << " parameters from " << path << " ("
                             << std::fixed << std::setprecision(3) << bytes / 1e9 << " GB read in " << s << " s: "
                             << std::setprecision(2) << bytes / 1e9 / std::max(s, 1e-9) << " GB/s, "
-                            << at::get_num_threads() << " threads; thread-seconds: finiteness " << std::setprecision(3)
+                            << pool.threads() << " threads; thread-seconds: finiteness " << std::setprecision(3)
                             << double(stages.check_ns) / 1e9 << ", conversion " << double(stages.convert_ns) / 1e9
                             << ", copy to the device " << double(stages.copy_ns) / 1e9 << ")";
 }

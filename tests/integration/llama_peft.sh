@@ -60,6 +60,8 @@ cp -r "$WORK/adapters" "$WORK/again"
 run_np again 1 "$job" --set model.init_from="$base" --set lora.init_from="$WORK/adapters/{task}" \
   --set export.adapters_dir="$WORK/again/{task}" --set export.at_checkpoints=true --set checkpoint.every_steps=1 --set steps=3
 expect_in again "lora.init_from: adapters of 2 of 2 tasks"
+# The base is read on the rank's CPUs, not on LibTorch's intra-op threads (1 with Debian's LibTorch).
+expect_in again "model.init_from: [0-9]+ parameters from .*, $(nproc) threads;"
 n=$(grep -o 'export.adapters_dir: [0-9]* adapters written' "$WORK/again.log" | awk '{print $2}' | tr '\n' ' ')
 [ "$n" = "1 1 1 " ] && pass "at_checkpoints: one adapter rewritten per step ($n)" || fail "at_checkpoints wrote: '$n'"
 # Exporting into a directory that holds something else: refused before any step.
