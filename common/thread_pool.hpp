@@ -36,7 +36,8 @@ class ThreadPool {
   ThreadPool& operator=(const ThreadPool&) = delete;
 
   // The pool of training's CPU work: by default the CPUs this process may run on (its affinity
-  // mask); configure() resizes it.
+  // mask); configure() resizes it (the trainer to the rank's cpu_share when it starts, a host
+  // store to its CPU AdamW threads).
   static ThreadPool& instance();
   // Replaces instance() with a pool of `threads` threads (>= 1). Only while no loop runs on it
   // (start-up); a reference from an earlier instance() must not be used afterwards.

@@ -12,6 +12,7 @@
 
 #include "common/errors.hpp"
 #include "common/log.hpp"
+#include "common/thread_pool.hpp"
 #include "config/loader.hpp"
 #include "daemon/models/precision.hpp"
 #include "daemon/plan/device_memory_estimate.hpp"
@@ -38,6 +39,10 @@ void Trainer::build() {
   schedule_ = Schedule::create(job_, world_.size);
   plans_ = std::make_unique<WindowPlans>(*schedule_, job_.accumulate_steps);
   setup_start_ = Clock::now();  // after the device's and NCCL's initialisation (open_data_plane)
+  // The rank's CPU work (a base's load, the initial values, the final hash) on its share of the
+  // host's CPUs (cpu_share): ranks not bound to cores each see all of them. A host store sizes the
+  // pool again for its CPU AdamW.
+  ThreadPool::configure(cpu_share(world_.local_size));
   build_model();
   build_engine();
   // Before the hooks: the host stores move their groups' data to device placeholders.

@@ -41,6 +41,11 @@ expect_in dims_mismatch "model.d_model: is 64 but .*config.json has hidden_size 
 # Two tasks' adapters on the frozen base, 2 ranks, exported at the end.
 run_np train 2 "$job" --set model.init_from="$base" --set export.adapters_dir="$WORK/adapters/{task}"
 expect_in train "export.adapters_dir: 1 adapters written"
+# Two ranks of one host, not bound to cores: the base is read on each rank's share of the CPUs
+# (cpu_share: the online CPUs over the ranks, where the rank may run on all of them).
+online=$(getconf _NPROCESSORS_ONLN) mine=$(nproc)
+share=$((mine >= online ? online / 2 : mine))
+expect_in train "model.init_from: [0-9]+ parameters from .*, $((share > 0 ? share : 1)) threads;"
 for t in 0 1; do
   $py "$ref" adapter "$WORK/adapters/$t" "$base" 4 8 q,k,v,o,gate,up,down > "$WORK/adapter$t.log" 2>&1 \
     && pass "task $t: a PEFT directory (names, shapes, adapter_config.json)" || { fail "task $t adapter"; cat "$WORK/adapter$t.log"; }
