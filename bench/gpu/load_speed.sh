@@ -15,7 +15,7 @@
 # Environment: OUT (results under $OUT/load_speed, default /tmp/out), LOAD_SHAPE (the writer's
 # options; default TinyLlama's 1.1 B: --hidden 2048 --layers 22 --heads 32 --kv-heads 4 --ff 5632
 # --vocab 32000), LOAD_MODEL_DIR (where the base is written, once: default $OUT/load_speed/model),
-# EXPORT_TASKS (10000; 0 skips the export), LOAD_PYTHON (python3 with numpy).
+# EXPORT_TASKS (10000; 0 skips the export), LOAD_PYTHON (python3; the standard library suffices).
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 [ $# -ge 1 ] || { echo "usage: bash bench/gpu/load_speed.sh BUILD_DIR" >&2; exit 2; }
@@ -49,11 +49,11 @@ echo "cat > /dev/null (best of 3): $(rate "$BYTES" "$best")" | tee "$OUT/summary
 # The host's rate of writing the same bytes into fresh memory (first touch): the floor of any
 # load into new host memory (the CPU build's parameters; a GPU load writes device memory instead).
 "$PY" - "$BYTES" <<'PY' | tee -a "$OUT/summary.txt"
-import sys, time
-import numpy as np
+import ctypes, mmap, sys, time
 n = int(sys.argv[1])
+fresh = mmap.mmap(-1, n)  # anonymous pages, not yet touched
 t = time.perf_counter()
-np.empty(n, np.uint8).fill(1)
+ctypes.memset(ctypes.addressof(ctypes.c_char.from_buffer(fresh)), 1, n)
 s = time.perf_counter() - t
 print("fresh host memory, first touch: %.3f GB in %.3f s: %.2f GB/s" % (n / 1e9, s, n / 1e9 / s))
 PY

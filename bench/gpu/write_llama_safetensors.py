@@ -1,20 +1,20 @@
 #!/usr/bin/env python3
 """Writes a random Llama base as Hugging Face saves one (config.json, model.safetensors with its
-tensor names, bf16 by default), one tensor at a time (numpy only): the input of
-bench/gpu/load_speed.sh. Values: a pool of 16 Mi random bf16 values of magnitude 2^-7 to 2^-6
-with random signs, laid out cyclically (fast to write; load speed does not depend on them);
-norm weights 1.
+tensor names, bf16 by default), one tensor at a time (Python's standard library only: it runs
+where numpy is not installed): the input of bench/gpu/load_speed.sh. Values: a pool of 16 Mi
+random bf16 values of magnitude 2^-7 to 2^-6 with random signs (seeded: the same file each time),
+laid out cyclically (fast to write; load speed does not depend on them); norm weights 1.
 
     python3 bench/gpu/write_llama_safetensors.py DIR [--hidden 2048 --layers 22 --heads 32
         --kv-heads 4 --ff 5632 --vocab 32000 --dtype BF16|F32]
 """
 import argparse
 import json
+import math
 import os
+import random
 import struct
 import sys
-
-import numpy as np
 
 
 def tensors(a):
@@ -37,17 +37,25 @@ POOL = 16 << 20
 
 
 def pool_of(rng):
-    """bf16 bits: random sign and mantissa, exponent of 2^-7."""
-    return (rng.integers(0, 1 << 16, POOL, dtype=np.uint16) & np.uint16(0x807F)) | np.uint16(0x3C00)
+    """bf16 bits, little-endian: random sign and mantissa, exponent of 2^-7 (bits & 0x807F | 0x3C00)."""
+    bits = bytearray(rng.randbytes(2 * POOL))
+    bits[0::2] = bytes(bits[0::2]).translate(bytes(b & 0x7F for b in range(256)))
+    bits[1::2] = bytes(bits[1::2]).translate(bytes((b & 0x80) | 0x3C for b in range(256)))
+    return bytes(bits)
 
 
 def chunks(name, shape, dtype, pool):
-    """The tensor's bytes, in pieces of at most the pool's size."""
-    n = int(np.prod(shape))
+    """The tensor's bytes, in pieces of at most the pool's size (F32: the bf16 bits as the upper half)."""
+    n = math.prod(shape)
+    ones = b"\x80\x3f" * POOL if name.endswith("norm.weight") else None
     for first in range(0, n, POOL):
         m = min(POOL, n - first)
-        bits = np.full(m, 0x3F80, np.uint16) if name.endswith("norm.weight") else pool[:m]
-        yield (bits.astype(np.uint32) << 16).tobytes() if dtype == "F32" else bits.tobytes()
+        bits = (ones or pool)[:2 * m]
+        if dtype == "F32":
+            wide = bytearray(4 * m)
+            wide[2::4], wide[3::4] = bits[0::2], bits[1::2]
+            bits = bytes(wide)
+        yield bits
 
 
 def main():
@@ -61,12 +69,12 @@ def main():
     item = 2 if a.dtype == "BF16" else 4
     header, off, order = {"__metadata__": {"format": "pt"}}, 0, list(tensors(a))
     for name, shape in order:
-        n = int(np.prod(shape)) * item
+        n = math.prod(shape) * item
         header[name] = {"dtype": a.dtype, "shape": list(shape), "data_offsets": [off, off + n]}
         off += n
     text = json.dumps(header).encode()
     text += b" " * (-len(text) % 8)
-    pool = pool_of(np.random.default_rng(1))
+    pool = pool_of(random.Random(1))
     path = os.path.join(a.dir, "model.safetensors")
     with open(path + ".tmp", "wb") as f:
         f.write(struct.pack("<Q", len(text)) + text)
@@ -81,7 +89,7 @@ def main():
            "torch_dtype": "bfloat16" if a.dtype == "BF16" else "float32"}
     with open(os.path.join(a.dir, "config.json"), "w") as f:
         json.dump(cfg, f, indent=1)
-    params = sum(int(np.prod(s)) for _, s in order)
+    params = sum(math.prod(s) for _, s in order)
     print("wrote %s: %d tensors, %.3f B parameters, %.3f GB" % (path, len(order), params / 1e9, off / 1e9))
     return 0
 
