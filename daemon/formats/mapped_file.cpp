@@ -13,6 +13,11 @@
 #include "common/errors.hpp"
 
 namespace thetad::daemon {
+namespace {
+
+int64_t modified_ns(const struct stat& st) { return int64_t{st.st_mtim.tv_sec} * 1000000000 + st.st_mtim.tv_nsec; }
+
+}  // namespace
 
 MappedFile MappedFile::open(const std::string& path, bool allow_empty) {
   MappedFile f;
@@ -36,6 +41,7 @@ MappedFile MappedFile::open(const std::string& path, bool allow_empty) {
   if (!problem.empty()) throw ConfigError(path + ": " + problem);
   f.device_ = st.st_dev;
   f.inode_ = st.st_ino;
+  f.modified_ns_ = modified_ns(st);
   return f;
 }
 
@@ -44,7 +50,15 @@ void MappedFile::check_read(const std::string& what, bool completed) const {
   // A file put in its place by a rename leaves the mapped one as it was: a completed read stands.
   struct stat st {};
   const bool same = ::stat(path_.c_str(), &st) == 0 && st.st_dev == device_ && st.st_ino == inode_;
-  if (completed && (!same || static_cast<size_t>(st.st_size) >= size_)) return;
+  const bool whole = !same || static_cast<size_t>(st.st_size) >= size_;
+  // Written into in place (same file, a new modification time): a private map shows the new bytes
+  // of every page it has not copied, so reads would mix the file as it was with the file as it is.
+  const bool written = same && whole && modified_ns(st) != modified_ns_;
+  if (completed && whole && !written) return;
+  if (written)
+    throw ConfigError(path_ + ": " + what + ": cannot be read: the file was modified after thetad opened it "
+                      "(another process wrote into it while the job read it; a model or data file must stay as it "
+                      "is while the job reads it: write a new file and rename it into place instead)");
   const std::string now = same ? "now " + std::to_string(st.st_size) + " bytes" : "shorter now";
   throw ConfigError(path_ + ": " + what + ": cannot be read: the file is " + now + ", " + std::to_string(size_) +
                     " when it was opened (another process truncated or rewrote it while thetad read it; "
@@ -61,6 +75,7 @@ MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
     size_ = std::exchange(other.size_, 0);
     device_ = other.device_;
     inode_ = other.inode_;
+    modified_ns_ = other.modified_ns_;
   }
   return *this;
 }

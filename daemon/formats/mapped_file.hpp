@@ -1,7 +1,8 @@
 // A read-only memory map of a whole regular file (safetensors checkpoints, .npy arrays): move-only,
 // unmapped on destruction; errors name the file. Reads out of the map go through `read`, which
 // turns a file shortened by another process while it is mapped (a model rewritten in a shared hub
-// cache, a data file rewritten in place) into a ConfigError instead of SIGBUS.
+// cache, a data file rewritten in place) into a ConfigError instead of SIGBUS, and a file written
+// into in place (whose new bytes a private map would show, mixed with the old) into one too.
 //
 //   map.read("tensor 'w'", [&] { std::memcpy(dst, map.data() + at, n); });  // ConfigError if short
 #pragma once
@@ -33,9 +34,10 @@ class MappedFile {
   // Runs `copy()`, which reads this map (copies or converts bytes out of it into memory the caller
   // owns), so that the file found shorter than when it was mapped is ConfigError
   // "PATH: WHAT: cannot be read: the file is now N bytes, M when it was opened (...)" on this
-  // thread: a page past the file's new end (SIGBUS) ends `copy` there, and a new end within the
-  // last page read (zeros there) is found by the size checked after it. Any thread may read at
-  // once. `copy` must own nothing that needs destroying (no std::string, no vector): a short file
+  // thread, and the file found written into since (a new modification time) ConfigError
+  // "PATH: WHAT: cannot be read: the file was modified after thetad opened it (...)". A page past
+  // the file's new end (SIGBUS) ends `copy` there, and a new end within the last page read (zeros
+  // there) is found by the size checked after it. Any thread may read at once. `copy` must own nothing that needs destroying (no std::string, no vector): a short file
   // leaves it by a jump, not by a return or an exception. An exception `copy` throws passes.
   template <typename F>
   void read(const std::string& what, F&& copy) const {
@@ -55,9 +57,10 @@ class MappedFile {
   std::string path_;
   void* map_ = nullptr;
   size_t size_ = 0;
-  // The mapped file, to tell it from another put in its place (check_read). No descriptor is
-  // held: a job may map thousands of files.
+  // The mapped file, to tell it from another put in its place, and its modification time, to
+  // tell it was written into (check_read). No descriptor is held: a job may map thousands of files.
   uint64_t device_ = 0, inode_ = 0;
+  int64_t modified_ns_ = 0;
 };
 
 }  // namespace thetad::daemon

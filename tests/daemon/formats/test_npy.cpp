@@ -2,6 +2,8 @@
 // kind of malformation, each of which must be a ConfigError naming the file.
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -184,6 +186,32 @@ TEST(Npy, ReadOfAFileShortenedWhileMappedNamesIt) {
   ASSERT_EQ(::rename(dir.file("new.npy").c_str(), other.c_str()), 0);
   b.read("rows", [&] { std::memcpy(out.data(), b.data(), b.nbytes()); });
   EXPECT_EQ(out.back(), 0.25f);
+}
+
+// Written into in place while mapped, at the same size: the private map would show the new bytes
+// of every page not yet read, so the next read is a ConfigError naming the file. (The modification
+// time is set a second on, as a later write's would be: two writes within one tick of the file
+// system's clock may share one.)
+TEST(Npy, ReadOfAFileWrittenInPlaceWhileMappedNamesIt) {
+  test::ScratchDir dir;
+  const std::string path = dir.file("task0_x.npy");
+  const std::string header = "{'descr': '<f4', 'fortran_order': False, 'shape': (16384, 4), }";
+  put(path, npy_bytes(header, raw_bytes(std::vector<float>(64 << 10, 0.25f))));
+  const NpyArray a = NpyArray::open(path);
+  std::vector<float> out(a.nbytes() / 4);
+  a.read("rows", [&] { std::memcpy(out.data(), a.data(), a.nbytes()); });
+  EXPECT_EQ(out.back(), 0.25f);
+  const std::string fresh = npy_bytes(header, raw_bytes(std::vector<float>(64 << 10, 0.75f)));
+  const int fd = ::open(path.c_str(), O_WRONLY);  // no O_TRUNC: the same size throughout
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::pwrite(fd, fresh.data(), fresh.size(), 0), static_cast<ssize_t>(fresh.size()));
+  struct stat st {};
+  ASSERT_EQ(::fstat(fd, &st), 0);
+  const struct timespec times[2] = {st.st_atim, {st.st_mtim.tv_sec + 1, st.st_mtim.tv_nsec}};
+  ASSERT_EQ(::futimens(fd, times), 0);
+  ::close(fd);
+  expect_config_error([&] { a.read("rows", [&] { std::memcpy(out.data(), a.data(), 16); }); }, path,
+                      "rows: cannot be read: the file was modified after thetad opened it");
 }
 
 // A job maps a file or two per task, thousands: a mapped file holds no descriptor.
