@@ -37,8 +37,9 @@ class MappedFile {
   // thread, and the file found written into since (a new modification time) ConfigError
   // "PATH: WHAT: cannot be read: the file was modified after thetad opened it (...)". A page past
   // the file's new end (SIGBUS) ends `copy` there, and a new end within the last page read (zeros
-  // there) is found by the size checked after it. Any thread may read at once. `copy` must own nothing that needs destroying (no std::string, no vector): a short file
-  // leaves it by a jump, not by a return or an exception. An exception `copy` throws passes.
+  // there) is found by the size checked after it. Any thread may read at once. `copy` must own
+  // nothing that needs destroying (no std::string, no vector): a short file leaves it by a jump,
+  // not by a return or an exception. An exception `copy` throws passes.
   template <typename F>
   void read(const std::string& what, F&& copy) const {
     using Fn = std::remove_reference_t<F>;

@@ -178,9 +178,9 @@ void load_safetensors_weights(const config::Job& job, TaskModel& model) {
     for (int64_t first = 0; first < n; first += kPieceElems) pieces.push_back({p, &name, first, std::min(kPieceElems, n - first)});
     bytes += double(n) * double(st_itemsize(ck->tensor(name).dtype));
   }
-  // On the training pool (the rank's CPUs), not LibTorch's intra-op threads: those are as many as
-  // OMP_NUM_THREADS says, and an environment that sets it to 1 (Debian's LibTorch runs on 1
-  // anyway) would read the whole base on one thread.
+  // On the training pool (the rank's share of the CPUs), not on LibTorch's intra-op threads: they
+  // are as many as OMP_NUM_THREADS says, and where that is 1 (Debian's LibTorch runs on 1 anyway)
+  // the whole base would be read on one thread.
   LoadStages stages;
   ThreadPool& pool = ThreadPool::instance();
   pool.parallel_for(pieces.size(), [&](size_t i) {
