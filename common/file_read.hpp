@@ -5,10 +5,24 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 
+struct stat;
+
 namespace thetad {
+
+// A file as a reader found it (from stat): which file it is (device and inode: another put in its
+// place by a rename differs) and when it was last written (to the nanosecond: a write into it in
+// place changes it). A reader that keeps a file for the whole job compares it with the file as it
+// is now, so that a model or data file changed under the job is an error, not bytes of two files.
+struct FileVersion {
+  uint64_t device = 0, inode = 0;
+  int64_t modified_ns = 0;
+  bool same_file(const FileVersion& o) const { return device == o.device && inode == o.inode; }
+};
+FileVersion file_version(const struct stat& st);
 
 enum class ReadFailure {
   none,

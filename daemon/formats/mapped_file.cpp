@@ -11,13 +11,9 @@
 #include <utility>
 
 #include "common/errors.hpp"
+#include "common/file_read.hpp"
 
 namespace thetad::daemon {
-namespace {
-
-int64_t modified_ns(const struct stat& st) { return int64_t{st.st_mtim.tv_sec} * 1000000000 + st.st_mtim.tv_nsec; }
-
-}  // namespace
 
 MappedFile MappedFile::open(const std::string& path, bool allow_empty) {
   MappedFile f;
@@ -39,9 +35,7 @@ MappedFile MappedFile::open(const std::string& path, bool allow_empty) {
   }
   ::close(fd);
   if (!problem.empty()) throw ConfigError(path + ": " + problem);
-  f.device_ = st.st_dev;
-  f.inode_ = st.st_ino;
-  f.modified_ns_ = modified_ns(st);
+  f.version_ = file_version(st);
   return f;
 }
 
@@ -49,11 +43,13 @@ void MappedFile::check_read(const std::string& what, bool completed) const {
   // The mapped file's size now, found by its name: the same file (device and inode) still there.
   // A file put in its place by a rename leaves the mapped one as it was: a completed read stands.
   struct stat st {};
-  const bool same = ::stat(path_.c_str(), &st) == 0 && st.st_dev == device_ && st.st_ino == inode_;
+  const bool found = ::stat(path_.c_str(), &st) == 0;
+  const FileVersion now_version = found ? file_version(st) : FileVersion{};
+  const bool same = found && now_version.same_file(version_);
   const bool whole = !same || static_cast<size_t>(st.st_size) >= size_;
   // Written into in place (same file, a new modification time): a private map shows the new bytes
   // of every page it has not copied, so reads would mix the file as it was with the file as it is.
-  const bool written = same && whole && modified_ns(st) != modified_ns_;
+  const bool written = same && whole && now_version.modified_ns != version_.modified_ns;
   if (completed && whole && !written) return;
   if (written)
     throw ConfigError(path_ + ": " + what + ": cannot be read: the file was modified after thetad opened it "
@@ -73,9 +69,7 @@ MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
     path_ = std::move(other.path_);
     map_ = std::exchange(other.map_, nullptr);
     size_ = std::exchange(other.size_, 0);
-    device_ = other.device_;
-    inode_ = other.inode_;
-    modified_ns_ = other.modified_ns_;
+    version_ = other.version_;
   }
   return *this;
 }

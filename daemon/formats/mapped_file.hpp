@@ -12,6 +12,8 @@
 #include <string>
 #include <type_traits>
 
+#include "common/file_read.hpp"
+
 namespace thetad::daemon {
 
 class MappedFile {
@@ -58,10 +60,9 @@ class MappedFile {
   std::string path_;
   void* map_ = nullptr;
   size_t size_ = 0;
-  // The mapped file, to tell it from another put in its place, and its modification time, to
-  // tell it was written into (check_read). No descriptor is held: a job may map thousands of files.
-  uint64_t device_ = 0, inode_ = 0;
-  int64_t modified_ns_ = 0;
+  // The mapped file as it was mapped, to tell it from another put in its place or from itself
+  // written into since (check_read). No descriptor is held: a job may map thousands of files.
+  FileVersion version_;
 };
 
 }  // namespace thetad::daemon

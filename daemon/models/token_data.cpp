@@ -72,16 +72,18 @@ class SyntheticTokens : public DataSource {
   torch::Device device_;
 };
 
-// A flat token file: its path and its size when the job started. Each batch opens it anew and
-// reads its windows with pread (a job may have a file per task, thousands of them: no descriptor
-// is held between batches); a file cut short since, or no longer a regular file, is an Error
-// naming it.
+// A flat token file: its path, size and version (FileVersion) when the job started. Each batch
+// opens it anew and reads its windows with pread (a job may have a file per task, thousands of
+// them: no descriptor is held between batches); a file another put in its place since, written
+// into since, cut short, or no longer a regular file, is an Error naming it: its new bytes would
+// otherwise be trained on, silently, from that batch on.
 class TokenFile {
  public:
   TokenFile(const std::string& path, size_t item) : path_(path), item_(item) {
     struct stat st {};
     const Fd fd{open_checked(&st, /*started=*/false)};
     size_ = static_cast<uint64_t>(st.st_size);
+    version_ = file_version(st);
   }
   uint64_t size() const { return size_; }
   int64_t tokens() const { return static_cast<int64_t>(size_ / item_); }
@@ -90,6 +92,13 @@ class TokenFile {
   void windows(const int64_t* starts, int64_t rows, int64_t n, int64_t vocab, int64_t* dst) const {
     struct stat st {};
     const Fd fd{open_checked(&st, /*started=*/true)};
+    const FileVersion now = file_version(st);
+    if (!now.same_file(version_) || now.modified_ns != version_.modified_ns)
+      throw Error(path_ + ": changed while the job ran: " +
+                  (now.same_file(version_) ? "written into since the start (now " + std::to_string(st.st_size) +
+                                                 " bytes, " + std::to_string(size_) + " at the start)"
+                                           : std::string("another file was put in its place")) +
+                  " (token files must not change during a run)");
     std::vector<char> buf(static_cast<size_t>(n) * item_);
     for (int64_t r = 0; r < rows; ++r) {
       read(fd.fd, static_cast<uint64_t>(starts[r]) * item_, buf);
@@ -156,6 +165,7 @@ class TokenFile {
   std::string path_;
   size_t item_;
   uint64_t size_ = 0;
+  FileVersion version_;
 };
 
 // One task's token file (.npy copied out as int64, or a flat .bin read window by window) and,

@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "common/errors.hpp"
@@ -75,6 +77,20 @@ void expect_config_error(F&& f, const std::string& file, const std::string& what
 // Writes `bytes` to `path` (replaced).
 inline void put(const std::string& path, const std::string& bytes) {
   std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+// Writes `bytes` over the start of the existing file `path` in place (no truncation, the same
+// file), and sets its modification time a second on, as a later write's would be (two writes
+// within one tick of the file system's clock may share one).
+inline void write_in_place(const std::string& path, const std::string& bytes) {
+  const int fd = ::open(path.c_str(), O_WRONLY);
+  ASSERT_GE(fd, 0) << path;
+  ASSERT_EQ(::pwrite(fd, bytes.data(), bytes.size(), 0), static_cast<ssize_t>(bytes.size())) << path;
+  struct stat st {};
+  ASSERT_EQ(::fstat(fd, &st), 0) << path;
+  const struct timespec times[2] = {st.st_atim, {st.st_mtim.tv_sec + 1, st.st_mtim.tv_nsec}};
+  ASSERT_EQ(::futimens(fd, times), 0) << path;
+  ::close(fd);
 }
 
 // A safetensors file of the given header text (padded to 8) followed by `data`.

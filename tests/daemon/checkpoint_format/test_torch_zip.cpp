@@ -135,8 +135,9 @@ TEST(TorchZip, ParallelWriteMatchesZlibAndTheChecksum) {
     const TorchZipEntry& e = l.entries()[i];
     const uint32_t crc = static_cast<uint32_t>(crc32(0L, static_cast<const Bytef*>(recs[i].data), static_cast<uInt>(recs[i].size)));
     EXPECT_EQ(le32(mem.bytes, e.header_at + 14), crc) << e.name;
-    if (recs[i].size > 0)  // an empty record's data may be null (memcmp's arguments may not)
+    if (recs[i].size > 0) {  // an empty record's data may be null (memcmp's arguments may not)
       EXPECT_EQ(std::memcmp(mem.bytes.data() + e.data_at, recs[i].data, recs[i].size), 0) << e.name;
+    }
   }
   // The same records on one thread: the same bytes.
   MemorySink one;

@@ -2,8 +2,6 @@
 // kind of malformation, each of which must be a ConfigError naming the file.
 #include <gtest/gtest.h>
 
-#include <fcntl.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -189,9 +187,7 @@ TEST(Npy, ReadOfAFileShortenedWhileMappedNamesIt) {
 }
 
 // Written into in place while mapped, at the same size: the private map would show the new bytes
-// of every page not yet read, so the next read is a ConfigError naming the file. (The modification
-// time is set a second on, as a later write's would be: two writes within one tick of the file
-// system's clock may share one.)
+// of every page not yet read, so the next read is a ConfigError naming the file.
 TEST(Npy, ReadOfAFileWrittenInPlaceWhileMappedNamesIt) {
   test::ScratchDir dir;
   const std::string path = dir.file("task0_x.npy");
@@ -201,15 +197,7 @@ TEST(Npy, ReadOfAFileWrittenInPlaceWhileMappedNamesIt) {
   std::vector<float> out(a.nbytes() / 4);
   a.read("rows", [&] { std::memcpy(out.data(), a.data(), a.nbytes()); });
   EXPECT_EQ(out.back(), 0.25f);
-  const std::string fresh = npy_bytes(header, raw_bytes(std::vector<float>(64 << 10, 0.75f)));
-  const int fd = ::open(path.c_str(), O_WRONLY);  // no O_TRUNC: the same size throughout
-  ASSERT_GE(fd, 0);
-  ASSERT_EQ(::pwrite(fd, fresh.data(), fresh.size(), 0), static_cast<ssize_t>(fresh.size()));
-  struct stat st {};
-  ASSERT_EQ(::fstat(fd, &st), 0);
-  const struct timespec times[2] = {st.st_atim, {st.st_mtim.tv_sec + 1, st.st_mtim.tv_nsec}};
-  ASSERT_EQ(::futimens(fd, times), 0);
-  ::close(fd);
+  test::write_in_place(path, npy_bytes(header, raw_bytes(std::vector<float>(64 << 10, 0.75f))));
   expect_config_error([&] { a.read("rows", [&] { std::memcpy(out.data(), a.data(), 16); }); }, path,
                       "rows: cannot be read: the file was modified after thetad opened it");
 }

@@ -322,6 +322,40 @@ TEST_F(ModelFiles, TokenFileTruncatedWhileRunning) {
   }
 }
 
+// A flat token file written into in place while the job runs (the same size, ids still within the
+// vocabulary: read before as the new ids, silently), or another file renamed into its place: the
+// next batch is an error naming the file.
+TEST_F(ModelFiles, TokenFileWrittenInPlaceOrReplacedWhileRunning) {
+  const std::string data = file("tokens");
+  fs::create_directories(data);
+  const auto ids_bytes = [](int shift) {
+    std::vector<uint16_t> ids(4096);
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<uint16_t>((i + static_cast<size_t>(shift)) % 16);
+    return std::string(reinterpret_cast<const char*>(ids.data()), ids.size() * 2);
+  };
+  const std::string bin = data + "/task0.bin";
+  const config::Job j = job(kLlama, {"data.kind=tokens", "data.dir=" + data, "data.token_dtype=uint16"});
+  const auto model = make_model(j, torch::kCPU);
+  for (const bool rename : {false, true}) {
+    put(bin, ids_bytes(0));
+    const auto source = make_data(j, *model, torch::kCPU);
+    source->batch(0, 0, 1, 0, 2);
+    if (rename) {
+      put(data + "/new.bin", ids_bytes(1));
+      ASSERT_EQ(::rename((data + "/new.bin").c_str(), bin.c_str()), 0);
+    } else {
+      test::write_in_place(bin, ids_bytes(1));
+    }
+    try {
+      source->batch(1, 0, 1, 0, 2);
+      ADD_FAILURE() << "no error after the token file changed (rename " << rename << ")";
+    } catch (const Error& e) {
+      const std::string why = rename ? "another file was put in its place" : "written into since the start (now 8192 bytes";
+      EXPECT_NE(std::string(e.what()).find(bin + ": changed while the job ran: " + why), std::string::npos) << e.what();
+    }
+  }
+}
+
 // Features and targets (.npy, mapped) cut short while the job runs: the next batch is an error
 // naming the file, not SIGBUS.
 TEST_F(ModelFiles, NpyDataTruncatedWhileRunning) {
