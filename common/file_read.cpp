@@ -19,6 +19,7 @@ FileVersion file_version(const struct stat& st) {
   return {static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino),
           int64_t{st.st_mtim.tv_sec} * 1000000000 + st.st_mtim.tv_nsec};
 }
+
 namespace {
 
 ReadResult failed(ReadFailure f, std::string why) { return {f, std::move(why)}; }

@@ -21,6 +21,7 @@ struct FileVersion {
   uint64_t device = 0, inode = 0;
   int64_t modified_ns = 0;
   bool same_file(const FileVersion& o) const { return device == o.device && inode == o.inode; }
+  bool same_version(const FileVersion& o) const { return same_file(o) && modified_ns == o.modified_ns; }
 };
 FileVersion file_version(const struct stat& st);
 

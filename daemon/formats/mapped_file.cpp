@@ -49,7 +49,7 @@ void MappedFile::check_read(const std::string& what, bool completed) const {
   const bool whole = !same || static_cast<size_t>(st.st_size) >= size_;
   // Written into in place (same file, a new modification time): a private map shows the new bytes
   // of every page it has not copied, so reads would mix the file as it was with the file as it is.
-  const bool written = same && whole && now_version.modified_ns != version_.modified_ns;
+  const bool written = same && whole && !now_version.same_version(version_);
   if (completed && whole && !written) return;
   if (written)
     throw ConfigError(path_ + ": " + what + ": cannot be read: the file was modified after thetad opened it "

@@ -93,7 +93,7 @@ class TokenFile {
     struct stat st {};
     const Fd fd{open_checked(&st, /*started=*/true)};
     const FileVersion now = file_version(st);
-    if (!now.same_file(version_) || now.modified_ns != version_.modified_ns)
+    if (!now.same_version(version_))
       throw Error(path_ + ": changed while the job ran: " +
                   (now.same_file(version_) ? "written into since the start (now " + std::to_string(st.st_size) +
                                                  " bytes, " + std::to_string(size_) + " at the start)"
