@@ -34,7 +34,7 @@ struct Best {
 
 class TaskEvaluation final : public Evaluation {
  public:
-  TaskEvaluation(const config::Job& job, TaskModel& model, const ParamGroups& groups, const Homes& homes,
+  TaskEvaluation(const config::Job& job, TaskModel& model, const ParamGroups& groups, Homes& homes,
                  comm::ControlPlane& plane, const DataPlane& data, StepRecorder& recorder)
       : job_(job), model_(model), groups_(groups), homes_(homes), plane_(plane), data_(data), recorder_(recorder),
         rank_(plane.rank()), world_(plane.size()), keep_best_(job.export_.best == config::ExportPick::EvalLoss) {
@@ -112,6 +112,9 @@ class TaskEvaluation final : public Evaluation {
     const auto t0 = Clock::now();
     const std::vector<int> tasks = eval_tasks_at(job_, world_, completed);
     if (tasks.empty()) return;  // eval.tasks: scheduled, and none trained since the last point (alike on every rank)
+    // Under comm.sole_user: keep a task trained on another rank than t mod world leaves this
+    // rank's replica stale; evaluating it (and keeping it as the best) would read its old values.
+    homes_.make_current();
     std::vector<double> loss(tasks.size(), std::nan(""));
     std::vector<int64_t> counted(tasks.size(), 0);
     run_mine(tasks, loss, counted);
@@ -183,7 +186,7 @@ class TaskEvaluation final : public Evaluation {
   const config::Job& job_;
   TaskModel& model_;
   const ParamGroups& groups_;
-  const Homes& homes_;
+  Homes& homes_;
   comm::ControlPlane& plane_;
   const DataPlane& data_;
   StepRecorder& recorder_;
@@ -197,7 +200,7 @@ class TaskEvaluation final : public Evaluation {
 }  // namespace
 
 std::unique_ptr<Evaluation> Evaluation::create(const config::Job& job, TaskModel& model, const ParamGroups& groups,
-                                               const Homes& homes, comm::ControlPlane& plane, const DataPlane& data,
+                                               Homes& homes, comm::ControlPlane& plane, const DataPlane& data,
                                                StepRecorder& recorder, RunState& state) {
   if (job.eval.dir.empty()) return nullptr;
   auto eval = std::make_unique<TaskEvaluation>(job, model, groups, homes, plane, data, recorder);

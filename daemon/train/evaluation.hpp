@@ -6,7 +6,8 @@
 // allgather on the control plane (bounded by comm.timeout_s): rank 0 logs them and writes an
 // evaluation record to the metrics, and at the end a table of each task's best eval loss and its
 // step. export.best: eval_loss keeps a host copy of each task's adapter at its best eval loss
-// (on its exporting rank) and the export writes that one.
+// (on its exporting rank) and the export writes that one. Every replica is made current first
+// (Homes::make_current): under comm.sole_user: keep a task's current values may be on another rank.
 #pragma once
 
 #include <memory>
@@ -28,7 +29,7 @@ class Evaluation {
   // Without eval.dir: nullptr. Opens this rank's tasks' eval files (checked before the run) and,
   // with export.best: eval_loss, has `state`'s export read the kept adapters.
   static std::unique_ptr<Evaluation> create(const config::Job& job, TaskModel& model, const ParamGroups& groups,
-                                            const Homes& homes, comm::ControlPlane& plane, const DataPlane& data,
+                                            Homes& homes, comm::ControlPlane& plane, const DataPlane& data,
                                             StepRecorder& recorder, RunState& state);
   // After `completed` steps (their updates queued): evaluates when due (a multiple of
   // eval.every_steps, or the job's last step); at the run's `end` (the last step, or a stop) rank 0
