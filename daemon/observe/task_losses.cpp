@@ -35,8 +35,9 @@ std::vector<int64_t> pack_task_losses(const std::vector<TaskRowsLoss>& entries, 
     const TaskRowsLoss& e = entries[i];
     THETAD_CHECK(e.task >= 0 && e.rows > 0 && e.rows <= kLow32 >> 1, InternalError, "a step's task losses: task ",
                  e.task, " with ", e.rows, " rows");
-    words[1 + 2 * i] = static_cast<int64_t>(e.task) | (e.rows << 32);
-    words[2 + 2 * i] = bits_of(e.loss);
+    words[1 + 3 * i] = static_cast<int64_t>(e.task) | (e.rows << 32);
+    words[2 + 3 * i] = bits_of(e.loss);
+    words[3 + 3 * i] = bits_of(e.kept_grad_sq);
   }
   return words;
 }
@@ -50,8 +51,8 @@ std::vector<TaskRowsLoss> unpack_task_losses(const std::vector<int64_t>& words, 
     THETAD_CHECK(w[0] >= 0 && static_cast<size_t>(w[0]) <= capacity, InternalError, "task losses of rank ", r,
                  ": ", w[0], " entries, room for ", capacity);
     for (int64_t i = 0; i < w[0]; ++i) {
-      const int64_t head = w[1 + 2 * i];
-      out.push_back({static_cast<int>(head & kLow32), head >> 32, double_of(w[2 + 2 * i])});
+      const int64_t head = w[1 + 3 * i];
+      out.push_back({static_cast<int>(head & kLow32), head >> 32, double_of(w[2 + 3 * i]), double_of(w[3 + 3 * i])});
     }
   }
   return out;

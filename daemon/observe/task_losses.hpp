@@ -17,10 +17,14 @@ struct TaskRowsLoss {
   int task = 0;
   int64_t rows = 0;
   double loss = 0.0;
+  // The squared norm of the task's reduced gradient where this rank alone holds it (its one
+  // trainer kept it: comm.sole_user: keep), on one entry of the task; -1 elsewhere. Rank 0's
+  // gradient norms need it: its own buffers of that group were never reduced.
+  double kept_grad_sq = -1.0;
 };
 
-// Words of one rank's record with room for `capacity` entries: a count, then two words each.
-inline size_t task_loss_words(size_t capacity) { return 1 + 2 * capacity; }
+// Words of one rank's record with room for `capacity` entries: a count, then three words each.
+inline size_t task_loss_words(size_t capacity) { return 1 + 3 * capacity; }
 
 // This rank's entries as task_loss_words(capacity) words. InternalError where there are more
 // entries than `capacity` or a task or row count does not fit its 32 bits.

@@ -6,13 +6,16 @@
 namespace thetad::daemon {
 
 GradNormParts grad_norm_parts(comm::Engine& engine, const ParamGroups& groups, const std::vector<comm::GradMemory>& modes,
-                              const std::vector<int32_t>& contributors, torch::Device device) {
+                              const std::vector<int32_t>& contributors, torch::Device device, bool kept_only) {
   GradNormParts out;
+  const int rank = engine.communicator().rank();
   std::vector<torch::Tensor> pieces;
   const auto opts = torch::TensorOptions().dtype(torch::kFloat32).device(device);
   const comm::BucketPlan& plan = engine.plan();
   for (size_t g = 0; g < modes.size() && g < contributors.size(); ++g) {
     if (contributors[g] <= 0) continue;
+    const int keeper = contributors[g] == 1 ? engine.kept_by(static_cast<int>(g)) : -1;
+    if ((keeper >= 0 && keeper != rank) || (kept_only && keeper != rank)) continue;
     switch (modes[g]) {
       case comm::GradMemory::none: break;  // never a gradient
       case comm::GradMemory::streamed: out.whole = false; break;
@@ -35,6 +38,7 @@ GradNormParts grad_norm_parts(comm::Engine& engine, const ParamGroups& groups, c
         }
         break;
     }
+    out.kept.resize(out.group.size(), keeper == rank ? 1 : 0);
   }
   if (!pieces.empty()) out.norms = torch::stack(torch::_foreach_norm(pieces, 2));
   return out;

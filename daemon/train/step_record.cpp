@@ -93,9 +93,9 @@ void StepRecorder::queue_losses(PendingStep& p, const torch::Tensor& total,
   p.losses = packed.contiguous();
 }
 
-// The record's time stamp, throughput (every rank's rows, and positions for token models, over
-// the step's wall time) and gradient norms (`norms`: the step's pieces' norms, read with its losses).
-void StepRecorder::add_rates_and_norms(StepRecord& rec, const PendingStep& p, const float* norms) const {
+// The record's time stamp and throughput (every rank's rows, and positions for token models, over
+// the step's wall time).
+void StepRecorder::add_rates(StepRecord& rec) const {
   rec.time = utc_time_now();
   const double rows = double(job_.data.batch_per_rank) * double(job_.accumulate_steps) * double(ctrl_.size());
   const bool tokens = job_.model.kind == config::ModelKind::Transformer || job_.data.kind == config::DataKind::Tokens;
@@ -103,19 +103,42 @@ void StepRecorder::add_rates_and_norms(StepRecord& rec, const PendingStep& p, co
     rec.samples_per_s = rows / (rec.step_ms / 1000.0);
     if (tokens) rec.tokens_per_s = rows * double(job_.model.seq_len) / (rec.step_ms / 1000.0);
   }
-  if (!p.grad.norms.defined() && p.grad.whole) return;
-  std::map<int, double> squares;  // per group
-  double total = 0;
-  for (size_t i = 0; i < p.grad.group.size(); ++i) {
+}
+
+namespace {
+
+// The squared norms per group of this rank's pieces (`norms`: read with the step's losses). A
+// group this rank kept is on no other rank: its square goes on its task's first entry of `mine`,
+// on its way to rank 0 with the task losses.
+std::map<int, double> group_squares(const GradNormParts& grad, const float* norms, std::vector<TaskRowsLoss>& mine) {
+  std::map<int, double> squares, kept;
+  for (size_t i = 0; i < grad.group.size(); ++i) {
     const double n = norms[i];
-    squares[p.grad.group[i]] += n * n;
-    total += n * n;
+    (grad.kept[i] ? kept : squares)[grad.group[i]] += n * n;
   }
-  rec.grad_norm = p.grad.whole ? std::sqrt(total) : std::nan("");
+  for (TaskRowsLoss& e : mine) {
+    const auto it = kept.find(e.task + 1);
+    if (it == kept.end()) continue;
+    e.kept_grad_sq = it->second;
+    kept.erase(it);
+  }
+  return squares;
+}
+
+// The gradient norms: this rank's squares and the kept groups' of `entries` (rank 0: every rank's).
+void set_grad_norms(StepRecord& rec, bool whole, std::map<int, double> squares, const std::vector<TaskRowsLoss>& entries) {
+  for (const TaskRowsLoss& e : entries)
+    if (e.kept_grad_sq >= 0) squares[e.task + 1] += e.kept_grad_sq;
+  if (squares.empty() && whole) return;
+  double total = 0;
+  for (const auto& [g, sq] : squares) total += sq;
+  rec.grad_norm = whole ? std::sqrt(total) : std::nan("");
   rec.grad_norm_task.clear();
   for (const auto& [g, sq] : squares)
     if (g > 0) rec.grad_norm_task.push_back({g - 1, std::sqrt(sq)});
 }
+
+}  // namespace
 
 void StepRecorder::finish(PendingStep& p, const std::function<void(StepRecord&)>& before_write, bool gather) {
   if (p.written) return;
@@ -145,7 +168,9 @@ void StepRecorder::finish(PendingStep& p, const std::function<void(StepRecord&)>
   rec.loss = l[0];
   std::vector<TaskRowsLoss> mine;
   for (size_t i = 0; i < p.tasks.size(); ++i) mine.push_back({p.tasks[i], p.rows[i], l[i + 1]});
-  add_rates_and_norms(rec, p, l + 1 + p.tasks.size());
+  add_rates(rec);
+  const std::map<int, double> squares = group_squares(p.grad, l + 1 + p.tasks.size(), mine);
+  set_grad_norms(rec, p.grad.whole, squares, mine);
   rec.task_loss = merge_task_losses(mine);
   // Every rank's tasks to rank 0 (the others wait for it too: a collective of every rank).
   comm::ControlPlane::Gathered all =
@@ -156,7 +181,10 @@ void StepRecorder::finish(PendingStep& p, const std::function<void(StepRecord&)>
   const auto add_others = [&](bool wait) {
     if (!all.posted() || (!wait && !all.ready())) return;
     const std::vector<int64_t>& words = all.get();
-    if (rank_ == 0) rec.task_loss = merge_task_losses(unpack_task_losses(words, ctrl_.size(), max_task_losses_));
+    if (rank_ != 0) return;
+    const std::vector<TaskRowsLoss> every = unpack_task_losses(words, ctrl_.size(), max_task_losses_);
+    rec.task_loss = merge_task_losses(every);
+    set_grad_norms(rec, p.grad.whole, squares, every);
   };
   // step_ms and the device memory come with the record (the trainer's, at the step's end on the host).
   const auto write = [&] {

@@ -40,7 +40,7 @@ struct PendingStep {
   StepRecord rec;
   std::vector<int> tasks;   // the task of each entry of losses after the first
   std::vector<int64_t> rows;  // and its rows
-  GradNormParts grad;       // the reduced gradient's pieces' norms (where metrics are written)
+  GradNormParts grad;       // the reduced gradient's pieces' norms (where metrics are written; kept groups' elsewhere)
   torch::Tensor losses;     // host float32: the step's loss, then the task losses, then grad.norms
   std::unique_ptr<DeviceMarks> marks;  // GPUs: phase events and the losses' copy event
   bool written = false;     // its metrics record is out (finish ran)
@@ -76,7 +76,7 @@ class StepRecorder {
   Progress& progress() { return *progress_; }
 
  private:
-  void add_rates_and_norms(StepRecord& rec, const PendingStep& p, const float* norms) const;
+  void add_rates(StepRecord& rec) const;
   const config::Job& job_;
   const DataPlane& plane_;
   comm::ControlPlane& ctrl_;

@@ -114,8 +114,10 @@ void Trainer::backward(torch::Tensor& total, bool last, const StepPlan& plan, Pe
   p.rec.backward_ms += ms_since(t1);
   if (last) {
     finish_reduce(p);
-    if (recorder_->writes_metrics())  // the reduced gradient's norms, read with the step's losses
-      p.grad = grad_norm_parts(*engine_, *groups_, homes_->grad_memory(), engine_->contributors(), data_.device);
+    // The reduced gradient's norms, read with the step's losses: where metrics are written, and
+    // elsewhere those of the groups whose gradient this rank alone kept (they go to rank 0).
+    p.grad = grad_norm_parts(*engine_, *groups_, homes_->grad_memory(), engine_->contributors(), data_.device,
+                             /*kept_only=*/!recorder_->writes_metrics());
     homes_->after_reduce();
     hooks_->end_window();
   }

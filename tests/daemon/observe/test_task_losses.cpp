@@ -17,7 +17,7 @@ TEST(TaskLosses, PackUnpackMerge) {
   const size_t cap = 3;
   // Rank 0: task 5 in two micro-steps; rank 1: tasks 2 and 5; rank 2: nothing this step.
   const std::vector<TaskRowsLoss> r0{{5, 3, 0.25}, {5, 1, 0.75}};
-  const std::vector<TaskRowsLoss> r1{{2, 4, std::nextafter(0.1, 1.0)}, {5, 4, 1.0}};
+  const std::vector<TaskRowsLoss> r1{{2, 4, std::nextafter(0.1, 1.0), 2.5}, {5, 4, 1.0}};
   std::vector<int64_t> words = pack_task_losses(r0, cap);
   ASSERT_EQ(words.size(), task_loss_words(cap));
   const std::vector<int64_t> w1 = pack_task_losses(r1, cap), w2 = pack_task_losses({}, cap);
@@ -28,6 +28,8 @@ TEST(TaskLosses, PackUnpackMerge) {
   EXPECT_EQ(all[2].task, 2);
   EXPECT_EQ(all[2].rows, 4);
   EXPECT_EQ(all[2].loss, std::nextafter(0.1, 1.0));  // bit for bit
+  EXPECT_EQ(all[2].kept_grad_sq, 2.5);  // a kept group's squared norm rides along
+  EXPECT_EQ(all[3].kept_grad_sq, -1.0);
   const std::vector<TaskLoss> merged = merge_task_losses(all);
   ASSERT_EQ(merged.size(), 2u);
   EXPECT_EQ(merged[0].task, 2);
