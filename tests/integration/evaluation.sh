@@ -148,6 +148,44 @@ print("eval losses bitwise equal on 1 and 2 ranks:", one[0])
 PY
 ); then pass "$out"; else fail "$out"; fi
 
+# comm.sole_user: keep (the default) on 2 ranks, each task trained by one rank only, and that rank
+# not t mod 2, the one that evaluates and exports the task: every evaluation's losses, the best
+# adapters exported and rank 0's gradient norms are those of sending every gradient (broadcast);
+# read from the stale replicas, the losses stayed the initial ones and the norms of the tasks
+# trained on rank 1 were 0.
+for mode in keep broadcast; do
+  run_np "sole_$mode" 2 "$job" "${files[@]}" --set data.schedule=per_rank --set "data.per_rank=[[1,3],[0,2]]" \
+    --set steps=16 --set comm.sole_user=$mode --set export.best=eval_loss \
+    --set export.adapters_dir="$WORK/sole_$mode/task{task}"
+done
+expect_in sole_keep "resident groups follow the replica rule"
+if out=$("$py" - "$WORK" <<'PY' 2>&1
+import json, sys
+w = sys.argv[1]
+def records(name):
+    recs = [json.loads(l) for l in open(f"{w}/{name}.jsonl")]
+    return [r for r in recs if r.get("kind") == "eval"], [r for r in recs if r.get("kind") == "train"]
+(ek, tk), (eb, tb) = records("sole_keep"), records("sole_broadcast")
+assert sum(r["buckets_kept"] for r in tk) > 0, "nothing was kept"
+assert [r["eval_loss"] for r in ek] == [r["eval_loss"] for r in eb], (ek, eb)
+first, last = ek[0]["eval_loss"], ek[-1]["eval_loss"]
+assert all(first[t] != last[t] for t in first), ("an eval loss never moved", first, last)
+for a, b in zip(tk, tb):
+    na = {e["task"]: e["norm"] for e in a["grad_norm_task"]}
+    nb = {e["task"]: e["norm"] for e in b["grad_norm_task"]}
+    assert sorted(na) == sorted(nb) == [0, 1, 2, 3], (a["step"], na, nb)
+    for t in nb:
+        assert abs(na[t] - nb[t]) <= 1e-6 * nb[t], (a["step"], t, na[t], nb[t])
+    assert abs(a["grad_norm"] - b["grad_norm"]) <= 1e-6 * b["grad_norm"], (a["step"], a["grad_norm"], b["grad_norm"])
+print("keep == broadcast: eval losses bitwise at", [r["step"] for r in ek], "; grad norms of every task")
+PY
+); then pass "$out"; else fail "$out"; fi
+for t in 0 1 2 3; do
+  if cmp -s "$WORK/sole_keep/task$t/adapter_model.safetensors" "$WORK/sole_broadcast/task$t/adapter_model.safetensors"; then
+    pass "task $t: the best adapter exported under keep is broadcast's"
+  else fail "task $t: the best adapters differ between keep and broadcast"; fi
+done
+
 # data.loss_mask, and the gradient norms' values: one plain SGD step of lr 1 from adapters whose B
 # is zero moves only B, by minus its gradient (A's gradient is B-times-something: zero), so each
 # task's grad_norm_task is the norm of its B after the step. Task 2's targets are all masked: loss
@@ -180,4 +218,9 @@ assert norm[2] == 0 and all(norm[t] > 0 for t in (0, 1, 3)), norm
 print("grad_norm_task = each task's step (SGD, lr 1); a fully masked task: loss 0, gradient 0:", norm)
 PY
 ); then pass "$out"; else fail "$out"; fi
+# A pass of one row with masked targets: the mask leaves the inputs alone (it wrote -1 into the
+# input tokens through a view: "index out of range").
+run_np masked_one_row 1 "$job" --set data.dir="$WORK/masks" --set data.loss_mask=true --set eval.dir="$WORK/masks" \
+  --set steps=2 --set eval.every_steps=1 --set eval.rows=2 --set data.batch_per_rank=1 --set data.schedule=per_rank \
+  --set "data.per_rank=[[1]]"
 finish
