@@ -39,7 +39,9 @@ using namespace detail;
 // whose mask byte is 0 (`mask` [rows, seq_len], where given) becomes -1.
 Batch split_windows(const torch::Tensor& windows, const torch::Tensor& mask = {}) {
   const int64_t s = windows.size(1) - 1;
-  torch::Tensor y = windows.narrow(1, 1, s).contiguous();
+  // A copy always: for one row the narrowed view already counts as contiguous, and masking it
+  // would write -1 into the windows, the inputs' tokens among them.
+  torch::Tensor y = windows.narrow(1, 1, s).clone(torch::MemoryFormat::Contiguous);
   if (mask.defined()) y.masked_fill_(mask.eq(0), -1);
   return {windows.narrow(1, 0, s).contiguous(), y};
 }
