@@ -24,6 +24,8 @@
 #include "daemon/plan/device_memory_estimate.hpp"
 #include "daemon/plan/input_path.hpp"
 #include "daemon/plan/memory_estimate.hpp"
+#include "daemon/plan/outputs_apart.hpp"
+#include "daemon/plan/peft_config.hpp"
 #include "daemon/plan/token_files.hpp"
 #include "daemon/train/stop_agreement.hpp"
 #include "daemon/train/trainer.hpp"
@@ -174,6 +176,13 @@ void check_token_files(const thetad::config::Job& job, int world, int rank, bool
               << " rank(s) trains and evaluates; a run on more ranks checks the tasks it adds before it starts)\n";
 }
 
+// The adapters to continue from and the outputs kept out of the inputs (daemon/plan): exit 2
+// before anything starts, for validate as for every rank of a run of `world` ranks.
+void check_paths(const thetad::config::Job& job, int world) {
+  thetad::daemon::check_adapter_inputs(job);
+  thetad::daemon::check_outputs_apart(job, world);
+}
+
 // Stop signals and the launcher's ready word: the first thing `run` does.
 void install_stop_handlers() {
   // A stop asked for during start-up (a launcher's SIGTERM after Ctrl-C or preemption) is
@@ -210,6 +219,7 @@ int run_in_session(const Args& a, const thetad::config::Job& job, const thetad::
     thetad::log::check_file();  // a log.file that takes no line (a full disk) stops the run now
     check_memory(job, world.local_size, "this node (" + std::to_string(world.local_size) + " rank(s))");
     check_token_files(job, world.size, world.rank, false);  // a rank whose files are bad ends the job (below)
+    check_paths(job, world.size);
     code = thetad::daemon::run_worker(job, thetad::daemon::RunOptions{a.resume});
     thetad::log::check_file();  // the run's last lines (the final hash) too
   } catch (const std::exception& e) {
@@ -366,7 +376,9 @@ int main(int argc, char** argv) {
       check_memory(job, 1, "this host (counted for one rank)");
       report_device_memory(job);
       const bool per_rank = job.data.schedule == thetad::config::ScheduleKind::PerRank;
-      check_token_files(job, per_rank ? static_cast<int>(job.data.per_rank.size()) : 1, 0, true);
+      const int world = per_rank ? static_cast<int>(job.data.per_rank.size()) : 1;
+      check_token_files(job, world, 0, true);
+      check_paths(job, world);
       std::cout << thetad::config::to_yaml(job);
       return thetad::kExitOk;
     }

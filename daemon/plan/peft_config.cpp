@@ -1,12 +1,14 @@
-// check_adapter_config (see peft_config.hpp).
+// check_adapter_config and check_adapter_inputs (see peft_config.hpp).
 #include "daemon/plan/peft_config.hpp"
 
+#include <filesystem>
 #include <set>
 
 #include "common/errors.hpp"
 #include "common/file_read.hpp"
 #include "common/json_read.hpp"
 #include "common/text.hpp"
+#include "config/placeholders.hpp"
 #include "config/schema.hpp"
 #include "daemon/formats/hf_names.hpp"
 
@@ -61,6 +63,33 @@ void check_adapter_config(const std::string& dir, const config::Job& job) {
     if (!get(key).is_null()) bad(std::string(key) + " = " + json_brief(get(key)) + " is not supported");
   for (const char* key : {"rank_pattern", "alpha_pattern"})
     if (!get(key).is_null() && !get(key).empty()) bad(std::string(key) + " = " + json_brief(get(key)) + " is not supported");
+}
+
+}  // namespace thetad::daemon
+
+namespace thetad::daemon {
+
+void check_adapter_inputs(const config::Job& job) {
+  if (job.model.kind != config::ModelKind::Transformer || job.lora.init_from.empty()) return;
+  const bool per_task = job.lora.init_from.find("{task}") != std::string::npos;
+  for (int64_t t = 0; t < (per_task ? job.model.tasks : 1); ++t) {
+    config::PathValues v;
+    v.job = job.name;
+    v.rank = 0;
+    v.task = t;
+    const std::string dir = config::expand_placeholders(job.lora.init_from, v);
+    std::error_code ec;
+    if (!std::filesystem::exists(dir, ec)) continue;  // that task starts afresh
+    check_adapter_config(dir, job);
+    const std::string weights = dir + "/adapter_model.safetensors";
+    const std::string outside = link_outside(dir, "adapter_model.safetensors");
+    if (!outside.empty()) throw ConfigError(weights + ": lora.init_from: " + outside);
+    // A regular file (its tensors are checked as the run maps and reads them).
+    std::error_code st_ec;
+    if (!std::filesystem::is_regular_file(weights, st_ec))
+      throw ConfigError(weights + ": lora.init_from: " +
+                        (std::filesystem::exists(weights, st_ec) ? "not a regular file" : "missing (a PEFT adapter directory has one)"));
+  }
 }
 
 }  // namespace thetad::daemon

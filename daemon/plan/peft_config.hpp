@@ -18,4 +18,10 @@ std::string peft_module_word(const std::string& target);
 // lora.init_from: ..." naming the key and both values.
 void check_adapter_config(const std::string& dir, const config::Job& job);
 
+// Every task's lora.init_from directory that exists ({task} expanded; one missing starts afresh):
+// its adapter_config.json as above, and its adapter_model.safetensors a regular file within the
+// directory. thetad validate and every rank of thetad run, before anything starts (the tensors are
+// checked as the run maps and reads them).
+void check_adapter_inputs(const config::Job& job);
+
 }  // namespace thetad::daemon

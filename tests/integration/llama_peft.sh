@@ -79,6 +79,27 @@ expect_in export_busy "busy/1: export.adapters_dir: holds 'notes.txt'"
 expect_code 2 lora_rank "$logits_bin" "$job" --set model.init_from="$base" --set lora.init_from="$WORK/adapters/{task}" \
   --set lora.rank=2 --tokens "$WORK/tokens.npy" --task 0 --out "$WORK/x.npy"
 expect_in lora_rank "adapters/0/adapter_config.json: lora.init_from: r = 4 but lora.rank is 2"
+# thetad validate refuses what run refuses: that rank, a FIFO for adapter_config.json (it does not
+# block), the merged model written into its base, and an export into the adapters it continues from.
+expect_code 2 validate_lora_rank "$thetad" validate "$job" --set model.init_from="$base" \
+  --set lora.init_from="$WORK/adapters/{task}" --set lora.rank=2
+expect_in validate_lora_rank "adapters/0/adapter_config.json: lora.init_from: r = 4 but lora.rank is 2"
+mkdir -p "$WORK/fifo_adapter/0" && mkfifo "$WORK/fifo_adapter/0/adapter_config.json"
+expect_code 2 validate_lora_fifo timeout 20 "$thetad" validate "$job" --set model.init_from="$base" \
+  --set lora.init_from="$WORK/fifo_adapter/{task}"
+expect_in validate_lora_fifo "fifo_adapter/0/adapter_config.json: lora.init_from: .*not a regular file"
+cp -r "$base" "$WORK/base_copy"
+sum_before=$(cat "$WORK/base_copy"/*.safetensors | md5sum)
+for cmd in validate run; do
+  expect_code 2 "merged_into_base_$cmd" "$thetad" $cmd "$job" --no-resume --set model.init_from="$WORK/base_copy" \
+    --set export.merged_dir="$WORK/base_copy/" --set "export.merged_tasks=[0]" --set checkpoint.dir="$WORK/mib.ckpt"
+  expect_in "merged_into_base_$cmd" "base_copy/: export.merged_dir is model.init_from"
+done
+[ "$(cat "$WORK/base_copy"/*.safetensors | md5sum)" = "$sum_before" ] && pass "merged_into_base: the base is untouched" \
+  || fail "merged_into_base: the base changed"
+expect_code 2 export_into_init "$thetad" validate "$job" --set model.init_from="$base" \
+  --set lora.init_from="$WORK/adapters/{task}" --set export.adapters_dir="$WORK/adapters/{task}"
+expect_in export_into_init "adapters/0: export.adapters_dir \(task 0\) is lora.init_from \(task 0\)"
 
 # Flat uint16 token files (one per task), read window by window; a file that is not whole ids: exit 2.
 mkdir -p "$WORK/bin"
