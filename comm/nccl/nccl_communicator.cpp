@@ -219,7 +219,11 @@ std::shared_ptr<void> NcclCommunicator::allocate(size_t bytes) {
   CUDA_CHECK(cudaSetDevice(core_->device));
   void* p = nullptr;
   CUDA_CHECK(cudaMalloc(&p, bytes ? bytes : 1));
+  // Zero before any stream may touch it: cudaMemset runs on the legacy default stream, which the
+  // non-blocking comm and copy streams do not wait for; unfinished, it could zero the count
+  // exchange's result after it landed on one rank only (that rank then launches other buckets).
   CUDA_CHECK(cudaMemset(p, 0, bytes ? bytes : 1));
+  CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
   const int device = core_->device;
   return std::shared_ptr<void>(p, [device](void* q) {
     cudaSetDevice(device);

@@ -396,3 +396,31 @@ TEST(Engine, AdoptedGradientsNeedAWorldOfOne) {
     EXPECT_NE(std::string(e.what()).find("a world of one rank"), std::string::npos) << e.what();
   }
 }
+
+// The NCCL engine test's sequence over MPI: one communicator under engines of every option set in
+// turn (overwrite buffers with single-contributor buckets broadcast, the bf16 wire with and without
+// broadcasts): each engine's collectives must follow the previous one's in step on every rank.
+TEST(Engine, EnginesInTurnOnOneCommunicatorStayInStep) {
+  auto comm = make_mpi_communicator();
+  const int world = comm->size();
+  for (bool prune : {true, false})
+    for (Average avg : {Average::contributors, Average::world})
+      for (bool overwrite : {false, true}) {
+        EngineOptions o = options(prune, avg);
+        if (overwrite) o.grad_memory.assign(model_plan().num_groups, GradMemory::overwrite);
+        o.broadcast_min_ranks = overwrite ? 2 : 0;
+        Engine engine(comm, model_plan(), o);
+        RunResult r = run_engine(engine, host_memory(), kSteps, 1, o.grad_memory);
+        expect_matches_reference(r, model_plan(), world, 1, o, 0.0);
+      }
+  for (Average avg : {Average::world, Average::contributors})
+    for (int broadcast_min_ranks : {0, 2}) {
+      EngineOptions o = options(true, avg);
+      o.wire = DType::bf16;
+      o.broadcast_min_ranks = broadcast_min_ranks;
+      Engine engine(comm, model_plan(), o);
+      RunResult r = run_engine(engine, host_memory(), kSteps, 1);
+      const bool exact = avg == Average::world && (world & (world - 1)) == 0;
+      expect_matches_reference(r, model_plan(), world, 1, o, exact ? 0.0 : world * 0.004);
+    }
+}
