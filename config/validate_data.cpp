@@ -124,9 +124,6 @@ void Checker::eval() {
          "model.kind");
     return;
   }
-  if (j_.offload.enabled && ok("offload.enabled"))
-    fail("eval.dir", "cannot evaluate adapters held in the host store (offload.enabled: true): they reach the device "
-                     "only within a training step; evaluate a job with resident adapters", "offload.enabled");
   if (j_.offload.shared == SharedMode::Stream && !unknown("offload.shared"))
     fail("eval.dir", "cannot evaluate with a streamed base (offload.shared: stream): its layers reach the device "
                      "only within a training step", "offload.shared");

@@ -129,6 +129,15 @@ class GroupHome {
     throw InternalError("parameter " + std::to_string(p) + " has no initial values to draw in its home");
   }
 
+  // ---- a forward outside any step (evaluation) ----
+  // Points group g's parameters at its current values on the device the model computes on, for
+  // a forward without gradient between steps; the function returned puts them back. A home whose
+  // parameters always hold their current values there (resident) lends nothing: empty.
+  virtual std::function<void()> lend_to_forward(int g) {
+    (void)g;
+    return {};
+  }
+
   // ---- memory and metrics ----
   virtual HomeMemory device_memory() const { return {}; }
   virtual void add_stats(StepRecord& rec) { (void)rec; }

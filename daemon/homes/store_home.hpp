@@ -89,6 +89,10 @@ class StoreHome final : public GroupHome {
   const float* host_values(int p) override;
   bool initial(int g) const override;
   void initial_values(int p, float* dst) const override;
+  // A device copy of the group's current values (the store's, once its update landed; its initial
+  // values where it is not held), bound to its parameters until the function returned runs: a
+  // step binds only the groups it uses, so another binding left behind would hold device memory.
+  std::function<void()> lend_to_forward(int g) override;
 
   HomeMemory device_memory() const override;  // its slots and its lines (memory outside the allocator)
   void add_stats(StepRecord& rec) override;

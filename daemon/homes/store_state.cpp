@@ -1,6 +1,8 @@
-// θ[t] in the host store: what checkpoints, resume and the final hash read of it (see
-// store_home.hpp), and the stores' per-step traffic (shared with the streamed trunk).
+// θ[t] in the host store: what checkpoints, resume, the final hash and an evaluation read of it
+// (see store_home.hpp), and the stores' per-step traffic (shared with the streamed trunk).
+#include <cstring>
 #include <string>
+#include <utility>
 
 #include "common/errors.hpp"
 #include "daemon/homes/store_home.hpp"
@@ -86,6 +88,25 @@ void StoreHome::initial_values(int p, float* dst) const {
   torch::NoGradGuard no_grad;
   torch::Tensor view = torch::from_blob(dst, np.tensor.sizes(), torch::kFloat32);
   np.init(view);
+}
+
+std::function<void()> StoreHome::lend_to_forward(int g) {
+  THETAD_CHECK(!model_.row_chunked(g), InternalError, "group ", g,
+               " is streamed in row shards: it has no forward outside a step");
+  torch::NoGradGuard no_grad;
+  const bool held = store_->held(g);
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> bound;  // each parameter, and what it viewed
+  for (int p : groups_.members[static_cast<size_t>(g)]) {
+    torch::Tensor& t = groups_[p].tensor;
+    torch::Tensor values = torch::empty(t.sizes(), torch::kFloat32);
+    if (held) std::memcpy(values.data_ptr<float>(), host_values(p), static_cast<size_t>(t.numel()) * sizeof(float));
+    else initial_values(p, values.data_ptr<float>());
+    bound.emplace_back(t, t.data());
+    t.set_data(values.to(plane_.device));
+  }
+  return [bound]() mutable {
+    for (auto& [param, before] : bound) param.set_data(before);
+  };
 }
 
 }  // namespace thetad::daemon

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <iomanip>
 #include <limits>
 #include <map>
@@ -23,6 +24,15 @@ namespace thetad::daemon {
 namespace {
 
 using Clock = SteadyClock;
+
+// A group's parameters lent to a forward by its home (the host store binds θ[t] to the device
+// only within a step), given back at scope exit.
+struct Lent {
+  std::function<void()> give_back;
+  ~Lent() {
+    if (give_back) give_back();
+  }
+};
 
 // A task's best evaluation so far.
 struct Best {
@@ -69,6 +79,7 @@ class TaskEvaluation final : public Evaluation {
     for (size_t i = 0; i < tasks.size(); ++i) {
       if (tasks[i] % world_ != rank_) continue;
       const int t = tasks[i];
+      const Lent lent{homes_.of(t + 1).lend_to_forward(t + 1)};
       const int64_t rows = std::min(job_.eval.rows, files_->windows(t));
       for (int64_t first = 0; first < rows; first += per_pass) {
         const Batch host = files_->rows(t, first, std::min(per_pass, rows - first));
@@ -140,6 +151,7 @@ class TaskEvaluation final : public Evaluation {
 
   // A host copy of group g's parameters now (its best eval loss so far).
   void keep(int g) {
+    const Lent lent{homes_.of(g).lend_to_forward(g)};  // its current values, wherever its home keeps them
     GroupState st;
     st.group = g;
     st.steps = homes_.group_steps()[static_cast<size_t>(g)];

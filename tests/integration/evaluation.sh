@@ -186,6 +186,32 @@ for t in 0 1 2 3; do
   else fail "task $t: the best adapters differ between keep and broadcast"; fi
 done
 
+# Adapters in the host store (offload.enabled, only the scheduled tasks held): each evaluated
+# task's adapter is lent to the forward by the store, a task never trained evaluated at its
+# initial values; the same eval losses bitwise and the same best adapters as resident ones.
+for home in resident store; do
+  extra=()
+  [ "$home" = store ] && extra=(--set offload.enabled=true --set offload.host_groups=scheduled)
+  run_np "home_$home" 2 "$job" "${files[@]}" --set data.schedule=per_rank --set "data.per_rank=[[0,1],[2]]" \
+    --set steps=16 --set export.best=eval_loss --set export.adapters_dir="$WORK/home_$home/task{task}" "${extra[@]}"
+done
+if out=$("$py" - "$WORK" <<'PY' 2>&1
+import json, sys
+w = sys.argv[1]
+def evals(name):
+    return [(r["step"], r["eval_loss"]) for r in map(json.loads, open(f"{w}/{name}.jsonl")) if r.get("kind") == "eval"]
+res, sto = evals("home_resident"), evals("home_store")
+assert len(res) == 4 and res == sto, (res, sto)
+assert res[0][1]["3"] == res[-1][1]["3"] and res[0][1]["0"] != res[-1][1]["0"], res
+print("host store == resident: eval losses bitwise at", [s for s, _ in res], "(task 3 untrained, unchanged)")
+PY
+); then pass "$out"; else fail "$out"; fi
+for t in 0 1 2; do
+  if cmp -s "$WORK/home_resident/task$t/adapter_model.safetensors" "$WORK/home_store/task$t/adapter_model.safetensors"; then
+    pass "task $t: the best adapter exported from the host store is the resident run's"
+  else fail "task $t: the best adapters differ between the host store and resident"; fi
+done
+
 # data.loss_mask, and the gradient norms' values: one plain SGD step of lr 1 from adapters whose B
 # is zero moves only B, by minus its gradient (A's gradient is B-times-something: zero), so each
 # task's grad_norm_task is the norm of its B after the step. Task 2's targets are all masked: loss
