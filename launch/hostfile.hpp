@@ -1,6 +1,7 @@
 // An Open MPI hostfile as the launcher's plan reads it: one host per line, `host [slots=N]
 // [max_slots=N] ...`, '#' comments. Every count is checked before anything starts: a value that
-// is not a whole number from 1 to kMaxRanks is a ConfigError (exit 2) naming the file and line.
+// is not a whole number from 1 to kMaxRanks is a ConfigError (exit 2) naming the file and line,
+// and so is a host on two lines (naming both), which mpirun would not run as the plan's two nodes.
 #pragma once
 
 #include <string>
@@ -20,7 +21,10 @@ struct HostfileEntry {
 
 // Reads `path` (a regular file of at most 1 MiB) and parses it; throws ConfigError.
 std::vector<HostfileEntry> read_hostfile(const std::string& path);
-// Parses hostfile text; `path` names the file in messages.
+// Parses hostfile text; `path` names the file in messages. Two lines name one host when mpirun
+// makes one node of them (user@ dropped, the name cut at its first dot; localhost, this machine's
+// host name and its loopback and interface addresses are this machine) or when they differ only
+// in case (one machine to DNS).
 std::vector<HostfileEntry> parse_hostfile(const std::string& text, const std::string& path);
 
 // A count as the launcher takes it from a user: 1 to `max`, decimal digits only; -1 otherwise.

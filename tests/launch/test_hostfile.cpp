@@ -1,6 +1,11 @@
 // Hostfile counts as the plan reads them: every slots= checked (no atoi wrap-around to a
-// negative or huge -np), exit 2 naming the file and the line.
+// negative or huge -np), exit 2 naming the file and the line; a host listed twice refused with
+// both lines (mpirun would refuse it, or run a node other than the one planned).
 #include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <string>
+#include <vector>
 
 #include "common/errors.hpp"
 #include "launch/hostfile.hpp"
@@ -38,6 +43,34 @@ TEST(Hostfile, HostsAndTheirSlots) {
   EXPECT_EQ(h[1].slots, 2);
   EXPECT_EQ(h[2].slots, 0);
   EXPECT_EQ(parse_hostfile("n slots=1048576\n", "f")[0].slots, 1048576);
+}
+
+TEST(Hostfile, HostListedTwiceNamesBothLines) {
+  // Open MPI 4.1 refuses this one itself ("multiple definitions of the slot count"), after the
+  // launcher had planned two nodes of 2: the launcher reported only "no rank recorded a failure".
+  EXPECT_EQ(refusal("# c\nnodeA slots=2\nnodeB slots=2\nnodeA slots=2\n"),
+            "hostfile 'hosts.txt' lines 2 and 4 both name host 'nodeA': list each host once, with "
+            "slots=N for its ranks (mpirun takes both lines for one node)");
+  // What mpirun takes for one node (user@, the domain, a trailing dot, a loopback address, this
+  // machine's own name) and what DNS does (case): refused the same way.
+  char here[256] = {};
+  ASSERT_EQ(::gethostname(here, sizeof here - 1), 0);
+  const std::string self(here);
+  const std::vector<std::string> same = {
+      "nodeA\nnodeA slots=1\n", "nodeA slots=2\nnodeA\n", "nodeA\nnodeA\n", "nodeA\nNODEA\n",
+      "nodeA\nnodeA.\n", "nodeA\nnodeA.cluster.example\n", "nodeA.x.example\nnodeA.y.example\n",
+      "nodeA\nroot@nodeA\n", "10.0.0.1\n10.0.0.1 slots=2\n", "localhost\n127.0.0.1\n", "::1\nlocalhost\n",
+      "localhost\n" + self + "\n"};
+  for (const std::string& twice : same) {
+    SCOPED_TRACE(twice);
+    const std::string msg = refusal(twice);
+    EXPECT_EQ(msg.rfind("hostfile 'hosts.txt' lines 1 and 2 both name host '", 0), 0u) << msg;
+  }
+  EXPECT_EQ(refusal("nodeA slots=2\nNODEA slots=2\n"),
+            "hostfile 'hosts.txt' lines 1 and 2 both name host 'nodeA' (line 2: 'NODEA'): list each host once, "
+            "with slots=N for its ranks (host names ignore case: both lines are one machine)");
+  // Different hosts stay apart: the dots of an IPv4 address are not a domain.
+  EXPECT_EQ(parse_hostfile("10.0.0.1\n10.0.0.2\nnodeA\nnodeB\nnodeA1\n", "f").size(), 5u);
 }
 
 TEST(Hostfile, CountsParsedWithoutOverflow) {
