@@ -33,9 +33,59 @@ std::string unstored_groups(const Manifest& m) {
   return s + (gs.size() == 4 ? ", ..." : "");
 }
 
+int64_t mtime_of(const struct stat& s) { return int64_t{s.st_mtim.tv_sec} * 1000000000 + s.st_mtim.tv_nsec; }
+
+struct SourceFile {
+  std::string name;
+  int64_t size = 0;
+  int64_t mtime_ns = 0;
+};
+
+// A directory's files that fingerprint_path counts, by name.
+std::vector<SourceFile> source_files(const std::string& dir, const std::string& what, bool legacy) {
+  std::vector<SourceFile> files;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    struct stat fst {};
+    const std::string name = e.path().filename().string();
+    if (!e.is_regular_file(ec) || (!legacy && !read_from_source_dir(name)) || ::stat(e.path().c_str(), &fst) != 0)
+      continue;
+    files.push_back({name, fst.st_size, mtime_of(fst)});
+  }
+  if (ec) throw Error(what + ": cannot list " + dir + ": " + ec.message());
+  std::sort(files.begin(), files.end(), [](const SourceFile& a, const SourceFile& b) { return a.name < b.name; });
+  return files;
+}
+
+// Whether `path` is as `recorded` says: by the fingerprint of today's files, or of the earlier one.
+bool unchanged(const std::string& path, const InitFromPrint& recorded, const std::string& what) {
+  if (fingerprint_path(path, what) == recorded) return true;
+  return recorded.present && fingerprint_path(path, what, /*legacy=*/true) == recorded;
+}
+
+// Which files of a changed directory to name: those written since the record (a newer mtime), or,
+// where none is, every file the run reads with its size (one was removed or put back older).
+std::string changed_files(const std::string& path, const InitFromPrint& recorded, const std::string& what) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) return "";
+  std::string newer, all;
+  for (const SourceFile& f : source_files(path, what, false)) {
+    if (f.mtime_ns > recorded.mtime_ns) newer += (newer.empty() ? "" : ", ") + f.name;
+    all += (all.empty() ? "" : ", ") + f.name + " (" + std::to_string(f.size) + " bytes)";
+  }
+  if (!newer.empty()) return "; written since: " + newer;
+  return "; the files it reads now: " + (all.empty() ? std::string("none") : all);
+}
+
 }  // namespace
 
-InitFromPrint fingerprint_path(const std::string& path, const std::string& what) {
+bool read_from_source_dir(const std::string& name) {
+  const std::string ext = ".safetensors";
+  return name == "config.json" || name == "adapter_config.json" || name == "model.safetensors.index.json" ||
+         (name.size() > ext.size() && name.compare(name.size() - ext.size(), ext.size(), ext) == 0);
+}
+
+InitFromPrint fingerprint_path(const std::string& path, const std::string& what, bool legacy) {
   InitFromPrint f;
   f.path = path;
   struct stat st {};
@@ -43,21 +93,16 @@ InitFromPrint fingerprint_path(const std::string& path, const std::string& what)
     if (errno == ENOENT || errno == ENOTDIR) return f;  // absent
     throw Error(what + ": cannot read " + path + ": " + std::strerror(errno));
   }
-  const auto mtime = [](const struct stat& s) { return int64_t{s.st_mtim.tv_sec} * 1000000000 + s.st_mtim.tv_nsec; };
   f.present = true;
-  f.mtime_ns = mtime(st);
+  f.mtime_ns = legacy || !S_ISDIR(st.st_mode) ? mtime_of(st) : 0;
   if (!S_ISDIR(st.st_mode)) {
     f.size = st.st_size;
     return f;
   }
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(path, ec)) {
-    struct stat fst {};
-    if (!e.is_regular_file(ec) || ::stat(e.path().c_str(), &fst) != 0) continue;
-    f.size += fst.st_size;
-    f.mtime_ns = std::max(f.mtime_ns, mtime(fst));
+  for (const SourceFile& file : source_files(path, what, legacy)) {
+    f.size += file.size;
+    f.mtime_ns = std::max(f.mtime_ns, file.mtime_ns);
   }
-  if (ec) throw Error(what + ": cannot list " + path + ": " + ec.message());
   return f;
 }
 
@@ -82,15 +127,19 @@ std::vector<std::string> check_init_sources(const Manifest& m, const InitSources
       throw ConfigError(where + "take their values from model.init_from " + s.model.path + "; this job's model.init_from is '" +
                         now.model_path + "'" + kAdvice);
     InitFromPrint p;
+    bool same = false;
+    std::string files;
     try {
       p = fingerprint_path(now.model_path, "model.init_from");
+      same = unchanged(now.model_path, s.model, "model.init_from");
+      if (!same) files = changed_files(now.model_path, s.model, "model.init_from");
     } catch (const Error& e) {
       throw ConfigError(where + "take their values from it: " + e.what() + kAdvice);
     }
-    if (!(p == s.model))
+    if (!same)
       throw ConfigError(s.model.path + ": model.init_from: " + (p.present ? "changed" : "gone") + " since the checkpoint " +
                         manifest_path + " relied on it for " + unstored_groups(m) + " (" + print_text(s.model) + " -> " +
-                        print_text(p) + ")" + kAdvice);
+                        print_text(p) + files + ")" + kAdvice);
   }
   const std::vector<int64_t> tasks = initial_tasks(m.runs);
   if (tasks.empty()) return notes;
@@ -107,18 +156,21 @@ std::vector<std::string> check_init_sources(const Manifest& m, const InitSources
   for (const TaskPrint& t : s.lora) {
     const std::string dir = now.lora_dir(t.task);
     InitFromPrint p;
+    const InitFromPrint recorded{t.print.present, dir, t.print.size, t.print.mtime_ns};
+    std::string files;
     try {
       p = fingerprint_path(dir, "lora.init_from");
+      if (unchanged(dir, recorded, "lora.init_from")) continue;
+      if (p.present && t.print.present) files = changed_files(dir, recorded, "lora.init_from");
     } catch (const Error& e) {
       throw ConfigError(std::string(e.what()) + ": task " + std::to_string(t.task) + "'s adapter, not stored in the checkpoint " +
                         manifest_path + kAdvice);
     }
-    if (p == InitFromPrint{t.print.present, dir, t.print.size, t.print.mtime_ns}) continue;
     const std::string what = !p.present ? "gone" : !t.print.present ? "created" : "changed";
     throw ConfigError(dir + ": lora.init_from: " + what + " since the checkpoint " + manifest_path + " relied on it for task " +
                       std::to_string(t.task) + " (group " + std::to_string(t.task + 1) + ", never trained, not stored; " +
                       (t.print.present ? "its adapter" : "drawn from the seed, no adapter there") + " then: " +
-                      print_text(t.print) + ", now: " + print_text(p) + ")" + kAdvice);
+                      print_text(t.print) + ", now: " + print_text(p) + files + ")" + kAdvice);
   }
   return notes;
 }

@@ -13,10 +13,17 @@
 
 namespace thetad::daemon {
 
-// A path's fingerprint: a file's size and mtime; a directory's regular files' sizes summed and
-// the newest mtime of them and the directory; `present` false where the path does not exist.
-// Error naming `what` and the path where it exists but cannot be read.
-InitFromPrint fingerprint_path(const std::string& path, const std::string& what);
+// Whether a run reads a file of this name in a model.init_from or lora.init_from directory: the
+// weights (*.safetensors), their index and the configs. Anything else there (a tokenizer, notes,
+// thetad's own outputs put there) changes nothing the run computes.
+bool read_from_source_dir(const std::string& name);
+
+// A path's fingerprint: a file's size and mtime; a directory's files that a run reads
+// (read_from_source_dir) with their sizes summed and the newest mtime of them; `present` false
+// where the path does not exist. `legacy`: the fingerprint checkpoints recorded before, over every
+// regular file of a directory and the directory's own mtime (a file created or removed there
+// changed it). Error naming `what` and the path where it exists but cannot be read.
+InitFromPrint fingerprint_path(const std::string& path, const std::string& what, bool legacy = false);
 
 // What the job gives unstored groups now.
 struct InitSourcesNow {

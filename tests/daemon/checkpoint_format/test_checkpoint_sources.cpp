@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -188,6 +189,40 @@ TEST(InitSources, ModelInitFromIsFingerprinted) {
   EXPECT_NE(init_refusal(m, now).find("base.pt: model.init_from: changed since the checkpoint"), std::string::npos);
   std::filesystem::remove(base);
   EXPECT_NE(init_refusal(m, now).find("model.init_from: gone since"), std::string::npos);
+}
+
+// A Hugging Face base directory: only the files a run reads count. A file created or removed
+// beside them (a tokenizer, thetad's own metrics) blocks no resume; a changed weight file is named;
+// a checkpoint's earlier fingerprint (every file and the directory's mtime) is still accepted.
+TEST(InitSources, ABaseDirectoryIsFingerprintedByTheFilesRead) {
+  test::ScratchDir dir;
+  const std::string base = dir.file("base");
+  std::filesystem::create_directories(base);
+  std::ofstream(base + "/config.json") << "{}";
+  std::ofstream(base + "/model.safetensors") << "weights";
+  Manifest m;
+  m.format = kManifestFormat;
+  m.num_groups = 2;
+  m.runs = {{0, 1, kRunInitFrom, 0}, {1, 1, 0, 2}};
+  m.init.has_seed = true;
+  m.init.model = fingerprint_path(base, "model.init_from");
+  InitSourcesNow now = now_of("", 0);
+  now.model_path = base;
+  std::ofstream(base + "/notes.txt") << "mine";
+  std::ofstream(base + "/metrics.jsonl") << "{}";
+  EXPECT_EQ(init_refusal(m, now), "");
+  std::filesystem::remove(base + "/notes.txt");
+  EXPECT_EQ(init_refusal(m, now), "");
+  const InitFromPrint earlier = fingerprint_path(base, "model.init_from", /*legacy=*/true);
+  m.init.model = earlier;
+  EXPECT_EQ(init_refusal(m, now), "") << "the earlier fingerprint of the same files";
+  m.init.model = fingerprint_path(base, "model.init_from");
+  std::ofstream(base + "/model.safetensors", std::ios::app) << "!";
+  std::filesystem::last_write_time(base + "/model.safetensors",  // past the coarse clock's granularity
+                                   std::filesystem::last_write_time(base + "/model.safetensors") + std::chrono::seconds(5));
+  const std::string refusal = init_refusal(m, now);
+  EXPECT_NE(refusal.find("base: model.init_from: changed since the checkpoint"), std::string::npos) << refusal;
+  EXPECT_NE(refusal.find("written since: model.safetensors"), std::string::npos) << refusal;
 }
 
 // What publish verifies a shared file with before linking it: its blocks read from the file on
