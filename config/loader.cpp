@@ -63,7 +63,7 @@ Job load_job_from_string(const std::string& yaml, const std::string& source,
   return job;
 }
 
-Job load_job(const std::string& path, const LoadOptions& opts) {
+std::string read_job_file(const std::string& path) {
   // Bounded, regular files only (refused before the open: a FIFO blocks open() until a writer
   // comes, a device never ends): a job is a small text.
   std::string text;
@@ -74,8 +74,10 @@ Job load_job(const std::string& path, const LoadOptions& opts) {
   if (!read)
     throw JobError({path + ": cannot read job file: " + read.why +
                     (read.failure == ReadFailure::not_regular ? "; a job is a YAML file" : "")});
-  return load_job_from_string(text, path, opts);
+  return text;
 }
+
+Job load_job(const std::string& path, const LoadOptions& opts) { return load_job_from_string(read_job_file(path), path, opts); }
 
 std::string to_yaml(const Job& job) {
   std::string out = "# thetad job: the effective configuration (defaults included)\n";

@@ -26,6 +26,9 @@ class JobError : public ConfigError {
 // The largest job file load_job reads.
 constexpr size_t kMaxJobFileBytes = size_t{1} << 20;
 
+// A job file's bytes (a regular file of at most kMaxJobFileBytes); JobError (exit 2) otherwise.
+std::string read_job_file(const std::string& path);
+
 // Reads, overrides, validates. Throws JobError (exit 2) listing every problem.
 Job load_job(const std::string& path, const LoadOptions& opts = {});
 

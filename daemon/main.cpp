@@ -47,6 +47,9 @@ struct Args {
   std::vector<std::string> overrides;
   bool resume = true;
   std::string log_level;
+  // thetad-launch's copy of the job's bytes it checked (run): read instead of JOB.yaml, which
+  // names the job in messages, so that an edit after the check runs nothing unchecked.
+  std::string checked_copy;
 };
 
 Args parse_args(int argc, char** argv) {
@@ -65,6 +68,8 @@ Args parse_args(int argc, char** argv) {
       a.overrides.push_back(arg.substr(6));
     } else if (arg == "--no-resume") {
       a.resume = false;
+    } else if (arg == "--checked-copy") {
+      a.checked_copy = value(arg);
     } else if (arg == "--log-level") {
       a.log_level = value(arg);
       if (!thetad::log::valid_level(a.log_level))
@@ -94,7 +99,10 @@ thetad::config::Job load(const Args& a, bool warn = true) {
   thetad::config::LoadOptions lo;
   lo.overrides = a.overrides;
   lo.cuda_build = thetad::torch_has_cuda();
-  thetad::config::Job job = thetad::config::load_job(a.job_path, lo);
+  thetad::config::Job job =
+      a.checked_copy.empty()
+          ? thetad::config::load_job(a.job_path, lo)
+          : thetad::config::load_job_from_string(thetad::config::read_job_file(a.checked_copy), a.job_path, lo);
   if (warn) print_notes(job);
   return job;
 }

@@ -26,6 +26,9 @@ namespace thetad::launch {
 
 namespace {
 
+// The job's checked bytes in the log dir, which the ranks read (thetad run --checked-copy).
+constexpr const char* kCheckedJob = "job.checked.yaml";
+
 std::string env(const char* k) {
   const char* v = std::getenv(k);
   return v ? v : "";
@@ -87,7 +90,7 @@ std::string check_job(const Plan& p, const Options& o) {
   lo.overrides = o.overrides;
   lo.cuda_build = p.gpus > 0;  // NCCL needs GPUs; thetad checks its build itself when it starts
   try {
-    config::Job job = config::load_job(p.job, lo);
+    config::Job job = config::load_job_from_string(p.job_text, p.job, lo);
     for (const auto& w : job.warnings) std::fprintf(stderr, "thetad-launch: warning: %s\n", w.c_str());
     return job.name;
   } catch (const config::JobError& e) {
@@ -269,6 +272,12 @@ Plan make_plan(const Options& o) {
 
   p.thetad = find_thetad(o, self_dir);
   p.gpus = count_gpus();
+  try {
+    p.job_text = config::read_job_file(p.job);
+  } catch (const config::JobError& e) {
+    for (const auto& m : e.messages()) std::fprintf(stderr, "thetad-launch: error: %s\n", m.c_str());
+    throw ConfigError("job '" + o.job + "' cannot be read; nothing was started");
+  }
   p.job_name = check_job(p, o);
   p.validate_note = {"thetad", "validate", p.job};
   for (const auto& s : o.overrides) p.validate_note.insert(p.validate_note.end(), {"--set", s});
@@ -290,8 +299,15 @@ Plan make_plan(const Options& o) {
   p.log_dir = o.log_dir.empty() ? "runs/" + p.job_name + "/logs" : o.log_dir;
   // Created 0700 where missing, and only as this user's own (private_dir.hpp): the ranks' logs
   // and records must not land where another user can plant links or forge them.
-  if (!o.dry_run) open_private_dir(p.log_dir, true, "log dir");
+  if (!o.dry_run) {
+    // The ranks run the job that was checked: its bytes, copied here, not the file read again
+    // (an edit in between would run a job nobody checked).
+    const Fd dir = open_private_dir(p.log_dir, true, "log dir");
+    if (!replace_file_at(dir.get(), kCheckedJob, p.job_text))
+      throw Error("log dir " + p.log_dir + ": cannot write " + kCheckedJob + ": " + std::strerror(errno));
+  }
   p.log_dir = normalize_path(p.log_dir);
+  if (!o.dry_run) p.checked_copy = p.log_dir + "/" + kCheckedJob;
   // OMP threads per rank: 1 on CPU-only machines (the ranks share the cores), else cores/ranks.
   if (env("OMP_NUM_THREADS").empty()) {
     const long cores = std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN));
@@ -314,6 +330,7 @@ Plan make_plan(const Options& o) {
   else
     add_srun_flags(p, o);
   p.command.insert(p.command.end(), {p.self, "--worker", p.log_dir, "--", p.thetad, "run", p.job});
+  if (!p.checked_copy.empty()) p.command.insert(p.command.end(), {"--checked-copy", p.checked_copy});
   p.command.insert(p.command.end(), o.run_args.begin(), o.run_args.end());
   return p;
 }

@@ -14,6 +14,8 @@ struct Plan {
   std::string self;       // this program (the ranks' wrapper: `self --worker ...`)
   std::string thetad;
   std::string job;        // absolute path of the job file
+  std::string job_text;   // its bytes as checked: the ranks read these (checked_copy), not the file again
+  std::string checked_copy;  // where they are, in the log dir ("" on a dry run: nothing starts)
   std::string job_name;   // the job's `job` key after --set
   std::string log_dir;    // absolute
   std::string launcher;   // "mpirun" or "srun"

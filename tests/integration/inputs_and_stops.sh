@@ -90,4 +90,15 @@ expect_code 0 profile env THETAD_DEVICE_PROFILE=1:2:"$WORK/trace.json" "$thetad"
 if grep -q "THETAD_DEVICE_PROFILE: no trace" "$WORK/profile.log"; then pass "profile: no Kineto here, the run went on"
 elif [ -s "$WORK/trace.json" ]; then expect_in profile "THETAD_DEVICE_PROFILE: steps 1..2 written to"
 else fail "profile: neither a trace nor a warning"; fi
+
+# --checked-copy (thetad-launch's: the bytes it checked): the copy runs, not the job file read
+# again, and messages name the job file.
+cp "$job" "$WORK/checked.yaml" && sed 's/^steps:.*/steps: 2/' "$job" >"$WORK/copy.yaml"
+echo "steps: [not a number]" >>"$WORK/checked.yaml"  # edited after the check: never read
+expect_code 0 checked_copy "$thetad" run "$WORK/checked.yaml" --checked-copy "$WORK/copy.yaml" --no-resume \
+  --set metrics.path="$WORK/checked.jsonl" --set checkpoint.dir=
+[ "$(wc -l <"$WORK/checked.jsonl")" -eq 2 ] && pass "checked_copy: the copy's 2 steps ran" || fail "checked_copy: $(wc -l <"$WORK/checked.jsonl") records"
+echo "steps: -1" >>"$WORK/copy.yaml"
+expect_code 2 checked_copy_bad "$thetad" run "$WORK/checked.yaml" --checked-copy "$WORK/copy.yaml" --no-resume
+expect_in checked_copy_bad "checked.yaml:[0-9]+:[0-9]+: .*steps"
 finish

@@ -11,7 +11,8 @@
 #     SIGTERM before that kills it. Once its handler is set it reports so on the fd the launcher's
 #     wrapper names in THETAD_READY_FD, as thetad does. Writes its pid to $THETAD_FAKE_STATE/pid-R and
 #     the NCCL_SOCKET_IFNAME it was given to nccl_socket_ifname-R, and marks
-#     $THETAD_FAKE_STATE/ran when run at all.
+#     $THETAD_FAKE_STATE/ran when run at all, its arguments one a line to args-R.
+#     THETAD_FAKE_EDIT_JOB: rank 0 appends a line to the job file (an edit after the check).
 # shellcheck disable=SC2317  # on_term runs from a trap
 set -euo pipefail
 cmd=${1:-}; shift || true
@@ -38,6 +39,9 @@ state=${THETAD_FAKE_STATE:?}
 echo $$ >"$state/pid-$rank"
 echo "${NCCL_SOCKET_IFNAME:-}" >"$state/nccl_socket_ifname-$rank"
 touch "$state/ran"
+printf '%s\n' "$@" >"$state/args-$rank"
+# THETAD_FAKE_EDIT_JOB: rank 0 edits the job file once it runs (after the launcher's check).
+if [[ -n ${THETAD_FAKE_EDIT_JOB:-} && $rank == 0 ]]; then echo "steps: 99" >>"$job"; fi
 # say LEVEL TAG TEXT: one log line as thetad writes it. No $(...) while the TERM trap is set (bash
 # 5.2 runs a trap that arrives while it expands one with a broken parser: see thetad-launch).
 say() {

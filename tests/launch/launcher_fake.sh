@@ -26,6 +26,22 @@ case_bad_job() {
   pass "invalid job: exit 2, mpirun never started"
 }
 
+# The ranks read the bytes the launcher checked (--checked-copy in the log dir), not the job file
+# again: an edit after the check does not reach them.
+case_checked_bytes() {
+  local job r copy; job=$(make_job checked)
+  cp "$job" "$T/checked.orig"
+  THETAD_FAKE_EDIT_JOB=1 run_launcher "$T/checked" --nproc-per-node 2 --log-dir "$T/logs" "$job"
+  ((RC == 0)) || { cat "$T/checked.err" >&2; fail "checked bytes: want exit 0, got $RC"; }
+  ! cmp -s "$job" "$T/checked.orig" || fail "the fake did not edit the job file"
+  for r in 0 1; do
+    copy=$(grep -A1 -x -- '--checked-copy' "$THETAD_FAKE_STATE/args-$r" | tail -1)
+    [[ -n $copy && $copy != --checked-copy ]] || fail "rank $r got no --checked-copy: $(tr '\n' ' ' <"$THETAD_FAKE_STATE/args-$r")"
+    cmp -s "$copy" "$T/checked.orig" || fail "rank $r's copy ($copy) is not the job as checked"
+  done
+  pass "the ranks read the job's checked bytes; an edit after the check does not reach them"
+}
+
 case_rank_fails() {
   local job; job=$(make_job fail)
   THETAD_FAKE_STEPS=50 THETAD_FAKE_EXIT_RANK=1 THETAD_FAKE_EXIT_CODE=3 THETAD_FAKE_EXIT_AFTER=2 \
@@ -553,12 +569,13 @@ case ${1:-} in
   stop_unforwarded) case_stop_unforwarded ;;
   bad_args) case_bad_args ;;
   bad_hostfile) case_bad_hostfile ;;
+  checked_bytes) case_checked_bytes ;;
   stop_during_check) case_stop_during_check ;;
   kill9) case_kill9 ;;
   kill9_wrapper) case_kill9_wrapper ;;
   flags) case_flags ;;
   simulate_nodes) case_simulate_nodes ;;
-  all) case_flags; case_bad_job; case_bad_args; case_rank_fails; case_logs; sig_case TERM; sig_case INT
+  all) case_flags; case_bad_job; case_bad_args; case_checked_bytes; case_rank_fails; case_logs; sig_case TERM; sig_case INT
        sig_case INT bg; case_early_stop; case_stop_twice; case_sigterm_storm; case_rank_signal_storm; case_kill9; case_kill9_wrapper ;;
-  *) echo "usage: $0 bad_job|bad_args|bad_hostfile|stop_during_check|rank_fails|logs|sigterm|sigint|sigint_bg|early_stop|startup_storm|stop_twice|sigterm_storm|rank_signal_storm|stop_outlives_srun|stop_unforwarded|kill9|kill9_wrapper|flags|all" >&2; exit 2 ;;
+  *) echo "usage: $0 bad_job|bad_args|bad_hostfile|checked_bytes|stop_during_check|rank_fails|logs|sigterm|sigint|sigint_bg|early_stop|startup_storm|stop_twice|sigterm_storm|rank_signal_storm|stop_outlives_srun|stop_unforwarded|kill9|kill9_wrapper|flags|all" >&2; exit 2 ;;
 esac
