@@ -346,7 +346,8 @@ std::string set_aside_checkpoints(const std::string& dir) {
   if (dir.empty() || !fs::is_directory(dir, ec)) return "";
   std::vector<fs::path> found;
   for (const auto& e : fs::directory_iterator(dir, ec))
-    if (step_of(e.path()) >= 0) found.push_back(e.path());
+    // The best adapters of export.best: eval_loss (daemon/train/best_adapters) go with them.
+    if (step_of(e.path()) >= 0 || e.path().filename() == "best-eval") found.push_back(e.path());
   if (found.empty()) return "";
   const std::time_t now = std::time(nullptr);
   std::tm utc{};

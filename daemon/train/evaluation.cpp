@@ -19,6 +19,7 @@
 #include "daemon/models/token_data.hpp"
 #include "daemon/plan/input_path.hpp"
 #include "daemon/plan/token_files.hpp"
+#include "daemon/train/best_adapters.hpp"
 
 namespace thetad::daemon {
 namespace {
@@ -47,7 +48,8 @@ class TaskEvaluation final : public Evaluation {
   TaskEvaluation(const config::Job& job, TaskModel& model, const ParamGroups& groups, Homes& homes,
                  comm::ControlPlane& plane, const DataPlane& data, StepRecorder& recorder)
       : job_(job), model_(model), groups_(groups), homes_(homes), plane_(plane), data_(data), recorder_(recorder),
-        rank_(plane.rank()), world_(plane.size()), keep_best_(job.export_.best == config::ExportPick::EvalLoss) {
+        rank_(plane.rank()), world_(plane.size()), keep_best_(job.export_.best == config::ExportPick::EvalLoss),
+        kept_files_(job) {
     std::vector<int> mine;
     for (int t : eval_tasks_of_run(job, world_))
       if (t % world_ == rank_) mine.push_back(t);
@@ -58,6 +60,23 @@ class TaskEvaluation final : public Evaluation {
     const int64_t every = job_.eval.every_steps;
     if ((every > 0 && completed % every == 0) || completed == job_.steps) evaluate(completed);
     if (end && rank_ == 0) table();
+  }
+
+  void resumed(int64_t step) override {
+    if (!keep_best_) return;
+    int64_t taken = 0;
+    for (int t : eval_tasks_of_run(job_, world_)) {
+      if (t % world_ != rank_) continue;
+      std::optional<BestAdapter> b = kept_files_.load(t, groups_, step);
+      if (!b) continue;
+      best_[t].loss = b->loss;
+      best_[t].step = b->step;
+      kept_[t + 1] = std::move(b->state);
+      ++taken;
+    }
+    if (taken > 0)
+      THETAD_LOG(info, "eval") << "export.best: the best adapters of " << taken << " task(s) found by earlier runs (up to step "
+                               << step << ") taken up";
   }
 
   // export.best: this rank's kept adapter of group g, if any.
@@ -142,7 +161,10 @@ class TaskEvaluation final : public Evaluation {
       if (!(loss[i] < b.loss)) continue;  // NaN never improves
       b.loss = loss[i];
       b.step = completed;
-      if (keep_best_ && tasks[i] % world_ == rank_) keep(tasks[i] + 1);
+      if (keep_best_ && tasks[i] % world_ == rank_) {
+        keep(tasks[i] + 1);
+        kept_files_.save(tasks[i], {b.loss, b.step, kept_[tasks[i] + 1]});  // for a resume or a run again
+      }
     }
     rec.eval_ms = ms_since(t0);
     recorder_.write_eval(rec);
@@ -207,6 +229,7 @@ class TaskEvaluation final : public Evaluation {
   std::unique_ptr<EvalTokens> files_;  // this rank's tasks' eval windows
   std::map<int, Best> best_;           // per task evaluated so far (this run)
   std::map<int, GroupState> kept_;     // export.best: per group of this rank, its adapter at its best
+  const BestAdapters kept_files_;      // the same, in the checkpoint directory
 };
 
 }  // namespace

@@ -35,6 +35,9 @@ class Evaluation {
   // eval.every_steps, or the job's last step); at the run's `end` (the last step, or a stop) rank 0
   // logs the table of the best eval losses. Collective: every rank calls it at every step.
   virtual void after_step(int64_t completed, bool end) = 0;
+  // The run starts after `step` (a resume, or 0): export.best: eval_loss takes up the best
+  // adapters that earlier runs found up to it (best_adapters.hpp).
+  virtual void resumed(int64_t step) = 0;
 };
 
 }  // namespace thetad::daemon

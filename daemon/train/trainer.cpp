@@ -70,6 +70,7 @@ int Trainer::run() {
                             << ms_since(setup_start_) / 1000
                             << " s (model, engine, stores, resume; not the device's and NCCL's initialisation)";
   recorder_->start(start_step);
+  if (eval_) eval_->resumed(start_step);  // before the export of a job already complete
   if (start_step == job_.steps) {
     THETAD_LOG(info, "train") << "job " << job_.name << " is already complete: resumed at step " << start_step
                               << " = steps; nothing to " << (job_.export_.any() ? "train" : "do")

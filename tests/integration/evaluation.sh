@@ -115,6 +115,23 @@ print(f"each export is its task's adapter at its best step; {differs} differ fro
 PY
 ); then pass "$out"; else fail "$out"; fi
 
+# The best adapters outlive the run (best-eval/ in the checkpoint directory): the finished job run
+# again (to add an export: nothing trains, nothing is evaluated) and a resume from step 20 export
+# the same best adapters as the run itself, not the last ones or the best since the resume.
+cp -r "$WORK/eval1.ckpt" "$WORK/again.ckpt" && cp -r "$WORK/eval1.ckpt" "$WORK/mid.ckpt"
+rm -rf "$WORK"/mid.ckpt/step-000000{24,28,32,36,40}
+for run in again mid; do
+  expect_code 0 "best_$run" mpirun "${MPIRUN_FLAGS[@]}" -np 1 "$thetad" run "$job" "${files[@]}" \
+    --set checkpoint.dir="$WORK/$run.ckpt" --set checkpoint.every_steps=4 --set checkpoint.keep=20 \
+    --set metrics.path="$WORK/best_$run.jsonl" --set export.best=eval_loss --set export.adapters_dir="$WORK/export_$run/task{task}"
+  for t in 0 1 2 3; do
+    cmp -s "$WORK/export/task$t/adapter_model.safetensors" "$WORK/export_$run/task$t/adapter_model.safetensors" \
+      || fail "best_$run: task $t's exported adapter is not the run's best"
+  done
+  pass "best_$run: every task's export is the first run's best adapter"
+done
+expect_in best_mid "export.best: the best adapters of [0-9]+ task\(s\) found by earlier runs \(up to step 20\) taken up"
+
 # Evaluation changes nothing trained; a fresh run on the same metrics path moves the old file aside.
 run_np noeval 1 "$job" "${files[@]}" --set eval.dir= --set metrics.path="$WORK/eval1.jsonl"
 same_hash "evaluation changes no parameter: the final hash equals the run without eval" eval1 noeval
