@@ -87,6 +87,8 @@ std::string node_name(const std::string& host, const ThisMachine& self) {
 
 }  // namespace
 
+std::string host_key(const std::string& host) { return lower(node_name(host, this_machine())); }
+
 long parse_count(const std::string& s, long max) {
   // At most as many digits as `max` has: no overflow on the way (2147483648, 99999999999).
   if (s.empty() || s.size() > std::to_string(max).size() || s[0] < '1' || s[0] > '9') return -1;

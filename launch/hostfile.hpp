@@ -27,6 +27,11 @@ std::vector<HostfileEntry> read_hostfile(const std::string& path);
 // in case (one machine to DNS).
 std::vector<HostfileEntry> parse_hostfile(const std::string& text, const std::string& path);
 
+// The machine a host name or address means, as one key: what mpirun makes one node of (`user@`
+// dropped, a name cut at its first dot, this machine's names and addresses one), in lower case.
+// Two entries of a host list with one key are one machine listed twice (refused).
+std::string host_key(const std::string& host);
+
 // A count as the launcher takes it from a user: 1 to `max`, decimal digits only; -1 otherwise.
 long parse_count(const std::string& s, long max = kMaxRanks);
 

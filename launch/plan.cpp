@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <cerrno>
 #include <regex>
 #include <sstream>
@@ -209,6 +210,7 @@ bool count_ranks(Plan& p, const Options& o) {
     static const std::regex kHost("^[A-Za-z0-9._-]+$");
     ranks = nodes = 0;
     const std::string what = "--hosts '" + o.hosts + "': ";
+    std::map<std::string, std::string> seen;  // host_key -> its entry
     for (const auto& h : split_keep_empty(o.hosts, ',')) {
       if (h.empty()) throw ConfigError(what + "empty entry (want host[:n],host[:n],...)");
       size_t colon = h.find(':');
@@ -216,6 +218,10 @@ bool count_ranks(Plan& p, const Options& o) {
       std::string n = colon == std::string::npos ? std::to_string(p.nproc) : h.substr(colon + 1);
       if (name.empty()) throw ConfigError(what + "entry '" + h + "' has no host name (want host[:n])");
       if (!std::regex_match(name, kHost)) throw ConfigError(what + "bad host name '" + name + "' in entry '" + h + "'");
+      const auto first = seen.emplace(host_key(name), h);
+      if (!first.second)  // mpirun makes one node of them, where the plan would count two
+        throw ConfigError(what + "entries '" + first.first->second + "' and '" + h +
+                          "' name one host: list each host once, with :n for its ranks");
       const long k = parse_count(n);
       if (k < 0)
         throw ConfigError(what + "entry '" + h + "' needs a number of ranks from 1 to " + std::to_string(kMaxRanks) +

@@ -238,6 +238,12 @@ case_bad_args() {
     ((RC == 2)) || { cat "$T/hosts.err" >&2; fail "--hosts '$spec': want exit 2, got $RC"; }
     assert_grep "error: --hosts " "$T/hosts.err" "--hosts '$spec': message does not name --hosts"
   done
+  # One host twice (mpirun makes one node of them, where the plan would count two).
+  for spec in a:2,a:2 a,A.cluster:1; do
+    run_launcher "$T/hosts" --log-dir "$T/logs" --hosts "$spec" "$job"
+    ((RC == 2)) || { cat "$T/hosts.err" >&2; fail "--hosts '$spec': want exit 2, got $RC"; }
+    assert_grep "error: --hosts '$spec': entries .* name one host" "$T/hosts.err"
+  done
   [[ ! -e $T/mpirun-started ]] || fail "mpirun was started for bad arguments"
   [[ ! -e $THETAD_FAKE_STATE/ran ]] || fail "a worker ran for bad arguments"
   local out lvl
