@@ -77,9 +77,13 @@ if [ "$demo" = 1 ]; then
   quietly "$build_log" cmake --build "$build" -j "$jobs" --target thetad thetad-launch
   echo "setup: built in $((SECONDS - t0)) s"
 else
-  # The suite's configuration, whatever a demo build left in the tree.
-  cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DTHETAD_BUILD_TESTS=ON -DTHETAD_ENABLE_CUDA=ON \
-    -DTHETAD_UNITY_DAEMON=OFF
+  # The suite's configuration, whatever a demo build left in the tree. A new tree compiles the
+  # LibTorch sources in unity batches, as the demo's does (a newcomer's cold build: each LibTorch
+  # source costs ~25 s of headers on two cores); a tree configured before keeps its choice (one
+  # source per unit rebuilds faster after an edit: -DTHETAD_UNITY_DAEMON=OFF).
+  unity=()
+  [ -f "$build/CMakeCache.txt" ] || unity=(-DTHETAD_UNITY_DAEMON=ON)
+  cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DTHETAD_BUILD_TESTS=ON -DTHETAD_ENABLE_CUDA=ON "${unity[@]}"
   cmake --build "$build" -j "$jobs"
   echo "setup: built $build/daemon/thetad"
 fi
