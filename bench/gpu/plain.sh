@@ -50,7 +50,8 @@ MPI=(mpirun -np 1 --oversubscribe --bind-to none --mca btl self,vader,tcp --mca 
 # bench/jobs/lora-transformer.yaml (8 layers here), 2 adapters per step, frozen base. llama: the
 # Llama architecture (model.arch: llama) against the peer the key `peer` names: peft, Hugging Face
 # transformers + peft (bench/peer/peft_llama.py), or compiled, the same Llama written by hand with
-# SDPA and torch.compile (bench/peer/compiled_llama.py: its step 0 compiles, within
+# SDPA and torch.compile, the step's tasks in one base pass with batched adapter GEMMs
+# (compiled_split: a pass per task) (bench/peer/compiled_llama.py: its step 0 compiles, within
 # PLAIN_CAP_S); not in the default order (bench/gpu/llama_peft.sh runs them). Steps:
 # every task is used at least 3 times; the first `warmup` steps are left out of the windows.
 declare -A SHAPES=(
@@ -72,7 +73,7 @@ DEFAULTS="kind=mlp hidden=4096 trunk=8 head=2 tasks=16 batch=256 precision=fp32 
           layers=8 d_model=2048 heads=16 kv_heads=0 d_ff=8192 vocab=32000 seq_len=512 rank=16 tpr=2 frozen=1
           targets=q,k,v,o offload=0 cache=auto act=0 overlap=true backward=auto peer=peft"
 CPU_DIMS="hidden=32 trunk=2 tasks=3 steps=50 warmup=5 window=5 layers=1 d_model=32 heads=2 kv_heads=1 d_ff=64 vocab=64 seq_len=16 rank=4 batch=8 init=exact"
-LLAMA_PEERS="peft compiled"  # the values of `peer` (plain_loop.py --model peft-llama, compiled-llama)
+LLAMA_PEERS="peft compiled compiled_split"  # `peer`: plain_loop.py --model peft-llama, compiled-llama (fused, or split)
 
 log() { printf '[plain %4ds] %s\n' "$(( $(date +%s) - START ))" "$*"; }
 # spec KEY: the value of KEY in the current shape's SPEC (word-split on purpose: k=v words).
@@ -128,7 +129,10 @@ peer_args() {  # [LLAMA_PEER]: the peer's command-line options of the current sh
                  --vocab "$(spec vocab)" --seq-len "$(spec seq_len)" --rank "$(spec rank)" --alpha 32
                  --targets "$(spec targets)" --tasks-per-rank "$(spec tpr)" --lr 1e-4 --seed 1234)
     if [ "$(spec kind)" = llama ]; then
-      echo --model "${1:-$(spec peer)}-llama" "${common[@]}" "${shape[@]}" --kv-heads "$(spec kv_heads)"
+      local peer=${1:-$(spec peer)} split=()
+      # compiled_split: the compiled peer with a pass per task (--no-fuse-tasks), for comparison.
+      [ "$peer" = compiled_split ] && peer=compiled split=(--no-fuse-tasks)
+      echo --model "$peer-llama" "${common[@]}" "${shape[@]}" --kv-heads "$(spec kv_heads)" "${split[@]}"
     else
       echo --model lora "${common[@]}" "${shape[@]}" "$([ "$(spec frozen)" = 1 ] && echo --frozen-base)"
     fi

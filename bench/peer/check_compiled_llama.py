@@ -74,14 +74,16 @@ def reference_logits(model, a, x, task):
     return torch.stack(out)
 
 
-def model_logits(model, x, task, autocast):
+def model_logits(model, x, tasks, autocast):
+    """The model's logits of x for each of `tasks`, in one call (fused: one base pass)."""
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-        return model([(task, x)])[0].double()
+        return [o.double() for o in model([(task, x) for task in tasks])]
 
 
 def check_logits(a, dtype, tolerance):
     """1: weights of unit scale (B != 0), so that attention, rotary and every adapter move the
-    logits; bf16 under autocast as a step runs, or float64 (the formula to rounding)."""
+    logits; bf16 under autocast as a step runs, or float64 (the formula to rounding); every task's
+    rows in one call (--fuse-tasks: one base pass, each task's adapter on its own rows)."""
     model = cl.Llama(a, torch.device("cpu"), dtype)
     g = torch.Generator().manual_seed(11)
     with torch.no_grad():
@@ -94,19 +96,21 @@ def check_logits(a, dtype, tolerance):
                 p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(1 if name == "embed" else p.shape[1]))
     x = torch.randint(a.vocab, (2, a.seq_len), generator=g)
     worst = 0.0
-    for task in range(a.tasks):
+    tasks = list(range(a.tasks))
+    for task, got in zip(tasks, model_logits(model, x, tasks, dtype == torch.bfloat16)):
         ref = reference_logits(model, a, x, task)
-        got = model_logits(model, x, task, dtype == torch.bfloat16)
         worst = max(worst, float((got - ref).abs().max() / ref.std()))
     ok = worst < tolerance
-    print("compiled-llama logits (%s) vs the formula, %d tasks: max |diff| / std %.2g (< %g): %s"
-          % (str(dtype).replace("torch.", ""), a.tasks, worst, tolerance, "ok" if ok else "FAILED"), flush=True)
+    print("compiled-llama logits (%s, %s) vs the formula, %d tasks: max |diff| / std %.2g (< %g): %s"
+          % (str(dtype).replace("torch.", ""), "fused" if a.fuse_tasks else "a pass per task", a.tasks, worst,
+             tolerance, "ok" if ok else "FAILED"), flush=True)
     return ok
 
 
 def check_run(a):
     """2: step 0 of the plain loop against the formula, on the run's own base and batches."""
-    own, rest = plain_loop.parse_args(["--model", "compiled-llama", "--window", "3"] + ARGS)
+    fuse = "--fuse-tasks" if a.fuse_tasks else "--no-fuse-tasks"
+    own, rest = plain_loop.parse_args(["--model", "compiled-llama", "--window", "3", fuse] + ARGS)
     r = plain_loop.run(own, rest)
     if r["error"]:
         print("compiled-llama run FAILED: %s" % r["error"])
@@ -119,16 +123,18 @@ def check_run(a):
     want, got, ls = float(sum(losses) / len(losses)), r["losses"][0], r["losses"]
     ok = (r["tasks"][0] == [0, 1] and abs(got - want) < 5e-4 and all(map(math.isfinite, ls))
           and sum(ls[-3:]) < sum(ls[:3]) - 0.05)
-    print("compiled-llama step 0 loss %.5f, the formula's %.5f (tasks %s); losses %s: %s" % (
-        got, want, r["tasks"][0], ", ".join("%.4f" % v for v in ls), "ok" if ok else "FAILED"), flush=True)
+    print("compiled-llama %s: step 0 loss %.5f, the formula's %.5f (tasks %s); losses %s: %s" % (
+        fuse, got, want, r["tasks"][0], ", ".join("%.4f" % v for v in ls), "ok" if ok else "FAILED"), flush=True)
     return ok
 
 
 def main():
-    a = cl.parse_args(ARGS)
     # bf16's rounding moves these logits by ~0.1 std; a wrong rotary layout, key/value head or
     # causal mask by > 2 std.
-    ok = [check_logits(a, torch.float64, 1e-4), check_logits(a, torch.bfloat16, 0.5), check_run(a)]
+    ok = []
+    for fuse in ("--fuse-tasks", "--no-fuse-tasks"):
+        a = cl.parse_args(ARGS + [fuse])
+        ok += [check_logits(a, torch.float64, 1e-4), check_logits(a, torch.bfloat16, 0.5), check_run(a)]
     return 0 if all(ok) else 1
 
 

@@ -12,9 +12,13 @@ adapter y = x W^T + (alpha/r) (x A^T) B^T in float32 (as peft keeps them: A unif
 +-1/sqrt(in), B zero), trained under torch.autocast(bf16).
 
 A step is peft_llama.py's (bench/peer/ddp_lora_transformer.py's lora_step and data walks): the
-round_robin tasks of the step, each task's rows through the model with its own adapter, the mean
-of their next-token cross-entropies, one backward, fused AdamW over every adapter,
-zero_grad(set_to_none=True). The adapters are arguments of the layer function, as the layer's
+round_robin tasks of the step, the mean of their next-token cross-entropies, one backward, fused
+AdamW over every adapter, zero_grad(set_to_none=True). With --fuse-tasks (the default; what a
+careful user writes, since the base is shared) the step's tasks go through the base as one batch:
+every base GEMM, norm and attention runs once over all the tasks' rows, and each target adds its
+adapters' terms through two batched GEMMs (torch.bmm over the tasks, each task's rows against its
+own A and B, stacked per layer each step); --no-fuse-tasks sends each task's rows through the
+model on their own (a pass per task). The adapters are arguments of the layer function, as the layer's
 weights are: one compiled graph serves every layer and every task (dynamic=False; the first
 layer's input, which needs no gradient, makes a second variant). --compile (the default with
 --device cuda on torch >= 2.0; --no-compile: eager) compiles that function, not the optimizer;
@@ -53,6 +57,8 @@ def parse_args(argv):
     def add(p):
         p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                        help="torch.compile the decoder layer (default: on with --device cuda where torch has it)")
+        p.add_argument("--fuse-tasks", action=argparse.BooleanOptionalAction, default=True,
+                       help="one base pass over every task's rows, the adapters as batched GEMMs (default)")
 
     def check(a):
         if a.compile and not HAS_COMPILE:
@@ -103,15 +109,24 @@ def attention(q, k, v):
     return lora.LoraTransformer.plain_attention(q, k, v)
 
 
-def make_layer(a):
+def make_layer(a, fused):
     """The decoder layer as a function of its input, the rotary tables, its weights (BASE's order)
-    and the task's adapters ((A, B) per target of --targets): nothing of a layer or a task is
-    captured, so one compiled graph serves them all."""
+    and the adapters ((A, B) per target of --targets): nothing of a layer or a task is captured, so
+    one compiled graph serves them all. Not fused: h is one task's rows and A [r, in], B [out, r]
+    its adapter. Fused: h is the rows of T tasks, task by task (each as many), and A [T, r, in],
+    B [T, out, r] their adapters stacked."""
     hd, scale, eps, targets = a.d_model // a.heads, a.alpha / a.rank, a.norm_eps, tuple(a.targets)
+
+    def adapter_term(x, adapter):
+        if not fused:
+            return F.linear(F.linear(x, adapter[0]), adapter[1])
+        A, B = adapter
+        xt = x.reshape(A.shape[0], -1, x.shape[-1])  # [T, rows * seq, in]
+        return torch.bmm(torch.bmm(xt, A.transpose(1, 2)), B.transpose(1, 2)).view(*x.shape[:-1], B.shape[1])
 
     def proj(x, w, adapter):
         y = F.linear(x, w)
-        return y if adapter is None else y + F.linear(F.linear(x, adapter[0]), adapter[1]) * scale
+        return y if adapter is None else y + adapter_term(x, adapter) * scale
 
     def layer(h, cos, sin, base, adapters):
         attn_norm, wq, wk, wv, wo, mlp_norm, wg, wu, wd = base
@@ -165,7 +180,8 @@ class Llama(nn.Module):
         self.base_args = [tuple(layer[name] for name in BASE) for layer in self.layers]
         self.adapter_args = [[tuple((ad[t + "_a"], ad[t + "_b"]) for t in a.targets) for ad in task]
                              for task in self.lora]
-        self.layer = make_layer(a)
+        self.fuse = getattr(a, "fuse_tasks", True)
+        self.layer = make_layer(a, self.fuse)
         if a.compile:
             self.layer = torch.compile(self.layer, dynamic=False)
 
@@ -173,7 +189,17 @@ class Llama(nn.Module):
         return [p for p in self.parameters() if p.requires_grad]
 
     def forward(self, batches):
-        return [self.forward_task(x, task) for task, x in batches]
+        if not self.fuse or len({x.shape for _, x in batches}) != 1:
+            return [self.forward_task(x, task) for task, x in batches]
+        tasks = [task for task, _ in batches]
+        h = F.embedding(torch.cat([x for _, x in batches]), self.embed)
+        for i, base in enumerate(self.base_args):
+            # Per target: the step's tasks' A and B of layer i, stacked (tiny: r rows or columns).
+            stacked = tuple((torch.stack([self.adapter_args[t][i][j][0] for t in tasks]),
+                             torch.stack([self.adapter_args[t][i][j][1] for t in tasks]))
+                            for j in range(len(self.adapter_args[tasks[0]][i])))
+            h = self.layer(h, self.cos, self.sin, base, stacked)
+        return list(F.linear(rms_norm(h, self.norm, self.eps), self.head).chunk(len(tasks)))
 
     def forward_task(self, x, task):
         h = F.embedding(x, self.embed)
