@@ -13,10 +13,13 @@ their step. Only rank 0's records are sent unless --all-ranks (each rank's then 
 
 Following: new lines are read as they are appended (a partial last line waits for its newline);
 a file replaced under the same name (a resumed run rewrites it, keeping the records before its
-step) is read again from its start, and records already sent (same kind, step and rank) are not
-sent twice. A fresh run (`--no-resume`) moves the old file aside: start a new bridge for it. The
-bridge ends with the file's writer: after --idle-exit seconds without a new line (default: never),
-on Ctrl-C, or at once after one pass with --once.
+step), or truncated and written again in place, is read again from its start (told by its inode,
+a size below what was read, or first bytes that changed), and records already sent (same kind,
+step and rank) are not sent twice. A line that is not a thetad record (not JSON, or JSON of
+another shape) is skipped with a warning naming the file and line. A fresh run (`--no-resume`)
+moves the old file aside: start a new bridge for it. The bridge ends with the file's writer:
+after --idle-exit seconds without a new line (default: never), on Ctrl-C, or at once after one
+pass with --once.
 
 TensorBoard needs `torch.utils.tensorboard` (PyTorch and the `tensorboard` package) or
 `tensorboardX`; W&B needs `wandb`. Without the one asked for: exit 2 with the command that
@@ -40,17 +43,48 @@ MAIN = {"loss": "train/loss", "lr": "train/lr", "grad_norm": "train/grad_norm", 
 SKIP = {"step", "rank", "kind", "time"}
 
 
+def integer(v):
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
 def number(v):
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    """Whether v is a finite number that a float holds (an integer past 1e308 is not)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return False
+    try:
+        return math.isfinite(float(v))
+    except OverflowError:
+        return False
+
+
+def shape_error(rec):
+    """Why rec is not shaped as thetad writes a record (daemon/observe/metrics.cpp), or None.
+    Checked before use: a foreign line must be skipped, not raise in scalars() or in the set of
+    keys sent (an unhashable rank)."""
+    if not isinstance(rec, dict):
+        return f"a JSON {type(rec).__name__}, not an object"
+    if not integer(rec.get("step")):
+        return "no integer \"step\""
+    if not integer(rec.get("rank", 0)):
+        return "a \"rank\" that is not an integer"
+    if rec.get("kind", "train") not in ("train", "eval"):
+        return "a \"kind\" that is neither \"train\" nor \"eval\""
+    if rec.get("kind") == "eval" and not isinstance(rec.get("eval_loss", {}), dict):
+        return "an \"eval_loss\" that is not an object"
+    for key in ("task_loss", "grad_norm_task"):
+        v = rec.get(key, [])
+        if not isinstance(v, list) or not all(isinstance(e, dict) and integer(e.get("task")) for e in v):
+            return f"a \"{key}\" that is not a list of {{\"task\": integer, ...}}"
+    return None
 
 
 def scalars(rec):
     """The (tag, value) pairs of one record; [] for a record that is not thetad's."""
     out = []
     if rec.get("kind") == "eval":
-        losses = [(t, v) for t, v in (rec.get("eval_loss") or {}).items() if number(v)]
+        losses = [(t, float(v)) for t, v in rec.get("eval_loss", {}).items() if number(v)]
         for t, v in losses:
-            out.append((f"eval/loss/{t}", float(v)))
+            out.append((f"eval/loss/{t}", v))
         if losses:
             out.append(("eval/loss_mean", sum(v for _, v in losses) / len(losses)))
         return out
@@ -59,32 +93,60 @@ def scalars(rec):
             continue
         if key in ("task_loss", "grad_norm_task") and isinstance(v, list):
             field = "loss" if key == "task_loss" else "norm"
-            out += [(f"{key}/{e['task']}", float(e[field])) for e in v if isinstance(e, dict) and number(e.get(field))]
+            out += [(f"{key}/{e['task']}", float(e[field])) for e in v if number(e.get(field))]
         elif number(v):
             out.append((MAIN.get(key, f"system/{key}"), float(v)))
     return out
 
 
 class Follower:
-    """Lines of a file as they are appended; a file replaced under its name is read again."""
+    """Lines of a file as they are appended; a file replaced or rewritten under its name is read
+    again from its start."""
+
+    HEAD = 4096  # the first bytes kept to tell a file truncated and rewritten past the offset
 
     def __init__(self, path):
-        self.path, self.f, self.inode, self.partial = path, None, None, ""
+        self.path, self.f = path, None
+
+    def restart(self):
+        if self.f:
+            self.f.close()
+        # Bytes, unbuffered: offsets are exact, a UTF-8 character is never split, and no buffer
+        # holds bytes of the file from before a rewrite.
+        self.f = open(self.path, "rb", buffering=0)
+        st = os.fstat(self.f.fileno())
+        self.id, self.offset, self.head, self.partial, self.lineno = (st.st_dev, st.st_ino), 0, b"", b"", 0
+
+    def changed(self, st):
+        """Whether the file under the name is no longer the one read so far. The open file keeps
+        its inode in use, so a new file cannot have it; a truncation is a size below the offset,
+        or, where the file grew back past it between two looks, first bytes that differ."""
+        if (st.st_dev, st.st_ino) != self.id or st.st_size < self.offset:
+            return True
+        return os.pread(self.f.fileno(), len(self.head), 0) != self.head
 
     def lines(self):
-        """The complete lines appended since the last call (after a replacement: all of them)."""
+        """(line number, line) of the complete lines appended since the last call (after a
+        replacement: all of them), blank lines left out."""
         try:
-            st = os.stat(self.path)
+            if self.f is None or self.changed(os.stat(self.path)):
+                self.restart()
+            self.f.seek(self.offset)
+            data = self.f.readall()
         except FileNotFoundError:
-            return []
-        if self.f is None or st.st_ino != self.inode or st.st_size < self.f.tell():
-            if self.f:
-                self.f.close()
-            self.f, self.inode, self.partial = open(self.path, encoding="utf-8", errors="replace"), st.st_ino, ""
-        text = self.partial + self.f.read()
-        lines = text.split("\n")
-        self.partial = lines.pop()  # "" after a newline; else a line still being written
-        return [l for l in lines if l.strip()]
+            return []  # not written yet, or between a move aside and the new file
+        except OSError as e:
+            fail(f"{self.path}: cannot read: {e.strerror}")
+        if len(self.head) < self.HEAD:  # then the head is every byte read so far
+            self.head = (self.head + data)[:self.HEAD]
+        self.offset += len(data)
+        *complete, self.partial = (self.partial + data).split(b"\n")  # the last: a line being written
+        out = []
+        for raw in complete:
+            self.lineno += 1
+            if raw.strip():
+                out.append((self.lineno, raw.decode("utf-8", errors="replace")))
+        return out
 
 
 class Bridge:
@@ -93,13 +155,18 @@ class Bridge:
     def __init__(self, writers, all_ranks):
         self.writers, self.all_ranks, self.sent = writers, all_ranks, set()
 
-    def feed(self, line):
+    def feed(self, line, where=None):
+        """1 where the line is a record sent now; where (FILE:LINE) names it in a warning."""
         try:
             rec = json.loads(line)
-        except json.JSONDecodeError:
-            print(f"metrics_bridge: skipping a line that is not JSON: {line[:80]!r}", file=sys.stderr)
-            return 0
-        if not isinstance(rec, dict) or not isinstance(rec.get("step"), int):
+            why = shape_error(rec)
+        except ValueError as e:  # JSONDecodeError, or an integer past Python's digit limit
+            why = f"not JSON ({getattr(e, 'msg', e)})"
+        except RecursionError:
+            why = "not JSON (nested too deep)"
+        if why:
+            print(f"metrics_bridge: {where + ': ' if where else ''}skipping a line that is not a thetad record: "
+                  f"{why}: {line[:80]!r}", file=sys.stderr)
             return 0
         rank = rec.get("rank", 0)
         if rank != 0 and not self.all_ranks:
@@ -167,8 +234,8 @@ def run(bridge, follower, once, poll_s, idle_exit_s):
     sent, idle_since = 0, time.monotonic()
     while True:
         lines = follower.lines()
-        for line in lines:
-            sent += bridge.feed(line)
+        for n, line in lines:
+            sent += bridge.feed(line, f"{follower.path}:{n}")
         if once:
             return sent
         if lines:

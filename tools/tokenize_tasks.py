@@ -20,9 +20,11 @@ the end-of-sequence token comes from the tokenizer (tokenizer_config.json's eos_
 its completion without, each alone. --vocab-file is the package-free tokenizer: one token per line
 (its id is its line number, from 0), text split on whitespace, a word not in it is the id of
 <unk> (an error where there is none); its EOS is </s> unless --eos names another token.
-Files are written under temporary names and renamed: a failed run leaves no half-written file.
-Bad input (a missing file, a line that is not such a JSON object) is exit 2 naming the file and
-the line; a tokenizer package that is missing is exit 2 with the command that installs it.
+Every file is written under a temporary name in its directory (.NAME.tmp-PID) and synced, and
+all are renamed into place only once every one is written: a failed run leaves the earlier files
+as they were and no temporary behind. Bad input (a missing, unreadable or empty file, a line that
+is not UTF-8 or not such a JSON object, an --out that is not a directory) is exit 2 naming the
+file (and the line); a tokenizer package that is missing is exit 2 with the command that installs it.
 """
 import argparse
 import json
@@ -36,15 +38,27 @@ def fail(message):
     sys.exit(2)
 
 
+def text_lines(path, what):
+    """(line number, text) of a UTF-8 file; exit 2 naming the file and line where it cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            # Decoded a line at a time (not by a text-mode file, which decodes in blocks) so that
+            # a byte that is not UTF-8 is reported at its line.
+            for n, raw in enumerate(f, 1):
+                try:
+                    yield n, raw.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    fail(f"{path}:{n}: not UTF-8 (byte {e.start + 1} of the line: {e.reason})")
+    except OSError as e:
+        fail(f"{path}: cannot read {what}: {e.strerror}")
+
+
 class VocabFile:
     """The package-free tokenizer: whitespace words looked up in a list of tokens."""
 
     def __init__(self, path, eos):
-        try:
-            with open(path, encoding="utf-8") as f:
-                tokens = [line.rstrip("\n") for line in f]
-        except OSError as e:
-            fail(f"{path}: cannot read the vocabulary: {e.strerror}")
+        # "\r\n" endings too, as the text-mode reading of earlier releases took them.
+        tokens = [line.removesuffix("\n").removesuffix("\r") for _, line in text_lines(path, "the vocabulary")]
         self.ids = {}
         for i, t in enumerate(tokens):
             if not t or t in self.ids:
@@ -73,8 +87,12 @@ def eos_of_config(directory):
     path = os.path.join(directory, "tokenizer_config.json")
     if not os.path.isfile(path):
         return None
-    with open(path, encoding="utf-8") as f:
-        tok = json.load(f).get("eos_token")
+    try:
+        with open(path, encoding="utf-8") as f:
+            config = json.load(f)
+    except (OSError, ValueError, RecursionError) as e:  # ValueError: not JSON, or not UTF-8
+        fail(f"{path}: cannot read: {getattr(e, 'strerror', None) or e}")
+    tok = config.get("eos_token") if isinstance(config, dict) else None
     return tok.get("content") if isinstance(tok, dict) else tok
 
 
@@ -92,7 +110,10 @@ class HuggingFace:
         if have_tokenizers:
             if not os.path.isfile(file):
                 fail(f"{file}: no tokenizer.json (give a directory holding one, or the file)")
-            self.tok = tokenizers.Tokenizer.from_file(file)
+            try:
+                self.tok = tokenizers.Tokenizer.from_file(file)
+            except Exception as e:  # the Rust binding raises a bare Exception for a bad file
+                fail(f"{file}: not a tokenizer the `tokenizers` package reads: {e}")
             self.vocab_size = self.tok.get_vocab_size(with_added_tokens=True)
             self.kind = "tokenizers"
             token_to_id = self.tok.token_to_id
@@ -102,7 +123,10 @@ class HuggingFace:
             except ImportError:
                 fail(f"--tokenizer needs the `tokenizers` (or `transformers`) package, which {sys.executable} "
                      f"cannot import: `{sys.executable} -m pip install tokenizers`; or tokenize with --vocab-file")
-            self.tok = transformers.AutoTokenizer.from_pretrained(directory)
+            try:
+                self.tok = transformers.AutoTokenizer.from_pretrained(directory)
+            except Exception as e:  # OSError, ValueError, KeyError ... by the file that is wrong
+                fail(f"{directory}: not a tokenizer `transformers` reads: {e}")
             self.vocab_size = len(self.tok)
             self.kind = "transformers"
             token_to_id = self.tok.convert_tokens_to_ids
@@ -121,26 +145,23 @@ class HuggingFace:
 
 def documents(path):
     """(prompt ids source, completion text) pairs of a JSONL file: ("", text) for a text line."""
-    try:
-        f = open(path, encoding="utf-8")
-    except OSError as e:
-        fail(f"{path}: cannot read: {e.strerror}")
-    with f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                doc = json.loads(line)
-            except json.JSONDecodeError as e:
-                fail(f"{path}:{n}: not JSON ({e.msg})")
-            if not isinstance(doc, dict):
-                fail(f"{path}:{n}: a line must be an object with \"text\", or \"prompt\" and \"completion\"")
-            if isinstance(doc.get("text"), str) and "prompt" not in doc:
-                yield n, None, doc["text"]
-            elif isinstance(doc.get("prompt"), str) and isinstance(doc.get("completion"), str):
-                yield n, doc["prompt"], doc["completion"]
-            else:
-                fail(f"{path}:{n}: a line must be an object with a string \"text\", or strings \"prompt\" and \"completion\"")
+    for n, line in text_lines(path, "the documents"):
+        if not line.strip():
+            continue
+        try:
+            doc = json.loads(line)
+        except ValueError as e:  # JSONDecodeError, or an integer past Python's digit limit
+            fail(f"{path}:{n}: not JSON ({getattr(e, 'msg', e)})")
+        except RecursionError:
+            fail(f"{path}:{n}: not JSON (nested too deep)")
+        if not isinstance(doc, dict):
+            fail(f"{path}:{n}: a line must be an object with \"text\", or \"prompt\" and \"completion\"")
+        if isinstance(doc.get("text"), str) and "prompt" not in doc:
+            yield n, None, doc["text"]
+        elif isinstance(doc.get("prompt"), str) and isinstance(doc.get("completion"), str):
+            yield n, doc["prompt"], doc["completion"]
+        else:
+            fail(f"{path}:{n}: a line must be an object with a string \"text\", or strings \"prompt\" and \"completion\"")
 
 
 def tokenize(tok, prompt, text):
@@ -153,17 +174,79 @@ def tokenize(tok, prompt, text):
     return p + c + [tok.eos_id], [0] * len(p) + [1] * (len(c) + 1)
 
 
-def write_pair(directory, task, ids, mask, typecode):
-    """task{t}.bin and task{t}.mask.bin, each under a temporary name renamed into place."""
-    os.makedirs(directory, exist_ok=True)
-    for name, data in ((f"task{task}.bin", array(typecode, ids)), (f"task{task}.mask.bin", bytes(mask))):
-        path = os.path.join(directory, name)
-        if isinstance(data, array) and sys.byteorder != "little":
-            data.byteswap()
-        tmp = path + ".tmp"
-        with open(tmp, "wb") as f:
-            f.write(data.tobytes() if isinstance(data, array) else data)
-        os.replace(tmp, path)
+class Output:
+    """The run's files, each written under a temporary name beside its final one and synced; all
+    renamed into place at the end (commit), or all removed (abort): an error leaves the files of
+    an earlier run as they were. (A crash among the renames themselves may still leave a mix.)"""
+
+    def __init__(self):
+        self.pending = []  # (temporary, final) paths
+        self.made = []  # directories this run created, removed again by abort where still empty
+
+    def prepare(self, directory):
+        if os.path.isdir(directory):
+            return
+        try:  # main refused a path that is not a directory; one put there since fails here
+            os.makedirs(directory)
+        except OSError as e:
+            fail(f"{directory}: cannot create the directory: {e.strerror}")
+        self.made.append(directory)
+
+    def write(self, directory, name, data):
+        self.prepare(directory)
+        final = os.path.join(directory, name)
+        if os.path.isdir(final):  # found now: a rename onto it would fail midway through commit
+            fail(f"{final}: a directory is in the way of the file")
+        tmp = os.path.join(directory, f".{name}.tmp-{os.getpid()}")
+        self.pending.append((tmp, final))  # before the open: a half-written one is removed too
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as e:
+            fail(f"{tmp}: cannot write: {e.strerror}")
+
+    def commit(self):
+        directories = dict.fromkeys(os.path.dirname(final) for _, final in self.pending)
+        while self.pending:
+            tmp, final = self.pending[0]
+            try:
+                os.replace(tmp, final)
+            except OSError as e:  # abort removes the temporaries still pending
+                fail(f"{final}: cannot rename into place: {e.strerror} (the files renamed before it are the new ones)")
+            self.pending.pop(0)
+        for directory in directories:
+            try:  # makes the renames durable; the files are in place even where it cannot
+                fd = os.open(directory, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+            except OSError:  # some file systems refuse fsync on a directory (EINVAL)
+                pass
+        self.made = []
+
+    def abort(self):
+        for tmp, _ in self.pending:
+            try:
+                os.unlink(tmp)
+            except OSError:  # never written (the open failed), or not ours to remove
+                pass
+        self.pending = []
+        for directory in reversed(self.made):
+            try:
+                os.rmdir(directory)
+            except OSError:  # not empty: something else was put there meanwhile
+                pass
+
+
+def task_files(ids, mask, typecode):
+    """task{t}.bin's bytes (little-endian ids) and task{t}.mask.bin's."""
+    data = array(typecode, ids)
+    if sys.byteorder != "little":
+        data.byteswap()
+    return data.tobytes(), bytes(mask)
 
 
 def main():
@@ -180,6 +263,11 @@ def main():
     a = ap.parse_args()
     if (a.eval_out is None) != (a.eval_docs <= 0):
         fail("--eval-out and --eval-docs go together (--eval-docs > 0)")
+    for directory in filter(None, (a.out, a.eval_out)):  # before the tokenizer loads: fail early
+        if os.path.lexists(directory) and not os.path.isdir(directory):
+            fail(f"{directory}: not a directory (--out and --eval-out name directories)")
+    if a.eval_out and os.path.realpath(a.eval_out) == os.path.realpath(a.out):
+        fail(f"--eval-out {a.eval_out} is --out: the held-out files would replace the training ones")
     tok = VocabFile(a.vocab_file, a.eos) if a.vocab_file else HuggingFace(a.tokenizer, a.eos)
     dtype = a.dtype if a.dtype != "auto" else ("uint16" if tok.vocab_size <= 1 << 16 else "uint32")
     if dtype == "uint16" and tok.vocab_size > 1 << 16:
@@ -187,25 +275,34 @@ def main():
     typecode = "H" if dtype == "uint16" else "I"
     if array(typecode).itemsize != (2 if dtype == "uint16" else 4):
         typecode = "I" if dtype == "uint16" else "L"
-    masked = False
-    for task, path in enumerate(a.inputs):
-        docs = []
-        for n, prompt, text in documents(path):
-            try:
-                docs.append(tokenize(tok, prompt, text))
-            except ValueError as e:
-                fail(f"{path}:{n}: {e}")
-            masked = masked or prompt is not None
-        held = docs[len(docs) - a.eval_docs:] if a.eval_docs > 0 else []
-        train = docs[:len(docs) - len(held)]
-        for directory, part in ((a.out, train),) + (((a.eval_out, held),) if held else ()):
-            if not part:
-                fail(f"{path}: no documents left for {directory} ({len(docs)} in the file)")
-            ids = [i for d in part for i in d[0]]
-            mask = [m for d in part for m in d[1]]
-            write_pair(directory, task, ids, mask, typecode)
-            print(f"{directory}/task{task}.bin: {len(part)} documents, {len(ids)} tokens "
-                  f"({sum(mask)} counted in the loss)")
+    masked, written, out = False, [], Output()
+    try:
+        for task, path in enumerate(a.inputs):
+            docs = []
+            for n, prompt, text in documents(path):
+                try:
+                    docs.append(tokenize(tok, prompt, text))
+                except ValueError as e:
+                    fail(f"{path}:{n}: {e}")
+                masked = masked or prompt is not None
+            if not docs:
+                fail(f"{path}: no documents (the file is empty or blank)")
+            held = docs[max(0, len(docs) - a.eval_docs):] if a.eval_docs > 0 else []
+            train = docs[:len(docs) - len(held)]
+            for directory, part in ((a.out, train),) + (((a.eval_out, held),) if held else ()):
+                if not part:
+                    fail(f"{path}: no documents left for {directory} ({len(docs)} in the file)")
+                ids = [i for d in part for i in d[0]]
+                mask = [m for d in part for m in d[1]]
+                data, mask_bytes = task_files(ids, mask, typecode)
+                out.write(directory, f"task{task}.bin", data)
+                out.write(directory, f"task{task}.mask.bin", mask_bytes)
+                written.append(f"{directory}/task{task}.bin: {len(part)} documents, {len(ids)} tokens "
+                               f"({sum(mask)} counted in the loss)")
+        out.commit()
+    finally:
+        out.abort()  # after a failure (fail's SystemExit too); nothing is left to remove after commit
+    print("\n".join(written))
     print("job keys:")
     print(f"  model: {{vocab: {tok.vocab_size}}}  # at least; a model.init_from config.json gives its own")
     print(f"  data: {{kind: tokens, dir: {a.out}, token_dtype: {dtype}, loss_mask: {'true' if masked else 'false'}}}")

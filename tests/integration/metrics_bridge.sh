@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # tools/metrics_bridge.py on the CPU with a fake writer (no TensorBoard or W&B needed): records
 # become the scalars at their steps (train, per task, eval), a partial last line waits for its
-# newline, a file replaced under its name (a resumed run) is read again without sending a
-# record twice, rank 0 only by default; without the packages the CLI is exit 2 with the pip
+# newline, a file replaced under its name (a resumed run) or truncated and regrown in place is
+# read again without sending a record twice, lines that are not thetad records are skipped with a
+# warning, rank 0 only by default; without the packages the CLI is exit 2 with the pip
 # command. Where TensorBoard is importable, --once writes event files (skipped otherwise).
 #   metrics_bridge.sh
 # shellcheck source=lib.sh
@@ -21,7 +22,7 @@ class Fake:
     def write(self, step, pairs): self.points += [(step, t, v) for t, v in pairs]
 fake = Fake()
 bridge, follow = mb.Bridge([fake], all_ranks=False), mb.Follower(path)
-def pump(): return sum(bridge.feed(l) for l in follow.lines())
+def pump(): return mb.run(bridge, follow, once=True, poll_s=0, idle_exit_s=None)  # one look at the file
 train = lambda s, r=0: json.dumps({"step": s, "rank": r, "kind": "train", "time": "t", "loss": 2.0 - s,
     "task_loss": [{"task": 3, "loss": 1.5}], "lr": 0.1, "grad_norm": None, "grad_norm_task": [{"task": 3, "norm": 0.5}],
     "tokens_per_s": 100.0, "bytes_allreduced": 64})
@@ -45,6 +46,63 @@ before = len(fake.points)
 assert pump() == 1  # step 2's train record only: 0 and 1 were sent
 assert all(s == 2 for s, _, _ in fake.points[before:])
 print("scalars, partial lines, rank 0, eval records, a replaced file without repeats")
+PY
+); then pass "$out"; else fail "$out"; fi
+
+# Truncated in place and written again past the old offset between two looks (the same inode,
+# a larger size): told by the first bytes, read again from the start, every new record sent once.
+if out=$(cd "$tools" && "$py" - "$WORK/t.jsonl" <<'PY' 2>&1
+import collections, json, sys
+import metrics_bridge as mb
+path = sys.argv[1]
+class Fake:
+    def __init__(self): self.steps = []
+    def write(self, step, pairs): self.steps.append(step)
+fake = Fake()
+bridge, follow = mb.Bridge([fake], all_ranks=False), mb.Follower(path)
+def pump(): return mb.run(bridge, follow, once=True, poll_s=0, idle_exit_s=None)
+rec = lambda s, t: json.dumps({"step": s, "rank": 0, "kind": "train", "time": t, "loss": 1.0})
+with open(path, "w") as f:
+    f.write("".join(rec(s, "old") + "\n" for s in range(5)))
+assert pump() == 5
+with open(path, "r+") as f:  # in place: the inode stays
+    f.truncate(0)
+    f.write("".join(rec(s, "new") + "\n" for s in [0, 1] + list(range(10, 40))))
+assert pump() == 30, fake.steps
+count = collections.Counter(fake.steps)
+assert sorted(count) == [0, 1, 2, 3, 4] + list(range(10, 40)) and set(count.values()) == {1}, count
+print("a file truncated and regrown in place: read again, each record once")
+PY
+); then pass "$out"; else fail "$out"; fi
+
+# Lines of JSON that are not thetad records: each skipped with one warning naming the file and
+# line, and the bridge goes on to the records after them.
+if out=$(cd "$tools" && "$py" - "$WORK/f.jsonl" <<'PY' 2>&1
+import contextlib, io, json, sys
+import metrics_bridge as mb
+path = sys.argv[1]
+class Fake:
+    def __init__(self): self.points = []
+    def write(self, step, pairs): self.points += [(step, t, v) for t, v in pairs]
+fake = Fake()
+bridge, follow = mb.Bridge([fake], all_ranks=False), mb.Follower(path)
+open(path, "w").close()
+foreign = [b"[]", b'"x"', b"42", b"{}", b'{"step": "a"}', b'{"step": true}', b"[" * 100000 + b"]" * 100000,
+           b'{"step": 1, "task_loss": [{"loss": 1}]}', b'{"step": 2, "kind": "eval", "eval_loss": [1]}',
+           b'{"step": 3, "rank": [0]}', b'{"step": 4, "kind": "other"}', b"not json", b"\xff\xfe"]
+for n, line in enumerate(foreign, 1):
+    with open(path, "ab") as f:
+        f.write(line + b"\n")
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        got = mb.run(bridge, follow, once=True, poll_s=0, idle_exit_s=None)
+    warnings = err.getvalue().splitlines()
+    assert got == 0 and len(warnings) == 1 and f"{path}:{n}: skipping" in warnings[0], (line[:40], got, warnings)
+with open(path, "a") as f:  # thetad's records after them; a number no float holds is no point
+    f.write(json.dumps({"step": 5, "loss": 0.5}) + "\n" + '{"step": 6, "loss": 1%s}\n' % ("0" * 400))
+assert mb.run(bridge, follow, once=True, poll_s=0, idle_exit_s=None) == 2
+assert fake.points == [(5, "train/loss", 0.5)], fake.points
+print(f"{len(foreign)} foreign lines skipped with a warning each, the records after them sent")
 PY
 ); then pass "$out"; else fail "$out"; fi
 

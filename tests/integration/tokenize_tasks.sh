@@ -2,8 +2,10 @@
 # tools/tokenize_tasks.py, the path from text to thetad's token files, on the CPU without any
 # tokenizer package (--vocab-file): EOS after every document, the prompt's tokens masked (0) and
 # the completion's and EOS counted (1), uint16 for a small vocabulary and uint32 above 65,536
-# ids, held-out documents to --eval-out, bad lines exit 2 naming file and line, --tokenizer
-# without the package exit 2 with the pip command. Where `tokenizers` is importable, a real
+# ids, held-out documents to --eval-out, bad lines exit 2 naming file and line, a failed run
+# leaves the earlier files as they were (all renamed in at the end, or none), bad UTF-8, an --out
+# that is a file and other bad inputs exit 2 without a traceback, --tokenizer without the package
+# exit 2 with the pip command. Where `tokenizers` is importable, a real
 # tokenizer.json is exercised too (skipped otherwise).
 #   tokenize_tasks.sh
 # shellcheck source=lib.sh
@@ -57,6 +59,45 @@ printf '%s\n' '{"text": "a"}' '{"prompt": "a"}' > "$WORK/bad.jsonl"
 expect_code 2 tok_bad "$py" "$tool" --vocab-file "$WORK/vocab.txt" --out "$WORK/bad" "$WORK/bad.jsonl"
 expect_in tok_bad "bad.jsonl:2: a line must be an object"
 expect_not_in tok_bad "Traceback"
+# A run failing at its second input leaves the first run's files bitwise as they were (none of
+# the new task0 renamed in) and no temporary beside them.
+cp -a "$WORK/data" "$WORK/data.before"; cp -a "$WORK/eval" "$WORK/eval.before"
+printf '%s\n' '{"text": "a a a"}' '{"text": "b"}' > "$WORK/t0new.jsonl"
+printf '{"text": "a"}\n{"text": "b \xff c"}\n' > "$WORK/badutf.jsonl"
+expect_code 2 tok_midway "$py" "$tool" --vocab-file "$WORK/vocab.txt" --out "$WORK/data" --eval-out "$WORK/eval" \
+  --eval-docs 1 "$WORK/t0new.jsonl" "$WORK/badutf.jsonl"
+for d in data eval; do
+  if diff -r "$WORK/$d.before" "$WORK/$d" >/dev/null; then pass "$d/ after a failed run: the old files, unchanged, no temporaries"
+  else fail "$d/ after a failed run: $(diff -r "$WORK/$d.before" "$WORK/$d" | tr '\n' ';')"; fi
+done
+# Bad UTF-8 names the file and line; --out a file; other bad inputs: exit 2, a message, no traceback.
+expect_in tok_midway "badutf.jsonl:2: not UTF-8"
+expect_not_in tok_midway "Traceback"
+: > "$WORK/afile"
+expect_code 2 tok_outfile "$py" "$tool" --vocab-file "$WORK/vocab.txt" --out "$WORK/afile" "$WORK/t1.jsonl"
+expect_in tok_outfile "afile: not a directory"
+expect_not_in tok_outfile "Traceback"
+if [ -s "$WORK/afile" ]; then fail "--out a file: the file was written to"; else pass "--out a file: left empty"; fi
+"$py" -c 'print("[" * 100000)' > "$WORK/deep.jsonl"
+: > "$WORK/empty.jsonl"
+printf '<unk>\n</s>\n\xfe\n' > "$WORK/badvocab.txt"
+# refused NAME PATTERN ARGS...: exit 2 saying PATTERN, no traceback, no $WORK/o_NAME made.
+refused() {
+  local name=$1 want=$2; shift 2
+  expect_code 2 "tok_$name" "$py" "$tool" "$@"
+  expect_in "tok_$name" "$want"
+  expect_not_in "tok_$name" "Traceback"
+  if [ -e "$WORK/o_$name" ]; then fail "tok_$name: made $WORK/o_$name"; else pass "tok_$name: no output directory left"; fi
+}
+v=(--vocab-file "$WORK/vocab.txt")
+refused deep "deep.jsonl:1: not JSON" "${v[@]}" --out "$WORK/o_deep" "$WORK/deep.jsonl"
+refused empty "empty.jsonl: no documents" "${v[@]}" --out "$WORK/o_empty" "$WORK/empty.jsonl"
+refused missing "none.jsonl: cannot read" "${v[@]}" --out "$WORK/o_missing" "$WORK/none.jsonl"
+refused vocab "badvocab.txt:3: not UTF-8" --vocab-file "$WORK/badvocab.txt" --out "$WORK/o_vocab" "$WORK/t1.jsonl"
+refused same "is --out" "${v[@]}" --out "$WORK/o_same" --eval-out "$WORK/o_same" --eval-docs 1 "$WORK/t0.jsonl"
+# --eval-docs above a task's documents: all held out, none left to train on (not the last few).
+refused fewer "no documents left for .*o_fewer" "${v[@]}" --out "$WORK/o_fewer" --eval-out "$WORK/e_fewer" \
+  --eval-docs 5 "$WORK/t0.jsonl"
 # --tokenizer without the packages: the pip command.
 mkdir -p "$WORK/nopkg/tokenizers" "$WORK/nopkg/transformers"
 echo 'raise ImportError("no")' > "$WORK/nopkg/tokenizers/__init__.py"
