@@ -61,6 +61,7 @@ class CudaStream : public CudaHandle<cudaStream_t, &cudaStreamDestroy> {
 // Destroying a pending event is allowed: CUDA releases it once it completes.
 class CudaEvent : public CudaHandle<cudaEvent_t, &cudaEventDestroy> {
  public:
+  CudaEvent() = default;  // empty: for a member created on first use
   explicit CudaEvent(int device, bool timing = false) {
     device_ = device;
     CUDA_CHECK(cudaSetDevice(device));

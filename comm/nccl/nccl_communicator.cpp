@@ -243,11 +243,34 @@ void NcclCommunicator::divide(float* buf, size_t count, double divisor) {
 }
 
 void NcclCommunicator::copy_from_host(void* dst, const void* src, size_t bytes) {
-  std::lock_guard<std::mutex> lock(core_->mu);
+  if (!bytes) return;
+  std::lock_guard<std::mutex> stage_lock(stage_mu_);
   CUDA_CHECK(cudaSetDevice(core_->device));
-  // On the comm stream, so that it precedes the collective issued next; from pageable memory
-  // the call returns once `src` has been staged.
-  if (bytes) CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, core_->comm_stream.get()));
+  if (stage_pending_) {  // the previous copy has left the staging memory (long done in practice)
+    const auto deadline = NcclWork::Clock::now() + default_timeout();
+    cudaError_t rc;
+    while ((rc = cudaEventQuery(stage_done_.get())) == cudaErrorNotReady) {
+      if (NcclWork::Clock::now() > deadline)
+        throw TimeoutError("NCCL communicator: a control copy to the device did not finish within " +
+                           format_seconds(default_timeout()));
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+    CUDA_CHECK(rc);
+    stage_pending_ = false;
+  }
+  if (bytes > stage_bytes_) {
+    void* p = nullptr;
+    CUDA_CHECK(cudaMallocHost(&p, bytes));
+    stage_buf_ = std::shared_ptr<void>(p, [](void* q) { cudaFreeHost(q); });
+    stage_bytes_ = bytes;
+  }
+  if (!stage_done_) stage_done_ = CudaEvent(core_->device);
+  std::memcpy(stage_buf_.get(), src, bytes);  // `src` may be reused once this returns
+  std::lock_guard<std::mutex> lock(core_->mu);
+  // On the comm stream, so that it precedes the collective issued next.
+  CUDA_CHECK(cudaMemcpyAsync(dst, stage_buf_.get(), bytes, cudaMemcpyHostToDevice, core_->comm_stream.get()));
+  CUDA_CHECK(cudaEventRecord(stage_done_.get(), core_->comm_stream.get()));
+  stage_pending_ = true;
 }
 
 void NcclCommunicator::copy_to_host(void* dst, const void* src, size_t bytes) {

@@ -69,6 +69,16 @@ class NcclCommunicator : public Communicator {
   uint16_t* wire_buffer(size_t count);
   std::shared_ptr<void> wire_buf_;
   size_t wire_count_ = 0;
+  // copy_from_host's source, copied into pinned memory of ours before the device copy is queued:
+  // CUDA says only that a cudaMemcpyAsync from pageable memory *might* return after reading it,
+  // and a count exchange's flags are a vector freed on return (its heap reused for gradients at
+  // once). `stage_done_` marks the device copy's end, which the next copy waits for before it
+  // writes the staging memory again. Guarded by stage_mu_ (taken before core_->mu).
+  std::mutex stage_mu_;
+  std::shared_ptr<void> stage_buf_;
+  size_t stage_bytes_ = 0;
+  CudaEvent stage_done_;
+  bool stage_pending_ = false;
   std::mutex wd_mu_;
   std::condition_variable wd_cv_;
   bool wd_stop_ = false;

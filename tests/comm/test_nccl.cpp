@@ -6,8 +6,10 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <vector>
 
 #include "comm/bootstrap.hpp"
 #include "comm/control_plane.hpp"
@@ -97,6 +99,32 @@ TEST(Nccl, EngineMatchesReference) {
       // PreMulSum multiplies by 1/divisor before summing: equal within float32 rounding.
       expect_matches_reference(r, model_plan(), world, 1, o, 1e-6);
     }
+}
+
+// copy_from_host takes its source on return: the count exchange's flags are a vector freed at
+// once, its heap reused by the next gradients; a copy that read it later (a cudaMemcpyAsync from
+// pageable memory may) sent those instead, and the ranks then launched different collectives.
+TEST(Nccl, ControlCopyTakesItsSourceOnReturn) {
+  if (!gpus_available()) GTEST_SKIP() << "fewer GPUs than ranks on this host";
+  auto comm = nccl();
+  const int r = comm->rank(), n = comm->size();
+  const size_t count = size_t{1} << 16;  // 256 KiB: a copy still reading would see the overwrite
+  auto buf = comm->allocate(count * sizeof(int32_t));
+  for (int round = 0; round < 20; ++round) {
+    {
+      std::vector<int32_t> src(count, r * 1000 + round);
+      comm->copy_from_host(buf.get(), src.data(), count * sizeof(int32_t));
+      std::fill(src.begin(), src.end(), -7);
+    }
+    std::vector<float> reuse(count, 0.3125f);  // the freed heap written again, as gradients are
+    AllreduceOptions o;
+    o.after_compute = false;
+    comm->allreduce(buf.get(), count, DType::i32, o)->wait(30s);
+    std::vector<int32_t> got(count);
+    comm->copy_to_host(got.data(), buf.get(), count * sizeof(int32_t));
+    const int32_t want = 1000 * n * (n - 1) / 2 + n * round;
+    ASSERT_EQ(std::count(got.begin(), got.end(), want), static_cast<std::ptrdiff_t>(count)) << "round " << round;
+  }
 }
 
 // The bf16 wire on the device: the share-rounding and widening kernels around an ncclBfloat16
