@@ -201,7 +201,7 @@ void Checker::slots_cover_step() {
 }
 
 // Activation offload: the models whose trunk runs through trunk_layer, and the transformer's
-// feed-forward activations (daemon/models). The others would keep every activation on the
+// feed-forward activations (daemon/ops/). The others would keep every activation on the
 // device, so the key is refused, not ignored.
 void Checker::activations() {
   const ModelKind k = j_.model.kind;

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Where the frozen output layer's loss spends its time (the fp32 LoRA step of bench/gpu/plain.sh): the unfused
 pair a plain loop runs (logits = h @ W^T, cross_entropy, backward to h) against the chunked
-computation of daemon/models/fused_cross_entropy.cpp's LinearCrossEntropy, per chunk size, each
+computation of daemon/ops/fused_cross_entropy.cpp's LinearCrossEntropy, per chunk size, each
 part timed with CUDA events (mean of --reps after --warmup), with the peak memory each adds.
 
     python3 bench/gpu/ce_chunks.py [--rows 4096 --d 2048 --vocab 32000 --dtype fp32]

@@ -10,7 +10,7 @@
 #include "daemon/homes/resident_home.hpp"
 #include "daemon/homes/store_home.hpp"
 #include "daemon/homes/streamed_trunk.hpp"
-#include "daemon/models/precision.hpp"
+#include "daemon/ops/precision.hpp"
 
 namespace thetad::daemon {
 

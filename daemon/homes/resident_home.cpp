@@ -4,7 +4,7 @@
 #include <string>
 
 #include "common/errors.hpp"
-#include "daemon/models/precision.hpp"
+#include "daemon/ops/precision.hpp"
 
 namespace thetad::daemon {
 

@@ -4,7 +4,7 @@
 // current one computes. The layers' gradients are summed per backward as the trunk layer function
 // hands them over, reduced by the engine in Θ's ordinary buckets, copied to the host as each bucket
 // lands, and stepped there by each layer's owner with CPU AdamW. It implements the trunk layer
-// function's LayerWeights (daemon/models/trunk_layer.hpp).
+// function's LayerWeights (daemon/ops/trunk_layer.hpp).
 //
 // offload.shared_device_layers: the lowest N layers stay on the device instead, in the store's
 // device cache (a line each: values and Adam moments), and are updated there by the device AdamW
@@ -38,7 +38,7 @@
 #include "daemon/device/data_plane.hpp"
 #include "daemon/models/model.hpp"
 #include "daemon/models/param_groups.hpp"
-#include "daemon/models/trunk_layer.hpp"
+#include "daemon/ops/trunk_layer.hpp"
 #include "daemon/homes/group_home.hpp"
 #include "daemon/homes/store_home.hpp"
 #include "daemon/optim/device_adam.hpp"

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "daemon/observe/timeline.hpp"
-#include "daemon/models/trunk_layer.hpp"
+#include "daemon/ops/trunk_layer.hpp"
 #include "offload/device.hpp"
 #include "offload/pinned_pool.hpp"
 

@@ -1,4 +1,5 @@
-// model.init_from: starting a model from weights the user has (fine-tuning a base).
+// model.init_from: starting a model from weights the user has (fine-tuning a base). Declared
+// here, for make_model; defined with the file readers it uses in daemon/hf/initial_weights.cpp.
 #pragma once
 
 #include "config/job.hpp"

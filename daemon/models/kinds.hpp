@@ -1,7 +1,8 @@
 // The models and data sources of each kind, for make_model and make_data (internal to
-// daemon/models/): each kind's file builds its own (models.cpp: multitask_mlp and
-// multitask_adapter and their synthetic data; extreme_classifier.cpp; script_model.cpp:
-// torchscript; transformer.cpp; npy_data.cpp; token_data.cpp), and what several of them share.
+// daemon/models/ and daemon/data/): each kind's file builds its own (models.cpp: multitask_mlp
+// and multitask_adapter and their synthetic data; extreme_classifier.cpp; script_model.cpp:
+// torchscript; transformer.cpp; daemon/data/npy_data.cpp, daemon/data/token_data.cpp), and what
+// several of them share.
 #pragma once
 
 #include <torch/torch.h>
@@ -12,7 +13,7 @@
 #include "config/job.hpp"
 #include "daemon/models/model.hpp"
 #include "daemon/models/param_builder.hpp"
-#include "daemon/models/trunk_layer.hpp"
+#include "daemon/ops/trunk_layer.hpp"
 
 namespace thetad::daemon {
 

@@ -17,8 +17,8 @@ namespace thetad::daemon {
 
 enum class LossKind { mse, cross_entropy };
 
-class LayerWeights;     // daemon/models/trunk_layer.hpp
-class ActivationStash;  // daemon/models/trunk_layer.hpp
+class LayerWeights;     // daemon/ops/trunk_layer.hpp
+class ActivationStash;  // daemon/ops/trunk_layer.hpp
 
 // Fills a contiguous CPU float32 tensor of a parameter's shape with its initial values.
 using ParamInit = std::function<void(torch::Tensor& dst)>;

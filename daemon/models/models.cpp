@@ -9,14 +9,14 @@
 #include "common/hash.hpp"
 #include "common/log.hpp"
 #include "common/text.hpp"
-#include "daemon/models/fused_cross_entropy.hpp"
+#include "daemon/ops/fused_cross_entropy.hpp"
 #include "daemon/models/initial_weights.hpp"
 #include "daemon/models/model.hpp"
 #include "daemon/models/kinds.hpp"
 #include "daemon/models/param_builder.hpp"
-#include "daemon/models/precision.hpp"
+#include "daemon/ops/precision.hpp"
 #include "daemon/models/transformer.hpp"
-#include "daemon/models/trunk_layer.hpp"
+#include "daemon/ops/trunk_layer.hpp"
 
 namespace thetad::daemon {
 

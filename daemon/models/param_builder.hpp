@@ -1,7 +1,8 @@
-// Building the built-in models' parameters (internal to daemon/models/): generators, the
-// ParamBuilder that registers named parameters with their groups and draws their values, and the
-// Linear layer. Every value is a function of (init seed, group, index in the group), so every rank,
-// device and resumed run gets the same parameters whatever else the model has.
+// Building the built-in models' parameters (internal to daemon/models/ and daemon/data/):
+// generators, the ParamBuilder that registers named parameters with their groups and draws their
+// values, and the Linear layer. Every value is a function of (init seed, group, index in the
+// group), so every rank, device and resumed run gets the same parameters whatever else the model
+// has.
 #pragma once
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -21,7 +22,7 @@
 #include "common/thread_pool.hpp"
 #include "config/job.hpp"
 #include "daemon/models/model.hpp"
-#include "daemon/models/precision.hpp"
+#include "daemon/ops/precision.hpp"
 
 namespace thetad::daemon::detail {
 

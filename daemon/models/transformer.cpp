@@ -11,14 +11,14 @@
 
 #include "common/errors.hpp"
 
-#include "daemon/models/decoder_ops.hpp"
-#include "daemon/models/ffn_activation.hpp"
-#include "daemon/models/fused_llama_ops.hpp"
-#include "daemon/models/fused_cross_entropy.hpp"
-#include "daemon/models/joined_linear.hpp"
+#include "daemon/ops/decoder_ops.hpp"
+#include "daemon/ops/ffn_activation.hpp"
+#include "daemon/ops/fused_llama_ops.hpp"
+#include "daemon/ops/fused_cross_entropy.hpp"
+#include "daemon/ops/joined_linear.hpp"
 #include "daemon/models/param_builder.hpp"
-#include "daemon/models/precision.hpp"
-#include "daemon/models/rotary.hpp"
+#include "daemon/ops/precision.hpp"
+#include "daemon/ops/rotary.hpp"
 #include "daemon/plan/placement.hpp"
 
 namespace thetad::daemon {
@@ -33,7 +33,7 @@ constexpr std::array<const char*, kTargets> kParamNames = {"attn.q", "attn.k", "
                                                            "mlp.gate", "mlp.up", "mlp.down"};
 
 // The targets that read one input: a layer's GEMMs (and its adapters) in four groups, joined into
-// one GEMM each where the base is frozen (daemon/models/joined_linear.hpp).
+// one GEMM each where the base is frozen (daemon/ops/joined_linear.hpp).
 enum Projection { kQkv, kAttnOut, kGateUp, kFfnOut, kProjections };
 const std::array<std::vector<int>, kProjections> kMembers = {{{kQ, kK, kV}, {kO}, {kGate, kUp}, {kDown}}};
 

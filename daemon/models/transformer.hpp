@@ -30,7 +30,7 @@ void hold_embedding_in_bf16(const config::Job& job, TaskModel& model);
 // synthetic (each task a walk through the vocabulary with a stride of its own, with
 // data.noise of the tokens replaced at random) or read from data.dir/task{t}.npy (1-D int64,
 // int32 or uint16 token ids) or, with data.token_dtype uint16 or uint32, from the flat files
-// data.dir/task{t}.bin; memory-mapped, checked before any step (daemon/models/token_data.cpp).
+// data.dir/task{t}.bin; memory-mapped, checked before any step (daemon/data/token_data.cpp).
 std::unique_ptr<DataSource> make_token_data(const config::Job& job, torch::Device device);
 
 }  // namespace thetad::daemon

@@ -3,7 +3,7 @@
 // evaluated), each file whole (its size a whole number of ids, at least one window, every id
 // below model.vocab: one sequential read of the file), and with data.loss_mask its mask beside
 // it. `thetad validate` and every rank of `thetad run` call check_token_inputs; the data sources
-// (daemon/models/token_data.cpp) then only open the files. Torch-free.
+// (daemon/data/token_data.cpp) then only open the files. Torch-free.
 #pragma once
 
 #include <cstdint>

@@ -17,7 +17,7 @@
 #include "common/thread_pool.hpp"
 #include "daemon/checkpoint_format/file_checksum.hpp"
 #include "daemon/checkpoint_format/manifest.hpp"
-#include "daemon/models/pt_dict.hpp"
+#include "daemon/hf/pt_dict.hpp"
 #include "daemon/state/checkpoint.hpp"
 #include "daemon/state/checkpoint_files.hpp"
 

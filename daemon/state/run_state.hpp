@@ -15,7 +15,7 @@
 #include "config/job.hpp"
 #include "daemon/homes/homes.hpp"
 #include "daemon/models/param_groups.hpp"
-#include "daemon/models/peft_adapters.hpp"  // export.adapters_dir
+#include "daemon/hf/peft_adapters.hpp"  // export.adapters_dir
 #include "daemon/checkpoint_format/init_sources.hpp"
 #include "daemon/state/async_checkpoint.hpp"
 #include "daemon/state/checkpoint.hpp"

@@ -15,8 +15,8 @@
 
 #include "common/log.hpp"
 #include "common/stopwatch.hpp"
-#include "daemon/models/precision.hpp"
-#include "daemon/models/token_data.hpp"
+#include "daemon/ops/precision.hpp"
+#include "daemon/data/token_data.hpp"
 #include "daemon/plan/input_path.hpp"
 #include "daemon/plan/token_files.hpp"
 #include "daemon/train/best_adapters.hpp"

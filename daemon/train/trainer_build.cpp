@@ -14,7 +14,7 @@
 #include "common/log.hpp"
 #include "common/thread_pool.hpp"
 #include "config/loader.hpp"
-#include "daemon/models/precision.hpp"
+#include "daemon/ops/precision.hpp"
 #include "daemon/plan/device_memory_estimate.hpp"
 #include "daemon/plan/job_options.hpp"
 #include "daemon/train/trainer_class.hpp"

@@ -10,7 +10,7 @@
 
 #include "comm/bandwidth.hpp"
 #include "common/log.hpp"
-#include "daemon/models/precision.hpp"
+#include "daemon/ops/precision.hpp"
 #include "daemon/plan/job_options.hpp"
 #include "daemon/train/grad_norms.hpp"
 #include "daemon/train/trainer_class.hpp"

@@ -26,7 +26,7 @@
 #include "daemon/plan/replica_plan.hpp"
 #include "daemon/plan/schedule.hpp"
 #include "daemon/models/model.hpp"
-#include "daemon/models/precision.hpp"
+#include "daemon/ops/precision.hpp"
 #include "daemon/optim/optimizer.hpp"
 #include "daemon/state/checkpoint.hpp"
 

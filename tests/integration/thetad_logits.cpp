@@ -19,7 +19,7 @@
 #include "config/loader.hpp"
 #include "daemon/formats/npy.hpp"
 #include "daemon/models/model.hpp"
-#include "daemon/models/precision.hpp"
+#include "daemon/ops/precision.hpp"
 #include "daemon/plan/input_path.hpp"
 
 using namespace thetad;

@@ -11,8 +11,8 @@
 
 #include "common/errors.hpp"
 #include "daemon/models/activation_stash.hpp"
-#include "daemon/models/ffn_activation.hpp"
-#include "daemon/models/precision.hpp"
+#include "daemon/ops/ffn_activation.hpp"
+#include "daemon/ops/precision.hpp"
 #include "offload/pinned_pool.hpp"
 
 namespace thetad::daemon {

@@ -15,7 +15,7 @@
 #include "config/loader.hpp"
 #include "daemon/formats/safetensors.hpp"
 #include "daemon/models/model.hpp"
-#include "daemon/models/precision.hpp"
+#include "daemon/ops/precision.hpp"
 
 namespace thetad::daemon {
 namespace {

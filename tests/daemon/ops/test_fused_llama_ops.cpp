@@ -1,4 +1,4 @@
-// The models' own kernels (daemon/models/fused_llama_ops, llama_kernels.cu,
+// The models' own kernels (daemon/ops/fused_llama_ops, llama_kernels.cu,
 // residual_norm_kernels.cu; the loss's cross_entropy_kernels.cu through linear_cross_entropy; the
 // optimizer's adam_kernels.cu through adam_group)
 // against the operators' formulas in float32 on the same bf16 inputs, values and gradients. A GPU test: it
@@ -8,10 +8,10 @@
 
 #include <cmath>
 
-#include "daemon/models/fused_cross_entropy.hpp"
-#include "daemon/models/fused_llama_ops.hpp"
+#include "daemon/ops/fused_cross_entropy.hpp"
+#include "daemon/ops/fused_llama_ops.hpp"
 #include "daemon/optim/optimizer.hpp"
-#include "daemon/models/rotary.hpp"
+#include "daemon/ops/rotary.hpp"
 
 namespace thetad::daemon {
 namespace {

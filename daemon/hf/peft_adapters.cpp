@@ -1,5 +1,5 @@
 // PEFT adapter directories in and out (see peft_adapters.hpp).
-#include "daemon/models/peft_adapters.hpp"
+#include "daemon/hf/peft_adapters.hpp"
 
 #include <ATen/Parallel.h>
 
@@ -24,9 +24,9 @@
 #include "config/schema.hpp"
 #include "daemon/formats/hf_names.hpp"
 #include "daemon/formats/safetensors.hpp"
-#include "daemon/models/export_files.hpp"
-#include "daemon/models/hf_weights.hpp"
-#include "daemon/models/merged_export.hpp"
+#include "daemon/hf/export_files.hpp"
+#include "daemon/hf/hf_weights.hpp"
+#include "daemon/hf/merged_export.hpp"
 #include "daemon/plan/peft_config.hpp"
 
 namespace thetad::daemon {

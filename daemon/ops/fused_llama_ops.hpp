@@ -1,5 +1,5 @@
 // The Llama layer's residual add with RMSNorm, its SwiGLU and its rotary split as autograd nodes over the project's own kernels
-// (daemon/models/llama_kernels.hpp): bf16 tensors on a GPU of a build that has them. The
+// (daemon/ops/llama_kernels.hpp): bf16 tensors on a GPU of a build that has them. The
 // transformer uses them where fused_kernels_for(x) holds and LibTorch's operators elsewhere (the
 // CPU, float32): the same function, within bf16's rounding (the kernels round once where the
 // operators round after each operation).
@@ -10,8 +10,8 @@
 #include <array>
 #include <utility>
 
-#include "daemon/models/rotary.hpp"
-#include "daemon/models/trunk_layer.hpp"
+#include "daemon/ops/rotary.hpp"
+#include "daemon/ops/trunk_layer.hpp"
 
 namespace thetad::daemon {
 

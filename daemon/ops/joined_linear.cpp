@@ -1,9 +1,9 @@
 // Joined linear layers and their adapters (see joined_linear.hpp).
-#include "daemon/models/joined_linear.hpp"
+#include "daemon/ops/joined_linear.hpp"
 
 #include <algorithm>
 
-#include "daemon/models/precision.hpp"
+#include "daemon/ops/precision.hpp"
 
 namespace thetad::daemon {
 namespace {

@@ -1,5 +1,5 @@
 // pt_dict and load_pt_dict (see pt_dict.hpp).
-#include "daemon/models/pt_dict.hpp"
+#include "daemon/hf/pt_dict.hpp"
 
 #include <cstdint>
 #include <cstring>

@@ -1,5 +1,5 @@
 // load_safetensors_weights (see hf_weights.hpp).
-#include "daemon/models/hf_weights.hpp"
+#include "daemon/hf/hf_weights.hpp"
 
 #include <algorithm>
 #include <atomic>

@@ -1,5 +1,5 @@
 // Held-out token windows per task (eval.dir), read as the training token files are
-// (daemon/models/token_data.cpp): the same file formats, masks and checks.
+// (daemon/data/token_data.cpp): the same file formats, masks and checks.
 #pragma once
 
 #include <torch/torch.h>

@@ -4,7 +4,7 @@
 
 #include <torch/torch.h>
 
-#include "daemon/models/rotary.hpp"
+#include "daemon/ops/rotary.hpp"
 
 namespace thetad::daemon {
 

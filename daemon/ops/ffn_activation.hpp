@@ -7,7 +7,7 @@
 
 #include <torch/torch.h>
 
-#include "daemon/models/trunk_layer.hpp"
+#include "daemon/ops/trunk_layer.hpp"
 
 namespace thetad::daemon {
 

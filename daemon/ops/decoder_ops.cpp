@@ -1,5 +1,5 @@
 // Norms and attention of the transformer (see decoder_ops.hpp).
-#include "daemon/models/decoder_ops.hpp"
+#include "daemon/ops/decoder_ops.hpp"
 
 #include <torch/version.h>
 

@@ -3,12 +3,12 @@
 // sum of exponentials below it (rescaled when the maximum rises), combined over the block; the
 // second pass reads the row again (from the cache) and writes the gradient. Eight values a
 // thread per load where the width and the pointers allow, one otherwise.
-#include "daemon/models/cross_entropy_kernels.hpp"
+#include "daemon/ops/cross_entropy_kernels.hpp"
 
 #include <cstdint>
 
 #include "common/cuda_check.hpp"
-#include "daemon/models/bf16_vectors.cuh"
+#include "daemon/ops/bf16_vectors.cuh"
 
 namespace thetad::daemon::kernels {
 namespace {

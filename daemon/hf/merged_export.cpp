@@ -1,5 +1,5 @@
 // Merged model directories (see merged_export.hpp).
-#include "daemon/models/merged_export.hpp"
+#include "daemon/hf/merged_export.hpp"
 
 #include <unistd.h>
 
@@ -19,7 +19,7 @@
 #include "config/hf_config.hpp"
 #include "daemon/formats/hf_names.hpp"
 #include "daemon/formats/safetensors.hpp"
-#include "daemon/models/precision.hpp"
+#include "daemon/ops/precision.hpp"
 
 namespace thetad::daemon {
 namespace {

@@ -1,5 +1,5 @@
 // Rotary positions (see rotary.hpp).
-#include "daemon/models/rotary.hpp"
+#include "daemon/ops/rotary.hpp"
 
 #include <cmath>
 

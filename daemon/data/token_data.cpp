@@ -27,7 +27,7 @@
 #include "daemon/formats/npy.hpp"
 #include "daemon/plan/token_files.hpp"
 #include "daemon/models/param_builder.hpp"
-#include "daemon/models/token_data.hpp"
+#include "daemon/data/token_data.hpp"
 #include "daemon/models/transformer.hpp"
 
 namespace thetad::daemon {

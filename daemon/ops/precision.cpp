@@ -1,6 +1,6 @@
 // AutocastScope (see precision.hpp) over LibTorch's two autocast APIs: per-device-type functions
 // from 2.4 on, separate CPU and CUDA ones before (1.13 on Debian).
-#include "daemon/models/precision.hpp"
+#include "daemon/ops/precision.hpp"
 
 #include <ATen/autocast_mode.h>
 #include <torch/version.h>

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "config/job.hpp"
-#include "daemon/models/export_files.hpp"
+#include "daemon/hf/export_files.hpp"
 #include "daemon/models/model.hpp"
 #include "daemon/models/param_groups.hpp"
 
@@ -28,7 +28,7 @@ void load_peft_adapters(const config::Job& job, TaskModel& model);
 class MergedExport;
 
 // The export section: PEFT adapter directories (export.adapters_dir) and merged model directories
-// (export.merged_dir, daemon/models/merged_export.hpp), in export.dtype.
+// (export.merged_dir, daemon/hf/merged_export.hpp), in export.dtype.
 class AdapterExport {
  public:
   // Checks every task's directory before any step: one that exists must be a directory of this

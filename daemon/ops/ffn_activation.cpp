@@ -1,5 +1,5 @@
 // ffn_activation (see ffn_activation.hpp).
-#include "daemon/models/ffn_activation.hpp"
+#include "daemon/ops/ffn_activation.hpp"
 
 #include "common/errors.hpp"
 

@@ -1,4 +1,4 @@
-// load_initial_weights (see initial_weights.hpp).
+// load_initial_weights (see daemon/models/initial_weights.hpp).
 #include "daemon/models/initial_weights.hpp"
 
 #include <map>
@@ -10,9 +10,9 @@
 #include "common/log.hpp"
 #include "common/text.hpp"
 #include "daemon/formats/safetensors.hpp"
-#include "daemon/models/hf_weights.hpp"
-#include "daemon/models/peft_adapters.hpp"
-#include "daemon/models/pt_dict.hpp"
+#include "daemon/hf/hf_weights.hpp"
+#include "daemon/hf/peft_adapters.hpp"
+#include "daemon/hf/pt_dict.hpp"
 
 namespace thetad::daemon {
 namespace {

@@ -2,13 +2,13 @@
 // arithmetic couples (gate j with up j; a head's element i with i + head / 2), bf16 loaded and
 // stored, float32 in between: eight pairs a thread in 16-byte loads where the widths and the
 // pointers allow (the Llama shapes do), one pair a thread otherwise.
-#include "daemon/models/llama_kernels.hpp"
+#include "daemon/ops/llama_kernels.hpp"
 
 #include <algorithm>
 #include <cstdint>
 
 #include "common/cuda_check.hpp"
-#include "daemon/models/bf16_vectors.cuh"
+#include "daemon/ops/bf16_vectors.cuh"
 
 namespace thetad::daemon::kernels {
 namespace {

@@ -1,14 +1,14 @@
 // The fused residual RMSNorm, SwiGLU and rotary split (see fused_llama_ops.hpp).
-#include "daemon/models/fused_llama_ops.hpp"
+#include "daemon/ops/fused_llama_ops.hpp"
 
 #if THETAD_TORCH_CUDA && THETAD_MODEL_KERNELS
 #include <c10/cuda/CUDAStream.h>
 
-#include "daemon/models/llama_kernels.hpp"
+#include "daemon/ops/llama_kernels.hpp"
 #endif
 
 #include "common/errors.hpp"
-#include "daemon/models/precision.hpp"
+#include "daemon/ops/precision.hpp"
 
 namespace thetad::daemon {
 

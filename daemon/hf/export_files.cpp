@@ -1,5 +1,5 @@
 // Export directories, staged files and dtypes (see export_files.hpp).
-#include "daemon/models/export_files.hpp"
+#include "daemon/hf/export_files.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>

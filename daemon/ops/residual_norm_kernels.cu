@@ -8,8 +8,8 @@
 #include <initializer_list>
 
 #include "common/cuda_check.hpp"
-#include "daemon/models/bf16_vectors.cuh"
-#include "daemon/models/llama_kernels.hpp"
+#include "daemon/ops/bf16_vectors.cuh"
+#include "daemon/ops/llama_kernels.hpp"
 
 namespace thetad::daemon::kernels {
 namespace {

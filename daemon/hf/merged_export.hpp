@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "config/job.hpp"
-#include "daemon/models/export_files.hpp"
+#include "daemon/hf/export_files.hpp"
 #include "daemon/models/param_groups.hpp"
 
 namespace thetad::daemon {

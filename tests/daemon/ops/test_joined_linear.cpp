@@ -1,5 +1,5 @@
-// The transformer's joined GEMMs (daemon/models/joined_linear) and its rotary node
-// (daemon/models/rotary) against the formulas they replace, on the CPU in float32: a frozen base's
+// The transformer's joined GEMMs (daemon/ops/joined_linear) and its rotary node
+// (daemon/ops/rotary) against the formulas they replace, on the CPU in float32: a frozen base's
 // matrices joined and re-pointed, the tasks' adapters joined to match (a target left out
 // included), the base and adapter GEMMs as one node, values and gradients; the rotation's three-kernel node against x cos +
 // rotate_half(x) sin and its autograd.
@@ -9,8 +9,8 @@
 #include <numeric>
 #include <string>
 
-#include "daemon/models/joined_linear.hpp"
-#include "daemon/models/rotary.hpp"
+#include "daemon/ops/joined_linear.hpp"
+#include "daemon/ops/rotary.hpp"
 
 namespace thetad::daemon {
 namespace {

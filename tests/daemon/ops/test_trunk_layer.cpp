@@ -8,8 +8,8 @@
 #include <map>
 #include <set>
 
-#include "daemon/models/precision.hpp"
-#include "daemon/models/trunk_layer.hpp"
+#include "daemon/ops/precision.hpp"
+#include "daemon/ops/trunk_layer.hpp"
 
 namespace thetad::daemon {
 namespace {

@@ -2,7 +2,7 @@
 // under autocast too; backward repeats, op for op, what LibTorch's derivative formulas run for
 // addmm and gelu (FunctionsManual.cpp mm_mat1_backward / mm_mat2_backward, gelu_backward, and the
 // engine's sum_to of a broadcast bias), so the gradients carry the same bits as autograd's.
-#include "daemon/models/trunk_layer.hpp"
+#include "daemon/ops/trunk_layer.hpp"
 
 #include <ATen/ExpandUtils.h>
 #include <ATen/autocast_mode.h>
@@ -10,7 +10,7 @@
 #include <optional>
 
 #include "common/errors.hpp"
-#include "daemon/models/precision.hpp"
+#include "daemon/ops/precision.hpp"
 
 namespace thetad::daemon {
 namespace {

@@ -1,6 +1,6 @@
 // fused_cross_entropy and linear_cross_entropy (see fused_cross_entropy.hpp): custom autograd
 // functions.
-#include "daemon/models/fused_cross_entropy.hpp"
+#include "daemon/ops/fused_cross_entropy.hpp"
 
 #include <algorithm>
 #include <initializer_list>
@@ -8,7 +8,7 @@
 #if THETAD_TORCH_CUDA && THETAD_MODEL_KERNELS
 #include <c10/cuda/CUDAStream.h>
 
-#include "daemon/models/cross_entropy_kernels.hpp"
+#include "daemon/ops/cross_entropy_kernels.hpp"
 #endif
 
 namespace thetad::daemon {

@@ -8,8 +8,8 @@
 #include <torch/torch.h>
 
 
-#include "daemon/models/fused_cross_entropy.hpp"
-#include "daemon/models/precision.hpp"
+#include "daemon/ops/fused_cross_entropy.hpp"
+#include "daemon/ops/precision.hpp"
 
 namespace thetad::daemon {
 namespace {

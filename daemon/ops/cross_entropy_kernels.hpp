@@ -1,5 +1,5 @@
 // The cross-entropy loss of bf16 logits and its gradient in one kernel, for the output layer on
-// GPUs (daemon/models/fused_cross_entropy.cpp): the logits are read twice and the gradient written
+// GPUs (daemon/ops/fused_cross_entropy.cpp): the logits are read twice and the gradient written
 // once in bf16, where LibTorch's operators widen the logits to float32 and pass over them four
 // times. Torch-free, compiled with the CUDA toolkit only (THETAD_MODEL_KERNELS).
 #pragma once
