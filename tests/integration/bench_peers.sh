@@ -15,8 +15,11 @@ expect_code 0 check_plain bash "$HERE/../../bench/peer/check_plain.sh" "$py"
 for model in multitask lora compiled-llama; do
   expect_in check_plain "^plain_loop --check $model: ok"
 done
-expect_in check_plain "^compiled-llama logits \(float64\) vs the formula.*: ok$"
-expect_in check_plain "^compiled-llama logits \(bfloat16\) vs the formula.*: ok$"
-expect_in check_plain "^compiled-llama step 0 loss .*: ok$"
+for pass in "fused" "a pass per task"; do  # --fuse-tasks (the step's tasks in one base pass) and not
+  expect_in check_plain "^compiled-llama logits \(float64, $pass\) vs the formula.*: ok$"
+  expect_in check_plain "^compiled-llama logits \(bfloat16, $pass\) vs the formula.*: ok$"
+done
+expect_in check_plain "^compiled-llama --fuse-tasks: step 0 loss .*: ok$"
+expect_in check_plain "^compiled-llama --no-fuse-tasks: step 0 loss .*: ok$"
 expect_in check_plain "^check_plain: ok$"
 finish
