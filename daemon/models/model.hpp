@@ -107,13 +107,9 @@ class TaskModel {
   // once over all their rows, each task's own parameters on its own rows: the same values,
   // in fewer and larger kernels.
   virtual std::vector<torch::Tensor> losses(const std::vector<TaskRows>& parts);
+  // train.backward: auto runs such a model's tasks in one pass wherever that pass's activations
+  // fit the device (daemon/plan/activation_estimate.hpp), a pass per task elsewhere.
   virtual bool fuses_tasks() const { return false; }
-  // Whether a pass with `rows` rows per task is better fused than split into a pass per task
-  // (train.backward: auto): where one task's rows are too few to fill the device's kernels.
-  virtual bool fusing_pays(int64_t rows) const {
-    (void)rows;
-    return false;
-  }
   // A pass of `parts` tasks of `rows` rows each with its task parameters in slots, or nullptr
   // where the model has none (every model but the transformer over a frozen base).
   virtual std::unique_ptr<SlotPass> slot_pass(int parts, int64_t rows) {

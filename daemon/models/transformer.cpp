@@ -167,11 +167,6 @@ class Transformer : public TaskModel {
     return out;
   }
   bool fuses_tasks() const override { return true; }
-  // Below ~1,024 tokens a task's GEMMs leave an H100 idle between kernels: a fused pass of 8
-  // tasks x 2 rows of 384 tokens took 29 ms where 8 passes took 49 (CUDA graphs, H200). Above,
-  // a pass per task keeps one task's activations alive at little cost: 2 tasks x 3 rows, 15.0 ms
-  // and 1.67 GiB split, 12.4 ms and 2.28 GiB fused.
-  bool fusing_pays(int64_t rows) const override { return rows * m_.seq_len < 1024; }
 
   // A frozen base only: the slots are the pass's only leaves (a trained Θ would need its own
   // gradients too).

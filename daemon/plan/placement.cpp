@@ -45,13 +45,13 @@ Placement Placement::of(const config::Job& job, int world_size) {
   return p;
 }
 
-bool Placement::backward_per_task(config::Backward key, bool fusing_pays) const {
+bool Placement::backward_per_task(config::Backward key, bool fuse) const {
   switch (key) {
     case config::Backward::Joint: return false;
     case config::Backward::PerTask: return true;
     case config::Backward::Auto: break;
   }
-  return split_passes && !fusing_pays;
+  return split_passes && !fuse;
 }
 
 }  // namespace thetad::daemon

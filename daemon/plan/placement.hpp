@@ -40,7 +40,7 @@ struct Placement {
   // offload.host_groups: scheduled): they stay at their initial values, drawn again from their sources.
   bool unheld_tasks = false;
   // train.backward: auto prefers a pass per task: Θ takes no gradient and is not streamed, so the
-  // passes only split the work (a model whose fusing pays still runs them joint).
+  // passes only split the work (a model that fuses tasks still runs them joint where they fit).
   bool split_passes = false;
   // Per group (size T+1): resident groups with a gradient the replica rule may keep on their one
   // trainer (from 2 ranks on, with comm.sole_user: keep).
@@ -51,9 +51,9 @@ struct Placement {
   HomeKind home(int g) const { return g == 0 ? shared : tasks; }
   // Some group lives in a host store.
   bool host_store() const { return model_on_host; }
-  // train.backward (`key`) resolved: a forward and a backward per task. `fusing_pays`: the model
-  // runs a micro-step's tasks fused through its shared layers and that pays at its rows per task.
-  bool backward_per_task(config::Backward key, bool fusing_pays) const;
+  // train.backward (`key`) resolved: a forward and a backward per task. `fuse`: the model runs a
+  // micro-step's tasks fused through its shared layers and that joint pass fits the device.
+  bool backward_per_task(config::Backward key, bool fuse) const;
 };
 
 }  // namespace thetad::daemon

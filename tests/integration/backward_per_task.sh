@@ -10,8 +10,9 @@
 # The transformer runs a joint pass fused: the base once over every task's rows, each task's
 # adapters on its own rows (batched GEMMs for equal rows, a GEMM pair per task otherwise); where Θ
 # is frozen that is bitwise a pass per task in fp32, with 2 and 4 tasks, equal and unequal rows,
-# gpt2 and llama, and within bf16's rounding in bf16. auto fuses the transformer's tasks where a
-# task's rows hold fewer than 1,024 tokens. The slot pass that a GPU replays from a CUDA graph
+# gpt2 and llama, and within bf16's rounding in bf16. auto fuses the transformer's tasks where the
+# joint pass's activations fit the device's free memory (on the CPU: always; a device too small
+# stands in through THETAD_TEST_DEVICE_MEMORY, and auto then splits). The slot pass that a GPU replays from a CUDA graph
 # (train.cuda_graphs) runs on the CPU without a graph (a test aid): bitwise the plain fused pass.
 source "$(dirname "$0")/lib.sh"
 thetad=$1
@@ -47,7 +48,7 @@ queue_ref tfm_np2_reference 0 "$tfm" --world 2 "${frozen[@]}" --set comm.prune=t
   --compare "$WORK/tfm_np2_per_task.ckpt"
 queue_np tfm_trained_auto 2 "$tfm" --set data.tasks_per_rank=2 --set steps=8
 # The fused pass: four tasks of 2 rows (batched adapters), two tasks of 4 and 3 rows (an adapter
-# pair per task); auto splits where a task's rows hold 1,024 tokens (4 x 256).
+# pair per task).
 for mode in joint per_task; do
   queue_np "four_tasks_$mode" 1 "$tfm" "${frozen[@]}" --set data.tasks_per_rank=4 --set model.arch=llama \
     --set model.kv_heads=1 --set lora.targets=[q,k,v,o,gate,up,down] --set train.backward=$mode
@@ -75,6 +76,11 @@ queue_np slots_four 1 "$tfm" "${frozen[@]}" --set data.tasks_per_rank=4 --set mo
   --set model.kv_heads=1 --set lora.targets=[q,k,v,o,gate,up,down]
 run_queue
 unset THETAD_TEST_SLOT_PASS
+# A device with room for the job but not for the joint pass's activations (MiB free / total).
+export THETAD_TEST_DEVICE_MEMORY=3/10
+queue_np tfm_long_small_device 1 "$tfm" "${frozen[@]}" --set model.seq_len=256 --set steps=1
+run_queue
+unset THETAD_TEST_DEVICE_MEMORY
 
 for name in "${JOINT[@]}"; do
   same_hash "$name: per_task == joint bitwise" "${name}_joint" "${name}_per_task"
@@ -102,10 +108,14 @@ same_hash "slots, accumulate_steps 2 == the plain fused pass bitwise" slots_accu
 same_hash "slots, host store == the plain fused pass bitwise" slots_store_np2 tfm_store_np2_joint
 same_hash "slots, 4 llama tasks == the plain fused pass bitwise" slots_four four_tasks_joint
 # auto says what it picked, once: a pass per task for the MLP's frozen trunk, the fused joint
-# pass for the transformer where a task's rows are under 1,024 tokens.
+# pass for the transformer where its activations fit, a pass per task where they do not.
 expect_in mlp_np2_auto "train.backward auto: a forward and backward per task"
 expect_not_in tfm_np2_auto "a forward and backward per task"
-expect_in tfm_long_auto "train.backward auto: a forward and backward per task"
+expect_in tfm_np2_auto "train.backward auto: the micro-step's tasks in one pass: the joint pass's activations about"
+expect_in tfm_long_auto "train.backward auto: the micro-step's tasks in one pass"
+expect_not_in tfm_long_auto "a forward and backward per task"
+expect_in tfm_long_small_device "train.backward auto: a pass per task: the joint pass's activations about .* do not fit the device of THETAD_TEST_DEVICE_MEMORY"
+expect_in tfm_long_small_device "train.backward auto: a forward and backward per task"
 if grep -q "a forward and backward per task" "$WORK/tfm_trained_auto.log"; then
   fail "auto with a trained Θ: split the backward"
 else
