@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "config/checker.hpp"
+#include "config/lora_adapter.hpp"
 
 namespace thetad::config::detail {
 
@@ -106,7 +107,7 @@ void Checker::transformer() {
                           "model.heads", "model.tasks", "lora.rank"})
     if (!ok(key)) return;
   if (!sizes_ok || m.tasks < 1 || !ok("model.head_dim") || m.head_dim < 0 || m.head_dim > kMaxDim) return;
-  const double d = double(m.d_model), ff = double(m.d_ff), L = double(m.layers), r = double(l.rank);
+  const double d = double(m.d_model), ff = double(m.d_ff), L = double(m.layers);
   // The attention's width: heads x their size (d_model unless model.head_dim sets it).
   const double attn = std::max(d, double(m.heads) * double(own_heads ? m.head_dim : m.d_model / m.heads));
   const double largest = std::max({double(m.vocab) * d, d * ff, d * attn});
@@ -117,8 +118,8 @@ void Checker::transformer() {
          "model");
     return;
   }
-  double per_layer_lora = 0;  // r x (in + out) per adapted matrix
-  for (const std::string& t : l.targets) per_layer_lora += r * (t == "up" || t == "down" || t == "gate" ? d + ff : d + attn);
+  // r x (in + out) per adapted matrix, every attention width bounded by attn.
+  const double per_layer_lora = LoraAdapter(l, m.layers, {m.d_model, int64_t(attn), int64_t(attn), m.d_ff}).elements_per_layer();
   // An upper bound for every architecture (llama: no positions, a third MLP matrix, kv <= heads;
   // qwen2's biases and qwen3's head norms within the 3 x attn).
   const double shared = 2 * double(m.vocab) * d + double(m.seq_len) * d + L * (4 * d * attn + 3 * d * ff + 4 * d + 3 * attn) + 2 * d;

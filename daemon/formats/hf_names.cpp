@@ -60,17 +60,4 @@ std::string translate(const std::string& name, const std::string& from_prefix, c
 std::string thetad_name_of_hf(const std::string& hf) { return translate(hf, "model.layers.", "blocks.", true); }
 std::string hf_name_of_thetad(const std::string& name) { return translate(name, "blocks.", "model.layers.", false); }
 
-std::string hf_module_of_target(const std::string& target) {
-  for (const char* t : {"q", "k", "v", "o"})
-    if (target == t) return "self_attn." + target + "_proj";
-  for (const char* t : {"gate", "up", "down"})
-    if (target == t) return "mlp." + target + "_proj";
-  return "";
-}
-
-std::string peft_lora_name(long layer, const std::string& target, bool a) {
-  return "base_model.model.model.layers." + std::to_string(layer) + "." + hf_module_of_target(target) +
-         (a ? ".lora_A.weight" : ".lora_B.weight");
-}
-
 }  // namespace thetad::daemon

@@ -1,5 +1,5 @@
 // The names Hugging Face Llama, Mistral, Qwen2 and Qwen3 checkpoints and PEFT adapters give the
-// parameters of thetad's llama-family transformer (daemon/models/transformer.cpp), both ways.
+// base parameters of thetad's llama-family transformer (daemon/models/transformer.cpp), both ways.
 // Torch-free: plain string work.
 #pragma once
 
@@ -13,11 +13,6 @@ namespace thetad::daemon {
 std::string thetad_name_of_hf(const std::string& hf);
 // The inverse: "blocks.3.mlp.gate.weight" -> "model.layers.3.mlp.gate_proj.weight"; "" if none.
 std::string hf_name_of_thetad(const std::string& name);
-
-// The module a LoRA target adapts: "q" -> "q_proj" (PEFT's target_modules words); "" if none.
-std::string hf_module_of_target(const std::string& target);
-// PEFT's tensor name of a layer's adapter matrix: A ([rank, in]) or B ([out, rank]), e.g.
-// "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight".
-std::string peft_lora_name(long layer, const std::string& target, bool a);
+// (The adapters' names, thetad's and PEFT's: config/lora_adapter.hpp.)
 
 }  // namespace thetad::daemon

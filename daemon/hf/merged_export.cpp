@@ -12,11 +12,13 @@
 #include <iterator>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "common/errors.hpp"
 #include "common/log.hpp"
 #include "common/safe_file.hpp"
 #include "config/hf_config.hpp"
+#include "config/lora_adapter.hpp"
 #include "daemon/formats/hf_names.hpp"
 #include "daemon/formats/safetensors.hpp"
 #include "daemon/ops/precision.hpp"
@@ -80,29 +82,34 @@ std::string merged_config(const std::string& file, config::ExportDtype dtype) {
   return c.dump(2) + "\n";
 }
 
-// The adapter's (A, B) by "LAYER.TARGET" from its group's names "lora.T.LAYER.TARGET.a|b".
-std::map<std::string, std::pair<torch::Tensor, torch::Tensor>> adapters_of(const GroupState& st) {
-  std::map<std::string, std::pair<torch::Tensor, torch::Tensor>> out;
+// A layer's adapted matrix: (layer, target).
+using MatrixKey = std::pair<int64_t, config::LoraTarget>;
+
+// The adapter's (A, B) by the matrix they adapt, from its group's matrices (config::LoraAdapter).
+std::map<MatrixKey, std::pair<torch::Tensor, torch::Tensor>> adapters_of(const GroupState& st) {
+  std::map<MatrixKey, std::pair<torch::Tensor, torch::Tensor>> out;
   for (size_t k = 0; k < st.names.size(); ++k) {
-    const std::string& n = st.names[k];
-    const size_t layer = n.find('.', n.find('.') + 1) + 1, end = n.rfind('.');
-    auto& ab = out[n.substr(layer, end - layer)];
-    (n.compare(end, std::string::npos, ".a") == 0 ? ab.first : ab.second) = st.params[k].to(torch::kCPU, torch::kFloat32);
+    const std::optional<config::LoraMatrix> m = config::LoraAdapter::parse(st.names[k]);
+    THETAD_CHECK(m.has_value(), InternalError, "export.merged_dir: '", st.names[k], "' is no adapter matrix");
+    auto& ab = out[{m->layer, m->target}];
+    (m->a ? ab.first : ab.second) = st.params[k].to(torch::kCPU, torch::kFloat32);
   }
   return out;
 }
 
-// "blocks.3.attn.q.weight" -> "3.q", the key of the adapter of that matrix; "" for a parameter
-// that is no adaptable matrix.
-std::string adapter_key(const std::string& name) {
+// "blocks.3.attn.q.weight" -> (3, q), the matrix an adapter of that target adapts; nullopt for a
+// parameter that is no adaptable matrix.
+std::optional<MatrixKey> adapted_matrix(const std::string& name) {
   const std::string prefix = "blocks.", suffix = ".weight";
   if (name.compare(0, prefix.size(), prefix) != 0 || name.size() < prefix.size() + suffix.size() ||
       name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0)
-    return "";
+    return std::nullopt;
   const std::string rest = name.substr(prefix.size(), name.size() - prefix.size() - suffix.size());  // "3.attn.q"
   const size_t dot = rest.find('.'), module = rest.find('.', dot + 1);
-  if (dot == std::string::npos || module == std::string::npos) return "";
-  return rest.substr(0, dot) + "." + rest.substr(module + 1);
+  if (dot == std::string::npos || module == std::string::npos) return std::nullopt;
+  const std::optional<config::LoraTarget> target = config::lora_target_of(rest.substr(module + 1));
+  if (!target || dot == 0 || rest.find_first_not_of("0123456789") != dot) return std::nullopt;
+  return MatrixKey{std::stoll(rest.substr(0, dot)), *target};
 }
 
 }  // namespace
@@ -135,7 +142,7 @@ void MergedExport::write(int64_t task, const std::string& dir, const GroupState&
   const size_t item = dtype == config::ExportDtype::Fp32 ? 4 : 2;
   // A task never trained (and not held: initial) has its initial adapters, B = 0: the base.
   const auto ab = adapters.initial ? decltype(adapters_of(adapters))() : adapters_of(adapters);
-  const double scale = job_.lora.alpha / double(job_.lora.rank);
+  const double scale = config::LoraAdapter(job_).scale();
   // Θ's parameters in registration order, cut into shards of at most max_shard_mb (a larger
   // tensor alone), as transformers' save_pretrained cuts them.
   const auto& base = groups_.members.at(0);
@@ -165,7 +172,8 @@ void MergedExport::write(int64_t task, const std::string& dir, const GroupState&
       THETAD_CHECK(!hf.empty(), InternalError, "export.merged_dir: parameter ", param.name, " has no Hugging Face name");
       // On the host, where the adapters are: a GPU run keeps an fp32 base on the device.
       torch::Tensor w = fp32_values(param.tensor).to(torch::kCPU);
-      const auto it = ab.find(adapter_key(param.name));
+      const std::optional<MatrixKey> adapted = adapted_matrix(param.name);
+      const auto it = adapted ? ab.find(*adapted) : ab.end();
       if (it != ab.end()) w = w + it->second.second.matmul(it->second.first) * scale;  // W + (alpha / r) B A
       held.push_back(export_tensor(w, dtype, std::string(kKey) + ": task " + std::to_string(task) +
                                                  "'s merged model: tensor '" + hf + "'"));

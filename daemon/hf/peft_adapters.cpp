@@ -21,8 +21,8 @@
 #include "common/safe_file.hpp"
 #include "common/text.hpp"
 #include "config/loader.hpp"
+#include "config/lora_adapter.hpp"
 #include "config/schema.hpp"
-#include "daemon/formats/hf_names.hpp"
 #include "daemon/formats/safetensors.hpp"
 #include "daemon/hf/export_files.hpp"
 #include "daemon/hf/hf_weights.hpp"
@@ -40,13 +40,9 @@ constexpr const char* kConfig = "adapter_config.json";
 
 // "lora.T.I.WORD.a" -> PEFT's name of that matrix.
 std::string peft_name_of(const std::string& name) {
-  std::vector<std::string> parts(1);
-  for (char c : name) {
-    if (c == '.') parts.emplace_back();
-    else parts.back() += c;
-  }
-  THETAD_CHECK(parts.size() == 5 && parts[0] == "lora", InternalError, "not a LoRA parameter name: ", name);
-  return peft_lora_name(std::stol(parts[2]), parts[3], parts[4] == "a");
+  const std::optional<config::LoraMatrix> m = config::LoraAdapter::parse(name);
+  THETAD_CHECK(m.has_value(), InternalError, "not a LoRA parameter name: ", name);
+  return config::LoraAdapter::peft_name(m->layer, m->target, m->a);
 }
 
 }  // namespace
@@ -54,6 +50,7 @@ std::string peft_name_of(const std::string& name) {
 void load_peft_adapters(const config::Job& job, TaskModel& model) {
   std::map<std::string, NamedParam*> by_name;
   for (NamedParam& p : model.params()) by_name[p.name] = &p;
+  const config::LoraAdapter adapter(job);
   int64_t loaded = 0;
   for (int64_t t = 0; t < job.model.tasks; ++t) {
     const std::string dir = adapter_dir(job.lora.init_from, job, t);
@@ -64,16 +61,13 @@ void load_peft_adapters(const config::Job& job, TaskModel& model) {
     if (!outside.empty()) throw ConfigError(dir + "/" + kWeights + ": lora.init_from: " + outside);
     auto ck = std::make_shared<const SafetensorsCheckpoint>(SafetensorsCheckpoint::open(dir + "/" + kWeights));
     std::set<std::string> used;
-    for (int64_t i = 0; i < job.model.layers; ++i)
-      for (const std::string& word : job.lora.targets)
-        for (const bool a : {true, false}) {
-          const std::string peft = peft_lora_name(i, word, a);
-          const std::string ours = "lora." + std::to_string(t) + "." + std::to_string(i) + "." + word + (a ? ".a" : ".b");
-          if (!ck->has(peft))
-            throw ConfigError(ck->path() + ": lora.init_from: tensor '" + peft + "' is missing (task " + std::to_string(t) + ")");
-          assign_from(ck, peft, *by_name.at(ours), "lora.init_from");
-          used.insert(peft);
-        }
+    for (const config::LoraMatrix& m : adapter.matrices(t)) {
+      const std::string peft = config::LoraAdapter::peft_name(m.layer, m.target, m.a);
+      if (!ck->has(peft))
+        throw ConfigError(ck->path() + ": lora.init_from: tensor '" + peft + "' is missing (task " + std::to_string(t) + ")");
+      assign_from(ck, peft, *by_name.at(config::LoraAdapter::name(m)), "lora.init_from");
+      used.insert(peft);
+    }
     std::vector<std::string> extra;
     for (const std::string& n : ck->names())
       if (!used.count(n)) extra.push_back(n);
@@ -119,7 +113,8 @@ std::string AdapterExport::write(int64_t task, const GroupState& st) const {
   }
   write_safetensors_file(dir + "/" + kWeights + ".tmp", tensors, {{"format", "pt"}}, /*sync=*/false);
   std::vector<std::string> modules;
-  for (const std::string& t : job_.lora.targets) modules.push_back(peft_module_word(t));
+  const config::LoraAdapter adapter(job_);
+  for (config::LoraTarget t : adapter.targets()) modules.push_back(peft_module_word(t));
   const json config = {
       {"peft_type", "LORA"},
       {"task_type", "CAUSAL_LM"},

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common/errors.hpp"
+#include "config/lora_adapter.hpp"
 
 #include "daemon/ops/decoder_ops.hpp"
 #include "daemon/ops/ffn_activation.hpp"
@@ -26,9 +27,11 @@ namespace {
 
 using namespace detail;
 
-// The matrices a LoRA adapter can target, in the order of lora.targets' words (gate: llama only).
-enum Target { kQ, kK, kV, kO, kGate, kUp, kDown, kTargets };
-constexpr std::array<const char*, kTargets> kTargetNames = {"q", "k", "v", "o", "gate", "up", "down"};
+// A layer's matrices by target (config/lora_adapter.hpp: the order of lora.targets' words), as
+// indices of per-target arrays; the base's parameter name of each.
+constexpr int kQ = int(config::LoraTarget::q), kK = int(config::LoraTarget::k), kV = int(config::LoraTarget::v),
+              kO = int(config::LoraTarget::o), kGate = int(config::LoraTarget::gate), kUp = int(config::LoraTarget::up),
+              kDown = int(config::LoraTarget::down), kTargets = config::kLoraTargets;
 constexpr std::array<const char*, kTargets> kParamNames = {"attn.q", "attn.k", "attn.v", "attn.o",
                                                            "mlp.gate", "mlp.up", "mlp.down"};
 
@@ -36,12 +39,6 @@ constexpr std::array<const char*, kTargets> kParamNames = {"attn.q", "attn.k", "
 // one GEMM each where the base is frozen (daemon/ops/joined_linear.hpp).
 enum Projection { kQkv, kAttnOut, kGateUp, kFfnOut, kProjections };
 const std::array<std::vector<int>, kProjections> kMembers = {{{kQ, kK, kV}, {kO}, {kGate, kUp}, {kDown}}};
-
-int target_of(const std::string& word) {
-  for (int i = 0; i < kTargets; ++i)
-    if (word == kTargetNames[static_cast<size_t>(i)]) return i;
-  throw InternalError("lora.targets: '" + word + "' passed validation but is not a target");
-}
 
 struct Lora {
   torch::Tensor a, b;  // a: [rank x in], b: [out x rank]; undefined: not adapted
@@ -60,23 +57,18 @@ struct Block {
 class Transformer : public TaskModel {
  public:
   Transformer(const config::Job& job, torch::Device device, bool lazy)
-      : m_(job.model), llama_(config::llama_family(job.model.arch)), train_shared_(job.model.train_shared),
+      : m_(job.model), adapter_(job), llama_(config::llama_family(job.model.arch)), train_shared_(job.model.train_shared),
         join_base_(Placement::of(job, 1).shared == HomeKind::resident),
         masked_(job.data.loss_mask) {
     num_tasks_ = static_cast<int>(m_.tasks);
-    const int64_t d = m_.d_model, ff = m_.d_ff;
+    const int64_t d = m_.d_model;
     dh_ = llama_ ? m_.head_size() : d / m_.heads;
     kv_heads_ = llama_ && m_.kv_heads > 0 ? m_.kv_heads : m_.heads;
-    const int64_t q = m_.heads * dh_, kv = kv_heads_ * dh_;
-    scale_ = job.lora.alpha / double(job.lora.rank);
-    const std::array<std::pair<int64_t, int64_t>, kTargets> shapes = {
-        std::pair{q, d}, std::pair{kv, d}, std::pair{kv, d}, std::pair{d, q},
-        std::pair{ff, d}, std::pair{ff, d}, std::pair{d, ff}};
     const bool qkv_bias = m_.arch == config::ModelArch::Qwen2;
     qk_norm_ = m_.arch == config::ModelArch::Qwen3;
     ParamBuilder pb(job, device, params_, lazy);
     const auto matrix = [&](const std::string& n, Block& b, int k) {
-      const auto [out, in] = shapes[static_cast<size_t>(k)];
+      const auto [out, in] = adapter_.base_shape(static_cast<config::LoraTarget>(k));
       b.w[static_cast<size_t>(k)] = pb.add(n + kParamNames[static_cast<size_t>(k)] + ".weight", 0, {out, in},
                                            1.0 / std::sqrt(double(in)), Read::autocast);
       // Zero at the start, as Hugging Face initialises a bias (a base's come from its file).
@@ -109,20 +101,16 @@ class Transformer : public TaskModel {
     lnf_w_ = pb.add_filled("ln_f.weight", 0, {d}, 1.0);
     if (!llama_) lnf_b_ = pb.add_filled("ln_f.bias", 0, {d}, 0.0);
     head_ = m_.tie_embeddings ? embed_ : pb.add("lm_head.weight", 0, {m_.vocab, d}, 1.0 / std::sqrt(double(d)), Read::autocast);
-    for (const std::string& word : job.lora.targets) adapted_[static_cast<size_t>(target_of(word))] = true;
+    for (config::LoraTarget t : adapter_.targets()) adapted_[static_cast<size_t>(t)] = true;
     lora_.resize(static_cast<size_t>(m_.tasks));
     for (int64_t t = 0; t < m_.tasks; ++t) {
-      const int g = static_cast<int>(t) + 1;
       lora_[static_cast<size_t>(t)].resize(static_cast<size_t>(m_.layers));
-      for (int64_t i = 0; i < m_.layers; ++i) {
-        for (const std::string& word : job.lora.targets) {
-          const int k = target_of(word);
-          const auto [out, in] = shapes[static_cast<size_t>(k)];
-          const std::string n = "lora." + std::to_string(t) + "." + std::to_string(i) + "." + word;
-          Lora& l = lora_[static_cast<size_t>(t)][static_cast<size_t>(i)][static_cast<size_t>(k)];
-          l.a = pb.add(n + ".a", g, {job.lora.rank, in}, 1.0 / std::sqrt(double(in)));
-          l.b = pb.add(n + ".b", g, {out, job.lora.rank}, 0.0);
-        }
+      for (const config::LoraMatrix& mx : adapter_.matrices(t)) {
+        const auto in = static_cast<double>(adapter_.base_shape(mx.target).second);
+        Lora& l = lora_[static_cast<size_t>(t)][static_cast<size_t>(mx.layer)][static_cast<size_t>(mx.target)];
+        // A drawn as a layer's weight of that input, B zero: the adapter starts as no change.
+        (mx.a ? l.a : l.b) = pb.add(config::LoraAdapter::name(mx), static_cast<int>(t) + 1, adapter_.shape(mx.target, mx.a),
+                                    mx.a ? 1.0 / std::sqrt(in) : 0.0);
       }
     }
     if (llama_) rotary_ = RotaryTables(m_, device);
@@ -367,7 +355,7 @@ class Transformer : public TaskModel {
       rows.push_back(s.rows);
     }
     const auto [a, b] = joined(tasks);
-    return lora_linear(x, w, bias, a, b, scale_, rows);
+    return lora_linear(x, w, bias, a, b, adapter_.scale(), rows);
   }
 
   torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) const {
@@ -375,6 +363,7 @@ class Transformer : public TaskModel {
   }
 
   config::ModelConfig m_;
+  config::LoraAdapter adapter_;  // lora's targets, shapes, scale and names
   bool llama_;
   bool qk_norm_ = false;  // qwen3
   bool train_shared_ = true;
@@ -382,7 +371,6 @@ class Transformer : public TaskModel {
   bool masked_ = false;                   // data.loss_mask
   std::array<bool, kTargets> adapted_{};  // lora.targets
   int64_t dh_ = 0, kv_heads_ = 0;
-  double scale_ = 1.0;
   std::vector<NamedParam> params_;
   torch::Tensor embed_, pos_, lnf_w_, lnf_b_, head_;
   RotaryTables rotary_;  // the llama family's
@@ -433,10 +421,8 @@ class Transformer::Slots final : public SlotPass {
     for (size_t layer = 0; layer < slots_.size(); ++layer) {
       for (int k = 0; k < kTargets; ++k) {
         if (!slots_[layer][static_cast<size_t>(k)].a.defined()) continue;
-        const std::string n = "lora." + std::to_string(task) + "." + std::to_string(layer) + "." +
-                              kTargetNames[static_cast<size_t>(k)];
-        out.push_back(n + ".a");
-        out.push_back(n + ".b");
+        for (bool a : {true, false})
+          out.push_back(config::LoraAdapter::name({task, static_cast<int64_t>(layer), static_cast<config::LoraTarget>(k), a}));
       }
     }
     return out;

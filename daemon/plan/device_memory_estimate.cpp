@@ -13,6 +13,7 @@
 #include "common/errors.hpp"
 #include "common/log.hpp"
 #include "common/test_hooks.hpp"
+#include "config/lora_adapter.hpp"
 #include "daemon/plan/memory_estimate.hpp"
 #include "daemon/plan/placement.hpp"
 #include "daemon/plan/schedule.hpp"
@@ -50,15 +51,12 @@ Sizes sizes_of(const config::Job& job, const config::ParamCounts& c) {
   const bool llama = config::llama_family(m.arch);
   const double d = double(m.d_model), ff = double(m.d_ff), L = double(m.layers), V = double(m.vocab);
   // The attention's widths: heads (and key/value heads) x the head size (model.head_dim may set it).
-  const double q = llama ? double(m.heads) * double(m.head_size()) : d;
-  const double kv = llama && m.kv_heads > 0 ? double(m.kv_heads) * double(m.head_size()) : q;
+  const config::LayerWidths w = config::layer_widths(m);
+  const double q = double(w.q), kv = double(w.kv);
   const double layer = 2 * d * q + 2 * d * kv + (llama ? 3 : 2) * d * ff;
   s.shared = V * d + (m.tie_embeddings ? 0 : V * d) + L * layer;
   s.shared_cast = s.shared - V * d;
-  double lora = 0;
-  for (const std::string& t : job.lora.targets)
-    lora += double(job.lora.rank) * (t == "q" || t == "o" ? d + q : t == "k" || t == "v" ? d + kv : d + ff);
-  s.per_task = s.smallest_task = L * lora;
+  s.per_task = s.smallest_task = config::LoraAdapter(job).elements();
   s.tasks_total = double(m.tasks) * s.per_task;
   return s;
 }

@@ -10,14 +10,14 @@
 #include "common/text.hpp"
 #include "config/placeholders.hpp"
 #include "config/schema.hpp"
-#include "daemon/formats/hf_names.hpp"
+#include "config/lora_adapter.hpp"
 
 namespace thetad::daemon {
 
 using nlohmann::json;
 
-std::string peft_module_word(const std::string& target) {
-  const std::string m = hf_module_of_target(target);
+std::string peft_module_word(config::LoraTarget target) {
+  const std::string m = config::peft_module_of(target);
   return m.substr(m.find('.') + 1);
 }
 
@@ -42,7 +42,8 @@ void check_adapter_config(const std::string& dir, const config::Job& job) {
     bad("lora_alpha = " + json_brief(get("lora_alpha")) + " but lora.alpha is " +
         config::detail::format_double(job.lora.alpha));
   std::set<std::string> want, have;
-  for (const std::string& t : job.lora.targets) want.insert(peft_module_word(t));
+  const config::LoraAdapter adapter(job);
+  for (config::LoraTarget t : adapter.targets()) want.insert(peft_module_word(t));
   bool strings = get("target_modules").is_array();
   if (strings)
     for (const json& m : get("target_modules")) {

@@ -6,11 +6,12 @@
 #include <string>
 
 #include "config/job.hpp"
+#include "config/lora_adapter.hpp"
 
 namespace thetad::daemon {
 
-// PEFT's module word of a lora.targets entry: "q" -> "q_proj", "gate" -> "gate_proj".
-std::string peft_module_word(const std::string& target);
+// PEFT's target_modules word of a target: q -> "q_proj", gate -> "gate_proj".
+std::string peft_module_word(config::LoraTarget target);
 
 // Checks `dir`/adapter_config.json: a LoRA (peft_type "LORA") of r = lora.rank, lora_alpha =
 // lora.alpha and target_modules = lora.targets; rsLoRA, DoRA, biases, fan_in_fan_out and

@@ -74,9 +74,10 @@ class TaskEvaluation final : public Evaluation {
       kept_[t + 1] = std::move(b->state);
       ++taken;
     }
-    if (taken > 0)
+    if (taken > 0) {
       THETAD_LOG(info, "eval") << "export.best: the best adapters of " << taken << " task(s) found by earlier runs (up to step "
                                << step << ") taken up";
+    }
   }
 
   // export.best: this rank's kept adapter of group g, if any.

@@ -20,7 +20,7 @@
 
 #include "common/errors.hpp"
 #include "config/loader.hpp"
-#include "daemon/formats/hf_names.hpp"
+#include "config/lora_adapter.hpp"
 #include "daemon/formats/safetensors.hpp"
 #include "daemon/models/model.hpp"
 #include "../pt_craft.hpp"
@@ -262,7 +262,7 @@ void write_adapters(const std::string& dir, float poison) {
       const std::vector<int64_t> shape = a ? std::vector<int64_t>{2, 8} : std::vector<int64_t>{word[0] == 'q' ? 8 : 4, 2};
       keep.emplace_back(static_cast<size_t>(shape[0] * shape[1]), 0.5f);
       if (poison != 0 && word[0] == 'v' && !a) keep.back()[3] = poison;
-      tensors.push_back({peft_lora_name(0, word, a), "F32", shape, keep.back().data(), keep.back().size() * 4});
+      tensors.push_back({config::LoraAdapter::peft_name(0, *config::lora_target_of(word), a), "F32", shape, keep.back().data(), keep.back().size() * 4});
     }
   write_safetensors(dir + "/adapter_model.safetensors", tensors);
 }
@@ -274,7 +274,7 @@ TEST_F(ModelFiles, AdaptersLoadAndNonFiniteRefused) {
   const auto model = make_model(job(kLlama, {"lora.init_from=" + dir}), torch::kCPU);
   write_adapters(dir, -std::numeric_limits<float>::infinity());
   const std::string e = model_error(job(kLlama, {"lora.init_from=" + dir}));
-  EXPECT_NE(e.find(dir + "/adapter_model.safetensors: lora.init_from: tensor '" + peft_lora_name(0, "v", false) +
+  EXPECT_NE(e.find(dir + "/adapter_model.safetensors: lora.init_from: tensor '" + config::LoraAdapter::peft_name(0, config::LoraTarget::v, false) +
                    "' value 3 is -inf"),
             std::string::npos)
       << e;
