@@ -40,6 +40,12 @@ size_t cpu_share(int local_ranks) {
   return std::max<size_t>(1, mine);
 }
 
+size_t cpu_adam_threads(int64_t configured, int local_ranks) {
+  if (configured > 0) return static_cast<size_t>(configured);
+  const size_t share = cpu_share(local_ranks);
+  return share > 2 ? share - 1 : share;
+}
+
 ThreadPool::ThreadPool(size_t threads) { grow(std::max<size_t>(threads, 1)); }
 
 ThreadPool::~ThreadPool() {

@@ -80,5 +80,8 @@ class ThreadPool {
 // AdamW threads (less one for the rank's own training threads, offload.cpu_threads unset) and
 // the checkpoint files' threads.
 size_t cpu_share(int local_ranks);
+// A host store's CPU AdamW threads: `configured` (offload.cpu_threads) where > 0, else the rank's
+// cpu_share less one for its own training and communication threads (from 3 CPUs on).
+size_t cpu_adam_threads(int64_t configured, int local_ranks);
 
 }  // namespace thetad

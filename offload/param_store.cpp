@@ -61,9 +61,7 @@ ParamStore::ParamStore(const StoreOptions& opts, std::vector<GroupShape> groups,
   released_.assign(units, 0);
   grad_fences_.resize(core_.plan.index.size());
   core_.stats.device_slot_bytes = core_.plan.slot_bytes * slot_mem_.size();
-  // Unset: the rank's CPU share less one for its own training and communication threads.
-  const size_t share = cpu_share(core_.arena->local_size());
-  cpu_threads_ = core_.opts.cpu_threads > 0 ? static_cast<size_t>(core_.opts.cpu_threads) : share > 2 ? share - 1 : share;
+  cpu_threads_ = cpu_adam_threads(core_.opts.cpu_threads, core_.arena->local_size());
   THETAD_LOG(info, "offload") << "parameter store: " << core_.plan.index.size() << " groups in " << units
                               << " units, " << slot_mem_.size() << " device slots of " << mib(core_.plan.slot_bytes)
                               << " MiB on " << core_.device.name()

@@ -71,9 +71,9 @@ class ParamStore {
   // plan().slot_bytes each).
   const StorePlan& plan() const { return core_.plan; }
   const HostArena& arena() const { return *core_.arena; }
-  // The CPU Adam threads this rank should run (offload.cpu_threads, else a share of the host's
-  // CPUs among its ranks). The store does not resize the process-wide pool itself: the caller
-  // does, once, e.g. ThreadPool::configure(store.cpu_threads()).
+  // The CPU Adam threads this rank should run (cpu_adam_threads: offload.cpu_threads, else a
+  // share of the host's CPUs among its ranks). The store does not resize the process-wide pool:
+  // the trainer sizes it once, before anything is built, by the same rule.
   size_t cpu_threads() const { return cpu_threads_; }
   // Whether the host arena holds the group (GroupShape::held): a group it does not hold is never
   // used, read or written through the store; its values are the initial ones.

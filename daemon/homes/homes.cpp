@@ -31,7 +31,7 @@ Homes::Homes(const config::Job& job, const Placement& placement, TaskModel& mode
     for (int g = 0; g < groups.num_groups(); ++g) {
       if (placement.home(g) != kind) continue;
       if (!home && kind == HomeKind::host_store)
-        home = std::make_unique<StoreHome>(job, model, groups, plane, adam_, timeline);
+        home = std::make_unique<StoreHome>(job, model, groups, plane, adam_, timeline, placement.unheld_tasks);
       if (!home && kind == HomeKind::streamed_trunk)
         home = std::make_unique<StreamedTrunk>(job, model, groups, plane, adam_, timeline);
       home_of_[static_cast<size_t>(g)] = home.get();

@@ -16,7 +16,6 @@
 #include "daemon/plan/job_options.hpp"
 #include "daemon/homes/line_views.hpp"
 #include "daemon/homes/store_chunks.hpp"
-#include "common/thread_pool.hpp"
 
 namespace thetad::daemon {
 struct StoreHome::InFlight {
@@ -26,8 +25,8 @@ struct StoreHome::InFlight {
 };
 
 StoreHome::StoreHome(const config::Job& job, TaskModel& model, ParamGroups& groups, const DataPlane& plane,
-                     DeviceAdam& adam, Timeline* timeline)
-    : job_(job), model_(model), groups_(groups), plane_(plane), adam_(adam), timeline_(timeline),
+                     DeviceAdam& adam, Timeline* timeline, bool unheld_tasks)
+    : job_(job), unheld_tasks_(unheld_tasks), model_(model), groups_(groups), plane_(plane), adam_(adam), timeline_(timeline),
       line_views_(std::make_unique<LineViews>(groups, plane.device)), inflight_(std::make_unique<InFlight>()) {
   shard_params_.assign(static_cast<size_t>(groups_.num_groups()), {});
   grad_offset_ = groups_.offset;
@@ -85,7 +84,7 @@ void StoreHome::build(HomeSetup& setup) {
     }
     shapes.push_back({g, static_cast<size_t>(groups_.numel(g)), 1});
   }
-  if (job_.offload.host_groups == config::HostGroups::Scheduled) {
+  if (unheld_tasks_) {
     // Only a group whose parameters can be drawn again (built lazily, with init functions) may
     // stay out of the arena; the others keep their only copy of the initial values there.
     // Every group the store will ever copy, update or read through the arena: any rank's, in
@@ -119,7 +118,6 @@ void StoreHome::build(HomeSetup& setup) {
     throw ConfigError(job_.source + ": offload.device_cache_mb: " + job_.offload.device_cache_mb +
                       " MiB holds no task group: one line (a group's parameters and Adam m and v) is " +
                       std::to_string(store_->cache().cache_line_bytes()) + " bytes; raise it, or set 0 for no cache");
-  ThreadPool::configure(store_->cpu_threads());  // the owner's CPU AdamW threads (offload.cpu_threads)
   for (int g = 1; g < groups_.num_groups(); ++g)
     if (model_.row_chunked(g) && store_->plan().units_of(g).size() > 1 && store_->plan().slots < 2)
       throw ConfigError(job_.source + ": offload.device_slots: row-sharded groups stream two shards at a "

@@ -38,8 +38,9 @@ GroupState group_state_of_flat(const ParamGroups& groups, int g, const std::vect
 
 class StoreHome final : public GroupHome {
  public:
+  // `unheld_tasks`: the placement's (groups the schedule never uses stay out of the arena).
   StoreHome(const config::Job& job, TaskModel& model, ParamGroups& groups, const DataPlane& plane, DeviceAdam& adam,
-            Timeline* timeline);
+            Timeline* timeline, bool unheld_tasks);
   ~StoreHome() override;
   StoreHome(const StoreHome&) = delete;
   StoreHome& operator=(const StoreHome&) = delete;
@@ -113,6 +114,7 @@ class StoreHome final : public GroupHome {
   void throttle_grads(size_t bytes);
 
   const config::Job& job_;
+  const bool unheld_tasks_;
   TaskModel& model_;
   ParamGroups& groups_;
   const DataPlane& plane_;

@@ -8,7 +8,6 @@
 #include "common/errors.hpp"
 #include "common/log.hpp"
 #include "daemon/plan/job_options.hpp"
-#include "common/thread_pool.hpp"
 
 namespace thetad::daemon {
 
@@ -95,7 +94,6 @@ void StreamedTrunk::build(HomeSetup& setup) {
                       std::to_string(o.cache_bytes) + " bytes of device memory (" +
                       std::to_string(store_->cache().cache_line_bytes()) + " per layer: values and Adam moments), but the " +
                       "device had room for " + std::to_string(store_->cache().cache_lines()) + "; lower it");
-  if (!setup.copy_device) ThreadPool::configure(store_->cpu_threads());  // the first store sizes the owners' pool
   resolve_split();
   store_->init_all([this](int g, float* dst) {
     torch::NoGradGuard no_grad;  // thread-local: this runs on the store's threads

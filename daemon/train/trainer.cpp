@@ -3,7 +3,7 @@
 // optimizer step in its home -> per-step records, stop agreement and checkpoints (RunState).
 // The trainer wires the pieces together and runs the loop; the pieces never call it, and it
 // never asks where a group lives (Homes does). Here: the loop (Trainer::run) and run_worker;
-// trainer_build.cpp: the wiring; trainer_step.cpp: one step (trainer_class.hpp).
+// trainer_build.cpp: the wiring; trainer_step.cpp: one step (trainer_pieces.hpp).
 #include "daemon/train/trainer.hpp"
 
 #include <torch/torch.h>
@@ -20,7 +20,7 @@
 #include "daemon/plan/job_options.hpp"
 #include "daemon/train/device_profile.hpp"
 #include "daemon/train/stop_agreement.hpp"
-#include "daemon/train/trainer_class.hpp"
+#include "daemon/train/trainer_pieces.hpp"
 
 namespace thetad::daemon {
 

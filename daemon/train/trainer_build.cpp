@@ -1,6 +1,6 @@
 // The Trainer's construction: the job checked alike on every rank, the data plane, the model and
 // its data, the groups' homes, the engine and its bucket plan, the hooks, the run state and the
-// records, each handed what it needs (trainer_class.hpp).
+// records, each handed what it needs (trainer_pieces.hpp).
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -20,7 +20,7 @@
 #include "daemon/plan/device_memory_estimate.hpp"
 #include "daemon/plan/memory_estimate.hpp"
 #include "daemon/plan/job_options.hpp"
-#include "daemon/train/trainer_class.hpp"
+#include "daemon/train/trainer_pieces.hpp"
 
 namespace thetad::daemon {
 
@@ -42,15 +42,18 @@ void Trainer::build() {
   schedule_ = Schedule::create(job_, world_.size);
   plans_ = std::make_unique<WindowPlans>(*schedule_, job_.accumulate_steps);
   setup_start_ = Clock::now();  // after the device's and NCCL's initialisation (open_data_plane)
-  // The rank's CPU work (a base's load, the initial values, the final hash) on its share of the
-  // host's CPUs (cpu_share): ranks not bound to cores each see all of them. A host store sizes the
-  // pool again for its CPU AdamW.
-  ThreadPool::configure(cpu_share(world_.local_size));
+  // The rank's CPU work (a base's load, the initial values, the final hash, a host store's CPU
+  // AdamW) on one pool sized once, here: the rank's share of the host's CPUs (cpu_share: ranks not
+  // bound to cores each see all of them), or where the model has a host store, its CPU AdamW
+  // threads (cpu_adam_threads, the rule the store logs by).
+  ThreadPool::configure(placement_.model_on_host ? cpu_adam_threads(job_.offload.cpu_threads, world_.local_size)
+                                                 : cpu_share(world_.local_size));
   build_model();
   build_engine();
   // Before the hooks: the host stores move their groups' data to device placeholders.
   homes_->build(*engine_, *plans_, world_.rank);
   hooks_ = std::make_unique<GradHooks>(*groups_, *engine_, data_, homes_->grad_memory());
+  protocol_ = std::make_unique<StepProtocol>(*engine_, *hooks_, *homes_, *plans_, declared_, world_.rank);
   graphed_ = make_graphed_pass(job_, placement_, *model_, *groups_, *hooks_, data_);
   state_ = std::make_unique<RunState>(job_, world_, *plane_, *groups_, *homes_);
   // A rank's (task, micro-step) losses of one step: the most tasks of a plan with a row each.

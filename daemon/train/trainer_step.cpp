@@ -1,4 +1,4 @@
-// One optimizer step of the Trainer (trainer_class.hpp): its micro-steps' passes (forward,
+// One optimizer step of the Trainer (trainer_pieces.hpp): its micro-steps' passes (forward,
 // backward through the hooks into the engine, the reduce), the update of each used group in its
 // home, and the step's engine statistics for its record.
 #include <torch/torch.h>
@@ -13,7 +13,7 @@
 #include "daemon/ops/precision.hpp"
 #include "daemon/plan/job_options.hpp"
 #include "daemon/train/grad_norms.hpp"
-#include "daemon/train/trainer_class.hpp"
+#include "daemon/train/trainer_pieces.hpp"
 
 namespace thetad::daemon {
 
@@ -23,12 +23,8 @@ namespace thetad::daemon {
 void Trainer::train_step(int64_t step, PendingStep& p) {
   const int64_t k = job_.accumulate_steps;
   recorder_->mark(p, Phase::start);
-  plans_->advance(step);
-  const std::shared_ptr<const WindowPlan> window = plans_->at(step, world_.rank);
   memory_->start_step(homes_->device_memory());
-  engine_->start_window(step);
-  hooks_->start_window();
-  homes_->start_window(*window, adam_settings(step));
+  const std::shared_ptr<const WindowPlan> window = protocol_->open_window(step, adam_settings(step));
   p.rec.task_loss.clear();
   task_losses_.clear();
   p.rec.forward_ms = p.rec.backward_ms = 0;
@@ -36,23 +32,15 @@ void Trainer::train_step(int64_t step, PendingStep& p) {
   for (int64_t m = 0; m < k; ++m) {
     const int64_t micro = step * k + m;
     const bool last = m + 1 == k;
-    const StepPlan plan = window->step_plan(m);
-    hooks_->set_trained(plan.trained);
-    homes_->start_micro(plan);
-    if (declared_) engine_->declare_active(plan.trained);
+    const StepPlan plan = protocol_->start_micro(*window, m);
     // Passes over the plan's tasks: one, or one per task with rows (train.backward). For the
     // engine and the homes a pass is what a micro-step is: only the window's final pass syncs.
     const std::vector<std::pair<size_t, size_t>> passes = task_passes(plan);
     for (size_t i = 0; i < passes.size(); ++i) {
       const bool final = last && i + 1 == passes.size();
-      if (declared_ && final) engine_->begin_sync();  // the count exchange overlaps forward
+      protocol_->before_forward(final);
       torch::Tensor total = forward(micro, plan, passes[i].first, passes[i].second, p);
-      if (!declared_) {  // discovered from the graph, still before backward
-        std::vector<uint8_t> found = hooks_->discover_groups(total);
-        homes_->add_reached(found);  // streamed Θ has no leaves in the graph
-        engine_->declare_active(found);
-        if (final) engine_->begin_sync();
-      }
+      protocol_->after_forward(total, final);
       backward(total, final, plan, p);
       loss_sum = loss_sum.defined() ? loss_sum + total.detach() : total.detach();
     }
@@ -100,12 +88,11 @@ torch::Tensor Trainer::forward(int64_t micro, const StepPlan& plan, size_t first
 void Trainer::backward(torch::Tensor& total, bool last, const StepPlan& plan, PendingStep& p) {
   const int64_t bwd_us = Timeline::now_us();
   const auto t1 = Clock::now();
-  homes_->before_backward(last, plan);
-  if (graphed_now_) graphed_->backward(last);  // its gradients, computed in the graph, to the hooks
-  else total.backward();
-  if (act_stash_) act_stash_->end_backward();
-  hooks_->rethrow_error();
-  homes_->after_backward(last);
+  protocol_->backward(last, plan, [&] {
+    if (graphed_now_) graphed_->backward(last);  // its gradients, computed in the graph, to the hooks
+    else total.backward();
+    if (act_stash_) act_stash_->end_backward();
+  });
   // No host synchronization: on GPUs finish_backward makes the compute stream wait for the
   // last buckets (EngineOptions::wait_stream) and the marks around it time that stall.
   recorder_->mark(p, Phase::backward);
@@ -118,8 +105,7 @@ void Trainer::backward(torch::Tensor& total, bool last, const StepPlan& plan, Pe
     // elsewhere those of the groups whose gradient this rank alone kept (they go to rank 0).
     p.grad = grad_norm_parts(*engine_, *groups_, homes_->grad_memory(), engine_->contributors(), data_.device,
                              /*kept_only=*/!recorder_->writes_metrics());
-    homes_->after_reduce();
-    hooks_->end_window();
+    protocol_->end_window();
   }
   const double bwd_ms = ms_since(t1);
   if (timeline_)
@@ -133,7 +119,7 @@ void Trainer::finish_reduce(PendingStep& p) {
     engine_->contributors();
   }
   const int64_t t_us = Timeline::now_us();
-  engine_->finish_backward();
+  protocol_->finish_reduce();
   const int64_t mark_us = Timeline::now_us();
   recorder_->mark(p, Phase::comm);
   if (!timeline_) return;
@@ -157,8 +143,7 @@ void Trainer::optimizer_step(int64_t step, PendingStep& p, bool skip) {
   const auto t0 = Clock::now();
   AdamSettings s = adam_settings(step);
   p.rec.lr = s.lr;
-  homes_->step(engine_->contributors(), s, skip);
-  homes_->release_step(step);
+  protocol_->step(s, skip, step);
   p.rec.optimizer_ms = ms_since(t0);
   recorder_->mark(p, Phase::optimizer);
 }

@@ -23,6 +23,7 @@
 #include "daemon/plan/window_plan.hpp"
 #include "daemon/homes/homes.hpp"
 #include "daemon/reducer/grad_hooks.hpp"
+#include "daemon/train/step_protocol.hpp"
 
 namespace thetad::daemon {
 namespace {
@@ -137,42 +138,33 @@ std::vector<std::vector<float>> train(bool test_home, HostVectorHome** placed = 
   WindowPlans plans(*schedule, job.accumulate_steps);
   homes.build(engine, plans, 0);
   GradHooks hooks(groups, engine, plane, homes.grad_memory());
+  // The trainer's protocol of a step (daemon/train/step_protocol.hpp), driven without the trainer.
+  StepProtocol protocol(engine, hooks, homes, plans, /*declared=*/true, 0);
   if (asks) asks->setup = schedule->draws();
   for (int64_t step = 0; step < job.steps; ++step) {
     const int64_t drawn = schedule->draws();
     AdamSettings s;
     s.lr = job.optimizer.lr;
     s.weight_decay = job.optimizer.weight_decay;
-    engine.start_window(step);
-    hooks.start_window();
-    plans.advance(step);
-    const auto window = plans.at(step, 0);  // built once, handed to every home
-    homes.start_window(*window, s);
+    const auto window = protocol.open_window(step, s);  // built once, handed to every home
     const int64_t k = job.accumulate_steps;
     for (int64_t m = 0; m < k; ++m) {
       const bool last = m + 1 == k;
       const int64_t micro = step * k + m;
-      const StepPlan plan = window->step_plan(m);
-      hooks.set_trained(plan.trained);
-      homes.start_micro(plan);
-      engine.declare_active(plan.trained);
-      if (last) engine.begin_sync();
+      const StepPlan plan = protocol.start_micro(*window, m);
+      protocol.before_forward(last);
       torch::Tensor loss;
       for (size_t i = 0; i < plan.tasks.size(); ++i) {
         Batch b = data->batch(micro, 0, 1, plan.tasks[i], plan.task_rows[i]);
         torch::Tensor l = model->loss(b, plan.tasks[i], static_cast<uint64_t>(micro));
         loss = loss.defined() ? loss + l : l;
       }
-      homes.before_backward(last, plan);
-      loss.backward();
-      hooks.rethrow_error();
-      homes.after_backward(last);
+      protocol.after_forward(loss, last);
+      protocol.backward(last, plan, [&] { loss.backward(); });
     }
-    engine.finish_backward();
-    homes.after_reduce();
-    hooks.end_window();
-    homes.step(engine.contributors(), s, /*skip=*/false);
-    homes.release_step(step);
+    protocol.finish_reduce();
+    protocol.end_window();
+    protocol.step(s, /*skip=*/false, step);
     if (asks) asks->per_step.push_back(schedule->draws() - drawn);
   }
   if (asks) {

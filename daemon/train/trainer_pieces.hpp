@@ -32,6 +32,7 @@
 #include "daemon/train/evaluation.hpp"
 #include "daemon/train/graphed_pass.hpp"
 #include "daemon/train/memory_breakdown.hpp"
+#include "daemon/train/step_protocol.hpp"
 #include "daemon/train/step_record.hpp"
 #include "daemon/train/trainer.hpp"
 
@@ -83,6 +84,7 @@ class Trainer {
   std::unique_ptr<Homes> homes_;
   std::unique_ptr<PooledActivationStash> act_stash_;  // offload.activations: the trunk's saved tensors
   std::unique_ptr<GradHooks> hooks_;
+  std::unique_ptr<StepProtocol> protocol_;     // a step's calls over the engine, the hooks and the homes
   std::unique_ptr<GraphedPass> graphed_;       // train.cuda_graphs, where a pass can be captured
   bool graphed_now_ = false;                   // the current pass ran from its graph
   std::unique_ptr<RunState> state_;
