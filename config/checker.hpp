@@ -129,6 +129,7 @@ class Checker {
   void llama();
   void rope_llama3();
   void model_size();
+  void base_quant();
   void torchscript();
   // validate_export.cpp
   void per_task_dir(const char* key, const std::string& v);

@@ -30,6 +30,7 @@ enum class UncachedUpdate { Auto, Host, Device };             // auto | host | d
 // gpt2 | llama | mistral | qwen2 | qwen3 (model.arch; the last four: Hugging Face's model_type)
 enum class ModelArch { Gpt2, Llama, Mistral, Qwen2, Qwen3 };
 enum class RopeScaling { None, Llama3 };                      // none | llama3 (model.rope_scaling)
+enum class BaseQuant { None, Nf4 };                           // none | nf4 (model.base_quant)
 enum class ExportDtype { Fp32, Bf16, Fp16 };                  // fp32 | bf16 | fp16 (export.dtype)
 enum class TokenDtype { Npy, Uint16, Uint32 };                // npy | uint16 | uint32 (data.token_dtype)
 enum class Backward { Auto, Joint, PerTask };                 // auto | joint | per_task (train.backward)
@@ -53,6 +54,7 @@ const std::string& to_string(HostGroups v);
 const std::string& to_string(UncachedUpdate v);
 const std::string& to_string(ModelArch v);
 const std::string& to_string(RopeScaling v);
+const std::string& to_string(BaseQuant v);
 const std::string& to_string(ExportDtype v);
 const std::string& to_string(TokenDtype v);
 const std::string& to_string(Backward v);
@@ -77,6 +79,7 @@ bool from_string(const std::string& word, HostGroups& out);
 bool from_string(const std::string& word, UncachedUpdate& out);
 bool from_string(const std::string& word, ModelArch& out);
 bool from_string(const std::string& word, RopeScaling& out);
+bool from_string(const std::string& word, BaseQuant& out);
 bool from_string(const std::string& word, ExportDtype& out);
 bool from_string(const std::string& word, TokenDtype& out);
 bool from_string(const std::string& word, SoleUser& out);
@@ -153,6 +156,9 @@ struct ModelConfig {
   double norm_eps = 1e-5;       // the epsilon of LayerNorm (gpt2) or RMSNorm (llama)
   bool tie_embeddings = false;  // the output layer is the token embedding (no lm_head)
   bool train_shared = true;     // false: Θ (the base) frozen: no gradients, buckets or optimizer state
+  // A frozen transformer base's linear weights held on the device in 4-bit NormalFloat (nf4),
+  // dequantized layer by layer where they are read (daemon/ops/nf4.hpp); none: as loaded.
+  BaseQuant base_quant = BaseQuant::None;
 
   // The width of an attention head: head_dim, or d_model / heads where it is 0.
   int64_t head_size() const { return head_dim > 0 ? head_dim : heads > 0 ? d_model / heads : 0; }

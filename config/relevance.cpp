@@ -53,6 +53,7 @@ void warn_irrelevant(const Job& job, Diagnostics& diag) {
       {"model.arch", transformer, model + " (used by transformer)"},
       {"model.norm_eps", transformer, model + " (used by transformer)"},
       {"model.tie_embeddings", transformer, model + " (used by transformer)"},
+      {"model.base_quant", transformer, model + " (used by transformer)"},
       {"model.kv_heads", llama, "model.arch is gpt2 (used by the llama family)"},
       {"model.rope_theta", llama, "model.arch is gpt2 (used by the llama family)"},
       {"model.head_dim", llama, "model.arch is gpt2 (used by the llama family)"},

@@ -45,6 +45,7 @@ THETAD_ENUM_WORDS(HostGroups, "all", "scheduled")
 THETAD_ENUM_WORDS(UncachedUpdate, "auto", "host", "device")
 THETAD_ENUM_WORDS(ModelArch, "gpt2", "llama", "mistral", "qwen2", "qwen3")
 THETAD_ENUM_WORDS(RopeScaling, "none", "llama3")
+THETAD_ENUM_WORDS(BaseQuant, "none", "nf4")
 THETAD_ENUM_WORDS(ExportDtype, "fp32", "bf16", "fp16")
 THETAD_ENUM_WORDS(TokenDtype, "npy", "uint16", "uint32")
 THETAD_ENUM_WORDS(SoleUser, "keep", "broadcast")
@@ -96,6 +97,7 @@ THETAD_ENUM_API(Backward)
 THETAD_ENUM_API(SharedMode)
 THETAD_ENUM_API(ModelArch)
 THETAD_ENUM_API(RopeScaling)
+THETAD_ENUM_API(BaseQuant)
 THETAD_ENUM_API(ExportDtype)
 THETAD_ENUM_API(TokenDtype)
 THETAD_ENUM_API(SoleUser)
@@ -178,6 +180,7 @@ const std::vector<Field> kFields = {
     THETAD_FIELD("model", "norm_eps", Double, model.norm_eps, true),
     THETAD_FIELD("model", "tie_embeddings", Bool, model.tie_embeddings, true),
     THETAD_FIELD("model", "train_shared", Bool, model.train_shared, true),
+    THETAD_ENUM_FIELD("model", "base_quant", model.base_quant),
 
     THETAD_FIELD("lora", "rank", Int, lora.rank, true),
     THETAD_FIELD("lora", "alpha", Double, lora.alpha, true),
@@ -295,6 +298,7 @@ const std::map<std::string, std::vector<std::string>> kEnums = {
     {"offload.uncached_update", words<UncachedUpdate>()},
     {"model.arch", words<ModelArch>()},
     {"model.rope_scaling", words<RopeScaling>()},
+    {"model.base_quant", words<BaseQuant>()},
     {"export.dtype", words<ExportDtype>()},
     {"data.token_dtype", words<TokenDtype>()},
     {"export.best", words<ExportPick>()},

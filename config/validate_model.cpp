@@ -62,6 +62,23 @@ void Checker::model() {
     transformer();
   }
   if (m.kind != ModelKind::Torchscript && m.kind != ModelKind::Transformer) model_size();
+  base_quant();
+}
+
+// model.base_quant: only a frozen transformer base is held in 4 bits (the adapters train on it;
+// a base that trains would need its own full-precision values and their gradients).
+void Checker::base_quant() {
+  const ModelConfig& m = j_.model;
+  one_of("model.base_quant");
+  if (m.base_quant == BaseQuant::None || !ok("model.base_quant")) return;
+  if (m.kind != ModelKind::Transformer)
+    fail("model.base_quant", to_string(m.base_quant) + " quantizes the transformer's frozen base; model.kind is " +
+                                 to_string(m.kind), "model.kind");
+  else if (m.train_shared)
+    fail("model.base_quant", to_string(m.base_quant) + " holds a frozen base, but model.train_shared is " +
+                                 (d_.given("model.train_shared") ? "true" : "true (the default)") +
+                                 ": set model.train_shared: false to train adapters on the quantized base",
+         "model.train_shared");
 }
 
 // The transformer's sizes and its LoRA section; its parameter count bounded as model_size does

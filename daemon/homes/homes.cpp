@@ -46,7 +46,7 @@ Homes::Homes(const config::Job& job, const Placement& placement, TaskModel& mode
   torch::NoGradGuard no_grad;
   for (size_t i = 0; i < groups.size(); ++i) {
     auto& np = groups[static_cast<int>(i)];
-    if (&of(np.group) == on_device) np.tensor.set_data(np.tensor.detach().to(plane.device));
+    if (&of(np.group) == on_device && !np.host_only) np.tensor.set_data(np.tensor.detach().to(plane.device));
   }
 }
 

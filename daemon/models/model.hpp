@@ -31,6 +31,10 @@ struct NamedParam {
   // placeholder of the right shape (an expanded zero) and `init` writes the values wherever
   // they are to live (the host store's arena), without a full copy on every rank.
   ParamInit init;
+  // A frozen base matrix the model computes from a quantized copy of its own
+  // (TaskModel::quantize_frozen_base): `tensor` holds its values in host memory, where
+  // checkpoints, the final hash and the merged export read them, and stays there.
+  bool host_only = false;
 };
 
 // Where a row-chunked group's parameter comes from, chunk by chunk: the model's own tensor, or
@@ -136,6 +140,10 @@ class TaskModel {
   // Whether set_activation_stash is used: the trunk layers', or the transformer's feed-forward
   // activations'.
   virtual bool stashes_activations() const { return has_trunk_layers(); }
+  // model.base_quant: the frozen base's matrices quantized where they are (once its values are
+  // loaded), the parameters' own values moved to host memory (NamedParam::host_only). Only the
+  // transformer has such a base (validation refuses the key elsewhere).
+  virtual void quantize_frozen_base() {}
 
  protected:
   int num_tasks_ = 0;

@@ -14,6 +14,7 @@
 #include "daemon/models/model.hpp"
 #include "daemon/models/kinds.hpp"
 #include "daemon/models/param_builder.hpp"
+#include "daemon/ops/nf4.hpp"
 #include "daemon/ops/precision.hpp"
 #include "daemon/models/transformer.hpp"
 #include "daemon/ops/trunk_layer.hpp"
@@ -185,13 +186,44 @@ std::unique_ptr<TaskModel> build_model(const config::Job& job, torch::Device dev
                       " has no model");
 }
 
-// A frozen base in bf16 (frozen_base_in_bf16): says what the base holds how, once loaded.
+// A frozen base held in bf16 (frozen_base_in_bf16): the token embedding, which forward reads by
+// index (widened to float32) besides any matmul, joins the bf16 matrices where its values are
+// bf16 already (a bf16 checkpoint's, after model.init_from): nothing forward computes changes.
+void hold_embedding_in_bf16(const config::Job& job, TaskModel& model) {
+  if (!frozen_base_in_bf16(job) || job.model.kind != config::ModelKind::Transformer) return;
+  torch::NoGradGuard no_grad;
+  for (NamedParam& p : model.params()) {
+    if (p.group != 0 || p.name != "embed.weight" || p.tensor.scalar_type() != torch::kFloat32) continue;
+    torch::Tensor held = p.tensor.detach().to(torch::kBFloat16);
+    if (held.to(torch::kFloat32).equal(p.tensor.detach())) p.tensor.set_data(held);  // the model's handle too
+  }
+}
+
+// A frozen base in bf16 (frozen_base_in_bf16) or nf4 (model.base_quant): says what the base
+// holds how, once loaded.
 void log_frozen_base(const config::Job& job, TaskModel& model) {
-  if (!frozen_base_in_bf16(job)) return;
-  int64_t bf16_bytes = 0, fp32_bytes = 0;
+  const bool quantized = job.model.base_quant != config::BaseQuant::None;
+  if (!frozen_base_in_bf16(job) && !quantized) return;
+  int64_t bf16_bytes = 0, fp32_bytes = 0, host_bytes = 0, host_numel = 0;
   for (NamedParam& p : model.params()) {
     if (p.group != 0) continue;
-    (p.tensor.scalar_type() == torch::kBFloat16 ? bf16_bytes : fp32_bytes) += p.tensor.numel() * p.tensor.element_size();
+    const int64_t bytes = p.tensor.numel() * p.tensor.element_size();
+    if (p.host_only) {
+      host_bytes += bytes;
+      host_numel += p.tensor.numel();
+      continue;
+    }
+    (p.tensor.scalar_type() == torch::kBFloat16 ? bf16_bytes : fp32_bytes) += bytes;
+  }
+  if (quantized) {
+    // 4 bits a value and a float32 absmax per block (daemon/ops/nf4.hpp).
+    const double nf4_bytes = double(host_numel) * (0.5 + 4.0 / double(kNf4Block));
+    THETAD_LOG(info, "train") << "frozen base in " << to_string(job.model.base_quant) << " (model.base_quant): "
+                              << host_numel << " matrix values in " << nf4_bytes / 1e6 << " MB on the device (their "
+                              << host_bytes / 1e6 << " MB of " << (host_bytes == 2 * host_numel ? "bf16" : "float32")
+                              << " values in host memory), " << (bf16_bytes + fp32_bytes) / 1e6
+                              << " MB of embeddings and norms as loaded";
+    return;
   }
   THETAD_LOG(info, "train") << "frozen base held in bf16 (precision: bf16, model.train_shared: false): "
                             << bf16_bytes / 1e6 << " MB in bf16, " << fp32_bytes / 1e6
@@ -204,6 +236,7 @@ std::unique_ptr<TaskModel> make_model(const config::Job& job, torch::Device devi
   std::unique_ptr<TaskModel> model = build_model(job, device, lazy_tasks);
   load_initial_weights(job, *model);
   hold_embedding_in_bf16(job, *model);
+  if (job.model.base_quant != config::BaseQuant::None) model->quantize_frozen_base();
   log_frozen_base(job, *model);
   return model;
 }

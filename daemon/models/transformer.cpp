@@ -18,6 +18,8 @@
 #include "daemon/ops/fused_cross_entropy.hpp"
 #include "daemon/ops/joined_linear.hpp"
 #include "daemon/models/param_builder.hpp"
+#include "daemon/models/quantized_base.hpp"
+#include "daemon/models/decoder_layer.hpp"
 #include "daemon/ops/precision.hpp"
 #include "daemon/ops/rotary.hpp"
 #include "daemon/plan/placement.hpp"
@@ -26,39 +28,14 @@ namespace thetad::daemon {
 namespace {
 
 using namespace detail;
-
-// A layer's matrices by target (config/lora_adapter.hpp: the order of lora.targets' words), as
-// indices of per-target arrays; the base's parameter name of each.
-constexpr int kQ = int(config::LoraTarget::q), kK = int(config::LoraTarget::k), kV = int(config::LoraTarget::v),
-              kO = int(config::LoraTarget::o), kGate = int(config::LoraTarget::gate), kUp = int(config::LoraTarget::up),
-              kDown = int(config::LoraTarget::down), kTargets = config::kLoraTargets;
-constexpr std::array<const char*, kTargets> kParamNames = {"attn.q", "attn.k", "attn.v", "attn.o",
-                                                           "mlp.gate", "mlp.up", "mlp.down"};
-
-// The targets that read one input: a layer's GEMMs (and its adapters) in four groups, joined into
-// one GEMM each where the base is frozen (daemon/ops/joined_linear.hpp).
-enum Projection { kQkv, kAttnOut, kGateUp, kFfnOut, kProjections };
-const std::array<std::vector<int>, kProjections> kMembers = {{{kQ, kK, kV}, {kO}, {kGate, kUp}, {kDown}}};
-
-struct Lora {
-  torch::Tensor a, b;  // a: [rank x in], b: [out x rank]; undefined: not adapted
-};
-
-struct Block {
-  torch::Tensor ln1_w, ln1_b, ln2_w, ln2_b;  // the biases: gpt2 only
-  std::array<torch::Tensor, kTargets> w;     // [out x in]; gate undefined for gpt2
-  std::array<torch::Tensor, kTargets> bias;  // qwen2's q, k and v; undefined elsewhere
-  torch::Tensor q_norm, k_norm;              // qwen3: RMSNorm weights [head size] of each query and key head
-  // A frozen base's projections of several targets as one matrix (and bias) whose rows the
-  // targets' parameters view; undefined where not joined.
-  std::array<torch::Tensor, kProjections> joined_w, joined_b;
-};
+using namespace decoder;
 
 class Transformer : public TaskModel {
  public:
   Transformer(const config::Job& job, torch::Device device, bool lazy)
       : m_(job.model), adapter_(job), llama_(config::llama_family(job.model.arch)), train_shared_(job.model.train_shared),
-        join_base_(Placement::of(job, 1).shared == HomeKind::resident),
+        quantized_(job.model.base_quant == config::BaseQuant::Nf4),
+        join_base_(Placement::of(job, 1).shared == HomeKind::resident && !quantized_),
         masked_(job.data.loss_mask) {
     num_tasks_ = static_cast<int>(m_.tasks);
     const int64_t d = m_.d_model;
@@ -123,8 +100,11 @@ class Transformer : public TaskModel {
 
   // x: int64 token ids [rows, seq]; logits [rows, seq, vocab].
   torch::Tensor forward(const torch::Tensor& x, int task) override {
-    return torch::matmul(hidden_states(x, {{task, x.size(0)}}), head_.t());
+    const torch::Tensor h = hidden_states(x, {{task, x.size(0)}});
+    return torch::matmul(h, head_weight(h).t());
   }
+
+  void quantize_frozen_base() override;
 
   // Next-token cross-entropy over every position of every row (in float32). A head that needs
   // no gradient (a frozen base) never makes all the logits at once: linear_cross_entropy.
@@ -175,7 +155,14 @@ class Transformer : public TaskModel {
 
   // data.loss_mask: targets of -1 (prompt tokens) are left out, the mean is over the others.
   torch::Tensor head_loss(const torch::Tensor& h, const torch::Tensor& next) const {
-    return linear_cross_entropy(h.reshape({-1, h.size(-1)}), head_, next.reshape({-1}), 0, masked_);
+    return linear_cross_entropy(h.reshape({-1, h.size(-1)}), head_weight(h), next.reshape({-1}), 0, masked_);
+  }
+
+  // The output layer's matrix: its parameter, or (quantized) its values dequantized for this pass
+  // in the dtype of the hidden states h, kept by the loss's node until its backward.
+  torch::Tensor head_weight(const torch::Tensor& h) const {
+    if (!quant_.has(kHeadGemm)) return head_;
+    return quant_.values(kHeadGemm, h.scalar_type() == torch::kBFloat16 ? torch::kBFloat16 : torch::kFloat32);
   }
 
   // The final norm's output [rows, seq, d_model] in the GEMMs' dtype: what the output layer
@@ -193,6 +180,7 @@ class Transformer : public TaskModel {
     torch::Tensor h = embed_.index_select(0, x.reshape({-1})).to(torch::kFloat32).view({rows, seq, d});
     if (!llama_) h = h + pos_.narrow(0, 0, seq);
     if (join_base_) join_frozen_base();
+    if (quantized_) quant_.follow(x.device());
     torch::Tensor pending;  // a sublayer's output, added to h by the next norm
     const auto add_and_norm = [&](const torch::Tensor& w, const torch::Tensor& bias) {
       torch::Tensor out;
@@ -292,9 +280,13 @@ class Transformer : public TaskModel {
       outs.push_back(b.w[static_cast<size_t>(k)].size(0));
     }
     Projected out;
-    if (b.joined_w[static_cast<size_t>(p)].defined() && !trained({b.w[static_cast<size_t>(ks.front())]})) {
-      const size_t j = static_cast<size_t>(p);
-      out.joined = linear_with_adapters(x, b.joined_w[j], b.joined_b[j], l, ks, outs);
+    const int gemm = gemm_id(l.index, p);
+    const size_t j = static_cast<size_t>(p);
+    if (quant_.has(gemm) || (b.joined_w[j].defined() && !trained({b.w[static_cast<size_t>(ks.front())]}))) {
+      const bool quantized = quant_.has(gemm);
+      const QuantizedWeight q = quantized ? quant_.weight(gemm) : QuantizedWeight{};
+      out.joined = linear_with_adapters(x, b.joined_w[j], quantized ? quant_.bias(gemm) : b.joined_b[j], l, ks, outs,
+                                        quantized ? &q : nullptr);
       const std::vector<torch::Tensor> parts = out.joined.split_with_sizes(outs, -1);
       for (size_t i = 0; i < ks.size(); ++i) out.out[static_cast<size_t>(ks[i])] = parts[i];
       return out;
@@ -319,10 +311,12 @@ class Transformer : public TaskModel {
   // rows. Segments of equal rows (the schedule's usual split) take two batched GEMMs over all
   // tasks at once; their adapters are stacked (or read from slots, stacked already), where a GEMM
   // pair per task would launch 2 x tasks small kernels per target.
+  // `q`: w is in nf4 there (w itself is not read).
   torch::Tensor linear_with_adapters(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& bias,
-                                     const Layer& l, const std::vector<int>& ks, const std::vector<int64_t>& outs) const {
+                                     const Layer& l, const std::vector<int>& ks, const std::vector<int64_t>& outs,
+                                     const QuantizedWeight* q = nullptr) const {
     if (std::none_of(ks.begin(), ks.end(), [&](int k) { return adapted_[static_cast<size_t>(k)]; }))
-      return torch::linear(x, w, bias);
+      return q ? quantized_linear(x, *q, bias) : torch::linear(x, w, bias);
     const Segments& seg = l.segments;
     // The stacked adapters [n, ...] of the tasks `tasks` (slots: the pass's), joined over ks.
     const auto joined = [&](const std::vector<int>& tasks) {
@@ -355,6 +349,7 @@ class Transformer : public TaskModel {
       rows.push_back(s.rows);
     }
     const auto [a, b] = joined(tasks);
+    if (q) return lora_linear(x, *q, bias, a, b, adapter_.scale(), rows);
     return lora_linear(x, w, bias, a, b, adapter_.scale(), rows);
   }
 
@@ -367,6 +362,7 @@ class Transformer : public TaskModel {
   bool llama_;
   bool qk_norm_ = false;  // qwen3
   bool train_shared_ = true;
+  bool quantized_ = false;                // model.base_quant: nf4
   bool join_base_ = false;                // a resident base: its projections joined while frozen
   bool masked_ = false;                   // data.loss_mask
   std::array<bool, kTargets> adapted_{};  // lora.targets
@@ -377,7 +373,36 @@ class Transformer : public TaskModel {
   std::vector<Block> blocks_;
   std::vector<std::vector<std::array<Lora, kTargets>>> lora_;  // [task][layer][target]
   ActivationStash* stash_ = nullptr;                           // offload.activations
+  // model.base_quant: the GEMMs' matrices in nf4, numbered layer by layer (gemm_id), the output
+  // layer's last.
+  QuantizedBase quant_;
+  static int gemm_id(size_t layer, int p) { return static_cast<int>(layer) * kProjections + p; }
+  static constexpr int kHeadGemm = -1;
 };
+
+// Each projection's matrices joined and quantized where they are (their biases joined beside),
+// the output layer's where it is not the embedding; then their parameters held on the host.
+void Transformer::quantize_frozen_base() {
+  std::vector<torch::Tensor> moved;
+  for (size_t i = 0; i < blocks_.size(); ++i) {
+    Block& b = blocks_[i];
+    for (int p = 0; p < kProjections; ++p) {
+      std::vector<torch::Tensor> ws, bs;
+      for (int k : kMembers[static_cast<size_t>(p)]) {
+        if (!b.w[static_cast<size_t>(k)].defined()) continue;
+        ws.push_back(b.w[static_cast<size_t>(k)]);
+        if (b.bias[static_cast<size_t>(k)].defined()) bs.push_back(b.bias[static_cast<size_t>(k)].detach());
+      }
+      quant_.add(gemm_id(i, p), ws, bs);
+      moved.insert(moved.end(), ws.begin(), ws.end());
+    }
+  }
+  if (!m_.tie_embeddings) {
+    quant_.add(kHeadGemm, {head_}, {});
+    moved.push_back(head_);
+  }
+  hold_on_host(params_, moved);
+}
 
 // The transformer's SlotPass: per layer and adapted target, a slot of `parts` adapters (a and b),
 // allocated at the first bind where the tasks' adapters live.
@@ -465,16 +490,6 @@ std::unique_ptr<SlotPass> Transformer::slot_pass(int parts, int64_t rows) {
 
 std::unique_ptr<TaskModel> make_transformer(const config::Job& job, torch::Device device, bool lazy_tasks) {
   return std::make_unique<Transformer>(job, device, lazy_tasks);
-}
-
-void hold_embedding_in_bf16(const config::Job& job, TaskModel& model) {
-  if (!frozen_base_in_bf16(job) || job.model.kind != config::ModelKind::Transformer) return;
-  torch::NoGradGuard no_grad;
-  for (NamedParam& p : model.params()) {
-    if (p.group != 0 || p.name != "embed.weight" || p.tensor.scalar_type() != torch::kFloat32) continue;
-    torch::Tensor held = p.tensor.detach().to(torch::kBFloat16);
-    if (held.to(torch::kFloat32).equal(p.tensor.detach())) p.tensor.set_data(held);  // the model's handle too
-  }
 }
 
 }  // namespace thetad::daemon

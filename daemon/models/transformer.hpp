@@ -21,11 +21,6 @@ namespace thetad::daemon {
 // `lazy_tasks` (the host store draws them).
 std::unique_ptr<TaskModel> make_transformer(const config::Job& job, torch::Device device, bool lazy_tasks);
 
-// A frozen base held in bf16 (frozen_base_in_bf16): the token embedding, which forward reads by
-// index (widened to float32) besides any matmul, joins the bf16 matrices where its values are
-// bf16 already (a bf16 checkpoint's, after model.init_from): nothing forward computes changes.
-void hold_embedding_in_bf16(const config::Job& job, TaskModel& model);
-
 // Windows of seq_len + 1 tokens per row (inputs and next-token targets, int64 [rows, seq_len]):
 // synthetic (each task a walk through the vocabulary with a stride of its own, with
 // data.noise of the tokens replaced at random) or read from data.dir/task{t}.npy (1-D int64,

@@ -40,6 +40,29 @@ torch::Tensor blank(at::IntArrayRef sizes, const torch::TensorOptions& options) 
   return options.device().is_cuda() ? torch::empty(sizes, options) : torch::zeros(sizes, options);
 }
 
+// The base matrix a GEMM reads, in dt: w cast, or q's values dequantized into its scratch, where
+// ctx then keeps what backward needs to dequantize them again (not the values: the scratch is
+// every layer's).
+torch::Tensor forward_weight(AutogradContext* ctx, const torch::Tensor& w, const QuantizedWeight& q, torch::ScalarType dt) {
+  if (!q.matrix) return w.to(dt);
+  const Nf4Matrix& m = *q.matrix;
+  const torch::Tensor scratch = q.scratch->get(m.numel(), dt, m.codes.device());
+  ctx->saved_data["nf4_codes"] = m.codes;
+  ctx->saved_data["nf4_absmax"] = m.absmax;
+  ctx->saved_data["nf4_shape"] = std::vector<int64_t>{m.rows, m.cols};
+  ctx->saved_data["nf4_scratch"] = scratch;
+  return nf4_dequantize(m, dt, scratch);
+}
+
+// The base matrix again in backward: the one forward saved, or the quantized one's values.
+torch::Tensor backward_weight(AutogradContext* ctx, const torch::Tensor& saved) {
+  if (ctx->saved_data.find("nf4_codes") == ctx->saved_data.end()) return saved;
+  const std::vector<int64_t> shape = ctx->saved_data["nf4_shape"].toIntVector();
+  const Nf4Matrix m{ctx->saved_data["nf4_codes"].toTensor(), ctx->saved_data["nf4_absmax"].toTensor(), shape[0], shape[1]};
+  const torch::Tensor scratch = ctx->saved_data["nf4_scratch"].toTensor();
+  return nf4_dequantize(m, scratch.scalar_type(), scratch);
+}
+
 // The base's GEMM and the adapters' two as one node: forward adds the adapters' product into the
 // base GEMM's output in place (beta = 1), backward adds the adapters' share of the input's
 // gradient into the base's the same way; autograd's nodes would copy the output to add into a
@@ -47,12 +70,12 @@ torch::Tensor blank(at::IntArrayRef sizes, const torch::TensorOptions& options) 
 struct LoraLinearFn : torch::autograd::Function<LoraLinearFn> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& w,
                                const torch::Tensor& bias, const torch::Tensor& a, const torch::Tensor& b, double scale,
-                               const std::vector<int64_t>& rows) {
+                               const std::vector<int64_t>& rows, const QuantizedWeight& q) {
     // What autocast would compute in (it stays on here, but an in-place GEMM is not among its
     // operators): every operand cast to it once.
     const torch::ScalarType dt = active_autocast_dtype(x.device().type()).value_or(x.scalar_type());
-    const torch::Tensor xc = x.to(dt).contiguous(), wc = w.to(dt), ac = a.to(dt), bc = b.to(dt);
-    const int64_t in = x.size(-1), out = w.size(0), rank = a.size(1);
+    const torch::Tensor xc = x.to(dt).contiguous(), wc = forward_weight(ctx, w, q, dt), ac = a.to(dt), bc = b.to(dt);
+    const int64_t in = x.size(-1), out = wc.size(0), rank = a.size(1);
     const auto shape = [&](int64_t last) {
       std::vector<int64_t> s = x.sizes().vec();
       s.back() = last;
@@ -76,7 +99,7 @@ struct LoraLinearFn : torch::autograd::Function<LoraLinearFn> {
       torch::baddbmm_out(yi, yi, zi, bs[i].transpose(1, 2), /*beta=*/with_bias ? 1 : 0, /*alpha=*/scale);
     }
     if (!with_bias) y2.addmm_(x2, wc.t());
-    ctx->save_for_backward({xc, wc, ac, bc, z});
+    ctx->save_for_backward({xc, q.matrix ? torch::Tensor() : wc, ac, bc, z});
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["rows"] = rows;
     return y;
@@ -84,10 +107,10 @@ struct LoraLinearFn : torch::autograd::Function<LoraLinearFn> {
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const variable_list saved = ctx->get_saved_variables();
-    const torch::Tensor &x = saved[0], &w = saved[1], &a = saved[2], &b = saved[3], &z = saved[4];
+    const torch::Tensor &x = saved[0], &a = saved[2], &b = saved[3], &z = saved[4];
     const double scale = ctx->saved_data["scale"].toDouble();
     const std::vector<int64_t> rows = ctx->saved_data["rows"].toIntVector();
-    const int64_t in = x.size(-1), out = w.size(0);
+    const int64_t in = x.size(-1), out = grads[0].size(-1);
     const torch::Tensor g = grads[0].to(x.scalar_type()).contiguous();
     const torch::Tensor g2 = g.view({-1, out});
     const std::vector<torch::Tensor> gs = shares(g, rows), xs = shares(x, rows), zs = shares(z, rows);
@@ -112,7 +135,7 @@ struct LoraLinearFn : torch::autograd::Function<LoraLinearFn> {
         torch::Tensor dxi = dxs[i];
         torch::bmm_out(dxi, dzs[i], as[i]);
       }
-      dx.view({-1, in}).addmm_(g2, w);
+      dx.view({-1, in}).addmm_(g2, backward_weight(ctx, saved[1]));
     }
     if (ctx->needs_input_grad(1)) dw = torch::mm(g2.t(), x.view({-1, in}));
     if (ctx->needs_input_grad(2)) dbias = g2.sum(0);  // never for the placeholder: it takes no gradient
@@ -129,7 +152,32 @@ struct LoraLinearFn : torch::autograd::Function<LoraLinearFn> {
       const std::vector<torch::Tensor> dbs = task_batches(db, rows, gs.size());
       for (size_t i = 0; i < gs.size(); ++i) scaled_product(dbs[i], gs[i].transpose(1, 2), zs[i]);
     }
-    return {dx, dw, dbias, da, db, torch::Tensor(), torch::Tensor()};
+    return {dx, dw, dbias, da, db, torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
+
+// x w^T (+ bias) of a quantized w, for a matrix without adapters: its values dequantized into
+// the scratch for the GEMM of forward and again for that of x's gradient.
+struct QuantizedLinearFn : torch::autograd::Function<QuantizedLinearFn> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& bias,
+                               const QuantizedWeight& q) {
+    const torch::ScalarType dt = active_autocast_dtype(x.device().type()).value_or(x.scalar_type());
+    const torch::Tensor xc = x.to(dt).contiguous(), wc = forward_weight(ctx, torch::Tensor(), q, dt);
+    const torch::Tensor x2 = xc.view({-1, xc.size(-1)});
+    const torch::Tensor y2 = bias.numel() > 0 ? torch::addmm(bias.to(dt), x2, wc.t()) : torch::mm(x2, wc.t());
+    std::vector<int64_t> shape = x.sizes().vec();
+    shape.back() = wc.size(0);
+    ctx->saved_data["in_shape"] = x.sizes().vec();
+    return y2.view(shape);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const torch::Tensor w = backward_weight(ctx, torch::Tensor());
+    const torch::Tensor g2 = grads[0].to(w.scalar_type()).reshape({-1, w.size(0)});
+    torch::Tensor dx, dbias;
+    if (ctx->needs_input_grad(0)) dx = torch::mm(g2, w).view(ctx->saved_data["in_shape"].toIntVector());
+    if (ctx->needs_input_grad(1)) dbias = g2.sum(0);
+    return {dx, dbias, torch::Tensor()};
   }
 };
 
@@ -204,7 +252,18 @@ torch::Tensor join_lora_b(const std::vector<torch::Tensor>& bs, const std::vecto
 torch::Tensor lora_linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& bias,
                           const torch::Tensor& a, const torch::Tensor& b, double scale, const std::vector<int64_t>& rows) {
   // No bias: an empty tensor (LibTorch 1.13's nodes take no undefined inputs).
-  return LoraLinearFn::apply(x, w, bias.defined() ? bias : torch::empty({0}, w.options()), a, b, scale, rows);
+  return LoraLinearFn::apply(x, w, bias.defined() ? bias : torch::empty({0}, w.options()), a, b, scale, rows,
+                             QuantizedWeight{});
+}
+
+torch::Tensor lora_linear(const torch::Tensor& x, const QuantizedWeight& w, const torch::Tensor& bias,
+                          const torch::Tensor& a, const torch::Tensor& b, double scale, const std::vector<int64_t>& rows) {
+  const torch::Tensor none = torch::empty({0}, x.options().requires_grad(false));
+  return LoraLinearFn::apply(x, none, bias.defined() ? bias : none, a, b, scale, rows, w);
+}
+
+torch::Tensor quantized_linear(const torch::Tensor& x, const QuantizedWeight& w, const torch::Tensor& bias) {
+  return QuantizedLinearFn::apply(x, bias.defined() ? bias : torch::empty({0}, x.options().requires_grad(false)), w);
 }
 
 }  // namespace thetad::daemon

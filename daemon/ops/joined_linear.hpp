@@ -9,6 +9,8 @@
 
 #include <vector>
 
+#include "daemon/ops/nf4.hpp"
+
 namespace thetad::daemon {
 
 // The parts' rows (matrices [out_i, in], or vectors [out_i]) concatenated into one tensor, each
@@ -38,5 +40,12 @@ torch::Tensor join_lora_b(const std::vector<torch::Tensor>& bs, const std::vecto
 // x's gradient the same way: no pass over the output or the gradient of their own.
 torch::Tensor lora_linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& bias,
                           const torch::Tensor& a, const torch::Tensor& b, double scale, const std::vector<int64_t>& rows);
+// The same over a base matrix in nf4 (model.base_quant): its values dequantized into the
+// scratch just before the base GEMM of forward and again before that of x's gradient in
+// backward, never kept.
+torch::Tensor lora_linear(const torch::Tensor& x, const QuantizedWeight& w, const torch::Tensor& bias,
+                          const torch::Tensor& a, const torch::Tensor& b, double scale, const std::vector<int64_t>& rows);
+// x w^T (+ bias) of a base matrix in nf4 without adapters, dequantized as lora_linear's.
+torch::Tensor quantized_linear(const torch::Tensor& x, const QuantizedWeight& w, const torch::Tensor& bias);
 
 }  // namespace thetad::daemon

@@ -34,6 +34,8 @@ const auto count = format_count;
 // min(hidden, input_dim) weights.
 struct Sizes {
   double shared = 0, shared_cast = 0, per_task = 0, smallest_task = 0, tasks_total = 0, task_cast = 1;
+  double largest_cast = 0;  // the transformer: its largest joined projection (q, k, v or gate, up)
+  double head_cast = 0;     // and its untied lm_head
 };
 
 Sizes sizes_of(const config::Job& job, const config::ParamCounts& c) {
@@ -56,6 +58,8 @@ Sizes sizes_of(const config::Job& job, const config::ParamCounts& c) {
   const double layer = 2 * d * q + 2 * d * kv + (llama ? 3 : 2) * d * ff;
   s.shared = V * d + (m.tie_embeddings ? 0 : V * d) + L * layer;
   s.shared_cast = s.shared - V * d;
+  s.largest_cast = std::max(d * (q + 2 * kv), (llama ? 2 : 1) * d * ff);
+  s.head_cast = m.tie_embeddings ? 0 : V * d;
   s.per_task = s.smallest_task = config::LoraAdapter(job).elements();
   s.tasks_total = double(m.tasks) * s.per_task;
   return s;
@@ -211,6 +215,16 @@ DeviceMemoryNeed device_memory_need(const config::Job& job, const config::ParamC
   // backward. Streamed: its store's slots and lines.
   switch (place.shared) {
     case HomeKind::resident:
+      if (job.model.base_quant == config::BaseQuant::Nf4) {
+        // Its matrices in 4 bits and a float32 absmax per 64 (daemon/ops/nf4.hpp), the largest
+        // layer's once more, dequantized into the scratch every layer shares, and an untied
+        // lm_head dequantized for a pass; the rest as held.
+        add("Θ's matrices in nf4", s.shared_cast, 0.5 + 4.0 / 64, "model.base_quant");
+        add("their dequantization scratch", s.largest_cast, bf16 ? 2 : 4, "model.base_quant");
+        add("lm_head dequantized for a pass", s.head_cast, bf16 ? 2 : 4, "model.base_quant");
+        add("Θ's embedding", s.shared - s.shared_cast, place.frozen_base_bf16 ? 2 : 4, skey);
+        break;
+      }
       add("Θ's values", s.shared, place.frozen_base_bf16 ? 2 : 4, skey);
       if (train) {
         add("Θ's gradient buckets", s.shared, 4, skey);

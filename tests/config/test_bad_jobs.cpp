@@ -271,6 +271,12 @@ const std::vector<BadJob>& bad_jobs() {
        {"bad.yaml:4:", "export.best: eval_loss needs an evaluation: set eval.dir"}},
       {"export_best_unknown", "steps: 1\nmodel: {kind: transformer}\ndata: {}\nexport: {best: lowest}\n",
        {"bad.yaml:4:", "export.best: must be one of last, eval_loss; got 'lowest'"}},
+      {"base_quant_trained_base", "steps: 1\nmodel: {kind: transformer, base_quant: nf4}\ndata: {}\n",
+       {"bad.yaml:2:", "model.base_quant: nf4 holds a frozen base, but model.train_shared is true (the default)"}},
+      {"base_quant_not_transformer", "steps: 1\nmodel: {kind: multitask_mlp, train_shared: false, base_quant: nf4}\ndata: {}\n",
+       {"bad.yaml:2:", "model.base_quant: nf4 quantizes the transformer's frozen base; model.kind is multitask_mlp"}},
+      {"base_quant_unknown", "steps: 1\nmodel: {kind: transformer, train_shared: false, base_quant: int4}\ndata: {}\n",
+       {"bad.yaml:2:", "model.base_quant: must be one of none, nf4; got 'int4'"}},
       // Contradictions.
       {"nccl_without_cuda", kHead + "comm:\n  backend: nccl\n",
        {"bad.yaml:5:3: comm.backend:", "this build has no CUDA LibTorch"}},

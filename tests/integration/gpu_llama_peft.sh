@@ -11,7 +11,10 @@
 #  2. thetad trains two tasks' adapters on the frozen base (NCCL, one GPU) and exports task 0's
 #     adapter (qwen3: in bf16) and merged model: PeftModel.from_pretrained on the adapter gives the
 #     logits thetad gives with it (lora.init_from) within 1e-5 (fp32) and 1e-2 (bf16), and
-#     AutoModelForCausalLM.from_pretrained on the merged directory within 1e-5 (bf16 weights: 3e-2).
+#     AutoModelForCausalLM.from_pretrained on the merged directory within 1e-5 (bf16 weights: 3e-2);
+#  3. llama with model.base_quant: nf4: the adapter trained on the 4-bit base (bf16, the GPU's
+#     dequantization kernel) on the full base with peft gives thetad's logits within 1e-5, and the
+#     nf4 base's logits on the GPU equal the CPU's within 1e-5.
 #   gpu_llama_peft.sh THETAD THETAD_LOGITS
 source "$(dirname "$0")/lib.sh"
 thetad=$1
@@ -81,6 +84,23 @@ for fam in $families; do
   done
 done
 
+# model.base_quant: nf4 on llama: adapters trained on the 4-bit base (bf16 compute, the GPU's
+# kernel) are PEFT adapters of the full base; the GPU's and the CPU's nf4 base give one function.
+d=$WORK/llama
+if [ ! -e "$d/unavailable" ]; then
+  expect_code 0 nf4_train mpirun "${MPIRUN_FLAGS[@]}" -x NCCL_NVLS_ENABLE=0 -np 1 "$thetad" run "$job" --no-resume \
+    --set comm.backend=nccl --set model.init_from="$d/base" --set model.base_quant=nf4 --set precision=bf16 \
+    --set export.adapters_dir="$d/nf4_adapters/{task}" --set checkpoint.dir="$d/nf4.ckpt" --set steps=20 --set log.level=info
+  expect_in nf4_train "frozen base in nf4"
+  mkdir -p "$d/nf4_only" && cp -r "$d/nf4_adapters/0" "$d/nf4_only/0"
+  expect_code 0 nf4_tuned "$logits_bin" "$job" --set model.init_from="$d/base" --set lora.init_from="$d/nf4_only/{task}" \
+    --tokens "$d/tokens.npy" --device cuda --task 0 --out "$d/nf4_tuned_cuda_fp32.npy"
+  for dev in cuda cpu; do
+    expect_code 0 "nf4_base_$dev" "$logits_bin" "$job" --set model.init_from="$d/base" --set model.base_quant=nf4 \
+      --tokens "$d/tokens.npy" --device $dev --task 1 --out "$d/nf4_base_$dev.npy"
+  done
+fi
+
 # The Hugging Face side of every family, and one line per family.
 $py - "$WORK" $families > "$WORK/compare.log" 2>&1 <<'PY' || { fail "transformers/peft side"; cat "$WORK/compare.log"; }
 import os, sys, numpy as np, torch, transformers
@@ -130,6 +150,17 @@ def family(fam):
         parts.append(f"{what} {r:.1e}{note}{'' if ok else ' > ' + str(tol)}")
     return ("ok   " if good else "FAIL ") + f"{fam}: " + ", ".join(parts) + f"; the adapter moved the logits by {moved:.1e}"
 
+def nf4(d):
+    """The adapter trained on the nf4 base, on the full base with peft; the nf4 base on GPU and CPU."""
+    tokens, ours = os.path.join(d, "tokens.npy"), lambda name: np.load(os.path.join(d, name + ".npy"))
+    rel = lambda a, b: float(np.abs(a - b).max() / np.abs(b).max())
+    peft_r = rel(ours("nf4_tuned_cuda_fp32"), hf(os.path.join(d, "base"), tokens, "fp32", os.path.join(d, "nf4_adapters", "0")))
+    cpu_r = rel(ours("nf4_base_cuda"), ours("nf4_base_cpu"))
+    full_r = rel(ours("nf4_base_cuda"), ours("base_cuda_fp32"))
+    good = peft_r <= 1e-5 and cpu_r <= 1e-5 and 1e-4 < full_r < 0.5
+    return ("ok   " if good else "FAIL ") + (f"llama nf4: its adapter on the full base with peft {peft_r:.1e}, the nf4 base's logits "
+                                            f"GPU against CPU {cpu_r:.1e}, against the full base's {full_r:.1e}")
+
 for fam in families:
     if os.path.exists(os.path.join(work, fam, "unavailable")):
         print(f"SKIP {fam}: " + open(os.path.join(work, fam, "unavailable")).read(), flush=True)
@@ -138,6 +169,11 @@ for fam in families:
         print(family(fam), flush=True)
     except Exception as e:  # the other families still report
         print(f"FAIL {fam}: {type(e).__name__}: {e}", flush=True)
+if "llama" in families and not os.path.exists(os.path.join(work, "llama", "unavailable")):
+    try:
+        print(nf4(os.path.join(work, "llama")), flush=True)
+    except Exception as e:
+        print(f"FAIL llama nf4: {type(e).__name__}: {e}", flush=True)
 PY
 while IFS= read -r line; do
   case $line in

@@ -1,6 +1,6 @@
 // The models' own kernels (daemon/ops/fused_llama_ops, llama_kernels.cu,
 // residual_norm_kernels.cu; the loss's cross_entropy_kernels.cu through linear_cross_entropy; the
-// optimizer's adam_kernels.cu through adam_group)
+// optimizer's adam_kernels.cu through adam_group; the nf4 base's nf4_kernels.cu through nf4_dequantize)
 // against the operators' formulas in float32 on the same bf16 inputs, values and gradients. A GPU test: it
 // skips without a CUDA device or where the build has no kernels (fused_kernels_for false).
 #include <gtest/gtest.h>
@@ -10,6 +10,8 @@
 
 #include "daemon/ops/fused_cross_entropy.hpp"
 #include "daemon/ops/fused_llama_ops.hpp"
+#include "daemon/ops/joined_linear.hpp"
+#include "daemon/ops/nf4.hpp"
 #include "daemon/optim/optimizer.hpp"
 #include "daemon/ops/rotary.hpp"
 
@@ -188,6 +190,38 @@ void rotary_case(int64_t head) {
   expect_close(k, rk, "k");
   EXPECT_TRUE(torch::equal(v.to(torch::kFloat32), rv)) << "v is copied as it is";
   expect_close(qkv.grad(), x.grad(), "gradient");
+}
+
+// The GPU computes the CPU's function: the same codes and absmax from the quantizer, bitwise the
+// same dequantized values from the kernel (the vectorized path: a count of a multiple of 8; the
+// byte path: an odd count, and float32), and the GEMMs over the quantized base bitwise those over
+// its dequantized values (the same GEMMs on the same values).
+TEST(FusedLlamaOps, Nf4KernelIsTheCpusDequantization) {
+  if (!have_kernels()) GTEST_SKIP() << "no CUDA device or no model kernels in this build";
+  torch::manual_seed(7);
+  for (const auto& shape : {std::vector<int64_t>{96, 256}, std::vector<int64_t>{13, 37}}) {
+    const torch::Tensor w = torch::randn(shape).to(torch::kBFloat16);
+    const Nf4Matrix cpu = nf4_quantize(w), gpu = nf4_quantize(w.to(torch::kCUDA));
+    EXPECT_TRUE(torch::equal(gpu.codes.cpu(), cpu.codes));
+    EXPECT_TRUE(torch::equal(gpu.absmax.cpu(), cpu.absmax));
+    for (const torch::ScalarType dt : {torch::kBFloat16, torch::kFloat32})
+      EXPECT_TRUE(torch::equal(nf4_dequantize(gpu, dt).cpu(), nf4_dequantize(cpu, dt)));
+  }
+  const auto opts = torch::TensorOptions().dtype(torch::kBFloat16).device(torch::kCUDA);
+  const Nf4Matrix q = nf4_quantize(torch::randn({192, 128}, opts));
+  Nf4Scratch scratch;
+  const torch::Tensor x = torch::randn({4, 8, 128}, opts).requires_grad_(true);
+  const torch::Tensor a = torch::randn({2, 16, 128}, opts).requires_grad_(true);
+  const torch::Tensor b = torch::randn({2, 192, 16}, opts).requires_grad_(true);
+  const torch::Tensor y = lora_linear(x, QuantizedWeight{&q, &scratch}, torch::Tensor(), a, b, 2.0, {2, 2});
+  const torch::Tensor g = torch::randn_like(y);
+  const auto grads = torch::autograd::grad({y}, {x, a, b}, {g});
+  const torch::Tensor xr = x.detach().requires_grad_(true), ar = a.detach().requires_grad_(true),
+                      br = b.detach().requires_grad_(true);
+  const torch::Tensor yr = lora_linear(xr, nf4_dequantize(q, torch::kBFloat16), torch::Tensor(), ar, br, 2.0, {2, 2});
+  const auto want = torch::autograd::grad({yr}, {xr, ar, br}, {g});
+  EXPECT_TRUE(torch::equal(y, yr));
+  for (size_t i = 0; i < 3; ++i) EXPECT_TRUE(torch::equal(grads[i], want[i])) << "gradient " << i;
 }
 
 }  // namespace

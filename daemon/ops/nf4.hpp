@@ -1,0 +1,67 @@
+// 4-bit NormalFloat (nf4), the data type of QLoRA (Dettmers et al., 2023) for a frozen base's
+// weights: each block of 64 consecutive values (of the matrix read row by row) is scaled by its
+// largest magnitude (absmax) into [-1, 1], and each scaled value is replaced by the nearest of 16
+// levels, the code book: quantiles of a standard normal distribution, 8 for the positive half and
+// 7 for the negative one plus an exact zero, normalised so that the outermost are -1 and 1.
+// A value costs 4 bits plus 32 / 64 for its block's absmax (QLoRA's double quantization, absmax
+// itself in 8 bits, is not done here: 0.5625 bytes a value, not 0.516).
+#pragma once
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+
+namespace thetad::daemon {
+
+constexpr int64_t kNf4Block = 64;  // values per absmax
+
+// The 16 levels in ascending order (QLoRA's table, as bitsandbytes ships it).
+const std::array<float, 16>& nf4_code_book();
+
+// A matrix [rows, cols] in nf4. Its values padded with zeros to whole blocks.
+struct Nf4Matrix {
+  torch::Tensor codes;   // uint8 [blocks * 32]: two code-book indices a byte, the even value's in the high half
+  torch::Tensor absmax;  // float32 [blocks]: each block's largest |value|
+  int64_t rows = 0, cols = 0;
+
+  bool defined() const { return codes.defined(); }
+  int64_t numel() const { return rows * cols; }
+  int64_t bytes() const;  // codes and absmax
+  Nf4Matrix to(torch::Device device) const;
+};
+
+// w (2-D, any float dtype, on any device) in nf4, computed where w is: each value scaled by its
+// block's absmax in float32 (w / absmax; a block of zeros stays zero) and given the nearest
+// level's index, the lower one of two equally near.
+Nf4Matrix nf4_quantize(const torch::Tensor& w);
+
+// The matrix's values [rows, cols] in `dtype` (bf16 or float32): code_book[code] * absmax of
+// each value in float32, rounded once to bf16 (then widened, for float32), on the CPU and on
+// GPUs alike. Written into the first rows * cols elements of `scratch` where it is given (of
+// that dtype and device, large enough), else into new memory.
+torch::Tensor nf4_dequantize(const Nf4Matrix& m, torch::ScalarType dtype, const torch::Tensor& scratch = {});
+
+// The memory every dequantized matrix of a model is written into in turn: a GEMM queued on the
+// stream reads one matrix before the next dequantization, queued after it, writes the next. Sized
+// once to the largest matrix (reserve), else grown to what is asked for; a node that saved an
+// earlier buffer keeps it alive.
+class Nf4Scratch {
+ public:
+  void reserve(int64_t numel) { reserved_ = std::max(reserved_, numel); }
+  torch::Tensor get(int64_t numel, torch::ScalarType dtype, torch::Device device);
+
+ private:
+  int64_t reserved_ = 0;
+  torch::Tensor buffer_;
+};
+
+// A frozen base matrix in nf4 where a GEMM reads it (daemon/ops/joined_linear.hpp): the matrix,
+// on the device of the GEMM's input, and the scratch its values are dequantized into.
+struct QuantizedWeight {
+  const Nf4Matrix* matrix = nullptr;
+  Nf4Scratch* scratch = nullptr;
+};
+
+}  // namespace thetad::daemon
