@@ -164,6 +164,12 @@ Homes::HostValues Homes::values_on_host(int p) const {
   const NamedParam& np = groups_[p];
   HostValues v;
   if ((v.data = of(np.group).host_values(p))) return v;
+  if (np.host_only && np.init) {  // a drawn base's matrix, held quantized only: drawn again
+    v.keep = torch::empty(np.tensor.sizes(), torch::kFloat32);
+    np.init(v.keep);
+    v.data = v.keep.data_ptr<float>();
+    return v;
+  }
   v.keep = fp32_values(np.tensor.detach()).cpu().contiguous();
   v.data = v.keep.data_ptr<float>();
   return v;

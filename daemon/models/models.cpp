@@ -209,7 +209,7 @@ void log_frozen_base(const config::Job& job, TaskModel& model) {
     if (p.group != 0) continue;
     const int64_t bytes = p.tensor.numel() * p.tensor.element_size();
     if (p.host_only) {
-      host_bytes += bytes;
+      host_bytes += p.init ? 0 : bytes;  // a drawn base's placeholders hold nothing
       host_numel += p.tensor.numel();
       continue;
     }
@@ -219,10 +219,12 @@ void log_frozen_base(const config::Job& job, TaskModel& model) {
     // 4 bits a value and a float32 absmax per block (daemon/ops/nf4.hpp).
     const double nf4_bytes = double(host_numel) * (0.5 + 4.0 / double(kNf4Block));
     THETAD_LOG(info, "train") << "frozen base in " << to_string(job.model.base_quant) << " (model.base_quant): "
-                              << host_numel << " matrix values in " << nf4_bytes / 1e6 << " MB on the device (their "
-                              << host_bytes / 1e6 << " MB of " << (host_bytes == 2 * host_numel ? "bf16" : "float32")
-                              << " values in host memory), " << (bf16_bytes + fp32_bytes) / 1e6
-                              << " MB of embeddings and norms as loaded";
+                              << host_numel << " matrix values in " << nf4_bytes / 1e6 << " MB on the device ("
+                              << (host_bytes == 0 ? std::string("drawn from the seed as quantized, held nowhere else")
+                                                  : "their " + std::to_string(host_bytes / 1000000) + " MB of " +
+                                                        (host_bytes == 2 * host_numel ? "bf16" : "float32") +
+                                                        " values in host memory")
+                              << "), " << (bf16_bytes + fp32_bytes) / 1e6 << " MB of embeddings and norms as loaded";
     return;
   }
   THETAD_LOG(info, "train") << "frozen base held in bf16 (precision: bf16, model.train_shared: false): "

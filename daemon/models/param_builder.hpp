@@ -23,6 +23,7 @@
 #include "config/job.hpp"
 #include "daemon/models/model.hpp"
 #include "daemon/ops/precision.hpp"
+#include "daemon/plan/placement.hpp"
 
 namespace thetad::daemon::detail {
 
@@ -58,12 +59,15 @@ enum class Read { any, autocast };
 // the model's device by the thread that drew them: 1,024 heads of 2 M parameters drawn one after
 // another took 8.7 s of an H100 job's start-up, and T = 256 heads of 33.6 M minutes.
 // With `lazy` (CPU only), task parameters (group > 0) are not drawn at all: they are
-// placeholders with an init function (NamedParam::init) that draws the same values later.
+// placeholders with an init function (NamedParam::init) that draws the same values later; so
+// are the matrices of a drawn base that model.base_quant quantizes (the model draws them as it
+// quantizes them, a 70 B base never whole in any memory).
 class ParamBuilder {
  public:
   ParamBuilder(const config::Job& job, torch::Device device, std::vector<NamedParam>& out, bool lazy = false)
       : seed_(init_seed(job)), device_(device), out_(out), lazy_(lazy && device.is_cpu()),
-        base_bf16_(frozen_base_in_bf16(job)), shared_from_file_(!job.model.init_from.empty()) {}
+        base_bf16_(frozen_base_in_bf16(job)), shared_from_file_(!job.model.init_from.empty()),
+        drawn_quantized_(Placement::of(job, 1).drawn_quantized_base) {}
   ParamBuilder(const ParamBuilder&) = delete;
   ParamBuilder& operator=(const ParamBuilder&) = delete;
   // Draws the deferred values (see the class comment), in parallel on the process's pool (idle
@@ -93,6 +97,12 @@ class ParamBuilder {
       return put(name, group, placeholder(sizes),
                  [bound, seed](torch::Tensor& d) { d.uniform_(-bound, bound, generator(seed)); });
     const auto dtype = group == 0 && read == Read::autocast && base_bf16_ ? torch::kBFloat16 : torch::kFloat32;
+    // A drawn base quantized at load (model.base_quant): drawn only where it is quantized (and
+    // for the final hash), its values as held (rounded to bf16 where that is the dtype).
+    if (group == 0 && read == Read::autocast && drawn_quantized_)
+      return put(name, group, placeholder(sizes), [bound, seed, dtype](torch::Tensor& d) {
+        d.copy_(torch::empty(d.sizes(), torch::kFloat32).uniform_(-bound, bound, generator(seed)).to(dtype));
+      });
     torch::Tensor t;
     if (group == 0 && shared_from_file_) {
       // model.init_from gives every shared parameter (a missing one is exit 2): nothing to draw
@@ -159,6 +169,7 @@ class ParamBuilder {
   bool lazy_;
   bool base_bf16_;         // frozen_base_in_bf16: Θ's Read::autocast parameters are held in bf16
   bool shared_from_file_;  // model.init_from: Θ's values come from the file, not drawn
+  bool drawn_quantized_;   // model.base_quant without model.init_from: Θ's matrices are placeholders
   std::map<int, int> counts_;
 };
 

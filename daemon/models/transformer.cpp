@@ -91,6 +91,7 @@ class Transformer : public TaskModel {
       }
     }
     if (llama_) rotary_ = RotaryTables(m_, device);
+    base_bf16_ = frozen_base_in_bf16(job);
   }
 
   std::vector<NamedParam>& params() override { return params_; }
@@ -378,30 +379,27 @@ class Transformer : public TaskModel {
   QuantizedBase quant_;
   static int gemm_id(size_t layer, int p) { return static_cast<int>(layer) * kProjections + p; }
   static constexpr int kHeadGemm = -1;
+  bool base_bf16_ = false;  // frozen_base_in_bf16: the matrices are held (and drawn) in bf16
 };
 
-// Each projection's matrices joined and quantized where they are (their biases joined beside),
-// the output layer's where it is not the embedding; then their parameters held on the host.
+// Each projection's matrices joined (their biases beside), the output layer where it is not the
+// embedding: quantized on the model's device (QuantizedBase::quantize).
 void Transformer::quantize_frozen_base() {
-  std::vector<torch::Tensor> moved;
+  std::vector<BaseGemm> gemms;
   for (size_t i = 0; i < blocks_.size(); ++i) {
-    Block& b = blocks_[i];
+    const Block& b = blocks_[i];
     for (int p = 0; p < kProjections; ++p) {
-      std::vector<torch::Tensor> ws, bs;
+      BaseGemm g{gemm_id(i, p), {}, {}};
       for (int k : kMembers[static_cast<size_t>(p)]) {
         if (!b.w[static_cast<size_t>(k)].defined()) continue;
-        ws.push_back(b.w[static_cast<size_t>(k)]);
-        if (b.bias[static_cast<size_t>(k)].defined()) bs.push_back(b.bias[static_cast<size_t>(k)].detach());
+        g.weights.push_back(b.w[static_cast<size_t>(k)]);
+        if (b.bias[static_cast<size_t>(k)].defined()) g.biases.push_back(b.bias[static_cast<size_t>(k)].detach());
       }
-      quant_.add(gemm_id(i, p), ws, bs);
-      moved.insert(moved.end(), ws.begin(), ws.end());
+      gemms.push_back(std::move(g));
     }
   }
-  if (!m_.tie_embeddings) {
-    quant_.add(kHeadGemm, {head_}, {});
-    moved.push_back(head_);
-  }
-  hold_on_host(params_, moved);
+  if (!m_.tie_embeddings) gemms.push_back({kHeadGemm, {head_}, {}});
+  quant_.quantize(gemms, params_, embed_.device(), base_bf16_ ? torch::kBFloat16 : torch::kFloat32);
 }
 
 // The transformer's SlotPass: per layer and adapted target, a slot of `parts` adapters (a and b),

@@ -48,7 +48,13 @@ HostMemoryNeed host_memory_need(const config::Job& job, const config::ParamCount
   const double trained = adam ? 16 : 8;
   const bool theta_streamed = place.shared == HomeKind::streamed_trunk;
   const bool task_store = place.tasks == HomeKind::host_store;
-  const double theta_bytes = theta_streamed ? 0 : c.shared * (job.model.train_shared ? trained : 4);
+  // A frozen base in nf4 (model.base_quant): 4.5 bits a value where the model is, and, read from a
+  // file, its full-precision values in host memory besides, wherever the model is (drawn: none).
+  const bool quantized = job.model.base_quant != config::BaseQuant::None;
+  const double theta_bytes = theta_streamed ? 0
+                             : quantized    ? c.shared * (0.5 + 4.0 / 64)
+                                            : c.shared * (job.model.train_shared ? trained : 4);
+  const double theta_copy = quantized && !place.drawn_quantized_base ? c.shared * (place.frozen_base_bf16 ? 2 : 4) : 0;
   const double tasks_bytes = task_store ? 0 : c.tasks_total * trained;
   // The host stores' arenas, one per node, as HostArena sizes them (values, Adam m and v, the
   // gradient's landing area, a bf16 copy with offload.h2d_dtype: bf16; aligned, page-rounded).
@@ -64,7 +70,7 @@ HostMemoryNeed host_memory_need(const config::Job& job, const config::ParamCount
   const double task_params = static_cast<double>(tasks) * std::floor(c.tasks_total / double(job.model.tasks));
   const double arena_tasks = task_store ? arena(tasks, task_params / double(tasks), bf16) : 0;
   const double arena_theta = theta_streamed ? arena(1, c.shared, false) : 0;
-  if (!gpu) need.per_rank_bytes = static_cast<int64_t>(theta_bytes + tasks_bytes);
+  need.per_rank_bytes = static_cast<int64_t>((gpu ? 0 : theta_bytes + tasks_bytes) + theta_copy);
   need.node_bytes = static_cast<int64_t>(arena_tasks + arena_theta);
 
   std::ostringstream os;
@@ -75,6 +81,7 @@ HostMemoryNeed host_memory_need(const config::Job& job, const config::ParamCount
        << (task_store ? "" : " + " + count(c.tasks_total) + " of the tasks, model.tasks = " +
                                std::to_string(job.model.tasks) + " x " + count(c.per_task) + " each")
        << ")";
+  if (theta_copy > 0) os << " + the quantized base's own values " << format_bytes(theta_copy) << " (model.base_quant)";
   if (arena_tasks > 0)
     os << (os.tellp() > 0 ? " + " : "") << "the task groups' host arena " << format_bytes(arena_tasks) << " ("
        << count(task_params) << " parameters of " << tasks << " group(s): values, Adam m and v, gradients"

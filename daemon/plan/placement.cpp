@@ -33,6 +33,7 @@ Placement Placement::of(const config::Job& job, int world_size) {
   // only. Streamed Θ lives in a float32 host store of its own.
   p.frozen_base_bf16 = job.precision == config::Precision::Bf16 && !job.model.train_shared &&
                        p.shared == HomeKind::resident && job.model.kind != config::ModelKind::Torchscript;
+  p.drawn_quantized_base = job.model.base_quant != config::BaseQuant::None && job.model.init_from.empty();
   p.row_shards = job.model.kind == config::ModelKind::ExtremeClassifier && job.offload.shard_mb > 0;
   // A trained Θ would accumulate over the passes in another order, and a streamed trunk would
   // stream its layers once per pass.

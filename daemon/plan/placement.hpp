@@ -33,6 +33,10 @@ struct Placement {
   // A frozen base held in bf16 (precision: bf16, model.train_shared: false, Θ resident, a built-in
   // model): never updated, and autocast rounds every read of its matrices to bf16 anyway.
   bool frozen_base_bf16 = false;
+  // A drawn base quantized at load (model.base_quant without model.init_from): its matrices are
+  // placeholders the model draws as it quantizes them, never held whole anywhere, and Θ is never
+  // written to a checkpoint (the seed draws it again).
+  bool drawn_quantized_base = false;
   // The extreme classifier's output slices are one [rows x (hidden+1)] parameter each, computed
   // (and, offloaded, stored and reduced) in row shards of offload.shard_mb (model row_chunked).
   bool row_shards = false;

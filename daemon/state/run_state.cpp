@@ -15,6 +15,7 @@
 #include "config/loader.hpp"
 #include "daemon/checkpoint_format/file_checksum.hpp"
 #include "daemon/plan/job_options.hpp"
+#include "daemon/plan/placement.hpp"
 #include "daemon/models/param_builder.hpp"
 #include "common/thread_pool.hpp"
 
@@ -234,7 +235,9 @@ CheckpointWriter RunState::writer(int64_t completed) {
   const std::vector<int64_t>& steps = homes_.group_steps();
   std::vector<GroupSource> source;
   for (int g = 0; g < groups_.num_groups(); ++g) {
-    const bool initial = homes_.of(g).initial(g);  // no values written
+    // No values written: the home does not hold them, or Θ is a drawn base held quantized
+    // (model.base_quant), whose matrices the model draws again, never kept.
+    const bool initial = homes_.of(g).initial(g) || (g == 0 && Placement::of(job_, 1).drawn_quantized_base);
     w.group_bytes.push_back(initial ? 0 : groups_.numel(g) * 3 * int64_t{sizeof(float)});
     // Θ from model.init_from (all of it comes from the file) and never trained: the file holds it.
     const bool from_file = g == 0 && !job_.model.init_from.empty() && steps[0] == 0;

@@ -8,7 +8,8 @@
 #    reference's logits with them equal thetad's, over either base; the merged model is merged
 #    into the full base;
 #  - a run stopped and resumed ends bitwise as the uninterrupted one; the adapters in the host
-#    store end bitwise as resident ones; joint and per-task passes alike;
+#    store end bitwise as resident ones; joint and per-task passes alike; a drawn base (no
+#    model.init_from) is held nowhere but in nf4, is not in the checkpoint, and resumes bitwise;
 #  - combinations that cannot work are exit 2 at validate, naming the keys.
 #   llama_nf4.sh THETAD REFERENCE THETAD_LOGITS
 source "$(dirname "$0")/lib.sh"
@@ -59,6 +60,25 @@ same_hash "nf4: adapters in the host store == resident" whole store
 run_np joint 2 "$job" "${quant[@]}" --set steps=6 --set train.backward=joint --set data.tasks_per_rank=2
 run_np per_task 2 "$job" "${quant[@]}" --set steps=6 --set train.backward=per_task --set data.tasks_per_rank=2
 same_hash "nf4: the joint pass == a pass per task" joint per_task
+
+# A drawn base (no model.init_from): its matrices drawn as they are quantized and held nowhere
+# else; no checkpoint holds Θ (the seed draws it again), and a resumed run ends bitwise.
+tfm=$HERE/jobs/transformer.yaml
+drawn=(--set model.arch=llama --set model.kv_heads=1 --set model.train_shared=false --set model.base_quant=nf4
+       --set "lora.targets=[q,k,v,o,gate,up,down]" --set steps=6)
+run_np drawn_whole 2 "$tfm" "${drawn[@]}" --set checkpoint.every_steps=3
+expect_in drawn_whole "frozen base in nf4 .*drawn from the seed as quantized, held nowhere else"
+run_np drawn_first3 2 "$tfm" "${drawn[@]}" --set steps=3
+$py - "$WORK/drawn_first3.ckpt/step-00000003/manifest.json" <<'PY' && pass "a drawn nf4 base is not in the checkpoint" \
+  || fail "the checkpoint holds the drawn base"
+import json, sys
+runs = json.load(open(sys.argv[1]))["runs"]
+assert [r for r in runs if r[0] == 0][0][2] == -1, runs  # group 0's run: no file (initial)
+PY
+expect_code 0 drawn_resumed mpirun "${MPIRUN_FLAGS[@]}" -np 2 "$thetad" run "$tfm" "${drawn[@]}" \
+  --set checkpoint.dir="$WORK/drawn_first3.ckpt" --set log.level=info
+expect_in drawn_resumed "resumed from .*step-00000003 at step 3"
+same_hash "drawn nf4 base: stopped at step 3 and resumed == uninterrupted" drawn_whole drawn_resumed
 
 # What cannot work: exit 2 at validate, naming the keys.
 expect_code 2 trained_base "$thetad" validate "$job" "${quant[@]}" --set model.train_shared=true

@@ -2,19 +2,23 @@
 // same base held in float32 under autocast, on the CPU: the same losses and adapter gradients and
 // values, bitwise, over several steps and tasks (Llama with untied and tied embeddings, from
 // random values, from a float32 and from a bf16 safetensors file; the MLP's frozen trunk through
-// trunk_layer), at half the bytes for every matrix autocast reads.
+// trunk_layer), at half the bytes for every matrix autocast reads. A frozen base in nf4
+// (model.base_quant) against the same base held whole with its matrices replaced by their nf4
+// values: the same bits too.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <unistd.h>
 
 #include <filesystem>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "config/loader.hpp"
 #include "daemon/formats/safetensors.hpp"
 #include "daemon/models/model.hpp"
+#include "daemon/ops/nf4.hpp"
 #include "daemon/ops/precision.hpp"
 
 namespace thetad::daemon {
@@ -47,34 +51,22 @@ int64_t base_bytes(TaskModel& m) {
 
 // Trains both models' task parameters side by side (SGD on the adapters, the base frozen in both
 // as the worker freezes it) and expects every loss and task gradient to be the same bits.
-void expect_same_training(const config::Job& held_bf16, const config::Job& held_fp32) {
-  ASSERT_TRUE(frozen_base_in_bf16(held_bf16));
-  ASSERT_FALSE(frozen_base_in_bf16(held_fp32));
-  auto a = make_model(held_bf16, torch::kCPU), b = make_model(held_fp32, torch::kCPU);
-  auto data = make_data(held_bf16, *a, torch::kCPU);
-  auto& pa = a->params();
-  auto& pb = b->params();
-  ASSERT_EQ(pa.size(), pb.size());
-  for (size_t i = 0; i < pa.size(); ++i) {
-    if (pa[i].group != 0) continue;
-    pa[i].tensor.requires_grad_(false);
-    pb[i].tensor.requires_grad_(false);
-    // The values the bf16 base holds are what autocast's cast of the float32 one gives, and read
-    // back (checkpoints, the hash) widened exactly.
-    const torch::Tensor want = pa[i].tensor.scalar_type() == torch::kBFloat16
-                                   ? pb[i].tensor.detach().to(torch::kBFloat16).to(torch::kFloat32)
-                                   : pb[i].tensor.detach();
-    EXPECT_TRUE(fp32_values(pa[i].tensor).equal(want)) << pa[i].name;
-    EXPECT_EQ(fp32_values(pa[i].tensor).scalar_type(), torch::kFloat32);
-  }
-  for (int64_t step = 0; step < held_bf16.steps; ++step) {
-    for (int task = 0; task < a->num_tasks(); ++task) {
-      const Batch batch = data->batch(step, 0, 1, task, held_bf16.data.batch_per_rank);
+void train_side_by_side(const config::Job& job, TaskModel& ma, TaskModel& mb) {
+  auto data = make_data(job, ma, torch::kCPU);
+  auto& pa = ma.params();
+  auto& pb = mb.params();
+  for (NamedParam& p : pa)
+    if (p.group == 0) p.tensor.requires_grad_(false);
+  for (NamedParam& p : pb)
+    if (p.group == 0) p.tensor.requires_grad_(false);
+  for (int64_t step = 0; step < job.steps; ++step) {
+    for (int task = 0; task < ma.num_tasks(); ++task) {
+      const Batch batch = data->batch(step, 0, 1, task, job.data.batch_per_rank);
       torch::Tensor la, lb;
       {
-        const AutocastScope autocast(held_bf16.precision, torch::kCPU);
-        la = a->loss(batch, task, 11);
-        lb = b->loss(batch, task, 11);
+        const AutocastScope autocast(job.precision, torch::kCPU);
+        la = ma.loss(batch, task, 11);
+        lb = mb.loss(batch, task, 11);
       }
       la.backward();
       lb.backward();
@@ -96,6 +88,29 @@ void expect_same_training(const config::Job& held_bf16, const config::Job& held_
     if (pa[i].group > 0) {
       EXPECT_TRUE(pa[i].tensor.equal(pb[i].tensor)) << pa[i].name;
     }
+}
+
+// The bf16-held base's values are the float32 one's rounded, and train alike (train_side_by_side).
+void expect_same_training(const config::Job& held_bf16, const config::Job& held_fp32) {
+  ASSERT_TRUE(frozen_base_in_bf16(held_bf16));
+  ASSERT_FALSE(frozen_base_in_bf16(held_fp32));
+  auto a = make_model(held_bf16, torch::kCPU), b = make_model(held_fp32, torch::kCPU);
+  auto& pa = a->params();
+  auto& pb = b->params();
+  ASSERT_EQ(pa.size(), pb.size());
+  for (size_t i = 0; i < pa.size(); ++i) {
+    if (pa[i].group != 0) continue;
+    pa[i].tensor.requires_grad_(false);
+    pb[i].tensor.requires_grad_(false);
+    // The values the bf16 base holds are what autocast's cast of the float32 one gives, and read
+    // back (checkpoints, the hash) widened exactly.
+    const torch::Tensor want = pa[i].tensor.scalar_type() == torch::kBFloat16
+                                   ? pb[i].tensor.detach().to(torch::kBFloat16).to(torch::kFloat32)
+                                   : pb[i].tensor.detach();
+    EXPECT_TRUE(fp32_values(pa[i].tensor).equal(want)) << pa[i].name;
+    EXPECT_EQ(fp32_values(pa[i].tensor).scalar_type(), torch::kFloat32);
+  }
+  train_side_by_side(held_bf16, *a, *b);
 }
 
 TEST(FrozenBaseBf16, LlamaSameBitsHalfTheMatrices) {
@@ -173,6 +188,62 @@ TEST(FrozenBaseBf16, OnlyWhereSafe) {
   EXPECT_FALSE(frozen_base_in_bf16(streamed));
   auto m = make_model(job_of(kLlama, true, {"precision=tf32"}), torch::kCPU);
   for (const NamedParam& p : m->params()) EXPECT_EQ(p.tensor.scalar_type(), torch::kFloat32) << p.name;
+}
+
+// A drawn base in nf4: its matrices are placeholders (host_only, nothing held) whose init draws
+// the builder's values; against the full base with each GEMM's matrices (q, k and v joined; gate
+// and up) replaced by their nf4 values, every loss and adapter gradient is the same bits, in fp32
+// and bf16, with the output layer untied (quantized too) and tied.
+TEST(FrozenBaseNf4, DrawnBaseComputesAsItsDequantizedValues) {
+  for (const char* precision : {"fp32", "bf16"}) {
+    for (const char* tie : {"false", "true"}) {
+      const std::vector<std::string> sets{std::string("model.tie_embeddings=") + tie, std::string("precision=") + precision};
+      std::vector<std::string> with_quant = sets;
+      with_quant.push_back("model.base_quant=nf4");
+      const config::Job quant = job_of(kLlama, true, with_quant), full = job_of(kLlama, true, sets);
+      auto a = make_model(quant, torch::kCPU), b = make_model(full, torch::kCPU);
+      auto& pa = a->params();
+      auto& pb = b->params();
+      ASSERT_EQ(pa.size(), pb.size());
+      std::map<std::string, torch::Tensor> held;
+      int matrices = 0;
+      for (size_t i = 0; i < pa.size(); ++i) {
+        if (pa[i].group != 0) continue;
+        ASSERT_EQ(pa[i].name, pb[i].name);
+        held[pb[i].name] = pb[i].tensor.detach();
+        if (!pa[i].host_only) {
+          EXPECT_TRUE(pa[i].tensor.equal(pb[i].tensor)) << pa[i].name;
+          continue;
+        }
+        ++matrices;
+        ASSERT_TRUE(pa[i].init) << pa[i].name;
+        torch::Tensor drawn = torch::empty(pa[i].tensor.sizes(), torch::kFloat32);
+        pa[i].init(drawn);
+        EXPECT_TRUE(drawn.equal(fp32_values(pb[i].tensor))) << pa[i].name;
+      }
+      EXPECT_EQ(matrices, 2 * 7 + (std::string(tie) == "true" ? 0 : 1)) << "2 layers of 7 matrices, and lm_head";
+      const auto quantize = [&](const std::vector<std::string>& names) {
+        std::vector<torch::Tensor> ws;
+        for (const std::string& n : names) ws.push_back(held.at(n));
+        const torch::ScalarType dt = ws.front().scalar_type();
+        const torch::Tensor values = nf4_dequantize(nf4_quantize(torch::cat(ws, 0)), dt == torch::kBFloat16 ? dt : torch::kFloat32);
+        int64_t row = 0;
+        for (torch::Tensor& w : ws) {
+          w.copy_(values.narrow(0, row, w.size(0)));
+          row += w.size(0);
+        }
+      };
+      for (int layer = 0; layer < 2; ++layer) {
+        const std::string n = "blocks." + std::to_string(layer) + ".";
+        quantize({n + "attn.q.weight", n + "attn.k.weight", n + "attn.v.weight"});
+        quantize({n + "attn.o.weight"});
+        quantize({n + "mlp.gate.weight", n + "mlp.up.weight"});
+        quantize({n + "mlp.down.weight"});
+      }
+      if (std::string(tie) == "false") quantize({"lm_head.weight"});
+      train_side_by_side(quant, *a, *b);
+    }
+  }
 }
 
 }  // namespace

@@ -1,0 +1,68 @@
+// The quantized base (see quantized_base.hpp).
+#include "daemon/models/quantized_base.hpp"
+
+#include <algorithm>
+
+#include "common/thread_pool.hpp"
+
+namespace thetad::daemon {
+namespace {
+
+// At most this many GEMMs quantized at once (each holds its matrix on the device meanwhile).
+constexpr size_t kQuantizeThreads = 8;
+
+// The parameters `moved` (handles of `params`' tensors) re-pointed at host copies of their values
+// (set_data reaches every holder of the parameter) and marked host_only.
+void hold_on_host(std::vector<NamedParam>& params, const std::vector<torch::Tensor>& moved) {
+  torch::NoGradGuard no_grad;
+  std::vector<const c10::TensorImpl*> impls;
+  for (torch::Tensor t : moved) {
+    t.set_data(t.detach().to(torch::kCPU));
+    impls.push_back(t.unsafeGetTensorImpl());
+  }
+  for (NamedParam& p : params)
+    if (std::find(impls.begin(), impls.end(), p.tensor.unsafeGetTensorImpl()) != impls.end()) p.host_only = true;
+}
+
+}  // namespace
+
+void QuantizedBase::quantize(const std::vector<BaseGemm>& gemms, std::vector<NamedParam>& params, torch::Device device,
+                             torch::ScalarType held) {
+  std::map<const c10::TensorImpl*, const ParamInit*> drawn;
+  for (const NamedParam& p : params)
+    if (p.group == 0 && p.init) drawn[p.tensor.unsafeGetTensorImpl()] = &p.init;
+  std::vector<Nf4Matrix> quantized(gemms.size());
+  ThreadPool::instance().parallel_for(gemms.size(), [&](size_t i) {
+    torch::NoGradGuard no_grad;
+    std::vector<torch::Tensor> values;
+    for (const torch::Tensor& w : gemms[i].weights) {
+      const auto it = drawn.find(w.unsafeGetTensorImpl());
+      if (it == drawn.end()) {
+        values.push_back(w.detach().to(device));
+        continue;
+      }
+      torch::Tensor v = torch::empty(w.sizes(), torch::kFloat32);
+      (*it->second)(v);
+      values.push_back(v.to(device, held));
+    }
+    quantized[i] = nf4_quantize(values.size() == 1 ? values.front() : torch::cat(values, 0));
+  }, kQuantizeThreads);
+  std::vector<torch::Tensor> moved;
+  for (size_t i = 0; i < gemms.size(); ++i) {
+    const BaseGemm& g = gemms[i];
+    scratch_.reserve(quantized[i].numel());
+    entries_[g.id] = {std::move(quantized[i]), g.biases.empty() ? torch::Tensor() : torch::cat(g.biases, 0)};
+    moved.insert(moved.end(), g.weights.begin(), g.weights.end());
+  }
+  hold_on_host(params, moved);
+}
+
+void QuantizedBase::follow(torch::Device device) {
+  for (auto& [id, e] : entries_) {
+    if (e.matrix.codes.device() == device) continue;
+    e.matrix = e.matrix.to(device);
+    if (e.bias.defined()) e.bias = e.bias.to(device);
+  }
+}
+
+}  // namespace thetad::daemon
