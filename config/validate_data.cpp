@@ -124,9 +124,6 @@ void Checker::eval() {
          "model.kind");
     return;
   }
-  if (j_.offload.shared == SharedMode::Stream && !unknown("offload.shared"))
-    fail("eval.dir", "cannot evaluate with a streamed base (offload.shared: stream): its layers reach the device "
-                     "only within a training step", "offload.shared");
   if (!ok("eval.dir") || e.dir.find("{rank}") != std::string::npos) return;
   const std::string dir = with_job(e.dir);
   std::error_code ec;

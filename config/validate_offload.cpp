@@ -11,6 +11,41 @@
 
 namespace thetad::config::detail {
 
+namespace {
+
+// offload.shared: stream on the transformer streams its frozen base's layers (the adapters train
+// on it); a trained base would need its gradients and optimizer state streamed as the MLP's are.
+void streamed_base(const Job& j, Diagnostics& d) {
+  const OffloadConfig& o = j.offload;
+  const auto fail = [&](const std::string& path, const std::string& what, const std::string& anchor = "") {
+    if (d.bad(path) || (!anchor.empty() && d.bad(anchor))) return;
+    d.error(path, what, anchor);
+  };
+  if (j.model.train_shared)
+    fail("offload.shared", "stream of a transformer streams its frozen base, but model.train_shared is true: set "
+                           "model.train_shared: false (adapters on a frozen base) or offload.shared to resident",
+         "model.train_shared");
+  if (j.model.base_quant != BaseQuant::None && !d.bad("model.base_quant"))
+    fail("offload.shared", "stream streams the base in the dtype the GEMMs read (bf16 or float32); with "
+                           "model.base_quant: " + to_string(j.model.base_quant) +
+                           " the base is held on the device in 4 bits: choose one", "model.base_quant");
+  for (const auto& [key, v] : {std::pair<const char*, const std::string*>{"offload.shared_device_layers",
+                                                                          &o.shared_device_layers},
+                               {"offload.shared_split_layers", &o.shared_split_layers}})
+    if (*v != "0")
+      fail(key, std::string("is the streamed MLP trunk's (its layers' updates); a transformer's streamed base is "
+                            "frozen: leave it at 0, got \"") + *v + "\"", "offload.shared");
+  const int64_t layers = j.model.layers;
+  if (layers >= 1 && o.shared_prefetch_layers > layers - 1 && !d.bad("model.layers"))
+    fail("offload.shared_prefetch_layers",
+         "prefetches " + std::to_string(o.shared_prefetch_layers) + " layers ahead, but the base has " +
+             std::to_string(layers) + " layers (model.layers), so at most " + std::to_string(layers - 1) +
+             (layers == 1 ? " (a base of one layer has nothing to prefetch: set offload.shared to resident)" : ""),
+         "offload.shared");
+}
+
+}  // namespace
+
 void validate_shared(const Job& j, Diagnostics& d) {
   const OffloadConfig& o = j.offload;
   const auto fail = [&](const std::string& path, const std::string& what, const std::string& anchor = "") {
@@ -36,8 +71,13 @@ void validate_shared(const Job& j, Diagnostics& d) {
   // Only multitask_mlp's trunk is built of layers the store can stream (trunk.<i>.weight/bias,
   // one store group each); the other models keep Θ on the device.
   if (d.unknown_word("model.kind") || d.bad("model.kind")) return;
+  if (j.model.kind == ModelKind::Transformer) {
+    streamed_base(j, d);
+    return;
+  }
   if (j.model.kind != ModelKind::MultitaskMlp) {
-    fail("offload.shared", "stream is for model.kind multitask_mlp (its trunk layers are streamed); model.kind is '" +
+    fail("offload.shared", "stream is for model.kind multitask_mlp (its trunk layers are streamed) and transformer "
+                           "(its frozen base's layers); model.kind is '" +
                                to_string(j.model.kind) + "': set offload.shared to resident", "model.kind");
     return;
   }

@@ -9,6 +9,7 @@
 #include "common/log.hpp"
 #include "daemon/homes/resident_home.hpp"
 #include "daemon/homes/store_home.hpp"
+#include "daemon/homes/streamed_base.hpp"
 #include "daemon/homes/streamed_trunk.hpp"
 #include "daemon/ops/precision.hpp"
 
@@ -40,6 +41,8 @@ Homes::Homes(const config::Job& job, const Placement& placement, TaskModel& mode
   }
   group_steps_.assign(static_cast<size_t>(groups.num_groups()), 0);
   find_in_use();
+  // The frozen base's layers into host memory, their parameters host_only from here on.
+  if (placement.streamed_base) streamed_base_ = std::make_unique<StreamedBase>(job, model, plane);
   // A model with groups in a host store was built on the host; the resident ones move to the
   // device (the stores take the others from the host).
   if (plane.device.is_cpu() || !placement.model_on_host) return;
@@ -54,6 +57,7 @@ Homes::Homes(const config::Job& job, const Placement& placement, TaskModel& mode
 // store's device (its streams), so it must go first.
 Homes::~Homes() {
   while (!homes_.empty()) homes_.pop_back();
+  streamed_base_.reset();
 }
 
 torch::Device Homes::model_device(const Placement& placement, const DataPlane& plane) {

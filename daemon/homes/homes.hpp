@@ -20,6 +20,8 @@
 
 namespace thetad::daemon {
 
+class StreamedBase;
+
 class Homes {
  public:
   // Builds the home of each kind `placement` names and gives it its groups; on a GPU moves the
@@ -91,6 +93,7 @@ class Homes {
   Timeline* timeline_;
   DeviceAdam adam_;
   std::vector<std::unique_ptr<GroupHome>> homes_;
+  std::unique_ptr<StreamedBase> streamed_base_;  // offload.shared: stream of a transformer's frozen base
   std::vector<GroupHome*> home_of_;  // per group
   std::vector<GroupHome*> in_use_;   // the homes of some group, each once, in set-up order
   comm::Engine* engine_ = nullptr;

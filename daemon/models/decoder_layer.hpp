@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "config/lora_adapter.hpp"
+#include "daemon/ops/frozen_weight.hpp"
 
 namespace thetad::daemon::decoder {
 
@@ -38,5 +39,25 @@ struct Block {
   // targets' parameters view; undefined where not joined.
   std::array<torch::Tensor, kProjections> joined_w, joined_b;
 };
+
+// A frozen base's GEMMs numbered layer by layer, projection by projection (the output layer is -1).
+inline int gemm_id(size_t layer, int p) { return static_cast<int>(layer) * kProjections + p; }
+
+// Every layer's projections as GEMMs of the base: their matrices (rows joined) and biases.
+inline std::vector<BaseGemm> layer_gemms(const std::vector<Block>& blocks) {
+  std::vector<BaseGemm> gemms;
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    for (int p = 0; p < kProjections; ++p) {
+      BaseGemm g{gemm_id(i, p), static_cast<int>(i), {}, {}};
+      for (int k : kMembers[static_cast<size_t>(p)]) {
+        if (!blocks[i].w[static_cast<size_t>(k)].defined()) continue;
+        g.weights.push_back(blocks[i].w[static_cast<size_t>(k)]);
+        if (blocks[i].bias[static_cast<size_t>(k)].defined()) g.biases.push_back(blocks[i].bias[static_cast<size_t>(k)].detach());
+      }
+      gemms.push_back(std::move(g));
+    }
+  }
+  return gemms;
+}
 
 }  // namespace thetad::daemon::decoder

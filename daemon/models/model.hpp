@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "config/job.hpp"
+#include "daemon/ops/frozen_weight.hpp"
 #include "daemon/plan/schedule.hpp"
 
 namespace thetad::daemon {
@@ -32,8 +33,9 @@ struct NamedParam {
   // they are to live (the host store's arena), without a full copy on every rank.
   ParamInit init;
   // A frozen base matrix the model computes from a quantized copy of its own
-  // (TaskModel::quantize_frozen_base): `tensor` holds its values in host memory, where
-  // checkpoints, the final hash and the merged export read them, and stays there.
+  // (TaskModel::quantize_frozen_base) or reads from a streamed base (homes/streamed_base.hpp):
+  // `tensor` holds its values in host memory, where checkpoints, the final hash and the merged
+  // export read them, and stays there.
   bool host_only = false;
 };
 
@@ -144,6 +146,13 @@ class TaskModel {
   // loaded), the parameters' own values moved to host memory (NamedParam::host_only). Only the
   // transformer has such a base (validation refuses the key elsewhere).
   virtual void quantize_frozen_base() {}
+  // offload.shared: stream: the frozen base's layers' GEMMs (their matrices, rows joined) for a
+  // source of their values to take (daemon/homes/streamed_base.hpp), and, once it has them, the
+  // model reads them from it. Only the transformer has such a base (validation refuses the rest).
+  virtual std::vector<BaseGemm> frozen_gemms() { return {}; }
+  virtual void read_frozen_gemms(FrozenWeights& source, const std::vector<BaseGemm>& gemms) {
+    (void)source, (void)gemms;
+  }
 
  protected:
   int num_tasks_ = 0;

@@ -207,6 +207,8 @@ void log_frozen_base(const config::Job& job, TaskModel& model) {
   int64_t bf16_bytes = 0, fp32_bytes = 0, host_bytes = 0, host_numel = 0;
   for (NamedParam& p : model.params()) {
     if (p.group != 0) continue;
+    // A streamed base's placeholders: drawn where they will live (homes/streamed_base.hpp).
+    if (p.init && !quantized) continue;
     const int64_t bytes = p.tensor.numel() * p.tensor.element_size();
     if (p.host_only) {
       host_bytes += p.init ? 0 : bytes;  // a drawn base's placeholders hold nothing

@@ -61,13 +61,15 @@ enum class Read { any, autocast };
 // With `lazy` (CPU only), task parameters (group > 0) are not drawn at all: they are
 // placeholders with an init function (NamedParam::init) that draws the same values later; so
 // are the matrices of a drawn base that model.base_quant quantizes (the model draws them as it
-// quantizes them, a 70 B base never whole in any memory).
+// quantizes them, a 70 B base never whole in any memory) or offload.shared: stream streams (drawn
+// straight into the host memory they are streamed from).
 class ParamBuilder {
  public:
   ParamBuilder(const config::Job& job, torch::Device device, std::vector<NamedParam>& out, bool lazy = false)
       : seed_(init_seed(job)), device_(device), out_(out), lazy_(lazy && device.is_cpu()),
         base_bf16_(frozen_base_in_bf16(job)), shared_from_file_(!job.model.init_from.empty()),
-        drawn_quantized_(Placement::of(job, 1).drawn_quantized_base) {}
+        drawn_later_(Placement::of(job, 1).drawn_quantized_base ||
+                     (Placement::of(job, 1).streamed_base && job.model.init_from.empty())) {}
   ParamBuilder(const ParamBuilder&) = delete;
   ParamBuilder& operator=(const ParamBuilder&) = delete;
   // Draws the deferred values (see the class comment), in parallel on the process's pool (idle
@@ -97,9 +99,10 @@ class ParamBuilder {
       return put(name, group, placeholder(sizes),
                  [bound, seed](torch::Tensor& d) { d.uniform_(-bound, bound, generator(seed)); });
     const auto dtype = group == 0 && read == Read::autocast && base_bf16_ ? torch::kBFloat16 : torch::kFloat32;
-    // A drawn base quantized at load (model.base_quant): drawn only where it is quantized (and
-    // for the final hash), its values as held (rounded to bf16 where that is the dtype).
-    if (group == 0 && read == Read::autocast && drawn_quantized_)
+    // A drawn base quantized at load (model.base_quant) or streamed: drawn only where it is
+    // quantized (and for the final hash) or streamed from, its values as held (rounded to bf16
+    // where that is the dtype).
+    if (group == 0 && read == Read::autocast && drawn_later_)
       return put(name, group, placeholder(sizes), [bound, seed, dtype](torch::Tensor& d) {
         d.copy_(torch::empty(d.sizes(), torch::kFloat32).uniform_(-bound, bound, generator(seed)).to(dtype));
       });
@@ -169,7 +172,7 @@ class ParamBuilder {
   bool lazy_;
   bool base_bf16_;         // frozen_base_in_bf16: Θ's Read::autocast parameters are held in bf16
   bool shared_from_file_;  // model.init_from: Θ's values come from the file, not drawn
-  bool drawn_quantized_;   // model.base_quant without model.init_from: Θ's matrices are placeholders
+  bool drawn_later_;       // a drawn base quantized or streamed: Θ's matrices are placeholders
   std::map<int, int> counts_;
 };
 

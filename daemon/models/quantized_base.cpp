@@ -49,20 +49,10 @@ void QuantizedBase::quantize(const std::vector<BaseGemm>& gemms, std::vector<Nam
   }, kQuantizeThreads);
   std::vector<torch::Tensor> moved;
   for (size_t i = 0; i < gemms.size(); ++i) {
-    const BaseGemm& g = gemms[i];
-    scratch_.reserve(quantized[i].numel());
-    entries_[g.id] = {std::move(quantized[i]), g.biases.empty() ? torch::Tensor() : torch::cat(g.biases, 0)};
-    moved.insert(moved.end(), g.weights.begin(), g.weights.end());
+    weights_.add(gemms[i].id, std::move(quantized[i]));
+    moved.insert(moved.end(), gemms[i].weights.begin(), gemms[i].weights.end());
   }
   hold_on_host(params, moved);
-}
-
-void QuantizedBase::follow(torch::Device device) {
-  for (auto& [id, e] : entries_) {
-    if (e.matrix.codes.device() == device) continue;
-    e.matrix = e.matrix.to(device);
-    if (e.bias.defined()) e.bias = e.bias.to(device);
-  }
 }
 
 }  // namespace thetad::daemon

@@ -1,6 +1,6 @@
 // A frozen base's matrices in nf4 (model.base_quant; daemon/ops/nf4.hpp) as a model holds them:
 // each of its GEMMs' matrices (a projection's targets' rows joined) quantized once on the model's
-// device, with its bias, moved to the tokens' device at the first pass, and the one scratch every
+// device, moved to the tokens' device at the first pass, and the one scratch every
 // dequantization of a pass writes into. The parameters the matrices came from keep their
 // full-precision values in host memory, or none (a drawn base's placeholders).
 #pragma once
@@ -12,16 +12,10 @@
 #include <vector>
 
 #include "daemon/models/model.hpp"
+#include "daemon/ops/frozen_weight.hpp"
 #include "daemon/ops/nf4.hpp"
 
 namespace thetad::daemon {
-
-// One GEMM of the base: the model's number for it, the matrices quantized as one (their rows
-// joined) and the biases joined beside.
-struct BaseGemm {
-  int id;
-  std::vector<torch::Tensor> weights, biases;
-};
 
 class QuantizedBase {
  public:
@@ -33,23 +27,17 @@ class QuantizedBase {
   // them there; the device keeps the quantized copy alone.
   void quantize(const std::vector<BaseGemm>& gemms, std::vector<NamedParam>& params, torch::Device device,
                 torch::ScalarType held);
-  bool has(int id) const { return entries_.count(id) > 0; }
-  // GEMM id's matrix where its input is (a QuantizedWeight for lora_linear), and its bias.
-  QuantizedWeight weight(int id) const { return {&entries_.at(id).matrix, &scratch_}; }
-  const torch::Tensor& bias(int id) const { return entries_.at(id).bias; }
+  bool has(int id) const { return weights_.has(id); }
+  // The matrices as the GEMMs read them (each acquire dequantizes into the one scratch).
+  FrozenWeights& weights() { return weights_; }
   // GEMM id's values in dtype, in memory of their own (a node that keeps them until backward).
-  torch::Tensor values(int id, torch::ScalarType dtype) const { return nf4_dequantize(entries_.at(id).matrix, dtype); }
+  torch::Tensor values(int id, torch::ScalarType dtype) const { return nf4_dequantize(weights_.matrix(id), dtype); }
   // Everything onto `device`, once (a base built on the host for a host store of the adapters is
   // quantized there).
-  void follow(torch::Device device);
+  void follow(torch::Device device) { weights_.follow(device); }
 
  private:
-  struct Entry {
-    Nf4Matrix matrix;
-    torch::Tensor bias;
-  };
-  std::map<int, Entry> entries_;
-  mutable Nf4Scratch scratch_;  // a pass's, whatever const methods compute it
+  Nf4Weights weights_;
 };
 
 }  // namespace thetad::daemon

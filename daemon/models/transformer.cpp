@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <map>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -35,7 +36,7 @@ class Transformer : public TaskModel {
   Transformer(const config::Job& job, torch::Device device, bool lazy)
       : m_(job.model), adapter_(job), llama_(config::llama_family(job.model.arch)), train_shared_(job.model.train_shared),
         quantized_(job.model.base_quant == config::BaseQuant::Nf4),
-        join_base_(Placement::of(job, 1).shared == HomeKind::resident && !quantized_),
+        join_base_(Placement::of(job, 1).shared == HomeKind::resident && !quantized_ && !Placement::of(job, 1).streamed_base),
         masked_(job.data.loss_mask) {
     num_tasks_ = static_cast<int>(m_.tasks);
     const int64_t d = m_.d_model;
@@ -106,6 +107,13 @@ class Transformer : public TaskModel {
   }
 
   void quantize_frozen_base() override;
+  std::vector<BaseGemm> frozen_gemms() override { return layer_gemms(blocks_); }
+  // The layers' GEMMs read from `source` from now on, their biases joined beside.
+  void read_frozen_gemms(FrozenWeights& source, const std::vector<BaseGemm>& gemms) override {
+    frozen_ = &source;
+    for (const BaseGemm& g : gemms)
+      if (g.layer >= 0) frozen_bias_[g.id] = g.biases.empty() ? torch::Tensor() : torch::cat(g.biases, 0);
+  }
 
   // Next-token cross-entropy over every position of every row (in float32). A head that needs
   // no gradient (a frozen base) never makes all the logits at once: linear_cross_entropy.
@@ -182,6 +190,8 @@ class Transformer : public TaskModel {
     if (!llama_) h = h + pos_.narrow(0, 0, seq);
     if (join_base_) join_frozen_base();
     if (quantized_) quant_.follow(x.device());
+    for (auto& [id, bias] : frozen_bias_)
+      if (bias.defined() && bias.device() != x.device()) bias = bias.to(x.device());
     torch::Tensor pending;  // a sublayer's output, added to h by the next norm
     const auto add_and_norm = [&](const torch::Tensor& w, const torch::Tensor& bias) {
       torch::Tensor out;
@@ -283,11 +293,12 @@ class Transformer : public TaskModel {
     Projected out;
     const int gemm = gemm_id(l.index, p);
     const size_t j = static_cast<size_t>(p);
-    if (quant_.has(gemm) || (b.joined_w[j].defined() && !trained({b.w[static_cast<size_t>(ks.front())]}))) {
-      const bool quantized = quant_.has(gemm);
-      const QuantizedWeight q = quantized ? quant_.weight(gemm) : QuantizedWeight{};
-      out.joined = linear_with_adapters(x, b.joined_w[j], quantized ? quant_.bias(gemm) : b.joined_b[j], l, ks, outs,
-                                        quantized ? &q : nullptr);
+    const auto frozen = frozen_bias_.find(gemm);
+    if (frozen != frozen_bias_.end() || (b.joined_w[j].defined() && !trained({b.w[static_cast<size_t>(ks.front())]}))) {
+      const bool elsewhere = frozen != frozen_bias_.end();
+      const FrozenWeight q{frozen_, gemm};
+      out.joined = linear_with_adapters(x, b.joined_w[j], elsewhere ? frozen->second : b.joined_b[j], l, ks, outs,
+                                        elsewhere ? &q : nullptr);
       const std::vector<torch::Tensor> parts = out.joined.split_with_sizes(outs, -1);
       for (size_t i = 0; i < ks.size(); ++i) out.out[static_cast<size_t>(ks[i])] = parts[i];
       return out;
@@ -312,12 +323,12 @@ class Transformer : public TaskModel {
   // rows. Segments of equal rows (the schedule's usual split) take two batched GEMMs over all
   // tasks at once; their adapters are stacked (or read from slots, stacked already), where a GEMM
   // pair per task would launch 2 x tasks small kernels per target.
-  // `q`: w is in nf4 there (w itself is not read).
+  // `q`: w is read from a source there (nf4, streamed; w itself is not read).
   torch::Tensor linear_with_adapters(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& bias,
                                      const Layer& l, const std::vector<int>& ks, const std::vector<int64_t>& outs,
-                                     const QuantizedWeight* q = nullptr) const {
+                                     const FrozenWeight* q = nullptr) const {
     if (std::none_of(ks.begin(), ks.end(), [&](int k) { return adapted_[static_cast<size_t>(k)]; }))
-      return q ? quantized_linear(x, *q, bias) : torch::linear(x, w, bias);
+      return q ? frozen_linear(x, *q, bias) : torch::linear(x, w, bias);
     const Segments& seg = l.segments;
     // The stacked adapters [n, ...] of the tasks `tasks` (slots: the pass's), joined over ks.
     const auto joined = [&](const std::vector<int>& tasks) {
@@ -377,29 +388,20 @@ class Transformer : public TaskModel {
   // model.base_quant: the GEMMs' matrices in nf4, numbered layer by layer (gemm_id), the output
   // layer's last.
   QuantizedBase quant_;
-  static int gemm_id(size_t layer, int p) { return static_cast<int>(layer) * kProjections + p; }
+  // The layers' GEMMs whose matrices come from a source (nf4, a streamed base), their joined biases.
+  FrozenWeights* frozen_ = nullptr;
+  std::map<int, torch::Tensor> frozen_bias_;
   static constexpr int kHeadGemm = -1;
   bool base_bf16_ = false;  // frozen_base_in_bf16: the matrices are held (and drawn) in bf16
 };
 
-// Each projection's matrices joined (their biases beside), the output layer where it is not the
-// embedding: quantized on the model's device (QuantizedBase::quantize).
+// The layers' GEMMs and the output layer where it is not the embedding: quantized on the model's
+// device (QuantizedBase::quantize).
 void Transformer::quantize_frozen_base() {
-  std::vector<BaseGemm> gemms;
-  for (size_t i = 0; i < blocks_.size(); ++i) {
-    const Block& b = blocks_[i];
-    for (int p = 0; p < kProjections; ++p) {
-      BaseGemm g{gemm_id(i, p), {}, {}};
-      for (int k : kMembers[static_cast<size_t>(p)]) {
-        if (!b.w[static_cast<size_t>(k)].defined()) continue;
-        g.weights.push_back(b.w[static_cast<size_t>(k)]);
-        if (b.bias[static_cast<size_t>(k)].defined()) g.biases.push_back(b.bias[static_cast<size_t>(k)].detach());
-      }
-      gemms.push_back(std::move(g));
-    }
-  }
-  if (!m_.tie_embeddings) gemms.push_back({kHeadGemm, {head_}, {}});
+  std::vector<BaseGemm> gemms = frozen_gemms();
+  if (!m_.tie_embeddings) gemms.push_back({kHeadGemm, -1, {head_}, {}});
   quant_.quantize(gemms, params_, embed_.device(), base_bf16_ ? torch::kBFloat16 : torch::kFloat32);
+  read_frozen_gemms(quant_.weights(), gemms);
 }
 
 // The transformer's SlotPass: per layer and adapted target, a slot of `parts` adapters (a and b),

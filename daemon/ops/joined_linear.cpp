@@ -40,27 +40,34 @@ torch::Tensor blank(at::IntArrayRef sizes, const torch::TensorOptions& options) 
   return options.device().is_cuda() ? torch::empty(sizes, options) : torch::zeros(sizes, options);
 }
 
-// The base matrix a GEMM reads, in dt: w cast, or q's values dequantized into its scratch, where
-// ctx then keeps what backward needs to dequantize them again (not the values: the scratch is
-// every layer's).
-torch::Tensor forward_weight(AutogradContext* ctx, const torch::Tensor& w, const QuantizedWeight& q, torch::ScalarType dt) {
-  if (!q.matrix) return w.to(dt);
-  const Nf4Matrix& m = *q.matrix;
-  const torch::Tensor scratch = q.scratch->get(m.numel(), dt, m.codes.device());
-  ctx->saved_data["nf4_codes"] = m.codes;
-  ctx->saved_data["nf4_absmax"] = m.absmax;
-  ctx->saved_data["nf4_shape"] = std::vector<int64_t>{m.rows, m.cols};
-  ctx->saved_data["nf4_scratch"] = scratch;
-  return nf4_dequantize(m, dt, scratch);
+// The base matrix a GEMM reads, in dt: w cast, or f's values from its source, where ctx then
+// keeps what backward needs to ask for them again (not the values: the source may reuse their
+// memory for the next GEMM's once let_go says this one is queued).
+torch::Tensor forward_weight(AutogradContext* ctx, const torch::Tensor& w, const FrozenWeight& f, torch::ScalarType dt) {
+  if (!f.source) return w.to(dt);
+  // The source outlives the pass (the model's, or its home's); a pointer is what an IValue holds.
+  ctx->saved_data["frozen_source"] = reinterpret_cast<int64_t>(f.source);
+  ctx->saved_data["frozen_id"] = static_cast<int64_t>(f.id);
+  ctx->saved_data["frozen_dtype"] = static_cast<int64_t>(dt);
+  return f.source->acquire(f.id, dt, /*backward=*/false);
 }
 
-// The base matrix again in backward: the one forward saved, or the quantized one's values.
+FrozenWeight saved_frozen(AutogradContext* ctx) {
+  const auto it = ctx->saved_data.find("frozen_source");
+  if (it == ctx->saved_data.end()) return {};
+  return {reinterpret_cast<FrozenWeights*>(it->second.toInt()), static_cast<int>(ctx->saved_data["frozen_id"].toInt())};
+}
+
+// The base matrix again in backward: the one forward saved, or the source's values once more.
 torch::Tensor backward_weight(AutogradContext* ctx, const torch::Tensor& saved) {
-  if (ctx->saved_data.find("nf4_codes") == ctx->saved_data.end()) return saved;
-  const std::vector<int64_t> shape = ctx->saved_data["nf4_shape"].toIntVector();
-  const Nf4Matrix m{ctx->saved_data["nf4_codes"].toTensor(), ctx->saved_data["nf4_absmax"].toTensor(), shape[0], shape[1]};
-  const torch::Tensor scratch = ctx->saved_data["nf4_scratch"].toTensor();
-  return nf4_dequantize(m, scratch.scalar_type(), scratch);
+  const FrozenWeight f = saved_frozen(ctx);
+  if (!f.source) return saved;
+  return f.source->acquire(f.id, static_cast<torch::ScalarType>(ctx->saved_data["frozen_dtype"].toInt()), /*backward=*/true);
+}
+
+// The GEMMs that read forward_weight's or backward_weight's values are queued.
+void let_go(const FrozenWeight& f) {
+  if (f.source) f.source->done(f.id);
 }
 
 // The base's GEMM and the adapters' two as one node: forward adds the adapters' product into the
@@ -70,7 +77,7 @@ torch::Tensor backward_weight(AutogradContext* ctx, const torch::Tensor& saved) 
 struct LoraLinearFn : torch::autograd::Function<LoraLinearFn> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& w,
                                const torch::Tensor& bias, const torch::Tensor& a, const torch::Tensor& b, double scale,
-                               const std::vector<int64_t>& rows, const QuantizedWeight& q) {
+                               const std::vector<int64_t>& rows, const FrozenWeight& q) {
     // What autocast would compute in (it stays on here, but an in-place GEMM is not among its
     // operators): every operand cast to it once.
     const torch::ScalarType dt = active_autocast_dtype(x.device().type()).value_or(x.scalar_type());
@@ -99,7 +106,8 @@ struct LoraLinearFn : torch::autograd::Function<LoraLinearFn> {
       torch::baddbmm_out(yi, yi, zi, bs[i].transpose(1, 2), /*beta=*/with_bias ? 1 : 0, /*alpha=*/scale);
     }
     if (!with_bias) y2.addmm_(x2, wc.t());
-    ctx->save_for_backward({xc, q.matrix ? torch::Tensor() : wc, ac, bc, z});
+    let_go(q);
+    ctx->save_for_backward({xc, q.source ? torch::Tensor() : wc, ac, bc, z});
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["rows"] = rows;
     return y;
@@ -136,6 +144,7 @@ struct LoraLinearFn : torch::autograd::Function<LoraLinearFn> {
         torch::bmm_out(dxi, dzs[i], as[i]);
       }
       dx.view({-1, in}).addmm_(g2, backward_weight(ctx, saved[1]));
+      let_go(saved_frozen(ctx));
     }
     if (ctx->needs_input_grad(1)) dw = torch::mm(g2.t(), x.view({-1, in}));
     if (ctx->needs_input_grad(2)) dbias = g2.sum(0);  // never for the placeholder: it takes no gradient
@@ -156,15 +165,16 @@ struct LoraLinearFn : torch::autograd::Function<LoraLinearFn> {
   }
 };
 
-// x w^T (+ bias) of a quantized w, for a matrix without adapters: its values dequantized into
-// the scratch for the GEMM of forward and again for that of x's gradient.
-struct QuantizedLinearFn : torch::autograd::Function<QuantizedLinearFn> {
+// x w^T (+ bias) of a frozen w from a source, for a matrix without adapters: its values asked for
+// the GEMM of forward and again for that of x's gradient.
+struct FrozenLinearFn : torch::autograd::Function<FrozenLinearFn> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& bias,
-                               const QuantizedWeight& q) {
+                               const FrozenWeight& q) {
     const torch::ScalarType dt = active_autocast_dtype(x.device().type()).value_or(x.scalar_type());
     const torch::Tensor xc = x.to(dt).contiguous(), wc = forward_weight(ctx, torch::Tensor(), q, dt);
     const torch::Tensor x2 = xc.view({-1, xc.size(-1)});
     const torch::Tensor y2 = bias.numel() > 0 ? torch::addmm(bias.to(dt), x2, wc.t()) : torch::mm(x2, wc.t());
+    let_go(q);
     std::vector<int64_t> shape = x.sizes().vec();
     shape.back() = wc.size(0);
     ctx->saved_data["in_shape"] = x.sizes().vec();
@@ -176,6 +186,7 @@ struct QuantizedLinearFn : torch::autograd::Function<QuantizedLinearFn> {
     const torch::Tensor g2 = grads[0].to(w.scalar_type()).reshape({-1, w.size(0)});
     torch::Tensor dx, dbias;
     if (ctx->needs_input_grad(0)) dx = torch::mm(g2, w).view(ctx->saved_data["in_shape"].toIntVector());
+    let_go(saved_frozen(ctx));
     if (ctx->needs_input_grad(1)) dbias = g2.sum(0);
     return {dx, dbias, torch::Tensor()};
   }
@@ -253,17 +264,17 @@ torch::Tensor lora_linear(const torch::Tensor& x, const torch::Tensor& w, const 
                           const torch::Tensor& a, const torch::Tensor& b, double scale, const std::vector<int64_t>& rows) {
   // No bias: an empty tensor (LibTorch 1.13's nodes take no undefined inputs).
   return LoraLinearFn::apply(x, w, bias.defined() ? bias : torch::empty({0}, w.options()), a, b, scale, rows,
-                             QuantizedWeight{});
+                             FrozenWeight{});
 }
 
-torch::Tensor lora_linear(const torch::Tensor& x, const QuantizedWeight& w, const torch::Tensor& bias,
+torch::Tensor lora_linear(const torch::Tensor& x, const FrozenWeight& w, const torch::Tensor& bias,
                           const torch::Tensor& a, const torch::Tensor& b, double scale, const std::vector<int64_t>& rows) {
   const torch::Tensor none = torch::empty({0}, x.options().requires_grad(false));
   return LoraLinearFn::apply(x, none, bias.defined() ? bias : none, a, b, scale, rows, w);
 }
 
-torch::Tensor quantized_linear(const torch::Tensor& x, const QuantizedWeight& w, const torch::Tensor& bias) {
-  return QuantizedLinearFn::apply(x, bias.defined() ? bias : torch::empty({0}, x.options().requires_grad(false)), w);
+torch::Tensor frozen_linear(const torch::Tensor& x, const FrozenWeight& w, const torch::Tensor& bias) {
+  return FrozenLinearFn::apply(x, bias.defined() ? bias : torch::empty({0}, x.options().requires_grad(false)), w);
 }
 
 }  // namespace thetad::daemon

@@ -9,7 +9,7 @@
 
 #include <vector>
 
-#include "daemon/ops/nf4.hpp"
+#include "daemon/ops/frozen_weight.hpp"
 
 namespace thetad::daemon {
 
@@ -40,12 +40,12 @@ torch::Tensor join_lora_b(const std::vector<torch::Tensor>& bs, const std::vecto
 // x's gradient the same way: no pass over the output or the gradient of their own.
 torch::Tensor lora_linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& bias,
                           const torch::Tensor& a, const torch::Tensor& b, double scale, const std::vector<int64_t>& rows);
-// The same over a base matrix in nf4 (model.base_quant): its values dequantized into the
-// scratch just before the base GEMM of forward and again before that of x's gradient in
-// backward, never kept.
-torch::Tensor lora_linear(const torch::Tensor& x, const QuantizedWeight& w, const torch::Tensor& bias,
+// The same over a base matrix the model does not hold (frozen_weight.hpp: nf4, a streamed layer):
+// its values asked of their source just before the base GEMM of forward and again before that of
+// x's gradient in backward, let go once each GEMM is queued, never kept.
+torch::Tensor lora_linear(const torch::Tensor& x, const FrozenWeight& w, const torch::Tensor& bias,
                           const torch::Tensor& a, const torch::Tensor& b, double scale, const std::vector<int64_t>& rows);
-// x w^T (+ bias) of a base matrix in nf4 without adapters, dequantized as lora_linear's.
-torch::Tensor quantized_linear(const torch::Tensor& x, const QuantizedWeight& w, const torch::Tensor& bias);
+// x w^T (+ bias) of such a matrix without adapters, asked for as lora_linear's.
+torch::Tensor frozen_linear(const torch::Tensor& x, const FrozenWeight& w, const torch::Tensor& bias);
 
 }  // namespace thetad::daemon

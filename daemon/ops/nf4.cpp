@@ -134,4 +134,20 @@ torch::Tensor Nf4Scratch::get(int64_t numel, torch::ScalarType dtype, torch::Dev
   return buffer_;
 }
 
+void Nf4Weights::add(int id, Nf4Matrix m) {
+  scratch_.reserve(m.numel());
+  matrices_[id] = std::move(m);
+}
+
+void Nf4Weights::follow(torch::Device device) {
+  for (auto& [id, m] : matrices_)
+    if (m.codes.device() != device) m = m.to(device);
+}
+
+torch::Tensor Nf4Weights::acquire(int id, torch::ScalarType dtype, bool backward) {
+  (void)backward;
+  const Nf4Matrix& m = matrices_.at(id);
+  return nf4_dequantize(m, dtype, scratch_.get(m.numel(), dtype, m.codes.device()));
+}
+
 }  // namespace thetad::daemon

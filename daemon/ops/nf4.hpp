@@ -12,6 +12,9 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <map>
+
+#include "daemon/ops/frozen_weight.hpp"
 
 namespace thetad::daemon {
 
@@ -57,11 +60,22 @@ class Nf4Scratch {
   torch::Tensor buffer_;
 };
 
-// A frozen base matrix in nf4 where a GEMM reads it (daemon/ops/joined_linear.hpp): the matrix,
-// on the device of the GEMM's input, and the scratch its values are dequantized into.
-struct QuantizedWeight {
-  const Nf4Matrix* matrix = nullptr;
-  Nf4Scratch* scratch = nullptr;
+// Matrices in nf4 as the GEMMs of a pass read them (FrozenWeights, daemon/ops/frozen_weight.hpp),
+// by the model's number for each: every acquire dequantizes into the one scratch, on the device
+// the matrix is on.
+class Nf4Weights final : public FrozenWeights {
+ public:
+  void add(int id, Nf4Matrix m);
+  bool has(int id) const { return matrices_.count(id) > 0; }
+  const Nf4Matrix& matrix(int id) const { return matrices_.at(id); }
+  // Every matrix onto `device` (where the tokens are), once.
+  void follow(torch::Device device);
+  torch::Tensor acquire(int id, torch::ScalarType dtype, bool backward) override;
+  void done(int id) override { (void)id; }
+
+ private:
+  std::map<int, Nf4Matrix> matrices_;
+  Nf4Scratch scratch_;
 };
 
 }  // namespace thetad::daemon

@@ -225,6 +225,15 @@ DeviceMemoryNeed device_memory_need(const config::Job& job, const config::ParamC
         add("Θ's embedding", s.shared - s.shared_cast, place.frozen_base_bf16 ? 2 : 4, skey);
         break;
       }
+      if (place.streamed_base) {
+        // The layers' matrices in offload.shared_prefetch_layers + 2 slots of one layer each
+        // (homes/streamed_base.hpp); the embedding, norms and output layer as held.
+        const double held = place.frozen_base_bf16 ? 2 : 4;
+        const double layer = (s.shared_cast - s.head_cast) / double(std::max<int64_t>(1, job.model.layers));
+        add("Θ's streamed layer slots", layer * double(job.offload.shared_prefetch_layers + 2), held, "offload.shared");
+        add("Θ's embedding, norms and output layer", s.shared - s.shared_cast + s.head_cast, held, skey);
+        break;
+      }
       add("Θ's values", s.shared, place.frozen_base_bf16 ? 2 : 4, skey);
       if (train) {
         add("Θ's gradient buckets", s.shared, 4, skey);

@@ -51,7 +51,7 @@ HostMemoryNeed host_memory_need(const config::Job& job, const config::ParamCount
   // A frozen base in nf4 (model.base_quant): 4.5 bits a value where the model is, and, read from a
   // file, its full-precision values in host memory besides, wherever the model is (drawn: none).
   const bool quantized = job.model.base_quant != config::BaseQuant::None;
-  const double theta_bytes = theta_streamed ? 0
+  const double theta_bytes = theta_streamed || place.streamed_base ? 0
                              : quantized    ? c.shared * (0.5 + 4.0 / 64)
                                             : c.shared * (job.model.train_shared ? trained : 4);
   const double theta_copy = quantized && !place.drawn_quantized_base ? c.shared * (place.frozen_base_bf16 ? 2 : 4) : 0;
@@ -71,7 +71,9 @@ HostMemoryNeed host_memory_need(const config::Job& job, const config::ParamCount
   const double arena_tasks = task_store ? arena(tasks, task_params / double(tasks), bf16) : 0;
   const double arena_theta = theta_streamed ? arena(1, c.shared, false) : 0;
   need.per_rank_bytes = static_cast<int64_t>((gpu ? 0 : theta_bytes + tasks_bytes) + theta_copy);
-  need.node_bytes = static_cast<int64_t>(arena_tasks + arena_theta);
+  // A transformer's streamed frozen base (homes/streamed_base.hpp): its values once a node.
+  const double streamed_base = place.streamed_base ? c.shared * (place.frozen_base_bf16 ? 2 : 4) : 0;
+  need.node_bytes = static_cast<int64_t>(arena_tasks + arena_theta + streamed_base);
 
   std::ostringstream os;
   const char* moments = adam ? "values, gradients, Adam m and v" : "values and gradients";
@@ -88,9 +90,12 @@ HostMemoryNeed host_memory_need(const config::Job& job, const config::ParamCount
        << (bf16 ? ", bf16 copies" : "") << ")";
   if (arena_theta > 0)
     os << (os.tellp() > 0 ? " + " : "") << "the streamed trunk's host store " << format_bytes(arena_theta);
+  if (streamed_base > 0)
+    os << (os.tellp() > 0 ? " + " : "") << "the streamed base's host copy " << format_bytes(streamed_base)
+       << " (offload.shared: stream)";
   need.parts = os.str();
   // The key behind the largest term: the tasks' parameters or the shared ones.
-  const bool tasks_drive = tasks_bytes + arena_tasks >= theta_bytes + arena_theta;
+  const bool tasks_drive = tasks_bytes + arena_tasks >= theta_bytes + arena_theta + streamed_base;
   if (tasks_drive)
     need.key = job.model.kind == config::ModelKind::ExtremeClassifier ? "model.classes" : "model.tasks";
   else

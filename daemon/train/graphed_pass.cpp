@@ -168,7 +168,7 @@ std::unique_ptr<GraphedPass> make_graphed_pass(const config::Job& job, const Pla
                                                ParamGroups& groups, GradHooks& hooks, const DataPlane& data) {
   const bool applies = job.train.cuda_graphs && job.comm.active == config::Active::Declared &&
                        !job.offload.activations && placement.shared == HomeKind::resident &&
-                       model.fuses_tasks();
+                       !placement.streamed_base && model.fuses_tasks();
   if (!applies) return nullptr;
   const bool capture = data.gpu() && THETAD_CUDA_GRAPHS;
   if (!capture && (data.gpu() || !test_hooks::slot_pass_without_graph())) return nullptr;

@@ -86,7 +86,7 @@ expect_in trained_base "model.base_quant: nf4 holds a frozen base, but model.tra
 expect_code 2 mlp_base "$thetad" validate "$HERE/jobs/small.yaml" --set model.base_quant=nf4
 expect_in mlp_base "model.base_quant: nf4 quantizes the transformer's frozen base; model.kind is multitask_mlp"
 expect_code 2 streamed_base "$thetad" validate "$job" "${quant[@]}" --set offload.shared=stream
-expect_in streamed_base "offload.shared: stream is for model.kind multitask_mlp"
+expect_in streamed_base "offload.shared: stream streams the base in the dtype the GEMMs read .*model.base_quant: nf4"
 expect_code 2 bad_word "$thetad" validate "$job" "${quant[@]}" --set model.base_quant=nf8
 expect_in bad_word "model.base_quant.*nf8"
 finish

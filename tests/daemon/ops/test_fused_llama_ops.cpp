@@ -209,11 +209,12 @@ TEST(FusedLlamaOps, Nf4KernelIsTheCpusDequantization) {
   }
   const auto opts = torch::TensorOptions().dtype(torch::kBFloat16).device(torch::kCUDA);
   const Nf4Matrix q = nf4_quantize(torch::randn({192, 128}, opts));
-  Nf4Scratch scratch;
+  Nf4Weights weights;
+  weights.add(0, q);
   const torch::Tensor x = torch::randn({4, 8, 128}, opts).requires_grad_(true);
   const torch::Tensor a = torch::randn({2, 16, 128}, opts).requires_grad_(true);
   const torch::Tensor b = torch::randn({2, 192, 16}, opts).requires_grad_(true);
-  const torch::Tensor y = lora_linear(x, QuantizedWeight{&q, &scratch}, torch::Tensor(), a, b, 2.0, {2, 2});
+  const torch::Tensor y = lora_linear(x, FrozenWeight{&weights, 0}, torch::Tensor(), a, b, 2.0, {2, 2});
   const torch::Tensor g = torch::randn_like(y);
   const auto grads = torch::autograd::grad({y}, {x, a, b}, {g});
   const torch::Tensor xr = x.detach().requires_grad_(true), ar = a.detach().requires_grad_(true),

@@ -130,8 +130,10 @@ TEST(Nf4, GemmsOverQuantizedBaseEqualThoseOverItsValues) {
   const Nf4Matrix q = nf4_quantize(torch::randn({out, in}));
   const Nf4Matrix other = nf4_quantize(torch::randn({out, in}));
   const torch::Tensor w = nf4_dequantize(q, torch::kFloat32);
-  Nf4Scratch scratch;
-  const QuantizedWeight qw{&q, &scratch};
+  Nf4Weights weights;
+  weights.add(0, q);
+  weights.add(1, other);
+  const FrozenWeight qw{&weights, 0};
   const auto inputs = [&] {
     torch::manual_seed(6);
     return std::vector<torch::Tensor>{torch::randn({tasks * rows, seq, in}).requires_grad_(true),
@@ -146,8 +148,8 @@ TEST(Nf4, GemmsOverQuantizedBaseEqualThoseOverItsValues) {
     if (adapters)
       y = quantized ? lora_linear(v[0], qw, bias, v[1], v[2], 0.5, shares) : lora_linear(v[0], w, bias, v[1], v[2], 0.5, shares);
     else
-      y = quantized ? quantized_linear(v[0], qw, bias) : torch::linear(v[0], w, bias);
-    if (quantized) nf4_dequantize(other, torch::kFloat32, scratch.get(other.numel(), torch::kFloat32, torch::kCPU));
+      y = quantized ? frozen_linear(v[0], qw, bias) : torch::linear(v[0], w, bias);
+    if (quantized) weights.acquire(1, torch::kFloat32, false);  // another layer's matrix in the scratch
     (y * torch::linspace(-1, 1, y.numel()).view(y.sizes())).sum().backward();
     std::vector<torch::Tensor> out = {y.detach(), v[0].grad()};
     if (adapters) out.insert(out.end(), {v[1].grad(), v[2].grad()});

@@ -1,0 +1,52 @@
+// A transformer's frozen base streamed from host memory (offload.shared: stream with
+// model.train_shared: false): the matrices of every layer's GEMMs live in host memory shared by
+// the node's ranks (offload/frozen_layers.hpp, pinned, one copy a host), each layer brought into
+// one of offload.shared_prefetch_layers + 2 device slots ahead of its use, in forward and again,
+// walking back, in backward, and its slot reused once the layer's GEMMs are queued. The model reads
+// those GEMMs' matrices through it (FrozenWeights); the parameters they came from point at the
+// host copy (NamedParam::host_only), where checkpoints, the final hash and the merged export read
+// them. Norms, embeddings and the output layer stay in their resident home.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "config/job.hpp"
+#include "daemon/device/data_plane.hpp"
+#include "daemon/models/model.hpp"
+#include "daemon/ops/frozen_weight.hpp"
+#include "offload/device.hpp"
+#include "offload/frozen_layers.hpp"
+
+namespace thetad::daemon {
+
+class StreamedBase final : public FrozenWeights {
+ public:
+  // Takes the model's layers' GEMMs (TaskModel::frozen_gemms; a base built on the host) into host
+  // memory, collective over the node's ranks: a drawn base's placeholders are drawn there, as the
+  // model would hold them. The model reads them from here from now on.
+  StreamedBase(const config::Job& job, TaskModel& model, const DataPlane& plane);
+  ~StreamedBase() override;
+  StreamedBase(const StreamedBase&) = delete;
+  StreamedBase& operator=(const StreamedBase&) = delete;
+
+  torch::Tensor acquire(int id, torch::ScalarType dtype, bool backward) override;
+  void done(int id) override;
+  offload::FrozenLayersStats stats() const { return layers_->stats(); }
+
+ private:
+  struct Gemm {
+    int layer, part;
+    int64_t rows, cols;
+  };
+  const DataPlane& plane_;
+  torch::ScalarType held_;  // the dtype the GEMMs read: the frozen base's (bf16 where it is held so)
+  std::unique_ptr<offload::Device> device_;
+  std::unique_ptr<offload::FrozenLayers> layers_;
+  std::map<int, Gemm> gemms_;
+};
+
+}  // namespace thetad::daemon

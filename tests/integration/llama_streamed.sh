@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# offload.shared: stream on a transformer's frozen base, on the CPU build (its layers in host
+# memory shared by the node's ranks, brought into offload.shared_prefetch_layers + 2 slots layer
+# by layer, forward and backward): bitwise the parameters of the resident base, for
+#  - a base read from Hugging Face files (llama_ref.py's tiny Llama) on 2 ranks, joint and per-task
+#    passes, bf16, the adapters in the host store; its merged export the resident run's, byte for
+#    byte, and its PEFT adapters the resident run's;
+#  - a drawn base of more layers than slots (layers copied in again each pass), tied and untied,
+#    fp32 and bf16, and a run stopped and resumed;
+#  - combinations that cannot work are exit 2 at validate, naming the keys.
+#   llama_streamed.sh THETAD REFERENCE THETAD_LOGITS
+source "$(dirname "$0")/lib.sh"
+thetad=$1
+logits_bin=$3
+# shellcheck source=llama_lib.sh
+source "$HERE/llama_lib.sh"
+file=(--set model.init_from="$base" --set steps=6)
+stream=(--set offload.shared=stream)
+
+# A base from files: every variant against its resident twin.
+run_np res 2 "$job" "${file[@]}" --set export.adapters_dir="$WORK/res_adapters/{task}" \
+  --set export.merged_dir="$WORK/res_merged/{task}" --set 'export.merged_tasks=[0]'
+run_np str 2 "$job" "${file[@]}" "${stream[@]}" --set export.adapters_dir="$WORK/str_adapters/{task}" \
+  --set export.merged_dir="$WORK/str_merged/{task}" --set 'export.merged_tasks=[0]'
+expect_in str "streamed base: [0-9]+ layers in .* MiB of host memory shared by 2 local ranks"
+same_hash "a base from files, 2 ranks: streamed == resident" res str
+if diff -r "$WORK/res_merged" "$WORK/str_merged" > /dev/null && diff -r "$WORK/res_adapters" "$WORK/str_adapters" > /dev/null; then
+  pass "the merged model and the PEFT adapters of the streamed run are the resident run's, byte for byte"
+else
+  fail "the streamed run's exports differ from the resident run's"
+fi
+for v in "per_task|--set train.backward=per_task" "joint|--set train.backward=joint" "bf16|--set precision=bf16" \
+         "store|--set offload.enabled=true --set offload.device_slots=2"; do
+  name=${v%%|*}
+  # shellcheck disable=SC2086  # the variant's words are split on purpose
+  run_np "res_$name" 2 "$job" "${file[@]}" ${v#*|}
+  # shellcheck disable=SC2086
+  run_np "str_$name" 2 "$job" "${file[@]}" "${stream[@]}" ${v#*|}
+  same_hash "a base from files, $name: streamed == resident" "res_$name" "str_$name"
+done
+
+# A drawn base of 5 layers through 3 slots: each pass copies layers in again.
+tfm=$HERE/jobs/transformer.yaml
+drawn=(--set model.arch=llama --set model.kv_heads=1 --set model.train_shared=false --set model.layers=5
+       --set "lora.targets=[q,k,v,o,gate,up,down]" --set steps=6)
+for v in "fp32|--set model.tie_embeddings=false" "tied|--set model.tie_embeddings=true" \
+         "bf16|--set precision=bf16 --set model.tie_embeddings=false"; do
+  name=${v%%|*}
+  # shellcheck disable=SC2086
+  run_np "drawn_res_$name" 2 "$tfm" "${drawn[@]}" ${v#*|}
+  # shellcheck disable=SC2086
+  run_np "drawn_str_$name" 2 "$tfm" "${drawn[@]}" "${stream[@]}" ${v#*|} --set checkpoint.every_steps=3
+  same_hash "a drawn base, $name: streamed == resident" "drawn_res_$name" "drawn_str_$name"
+done
+expect_in drawn_str_fp32 "streamed base: [0-9]+ layer copies .*, 1 not prefetched"
+run_np drawn_first3 2 "$tfm" "${drawn[@]}" "${stream[@]}" --set model.tie_embeddings=false --set steps=3
+expect_code 0 drawn_resumed mpirun "${MPIRUN_FLAGS[@]}" -np 2 "$thetad" run "$tfm" "${drawn[@]}" "${stream[@]}" \
+  --set model.tie_embeddings=false --set checkpoint.dir="$WORK/drawn_first3.ckpt" --set log.level=info
+expect_in drawn_resumed "resumed from .*step-00000003 at step 3"
+same_hash "a streamed base: stopped at step 3 and resumed == uninterrupted" drawn_str_fp32 drawn_resumed
+
+# What cannot work: exit 2 at validate, naming the keys.
+expect_code 2 trained "$thetad" validate "$job" "${stream[@]}" --set model.train_shared=true
+expect_in trained "offload.shared: stream of a transformer streams its frozen base, but model.train_shared is true"
+expect_code 2 split "$thetad" validate "$job" "${stream[@]}" --set offload.shared_device_layers=1
+expect_in split "offload.shared_device_layers: is the streamed MLP trunk's"
+finish
