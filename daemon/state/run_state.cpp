@@ -236,8 +236,11 @@ CheckpointWriter RunState::writer(int64_t completed) {
   std::vector<GroupSource> source;
   for (int g = 0; g < groups_.num_groups(); ++g) {
     // No values written: the home does not hold them, or Θ is a drawn base held quantized
-    // (model.base_quant), whose matrices the model draws again, never kept.
-    const bool initial = homes_.of(g).initial(g) || (g == 0 && Placement::of(job_, 1).drawn_quantized_base);
+    // (model.base_quant) or streamed (offload.shared: stream), whose matrices the seed draws
+    // again: a 32 B base is not widened to float32 for every checkpoint.
+    const Placement place = Placement::of(job_, 1);
+    const bool drawn_frozen = place.drawn_quantized_base || (place.streamed_base && job_.model.init_from.empty());
+    const bool initial = homes_.of(g).initial(g) || (g == 0 && drawn_frozen);
     w.group_bytes.push_back(initial ? 0 : groups_.numel(g) * 3 * int64_t{sizeof(float)});
     // Θ from model.init_from (all of it comes from the file) and never trained: the file holds it.
     const bool from_file = g == 0 && !job_.model.init_from.empty() && steps[0] == 0;

@@ -57,6 +57,12 @@ run_np drawn_first3 2 "$tfm" "${drawn[@]}" "${stream[@]}" --set model.tie_embedd
 expect_code 0 drawn_resumed mpirun "${MPIRUN_FLAGS[@]}" -np 2 "$thetad" run "$tfm" "${drawn[@]}" "${stream[@]}" \
   --set model.tie_embeddings=false --set checkpoint.dir="$WORK/drawn_first3.ckpt" --set log.level=info
 expect_in drawn_resumed "resumed from .*step-00000003 at step 3"
+$py - "$WORK/drawn_first3.ckpt/step-00000003/manifest.json" <<'PY' && pass "a drawn streamed base is not in the checkpoint" \
+  || fail "the checkpoint holds the drawn streamed base"
+import json, sys
+runs = json.load(open(sys.argv[1]))["runs"]
+assert [r for r in runs if r[0] == 0][0][2] == -1, runs  # group 0's run: no file (initial)
+PY
 same_hash "a streamed base: stopped at step 3 and resumed == uninterrupted" drawn_str_fp32 drawn_resumed
 
 # What cannot work: exit 2 at validate, naming the keys.
