@@ -130,6 +130,7 @@ class Checker {
   void rope_llama3();
   void model_size();
   void base_quant();
+  void base_shard();
   void torchscript();
   // validate_export.cpp
   void per_task_dir(const char* key, const std::string& v);

@@ -31,6 +31,7 @@ enum class UncachedUpdate { Auto, Host, Device };             // auto | host | d
 enum class ModelArch { Gpt2, Llama, Mistral, Qwen2, Qwen3 };
 enum class RopeScaling { None, Llama3 };                      // none | llama3 (model.rope_scaling)
 enum class BaseQuant { None, Nf4 };                           // none | nf4 (model.base_quant)
+enum class BaseShard { None, Node };                          // none | node (model.base_shard)
 enum class ExportDtype { Fp32, Bf16, Fp16 };                  // fp32 | bf16 | fp16 (export.dtype)
 enum class TokenDtype { Npy, Uint16, Uint32 };                // npy | uint16 | uint32 (data.token_dtype)
 enum class Backward { Auto, Joint, PerTask };                 // auto | joint | per_task (train.backward)
@@ -55,6 +56,7 @@ const std::string& to_string(UncachedUpdate v);
 const std::string& to_string(ModelArch v);
 const std::string& to_string(RopeScaling v);
 const std::string& to_string(BaseQuant v);
+const std::string& to_string(BaseShard v);
 const std::string& to_string(ExportDtype v);
 const std::string& to_string(TokenDtype v);
 const std::string& to_string(Backward v);
@@ -80,6 +82,7 @@ bool from_string(const std::string& word, UncachedUpdate& out);
 bool from_string(const std::string& word, ModelArch& out);
 bool from_string(const std::string& word, RopeScaling& out);
 bool from_string(const std::string& word, BaseQuant& out);
+bool from_string(const std::string& word, BaseShard& out);
 bool from_string(const std::string& word, ExportDtype& out);
 bool from_string(const std::string& word, TokenDtype& out);
 bool from_string(const std::string& word, SoleUser& out);
@@ -159,6 +162,9 @@ struct ModelConfig {
   // A frozen transformer base's linear weights held on the device in 4-bit NormalFloat (nf4),
   // dequantized layer by layer where they are read (daemon/ops/nf4.hpp); none: as loaded.
   BaseQuant base_quant = BaseQuant::None;
+  // A frozen transformer base's layers sharded over the ranks of a node (each device holds 1/N of
+  // every layer), gathered layer by layer into device slots ahead of use; none: whole on each.
+  BaseShard base_shard = BaseShard::None;
 
   // The width of an attention head: head_dim, or d_model / heads where it is 0.
   int64_t head_size() const { return head_dim > 0 ? head_dim : heads > 0 ? d_model / heads : 0; }

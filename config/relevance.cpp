@@ -23,6 +23,7 @@ void warn_irrelevant(const Job& job, Diagnostics& diag) {
   const bool mlp_like = mk == ModelKind::MultitaskMlp || mk == ModelKind::MultitaskAdapter;
   const bool transformer = mk == ModelKind::Transformer;
   const bool stream = job.offload.shared == SharedMode::Stream;
+  const bool layer_slots = stream || (transformer && job.model.base_shard == BaseShard::Node);
   const bool token_model = transformer || job.data.kind == DataKind::Tokens;
   const bool llama = transformer && llama_family(job.model.arch);
   const bool llama3 = llama && job.model.rope_scaling == RopeScaling::Llama3;
@@ -54,6 +55,7 @@ void warn_irrelevant(const Job& job, Diagnostics& diag) {
       {"model.norm_eps", transformer, model + " (used by transformer)"},
       {"model.tie_embeddings", transformer, model + " (used by transformer)"},
       {"model.base_quant", transformer, model + " (used by transformer)"},
+      {"model.base_shard", transformer, model + " (used by transformer)"},
       {"model.kv_heads", llama, "model.arch is gpt2 (used by the llama family)"},
       {"model.rope_theta", llama, "model.arch is gpt2 (used by the llama family)"},
       {"model.head_dim", llama, "model.arch is gpt2 (used by the llama family)"},
@@ -92,7 +94,7 @@ void warn_irrelevant(const Job& job, Diagnostics& diag) {
       // Θ's host store (offload.shared: stream) has the same host limit and CPU Adam threads.
       {"offload.host_limit_mb", job.offload.enabled || stream, "offload.enabled is false and offload.shared is resident"},
       {"offload.cpu_threads", job.offload.enabled || stream, "offload.enabled is false and offload.shared is resident"},
-      {"offload.shared_prefetch_layers", stream, "offload.shared is resident"},
+      {"offload.shared_prefetch_layers", layer_slots, "offload.shared is resident and model.base_shard none"},
       {"offload.shared_device_layers", stream, "offload.shared is resident"},
       {"offload.shared_split_layers", stream, "offload.shared is resident"},
       {"offload.h2d_dtype", job.offload.enabled || stream, "offload.enabled is false and offload.shared is resident"},

@@ -46,6 +46,7 @@ THETAD_ENUM_WORDS(UncachedUpdate, "auto", "host", "device")
 THETAD_ENUM_WORDS(ModelArch, "gpt2", "llama", "mistral", "qwen2", "qwen3")
 THETAD_ENUM_WORDS(RopeScaling, "none", "llama3")
 THETAD_ENUM_WORDS(BaseQuant, "none", "nf4")
+THETAD_ENUM_WORDS(BaseShard, "none", "node")
 THETAD_ENUM_WORDS(ExportDtype, "fp32", "bf16", "fp16")
 THETAD_ENUM_WORDS(TokenDtype, "npy", "uint16", "uint32")
 THETAD_ENUM_WORDS(SoleUser, "keep", "broadcast")
@@ -98,6 +99,7 @@ THETAD_ENUM_API(SharedMode)
 THETAD_ENUM_API(ModelArch)
 THETAD_ENUM_API(RopeScaling)
 THETAD_ENUM_API(BaseQuant)
+THETAD_ENUM_API(BaseShard)
 THETAD_ENUM_API(ExportDtype)
 THETAD_ENUM_API(TokenDtype)
 THETAD_ENUM_API(SoleUser)
@@ -181,6 +183,7 @@ const std::vector<Field> kFields = {
     THETAD_FIELD("model", "tie_embeddings", Bool, model.tie_embeddings, true),
     THETAD_FIELD("model", "train_shared", Bool, model.train_shared, true),
     THETAD_ENUM_FIELD("model", "base_quant", model.base_quant),
+    THETAD_ENUM_FIELD("model", "base_shard", model.base_shard),
 
     THETAD_FIELD("lora", "rank", Int, lora.rank, true),
     THETAD_FIELD("lora", "alpha", Double, lora.alpha, true),
@@ -299,6 +302,7 @@ const std::map<std::string, std::vector<std::string>> kEnums = {
     {"model.arch", words<ModelArch>()},
     {"model.rope_scaling", words<RopeScaling>()},
     {"model.base_quant", words<BaseQuant>()},
+    {"model.base_shard", words<BaseShard>()},
     {"export.dtype", words<ExportDtype>()},
     {"data.token_dtype", words<TokenDtype>()},
     {"export.best", words<ExportPick>()},

@@ -63,6 +63,7 @@ void Checker::model() {
   }
   if (m.kind != ModelKind::Torchscript && m.kind != ModelKind::Transformer) model_size();
   base_quant();
+  base_shard();
 }
 
 // model.base_quant: only a frozen transformer base is held in 4 bits (the adapters train on it;
@@ -79,6 +80,39 @@ void Checker::base_quant() {
                                  (d_.given("model.train_shared") ? "true" : "true (the default)") +
                                  ": set model.train_shared: false to train adapters on the quantized base",
          "model.train_shared");
+}
+
+// model.base_shard: node shards a frozen transformer base's layers over the node's devices and
+// gathers each into a slot before use; a trained base would need its gradients reduced into the
+// shards, a quantized or streamed one is held another way (choose one).
+void Checker::base_shard() {
+  const ModelConfig& m = j_.model;
+  one_of("model.base_shard");
+  if (m.base_shard == BaseShard::None || !ok("model.base_shard")) return;
+  const std::string what = "node shards the transformer's frozen base over the node's ranks";
+  if (m.kind != ModelKind::Transformer) {
+    fail("model.base_shard", what + "; model.kind is " + to_string(m.kind), "model.kind");
+    return;
+  }
+  if (m.train_shared)
+    fail("model.base_shard", what + ", but model.train_shared is " +
+                                 (d_.given("model.train_shared") ? "true" : "true (the default)") +
+                                 ": set model.train_shared: false to train adapters on the sharded base",
+         "model.train_shared");
+  if (m.base_quant != BaseQuant::None && ok("model.base_quant"))
+    fail("model.base_shard", what + " in the dtype its GEMMs read; with model.base_quant: " +
+                                 to_string(m.base_quant) + " the base is held whole in 4 bits on each device: choose one",
+         "model.base_quant");
+  if (j_.offload.shared == SharedMode::Stream && ok("offload.shared"))
+    fail("model.base_shard", what + " on the devices; with offload.shared: stream the base is held in host memory "
+                                 "and copied in layer by layer: choose one", "offload.shared");
+  const int64_t prefetch = j_.offload.shared_prefetch_layers;
+  if (m.layers >= 1 && prefetch > m.layers - 1 && ok("model.layers") && ok("offload.shared_prefetch_layers"))
+    fail("offload.shared_prefetch_layers",
+         "gathers " + std::to_string(prefetch) + " layers ahead with model.base_shard: node, but the base has " +
+             std::to_string(m.layers) + " layers (model.layers), so at most " + std::to_string(m.layers - 1) +
+             (m.layers == 1 ? " (a base of one layer has nothing to gather ahead: set model.base_shard to none)" : ""),
+         "model.base_shard");
 }
 
 // The transformer's sizes and its LoRA section; its parameter count bounded as model_size does

@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstring>
 #include <memory>
 #include <string>
 
@@ -77,6 +78,43 @@ class CudaDevice final : public Device {
     return record(h2d_.get());
   }
 
+  // Peer reads run on a stream of their own, so that a layer's gather never waits behind the
+  // host store's H2D copies (nor they behind it); created at the first.
+  Fence d2d(void* dst, const void* src, size_t bytes, const Fence& after) override {
+    if (!peer_) peer_ = CudaStream(device_);
+    return copy(peer_.get(), dst, src, bytes, cudaMemcpyDefault, after);  // UVA: either GPU's
+  }
+  std::string share(void* ptr) override {
+    CUDA_CHECK(cudaSetDevice(device_));
+    cudaIpcMemHandle_t h;
+    CUDA_CHECK(cudaIpcGetMemHandle(&h, ptr));
+    return std::string(reinterpret_cast<const char*>(&h), sizeof h);
+  }
+  void* open_shared(const std::string& handle) override {
+    THETAD_CHECK(handle.size() == sizeof(cudaIpcMemHandle_t), InternalError, "a CUDA IPC handle of ", handle.size(),
+                 " bytes");
+    CUDA_CHECK(cudaSetDevice(device_));
+    cudaIpcMemHandle_t h;
+    std::memcpy(&h, handle.data(), sizeof h);
+    void* p = nullptr;
+    // Another GPU's memory is read over NVLink (peer access enabled as it is mapped); the same
+    // GPU's (ranks sharing one) is mapped as is.
+    const cudaError_t err = cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess);
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      throw ConfigError(detail::concat("cannot map another rank's device memory on ", name(), " (",
+                                       cudaGetErrorString(err),
+                                       "): model.base_shard: node needs the node's GPUs to reach each other "
+                                       "(CUDA IPC, peer access)"));
+    }
+    return p;
+  }
+  void close_shared(void* ptr) noexcept override {
+    if (!ptr) return;
+    cudaSetDevice(device_);
+    cudaIpcCloseMemHandle(ptr);
+  }
+
   Fence record_compute() override { return record(compute_); }
   void compute_wait(const Fence& f) override {
     if (f.empty()) return;
@@ -121,6 +159,7 @@ class CudaDevice final : public Device {
   cudaStream_t compute_;
   CudaStream h2d_;
   CudaStream d2h_;
+  CudaStream peer_;
 };
 
 }  // namespace

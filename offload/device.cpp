@@ -37,6 +37,21 @@ Fence HostDevice::widen_bf16(float* dst, const uint16_t* src, size_t n, const Fe
   return {};
 }
 
+Fence HostDevice::d2d(void* dst, const void* src, size_t bytes, const Fence&) {
+  std::memcpy(dst, src, bytes);
+  return {};
+}
+
+Fence Device::d2d(void*, const void*, size_t, const Fence&) {
+  throw InternalError(name() + " has no device-to-device copies");
+}
+
+std::string Device::share(void*) { throw InternalError(name() + " cannot share its memory with other processes"); }
+
+void* Device::open_shared(const std::string&) {
+  throw InternalError(name() + " cannot map memory of other processes");
+}
+
 size_t auto_cache_bytes(Device& device, bool after_a_step) {
   size_t free_bytes = 0, total = 0;
   if (!device.memory(&free_bytes, &total)) return 0;

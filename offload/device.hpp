@@ -49,6 +49,17 @@ class Device {
   // Parameters cross PCIe at half the bytes and are widened on the device (offload.h2d_dtype).
   virtual Fence widen_bf16(float* dst, const uint16_t* src, size_t n, const Fence& after) = 0;
 
+  // Async copy from device memory (this device's, or another rank's opened with open_shared) to
+  // this device's, on the peer-copy stream once `after` has completed; returns its completion.
+  // (The gather of a base sharded over the node's devices: homes/streamed_base.hpp.)
+  virtual Fence d2d(void* dst, const void* src, size_t bytes, const Fence& after);
+  // Device memory from alloc() that other processes of the host may map: share() gives the bytes
+  // that name it, open_shared() maps what another process shared (close_shared() unmaps it).
+  // CUDA IPC on a GPU; the host device has none (node-shared memory serves there).
+  virtual std::string share(void* ptr);
+  virtual void* open_shared(const std::string& handle);
+  virtual void close_shared(void* ptr) noexcept { (void)ptr; }
+
   // A fence at the current end of the compute stream.
   virtual Fence record_compute() = 0;
   // The compute stream waits for f (the host does not).
@@ -80,6 +91,7 @@ class HostDevice final : public Device {
   Fence h2d(void* dst, const void* src, size_t bytes, const Fence& after) override;
   Fence d2h(void* dst, const void* src, size_t bytes, const Fence& after) override;
   Fence widen_bf16(float* dst, const uint16_t* src, size_t n, const Fence& after) override;
+  Fence d2d(void* dst, const void* src, size_t bytes, const Fence& after) override;
   Fence record_compute() override { return {}; }
   void compute_wait(const Fence&) override {}
   void host_wait(const Fence&) override {}

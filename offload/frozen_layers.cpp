@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <exception>
 #include <string>
 
 #include "comm/control_plane.hpp"
@@ -27,6 +28,12 @@ size_t layer_bytes(const std::vector<size_t>& parts) {
   return n;
 }
 
+// A layer's bytes held by each of `ranks` shards (the last may hold fewer).
+size_t chunk_of(size_t layer_bytes, int ranks) {
+  const auto n = static_cast<size_t>(std::max(1, ranks));
+  return round_up((layer_bytes + n - 1) / n, kPartAlign);
+}
+
 }  // namespace
 
 size_t FrozenLayers::host_bytes(const std::vector<std::vector<size_t>>& parts) {
@@ -41,8 +48,14 @@ size_t FrozenLayers::device_bytes(const std::vector<std::vector<size_t>>& parts,
   return largest * static_cast<size_t>(prefetch + 2);
 }
 
+size_t FrozenLayers::shard_bytes(const std::vector<std::vector<size_t>>& parts, int ranks) {
+  size_t n = 0;
+  for (const auto& l : parts) n += chunk_of(layer_bytes(l), ranks);
+  return n;
+}
+
 FrozenLayers::FrozenLayers(std::unique_ptr<comm::NodeMemory> node, std::vector<std::vector<size_t>> parts,
-                           Device& device, int prefetch, size_t host_limit_bytes)
+                           Device& device, int prefetch, size_t host_limit_bytes, LayerSource source)
     : node_(std::move(node)), parts_(std::move(parts)), device_(device), prefetch_(std::max(0, prefetch)) {
   THETAD_CHECK(!parts_.empty(), InternalError, "a frozen base streamed with no layers");
   size_t largest = 0;
@@ -89,9 +102,32 @@ FrozenLayers::FrozenLayers(std::unique_ptr<comm::NodeMemory> node, std::vector<s
   slot_copied_.resize(static_cast<size_t>(slots));
   slot_of_.assign(parts_.size(), -1);
   held_.assign(parts_.size(), 0);
+  if (source != LayerSource::node_shards) return;
+  const int ranks = node_->local_size();
+  size_t shard = 0;
+  for (size_t b : layer_bytes_) {
+    shard_start_.push_back(shard);
+    chunk_.push_back(chunk_of(b, ranks));
+    shard += chunk_.back();
+  }
+  try {
+    shards_ = std::make_unique<NodeShards>(device_, shard, plane.timeout());
+  } catch (...) {
+    for (char* p : slot_mem_) device_.free(p);
+    throw;
+  }
 }
 
 FrozenLayers::~FrozenLayers() {
+  // Every gather of this rank done before the node's ranks free the shards it reads.
+  if (shards_ && !comm::node_memory_abandoned()) {
+    try {
+      for (const Fence& f : slot_copied_) device_.host_wait(f);
+    } catch (const std::exception& e) {
+      THETAD_LOG(warn, "offload") << "sharded base: waiting for the last gathers failed: " << e.what();
+    }
+  }
+  shards_.reset();
   for (char* p : slot_mem_) device_.free(p);
   // A job that aborts leaves the segment and its pinning to the process's exit.
   if (comm::node_memory_abandoned()) return;
@@ -111,6 +147,22 @@ void FrozenLayers::fill(const std::function<void(int layer, int part, char* dst)
   node_->plane().barrier({"streamed base: the layers written"});
   std::atomic_thread_fence(std::memory_order_seq_cst);
   const size_t slot_bytes = *std::max_element(layer_bytes_.begin(), layer_bytes_.end());
+  if (shards_) {
+    // This rank's part of every layer into its shard; nobody gathers before every shard is written.
+    Fence last;
+    for (int l = 0; l < layers(); ++l)
+      if (const size_t n = shard_part(l, local))
+        last = device_.h2d(shards_->mine() + shard_start_[static_cast<size_t>(l)],
+                           host_ + layer_start_[static_cast<size_t>(l)] + static_cast<size_t>(local) * chunk_[static_cast<size_t>(l)],
+                           n, {});
+    device_.host_wait(last);
+    shards_->plane().barrier({"sharded base: the shards written"});
+    THETAD_LOG(info, "offload") << "sharded base: " << layers() << " layers, 1/" << ranks << " of each on each of "
+                                << ranks << " local ranks (" << mib(shard_bytes(parts_, ranks)) << " MiB on "
+                                << device_.name() << "), " << slot_mem_.size() << " slots of " << mib(slot_bytes)
+                                << " MiB; the whole base in " << mib(total_) << " MiB of host memory shared by them";
+    return;
+  }
   if (device_.is_host()) {
     THETAD_LOG(info, "offload") << "streamed base: " << layers() << " layers in " << mib(total_)
                                 << " MiB of host memory shared by " << ranks << " local ranks, " << slot_mem_.size()
@@ -163,11 +215,30 @@ int FrozenLayers::copy_in(int layer, int direction, int needed_from) {
   if (slot_layer_[s] >= 0) slot_of_[static_cast<size_t>(slot_layer_[s])] = -1;
   slot_layer_[s] = layer;
   slot_of_[static_cast<size_t>(layer)] = best;
-  const size_t l = static_cast<size_t>(layer);
-  slot_copied_[s] = device_.h2d(slot_mem_[s], host_ + layer_start_[l], layer_bytes_[l], slot_free_[s]);
+  slot_copied_[s] = bring(layer, s, slot_free_[s]);
   ++stats_.copies;
-  stats_.copied_bytes += layer_bytes_[l];
+  stats_.copied_bytes += layer_bytes_[static_cast<size_t>(layer)];
   return best;
+}
+
+size_t FrozenLayers::shard_part(int layer, int r) const {
+  const size_t l = static_cast<size_t>(layer), start = static_cast<size_t>(r) * chunk_[l];
+  return start >= layer_bytes_[l] ? 0 : std::min(chunk_[l], layer_bytes_[l] - start);
+}
+
+Fence FrozenLayers::bring(int layer, size_t s, const Fence& after) {
+  const size_t l = static_cast<size_t>(layer);
+  if (!shards_) return device_.h2d(slot_mem_[s], host_ + layer_start_[l], layer_bytes_[l], after);
+  // One copy from each rank's shard, in order on one stream: the first waits for `after`.
+  Fence last = after;
+  bool first = true;
+  for (int r = 0; r < shards_->local_size(); ++r)
+    if (const size_t n = shard_part(layer, r)) {
+      last = device_.d2d(slot_mem_[s] + static_cast<size_t>(r) * chunk_[l], shards_->of(r) + shard_start_[l], n,
+                         first ? after : Fence{});
+      first = false;
+    }
+  return last;
 }
 
 char* FrozenLayers::acquire(int layer, int direction) {

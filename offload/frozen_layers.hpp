@@ -1,5 +1,5 @@
-// A frozen model's layers in host memory, streamed onto the device layer by layer (a
-// transformer's frozen base with offload.shared: stream). Each layer is a few parts (its GEMMs'
+// A frozen model's layers in host memory, brought onto the device layer by layer (a
+// transformer's frozen base with offload.shared: stream or model.base_shard: node). Each layer is a few parts (its GEMMs'
 // matrices, as raw bytes in the dtype the model reads them in); all layers live in one segment of
 // memory shared by the node's ranks (comm/node_memory.hpp: one copy per host, however many ranks
 // it runs), pinned where the device pins, each layer page-aligned and pinned as a range of its own
@@ -17,6 +17,12 @@
 //   base.fill([&](int layer, int part, char* dst) { ...write the part's bytes... });
 //   char* slot = base.acquire(i, +1);  ... GEMMs on slot + base.part_offset(i, k) ...  base.release(i);
 //
+// Where a layer comes from (LayerSource): `host`, copied from the pinned host segment over PCIe;
+// `node_shards`, gathered from the node's devices, each of which holds 1/N of every layer
+// (node_shards.hpp: rank r bytes [r c, (r+1) c) of a layer of B bytes, c = B / N rounded up to
+// 256), read one-sided over NVLink; the host segment then is only read by checkpoints, the hash
+// and exports, and is not pinned.
+//
 // Construction, fill and destruction are collective over the node's ranks.
 #pragma once
 
@@ -28,6 +34,7 @@
 
 #include "comm/node_memory.hpp"
 #include "offload/device.hpp"
+#include "offload/node_shards.hpp"
 
 namespace thetad::offload {
 
@@ -37,13 +44,15 @@ struct FrozenLayersStats {
   uint64_t misses = 0;        // acquires that found their layer neither there nor on its way
 };
 
+enum class LayerSource { host, node_shards };
+
 class FrozenLayers {
  public:
   // parts[layer][k]: the bytes of part k of a layer. Throws ConfigError where the segment is over
   // host_limit_bytes (> 0) or the host's available memory, or cannot be allocated, pinned, or its
   // slots allocated on the device.
   FrozenLayers(std::unique_ptr<comm::NodeMemory> node, std::vector<std::vector<size_t>> parts, Device& device,
-               int prefetch, size_t host_limit_bytes);
+               int prefetch, size_t host_limit_bytes, LayerSource source = LayerSource::host);
   ~FrozenLayers();
   FrozenLayers(const FrozenLayers&) = delete;
   FrozenLayers& operator=(const FrozenLayers&) = delete;
@@ -51,6 +60,9 @@ class FrozenLayers {
   // Bytes of host memory the layers take (what the constructor allocates), and of device memory.
   static size_t host_bytes(const std::vector<std::vector<size_t>>& parts);
   static size_t device_bytes(const std::vector<std::vector<size_t>>& parts, int prefetch);
+  // Bytes of this rank's shard with LayerSource::node_shards over `ranks` ranks (on top of the slots).
+  static size_t shard_bytes(const std::vector<std::vector<size_t>>& parts, int ranks);
+  bool sharded() const { return shards_ != nullptr; }
 
   // Collective over the node: each layer's owner (layer % local ranks) writes its parts' bytes,
   // layers in parallel on its threads (write must be thread-safe); the others then see them.
@@ -73,6 +85,10 @@ class FrozenLayers {
   // A slot for `layer` that no held or soon-needed layer occupies (-1: none), the copy queued.
   int copy_in(int layer, int direction, int needed_from);
   bool soon(int layer, int from, int direction) const;
+  // The copies that bring `layer` into slot s once `after` is done; the last one's completion.
+  Fence bring(int layer, size_t s, const Fence& after);
+  // Rank r's bytes of `layer` (node_shards): at r x chunk_ in the layer.
+  size_t shard_part(int layer, int r) const;
 
   std::unique_ptr<comm::NodeMemory> node_;
   std::vector<std::vector<size_t>> parts_;
@@ -91,6 +107,9 @@ class FrozenLayers {
   std::vector<int> slot_of_;  // per layer: its slot (-1: none)
   std::vector<int> held_;     // per layer: acquires not yet released
   FrozenLayersStats stats_;
+  // LayerSource::node_shards: the node's shards, and per layer its chunk and start in a shard.
+  std::unique_ptr<NodeShards> shards_;
+  std::vector<size_t> chunk_, shard_start_;
 };
 
 }  // namespace thetad::offload

@@ -169,8 +169,7 @@ Homes::HostValues Homes::values_on_host(int p) const {
   HostValues v;
   if ((v.data = of(np.group).host_values(p))) return v;
   if (np.host_only && np.init) {  // a drawn base's matrix, held quantized only: drawn again
-    v.keep = torch::empty(np.tensor.sizes(), torch::kFloat32);
-    np.init(v.keep);
+    v.keep = np.drawn();
     v.data = v.keep.data_ptr<float>();
     return v;
   }

@@ -43,7 +43,10 @@ StreamedBase::StreamedBase(const config::Job& job, TaskModel& model, const DataP
     device_ = std::make_unique<offload::HostDevice>();
   layers_ = std::make_unique<offload::FrozenLayers>(comm::make_node_memory(offload::timeout_of(job.comm.timeout_s)),
                                                     parts, *device_, static_cast<int>(job.offload.shared_prefetch_layers),
-                                                    job.offload.host_limit_bytes());
+                                                    job.offload.host_limit_bytes(),
+                                                    job.model.base_shard == config::BaseShard::Node
+                                                        ? offload::LayerSource::node_shards
+                                                        : offload::LayerSource::host);
   std::map<std::pair<int, int>, const BaseGemm*> at;
   for (const BaseGemm* g : order) at[{gemms_.at(g->id).layer, gemms_.at(g->id).part}] = g;
   // Each weight's values as the model holds them (a placeholder drawn as the model would draw it),
@@ -52,14 +55,7 @@ StreamedBase::StreamedBase(const config::Job& job, TaskModel& model, const DataP
     torch::NoGradGuard no_grad;
     for (const torch::Tensor& w : at.at({layer, part})->weights) {
       const NamedParam* p = param_of.at(w.unsafeGetTensorImpl());
-      torch::Tensor v;
-      if (p->init) {
-        v = torch::empty(w.sizes(), torch::kFloat32);
-        p->init(v);
-      } else {
-        v = w.detach();
-      }
-      v = v.to(torch::kCPU, held_).contiguous();
+      const torch::Tensor v = (p->init ? p->drawn() : w.detach()).to(torch::kCPU, held_).contiguous();
       std::memcpy(dst, v.data_ptr(), static_cast<size_t>(v.numel()) * v.element_size());
       dst += static_cast<size_t>(v.numel()) * v.element_size();
     }
@@ -73,9 +69,9 @@ StreamedBase::StreamedBase(const config::Job& job, TaskModel& model, const DataP
     for (torch::Tensor w : g->weights) {
       NamedParam& p = *param_of.at(w.unsafeGetTensorImpl());
       const auto bytes = static_cast<size_t>(w.numel()) * c10::elementSize(held_);
-      torch::Tensor host = torch::from_blob(const_cast<char*>(src), w.sizes(), torch::dtype(held_));
-      if (p.tensor.scalar_type() != held_) host = host.to(p.tensor.scalar_type());
-      w.set_data(host);
+      // In the dtype held (as a resident frozen base holds it): a float32 placeholder of a bf16
+      // base is not widened into a second, float32 copy of the base.
+      w.set_data(torch::from_blob(const_cast<char*>(src), w.sizes(), torch::dtype(held_)));
       p.host_only = true;
       p.init = nullptr;
       src += bytes;
@@ -85,9 +81,7 @@ StreamedBase::StreamedBase(const config::Job& job, TaskModel& model, const DataP
   // them: only the layers stream.
   for (NamedParam& p : model.params()) {
     if (p.group != 0 || !p.init) continue;
-    torch::Tensor v = torch::empty(p.tensor.sizes(), torch::kFloat32);
-    p.init(v);
-    p.tensor.set_data(v.to(held_));
+    p.tensor.set_data(p.drawn().to(held_));
     p.init = nullptr;
   }
   model.read_frozen_gemms(*this, gemms);
@@ -95,8 +89,9 @@ StreamedBase::StreamedBase(const config::Job& job, TaskModel& model, const DataP
 
 StreamedBase::~StreamedBase() {
   const offload::FrozenLayersStats s = layers_->stats();
-  THETAD_LOG(info, "offload") << "streamed base: " << s.copies << " layer copies (" << s.copied_bytes / 1000000
-                              << " MB), " << s.misses << " not prefetched";
+  THETAD_LOG(info, "offload") << (layers_->sharded() ? "sharded base: " : "streamed base: ") << s.copies
+                              << (layers_->sharded() ? " layer gathers (" : " layer copies (")
+                              << s.copied_bytes / 1000000 << " MB), " << s.misses << " not prefetched";
 }
 
 torch::Tensor StreamedBase::acquire(int id, torch::ScalarType dtype, bool backward) {

@@ -1,8 +1,11 @@
-// A transformer's frozen base streamed from host memory (offload.shared: stream with
-// model.train_shared: false): the matrices of every layer's GEMMs live in host memory shared by
-// the node's ranks (offload/frozen_layers.hpp, pinned, one copy a host), each layer brought into
-// one of offload.shared_prefetch_layers + 2 device slots ahead of its use, in forward and again,
-// walking back, in backward, and its slot reused once the layer's GEMMs are queued. The model reads
+// A transformer's frozen base brought onto the device a layer at a time (model.train_shared:
+// false with offload.shared: stream or model.base_shard: node): the matrices of every layer's
+// GEMMs live in host memory shared by the node's ranks (offload/frozen_layers.hpp, one copy a
+// host), each layer brought into one of offload.shared_prefetch_layers + 2 device slots ahead of
+// its use, in forward and again, walking back, in backward, and its slot reused once the layer's
+// GEMMs are queued. Streamed, a layer is copied from the pinned host copy; sharded, each of the
+// node's devices holds 1/N of every layer and a layer is gathered from all of them
+// (offload/node_shards.hpp). The model reads
 // those GEMMs' matrices through it (FrozenWeights); the parameters they came from point at the
 // host copy (NamedParam::host_only), where checkpoints, the final hash and the merged export read
 // them. Norms, embeddings and the output layer stay in their resident home.

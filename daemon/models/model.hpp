@@ -37,6 +37,13 @@ struct NamedParam {
   // `tensor` holds its values in host memory, where checkpoints, the final hash and the merged
   // export read them, and stays there.
   bool host_only = false;
+
+  // A placeholder's values (init) drawn into a new CPU float32 tensor of its shape.
+  torch::Tensor drawn() const {
+    torch::Tensor v = torch::empty(tensor.sizes(), torch::kFloat32);
+    init(v);
+    return v;
+  }
 };
 
 // Where a row-chunked group's parameter comes from, chunk by chunk: the model's own tensor, or
@@ -142,10 +149,11 @@ class TaskModel {
   // Whether set_activation_stash is used: the trunk layers', or the transformer's feed-forward
   // activations'.
   virtual bool stashes_activations() const { return has_trunk_layers(); }
-  // model.base_quant: the frozen base's matrices quantized where they are (once its values are
-  // loaded), the parameters' own values moved to host memory (NamedParam::host_only). Only the
-  // transformer has such a base (validation refuses the key elsewhere).
-  virtual void quantize_frozen_base() {}
+  // model.base_quant: the frozen base's matrices quantized on `compute` (the rank's device: a
+  // model built on the host for a host store is quantized on its GPU, not on the CPU), once its
+  // values are loaded, the parameters' own values moved to host memory (NamedParam::host_only).
+  // Only the transformer has such a base (validation refuses the key elsewhere).
+  virtual void quantize_frozen_base(torch::Device compute) { (void)compute; }
   // offload.shared: stream: the frozen base's layers' GEMMs (their matrices, rows joined) for a
   // source of their values to take (daemon/homes/streamed_base.hpp), and, once it has them, the
   // model reads them from it. Only the transformer has such a base (validation refuses the rest).
@@ -163,7 +171,8 @@ class TaskModel {
 // `lazy_tasks` (the host store; device must be the CPU) task parameters are placeholders with
 // NamedParam::init set, where the model can (all but torchscript). model.path is read as given:
 // the caller expands its placeholders for its rank (with_input_paths, daemon/plan/input_path.hpp).
-std::unique_ptr<TaskModel> make_model(const config::Job& job, torch::Device device, bool lazy_tasks = false);
+std::unique_ptr<TaskModel> make_model(const config::Job& job, torch::Device device, bool lazy_tasks = false,
+                                      torch::Device compute = torch::kCPU);
 
 // Training data: a pure function of (step, rank, task, rows) so that every rank, a resumed run
 // and the single-process reference see the same batches.

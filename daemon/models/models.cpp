@@ -236,11 +236,12 @@ void log_frozen_base(const config::Job& job, TaskModel& model) {
 
 }  // namespace
 
-std::unique_ptr<TaskModel> make_model(const config::Job& job, torch::Device device, bool lazy_tasks) {
+std::unique_ptr<TaskModel> make_model(const config::Job& job, torch::Device device, bool lazy_tasks,
+                                      torch::Device compute) {
   std::unique_ptr<TaskModel> model = build_model(job, device, lazy_tasks);
   load_initial_weights(job, *model);
   hold_embedding_in_bf16(job, *model);
-  if (job.model.base_quant != config::BaseQuant::None) model->quantize_frozen_base();
+  if (job.model.base_quant != config::BaseQuant::None) model->quantize_frozen_base(compute);
   log_frozen_base(job, *model);
   return model;
 }

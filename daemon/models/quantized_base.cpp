@@ -28,9 +28,9 @@ void hold_on_host(std::vector<NamedParam>& params, const std::vector<torch::Tens
 
 void QuantizedBase::quantize(const std::vector<BaseGemm>& gemms, std::vector<NamedParam>& params, torch::Device device,
                              torch::ScalarType held) {
-  std::map<const c10::TensorImpl*, const ParamInit*> drawn;
+  std::map<const c10::TensorImpl*, const NamedParam*> drawn;
   for (const NamedParam& p : params)
-    if (p.group == 0 && p.init) drawn[p.tensor.unsafeGetTensorImpl()] = &p.init;
+    if (p.group == 0 && p.init) drawn[p.tensor.unsafeGetTensorImpl()] = &p;
   std::vector<Nf4Matrix> quantized(gemms.size());
   ThreadPool::instance().parallel_for(gemms.size(), [&](size_t i) {
     torch::NoGradGuard no_grad;
@@ -41,9 +41,7 @@ void QuantizedBase::quantize(const std::vector<BaseGemm>& gemms, std::vector<Nam
         values.push_back(w.detach().to(device));
         continue;
       }
-      torch::Tensor v = torch::empty(w.sizes(), torch::kFloat32);
-      (*it->second)(v);
-      values.push_back(v.to(device, held));
+      values.push_back(it->second->drawn().to(device, held));
     }
     quantized[i] = nf4_quantize(values.size() == 1 ? values.front() : torch::cat(values, 0));
   }, kQuantizeThreads);

@@ -106,7 +106,7 @@ class Transformer : public TaskModel {
     return torch::matmul(h, head_weight(h).t());
   }
 
-  void quantize_frozen_base() override;
+  void quantize_frozen_base(torch::Device compute) override;
   std::vector<BaseGemm> frozen_gemms() override { return layer_gemms(blocks_); }
   // The layers' GEMMs read from `source` from now on, their biases joined beside.
   void read_frozen_gemms(FrozenWeights& source, const std::vector<BaseGemm>& gemms) override {
@@ -395,12 +395,12 @@ class Transformer : public TaskModel {
   bool base_bf16_ = false;  // frozen_base_in_bf16: the matrices are held (and drawn) in bf16
 };
 
-// The layers' GEMMs and the output layer where it is not the embedding: quantized on the model's
+// The layers' GEMMs and the output layer where it is not the embedding: quantized on the rank's
 // device (QuantizedBase::quantize).
-void Transformer::quantize_frozen_base() {
+void Transformer::quantize_frozen_base(torch::Device compute) {
   std::vector<BaseGemm> gemms = frozen_gemms();
   if (!m_.tie_embeddings) gemms.push_back({kHeadGemm, -1, {head_}, {}});
-  quant_.quantize(gemms, params_, embed_.device(), base_bf16_ ? torch::kBFloat16 : torch::kFloat32);
+  quant_.quantize(gemms, params_, compute, base_bf16_ ? torch::kBFloat16 : torch::kFloat32);
   read_frozen_gemms(quant_.weights(), gemms);
 }
 

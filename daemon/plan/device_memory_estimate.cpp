@@ -10,6 +10,7 @@
 #include <memory>
 #include <sstream>
 
+#include "comm/node_split.hpp"
 #include "common/errors.hpp"
 #include "common/log.hpp"
 #include "common/test_hooks.hpp"
@@ -190,7 +191,7 @@ FirstStepGroups first_step_groups(const config::Job& job, int world_size, int ra
 }
 
 DeviceMemoryNeed device_memory_need(const config::Job& job, const config::ParamCounts& c,
-                                    const FirstStepGroups& first) {
+                                    const FirstStepGroups& first, int node_ranks) {
   DeviceMemoryNeed need;
   if (!c.known) return need;
   need.known = true;
@@ -227,10 +228,17 @@ DeviceMemoryNeed device_memory_need(const config::Job& job, const config::ParamC
       }
       if (place.streamed_base) {
         // The layers' matrices in offload.shared_prefetch_layers + 2 slots of one layer each
-        // (homes/streamed_base.hpp); the embedding, norms and output layer as held.
+        // (homes/streamed_base.hpp), sharded also 1/N of every layer; the embedding, norms and
+        // output layer as held.
         const double held = place.frozen_base_bf16 ? 2 : 4;
-        const double layer = (s.shared_cast - s.head_cast) / double(std::max<int64_t>(1, job.model.layers));
-        add("Θ's streamed layer slots", layer * double(job.offload.shared_prefetch_layers + 2), held, "offload.shared");
+        const double layers = s.shared_cast - s.head_cast;
+        const double layer = layers / double(std::max<int64_t>(1, job.model.layers));
+        const char* key = place.sharded_base ? "model.base_shard" : "offload.shared";
+        add(place.sharded_base ? "Θ's gathered layer slots" : "Θ's streamed layer slots",
+            layer * double(job.offload.shared_prefetch_layers + 2), held, key);
+        if (place.sharded_base)
+          add("Θ's layers' shard (1/" + std::to_string(node_ranks) + ")", layers / double(std::max(1, node_ranks)),
+              held, key);
         add("Θ's embedding, norms and output layer", s.shared - s.shared_cast + s.head_cast, held, skey);
         break;
       }
@@ -310,13 +318,13 @@ bool device_memory_for_check(int gpu, void* compute_stream, int sharers, int64_t
 namespace {
 
 void check_job_fits_device(const config::Job& job, int world_size, int rank, int gpu, void* compute_stream,
-                           int sharers) {
+                           int sharers, int node_ranks) {
   int64_t free_bytes = 0, total_bytes = 0;
   std::string where;
   if (!device_memory_for_check(gpu, compute_stream, sharers, &free_bytes, &total_bytes, &where)) return;
   if (world_size > 1) where += " of rank " + std::to_string(rank);
   const DeviceMemoryNeed need =
-      device_memory_need(job, config::param_counts(job), first_step_groups(job, world_size, rank));
+      device_memory_need(job, config::param_counts(job), first_step_groups(job, world_size, rank), node_ranks);
   if (rank == 0) {
     if (!need.known)
       THETAD_LOG(info, "memory") << "device memory: a TorchScript model is not counted; nothing checked";
@@ -334,7 +342,11 @@ void check_job_fits_device(const config::Job& job, comm::ControlPlane& plane, in
                            void* compute_stream, int sharers) {
   std::exception_ptr error;
   try {
-    check_job_fits_device(job, world_size, rank, gpu, compute_stream, sharers);
+    // A node's ranks, for a sharded base's 1/N (the job's ranks over its nodes; every rank asks
+    // alike: node_place is collective).
+    const int nodes =
+        job.model.base_shard == config::BaseShard::Node ? std::max(1, comm::node_place().nodes) : 1;
+    check_job_fits_device(job, world_size, rank, gpu, compute_stream, sharers, (world_size + nodes - 1) / nodes);
   } catch (...) {  // a CUDA error too: every rank must hear of it
     error = std::current_exception();
   }

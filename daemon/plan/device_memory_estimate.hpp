@@ -41,8 +41,10 @@ struct FirstStepGroups {
 };
 FirstStepGroups first_step_groups(const config::Job& job, int world_size, int rank);
 
+// `node_ranks`: the ranks of a node, over which model.base_shard: node shards the base (1: counted
+// for one rank, as validate does).
 DeviceMemoryNeed device_memory_need(const config::Job& job, const config::ParamCounts& counts,
-                                    const FirstStepGroups& first);
+                                    const FirstStepGroups& first, int node_ranks = 1);
 
 // Throws ConfigError (exit 2) naming the job file, need.key(), the sizes and the device's free
 // and total memory where need.total() > free_bytes. `where` names the device ("cuda:0 (rank 1)").

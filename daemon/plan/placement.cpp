@@ -20,6 +20,12 @@ bool streams_frozen_base(const config::Job& job) {
   return job.offload.shared == config::SharedMode::Stream && job.model.kind == config::ModelKind::Transformer;
 }
 
+// model.base_shard: node gathers the frozen base's layers from the node's devices into the same
+// slots a streamed base is copied into.
+bool shards_frozen_base(const config::Job& job) {
+  return job.model.base_shard == config::BaseShard::Node && job.model.kind == config::ModelKind::Transformer;
+}
+
 HomeKind shared_home(const config::Job& job) {
   return job.offload.shared == config::SharedMode::Stream && !streams_frozen_base(job) ? HomeKind::streamed_trunk
                                                                                          : HomeKind::resident;
@@ -33,7 +39,8 @@ Placement Placement::of(const config::Job& job, int world_size) {
   Placement p;
   p.shared = shared_home(job);
   p.tasks = task_home(job);
-  p.streamed_base = streams_frozen_base(job);
+  p.sharded_base = shards_frozen_base(job);
+  p.streamed_base = streams_frozen_base(job) || p.sharded_base;
   p.model_on_host = p.shared != HomeKind::resident || p.tasks != HomeKind::resident || p.streamed_base;
   p.lazy_tasks = p.tasks == HomeKind::host_store;
   p.unheld_tasks = p.tasks == HomeKind::host_store && job.offload.host_groups == config::HostGroups::Scheduled;

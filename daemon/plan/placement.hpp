@@ -37,10 +37,13 @@ struct Placement {
   // placeholders the model draws as it quantizes them, never held whole anywhere, and Θ is never
   // written to a checkpoint (the seed draws it again).
   bool drawn_quantized_base = false;
-  // A transformer's frozen base streamed from host memory (offload.shared: stream): its layers'
-  // matrices in host memory shared by the node's ranks, brought onto the device layer by layer
-  // (StreamedBase); its norms, embeddings and output layer in Θ's resident home.
+  // A transformer's frozen base whose layers come onto the device one at a time (StreamedBase):
+  // streamed from host memory (offload.shared: stream), or gathered from the node's devices, each
+  // of which holds 1/N of every layer (model.base_shard: node: sharded_base). Its layers'
+  // matrices are in host memory shared by the node's ranks; its norms, embeddings and output
+  // layer in Θ's resident home.
   bool streamed_base = false;
+  bool sharded_base = false;
   // The extreme classifier's output slices are one [rows x (hidden+1)] parameter each, computed
   // (and, offloaded, stored and reduced) in row shards of offload.shard_mb (model row_chunked).
   bool row_shards = false;

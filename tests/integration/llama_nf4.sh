@@ -68,17 +68,7 @@ drawn=(--set model.arch=llama --set model.kv_heads=1 --set model.train_shared=fa
        --set "lora.targets=[q,k,v,o,gate,up,down]" --set steps=6)
 run_np drawn_whole 2 "$tfm" "${drawn[@]}" --set checkpoint.every_steps=3
 expect_in drawn_whole "frozen base in nf4 .*drawn from the seed as quantized, held nowhere else"
-run_np drawn_first3 2 "$tfm" "${drawn[@]}" --set steps=3
-$py - "$WORK/drawn_first3.ckpt/step-00000003/manifest.json" <<'PY' && pass "a drawn nf4 base is not in the checkpoint" \
-  || fail "the checkpoint holds the drawn base"
-import json, sys
-runs = json.load(open(sys.argv[1]))["runs"]
-assert [r for r in runs if r[0] == 0][0][2] == -1, runs  # group 0's run: no file (initial)
-PY
-expect_code 0 drawn_resumed mpirun "${MPIRUN_FLAGS[@]}" -np 2 "$thetad" run "$tfm" "${drawn[@]}" \
-  --set checkpoint.dir="$WORK/drawn_first3.ckpt" --set log.level=info
-expect_in drawn_resumed "resumed from .*step-00000003 at step 3"
-same_hash "drawn nf4 base: stopped at step 3 and resumed == uninterrupted" drawn_whole drawn_resumed
+drawn_resumes "a drawn nf4 base" drawn_whole "$tfm" "${drawn[@]}"
 
 # What cannot work: exit 2 at validate, naming the keys.
 expect_code 2 trained_base "$thetad" validate "$job" "${quant[@]}" --set model.train_shared=true

@@ -18,17 +18,8 @@ file=(--set model.init_from="$base" --set steps=6)
 stream=(--set offload.shared=stream)
 
 # A base from files: every variant against its resident twin.
-run_np res 2 "$job" "${file[@]}" --set export.adapters_dir="$WORK/res_adapters/{task}" \
-  --set export.merged_dir="$WORK/res_merged/{task}" --set 'export.merged_tasks=[0]'
-run_np str 2 "$job" "${file[@]}" "${stream[@]}" --set export.adapters_dir="$WORK/str_adapters/{task}" \
-  --set export.merged_dir="$WORK/str_merged/{task}" --set 'export.merged_tasks=[0]'
+twin_exports "a base from files, 2 ranks: streamed == resident" res str "${stream[@]}"
 expect_in str "streamed base: [0-9]+ layers in .* MiB of host memory shared by 2 local ranks"
-same_hash "a base from files, 2 ranks: streamed == resident" res str
-if diff -r "$WORK/res_merged" "$WORK/str_merged" > /dev/null && diff -r "$WORK/res_adapters" "$WORK/str_adapters" > /dev/null; then
-  pass "the merged model and the PEFT adapters of the streamed run are the resident run's, byte for byte"
-else
-  fail "the streamed run's exports differ from the resident run's"
-fi
 for v in "per_task|--set train.backward=per_task" "joint|--set train.backward=joint" "bf16|--set precision=bf16" \
          "store|--set offload.enabled=true --set offload.device_slots=2"; do
   name=${v%%|*}
@@ -53,17 +44,7 @@ for v in "fp32|--set model.tie_embeddings=false" "tied|--set model.tie_embedding
   same_hash "a drawn base, $name: streamed == resident" "drawn_res_$name" "drawn_str_$name"
 done
 expect_in drawn_str_fp32 "streamed base: [0-9]+ layer copies .*, 1 not prefetched"
-run_np drawn_first3 2 "$tfm" "${drawn[@]}" "${stream[@]}" --set model.tie_embeddings=false --set steps=3
-expect_code 0 drawn_resumed mpirun "${MPIRUN_FLAGS[@]}" -np 2 "$thetad" run "$tfm" "${drawn[@]}" "${stream[@]}" \
-  --set model.tie_embeddings=false --set checkpoint.dir="$WORK/drawn_first3.ckpt" --set log.level=info
-expect_in drawn_resumed "resumed from .*step-00000003 at step 3"
-$py - "$WORK/drawn_first3.ckpt/step-00000003/manifest.json" <<'PY' && pass "a drawn streamed base is not in the checkpoint" \
-  || fail "the checkpoint holds the drawn streamed base"
-import json, sys
-runs = json.load(open(sys.argv[1]))["runs"]
-assert [r for r in runs if r[0] == 0][0][2] == -1, runs  # group 0's run: no file (initial)
-PY
-same_hash "a streamed base: stopped at step 3 and resumed == uninterrupted" drawn_str_fp32 drawn_resumed
+drawn_resumes "a drawn streamed base" drawn_str_fp32 "$tfm" "${drawn[@]}" "${stream[@]}" --set model.tie_embeddings=false
 
 # What cannot work: exit 2 at validate, naming the keys.
 expect_code 2 trained "$thetad" validate "$job" "${stream[@]}" --set model.train_shared=true
