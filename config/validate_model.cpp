@@ -82,9 +82,9 @@ void Checker::base_quant() {
          "model.train_shared");
 }
 
-// model.base_shard: node shards a frozen transformer base's layers over the node's devices and
-// gathers each into a slot before use; a trained base would need its gradients reduced into the
-// shards, a quantized or streamed one is held another way (choose one).
+// model.base_shard: node shards a frozen transformer base's layers (in the GEMMs' dtype, or nf4)
+// over the node's devices and gathers each into a slot before use; a trained base would need its
+// gradients reduced into the shards, a streamed one is held in host memory instead (choose one).
 void Checker::base_shard() {
   const ModelConfig& m = j_.model;
   one_of("model.base_shard");
@@ -99,10 +99,6 @@ void Checker::base_shard() {
                                  (d_.given("model.train_shared") ? "true" : "true (the default)") +
                                  ": set model.train_shared: false to train adapters on the sharded base",
          "model.train_shared");
-  if (m.base_quant != BaseQuant::None && ok("model.base_quant"))
-    fail("model.base_shard", what + " in the dtype its GEMMs read; with model.base_quant: " +
-                                 to_string(m.base_quant) + " the base is held whole in 4 bits on each device: choose one",
-         "model.base_quant");
   if (j_.offload.shared == SharedMode::Stream && ok("offload.shared"))
     fail("model.base_shard", what + " on the devices; with offload.shared: stream the base is held in host memory "
                                  "and copied in layer by layer: choose one", "offload.shared");

@@ -25,10 +25,6 @@ void streamed_base(const Job& j, Diagnostics& d) {
     fail("offload.shared", "stream of a transformer streams its frozen base, but model.train_shared is true: set "
                            "model.train_shared: false (adapters on a frozen base) or offload.shared to resident",
          "model.train_shared");
-  if (j.model.base_quant != BaseQuant::None && !d.bad("model.base_quant"))
-    fail("offload.shared", "stream streams the base in the dtype the GEMMs read (bf16 or float32); with "
-                           "model.base_quant: " + to_string(j.model.base_quant) +
-                           " the base is held on the device in 4 bits: choose one", "model.base_quant");
   for (const auto& [key, v] : {std::pair<const char*, const std::string*>{"offload.shared_device_layers",
                                                                           &o.shared_device_layers},
                                {"offload.shared_split_layers", &o.shared_split_layers}})

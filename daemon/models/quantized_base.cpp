@@ -26,24 +26,29 @@ void hold_on_host(std::vector<NamedParam>& params, const std::vector<torch::Tens
 
 }  // namespace
 
-void QuantizedBase::quantize(const std::vector<BaseGemm>& gemms, std::vector<NamedParam>& params, torch::Device device,
-                             torch::ScalarType held) {
-  std::map<const c10::TensorImpl*, const NamedParam*> drawn;
+DrawnParams drawn_params(const std::vector<NamedParam>& params) {
+  DrawnParams drawn;
   for (const NamedParam& p : params)
     if (p.group == 0 && p.init) drawn[p.tensor.unsafeGetTensorImpl()] = &p;
+  return drawn;
+}
+
+Nf4Matrix quantize_gemm(const BaseGemm& gemm, const DrawnParams& drawn, torch::Device device, torch::ScalarType held) {
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> values;
+  for (const torch::Tensor& w : gemm.weights) {
+    const auto it = drawn.find(w.unsafeGetTensorImpl());
+    values.push_back(it == drawn.end() ? w.detach().to(device) : it->second->drawn().to(device, held));
+  }
+  return nf4_quantize(values.size() == 1 ? values.front() : torch::cat(values, 0));
+}
+
+void QuantizedBase::quantize(const std::vector<BaseGemm>& gemms, std::vector<NamedParam>& params, torch::Device device,
+                             torch::ScalarType held) {
+  const DrawnParams drawn = drawn_params(params);
   std::vector<Nf4Matrix> quantized(gemms.size());
   ThreadPool::instance().parallel_for(gemms.size(), [&](size_t i) {
-    torch::NoGradGuard no_grad;
-    std::vector<torch::Tensor> values;
-    for (const torch::Tensor& w : gemms[i].weights) {
-      const auto it = drawn.find(w.unsafeGetTensorImpl());
-      if (it == drawn.end()) {
-        values.push_back(w.detach().to(device));
-        continue;
-      }
-      values.push_back(it->second->drawn().to(device, held));
-    }
-    quantized[i] = nf4_quantize(values.size() == 1 ? values.front() : torch::cat(values, 0));
+    quantized[i] = quantize_gemm(gemms[i], drawn, device, held);
   }, kQuantizeThreads);
   std::vector<torch::Tensor> moved;
   for (size_t i = 0; i < gemms.size(); ++i) {

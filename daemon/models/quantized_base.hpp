@@ -17,6 +17,16 @@
 
 namespace thetad::daemon {
 
+// The placeholders of a drawn base among a model's parameters (NamedParam::init), by tensor.
+using DrawnParams = std::map<const c10::TensorImpl*, const NamedParam*>;
+DrawnParams drawn_params(const std::vector<NamedParam>& params);
+
+// One GEMM's matrix (its weights' rows joined) in nf4, computed on `device`: a weight that is a
+// placeholder (`drawn`) drawn on the CPU and cast there to `held`, the others as the model holds
+// them. The same codes wherever the matrix is held afterwards (resident, or streamed from host
+// memory: homes/streamed_base.hpp).
+Nf4Matrix quantize_gemm(const BaseGemm& gemm, const DrawnParams& drawn, torch::Device device, torch::ScalarType held);
+
 class QuantizedBase {
  public:
   // Every GEMM quantized on `device`, in parallel over GEMMs: a weight that is a placeholder of

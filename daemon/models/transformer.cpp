@@ -36,7 +36,8 @@ class Transformer : public TaskModel {
   Transformer(const config::Job& job, torch::Device device, bool lazy)
       : m_(job.model), adapter_(job), llama_(config::llama_family(job.model.arch)), train_shared_(job.model.train_shared),
         quantized_(job.model.base_quant == config::BaseQuant::Nf4),
-        join_base_(Placement::of(job, 1).shared == HomeKind::resident && !quantized_ && !Placement::of(job, 1).streamed_base),
+        streamed_(Placement::of(job, 1).streamed_base),
+        join_base_(Placement::of(job, 1).shared == HomeKind::resident && !quantized_ && !streamed_),
         masked_(job.data.loss_mask) {
     num_tasks_ = static_cast<int>(m_.tasks);
     const int64_t d = m_.d_model;
@@ -375,6 +376,7 @@ class Transformer : public TaskModel {
   bool qk_norm_ = false;  // qwen3
   bool train_shared_ = true;
   bool quantized_ = false;                // model.base_quant: nf4
+  bool streamed_ = false;                 // the layers streamed or sharded (homes/streamed_base.hpp)
   bool join_base_ = false;                // a resident base: its projections joined while frozen
   bool masked_ = false;                   // data.loss_mask
   std::array<bool, kTargets> adapted_{};  // lora.targets
@@ -398,7 +400,8 @@ class Transformer : public TaskModel {
 // The layers' GEMMs and the output layer where it is not the embedding: quantized on the rank's
 // device (QuantizedBase::quantize).
 void Transformer::quantize_frozen_base(torch::Device compute) {
-  std::vector<BaseGemm> gemms = frozen_gemms();
+  // A streamed base's layers are quantized into host memory by its home; the output layer here.
+  std::vector<BaseGemm> gemms = streamed_ ? std::vector<BaseGemm>{} : frozen_gemms();
   if (!m_.tie_embeddings) gemms.push_back({kHeadGemm, -1, {head_}, {}});
   quant_.quantize(gemms, params_, compute, base_bf16_ ? torch::kBFloat16 : torch::kFloat32);
   read_frozen_gemms(quant_.weights(), gemms);

@@ -216,7 +216,7 @@ DeviceMemoryNeed device_memory_need(const config::Job& job, const config::ParamC
   // backward. Streamed: its store's slots and lines.
   switch (place.shared) {
     case HomeKind::resident:
-      if (job.model.base_quant == config::BaseQuant::Nf4) {
+      if (job.model.base_quant == config::BaseQuant::Nf4 && !place.streamed_base) {
         // Its matrices in 4 bits and a float32 absmax per 64 (daemon/ops/nf4.hpp), the largest
         // layer's once more, dequantized into the scratch every layer shares, and an untied
         // lm_head dequantized for a pass; the rest as held.
@@ -230,15 +230,18 @@ DeviceMemoryNeed device_memory_need(const config::Job& job, const config::ParamC
         // The layers' matrices in offload.shared_prefetch_layers + 2 slots of one layer each
         // (homes/streamed_base.hpp), sharded also 1/N of every layer; the embedding, norms and
         // output layer as held.
-        const double held = place.frozen_base_bf16 ? 2 : 4;
+        // In nf4 the slots hold codes and absmax, and one scratch the largest matrix dequantized.
+        const bool nf4 = job.model.base_quant == config::BaseQuant::Nf4;
+        const double held = place.frozen_base_bf16 ? 2 : 4, moved = nf4 ? 0.5 + 4.0 / 64 : held;
         const double layers = s.shared_cast - s.head_cast;
         const double layer = layers / double(std::max<int64_t>(1, job.model.layers));
         const char* key = place.sharded_base ? "model.base_shard" : "offload.shared";
         add(place.sharded_base ? "Θ's gathered layer slots" : "Θ's streamed layer slots",
-            layer * double(job.offload.shared_prefetch_layers + 2), held, key);
+            layer * double(job.offload.shared_prefetch_layers + 2), moved, key);
         if (place.sharded_base)
           add("Θ's layers' shard (1/" + std::to_string(node_ranks) + ")", layers / double(std::max(1, node_ranks)),
-              held, key);
+              moved, key);
+        if (nf4) add("their dequantization scratch", s.largest_cast, bf16 ? 2 : 4, "model.base_quant");
         add("Θ's embedding, norms and output layer", s.shared - s.shared_cast + s.head_cast, held, skey);
         break;
       }

@@ -71,8 +71,10 @@ HostMemoryNeed host_memory_need(const config::Job& job, const config::ParamCount
   const double arena_tasks = task_store ? arena(tasks, task_params / double(tasks), bf16) : 0;
   const double arena_theta = theta_streamed ? arena(1, c.shared, false) : 0;
   need.per_rank_bytes = static_cast<int64_t>((gpu ? 0 : theta_bytes + tasks_bytes) + theta_copy);
-  // A transformer's streamed frozen base (homes/streamed_base.hpp): its values once a node.
-  const double streamed_base = place.streamed_base ? c.shared * (place.frozen_base_bf16 ? 2 : 4) : 0;
+  // A transformer's streamed or sharded frozen base (homes/streamed_base.hpp): its values once a
+  // node (in nf4: its codes and absmax).
+  const double streamed_base =
+      !place.streamed_base ? 0 : c.shared * (quantized ? 0.5 + 4.0 / 64 : place.frozen_base_bf16 ? 2 : 4);
   need.node_bytes = static_cast<int64_t>(arena_tasks + arena_theta + streamed_base);
 
   std::ostringstream os;

@@ -10,6 +10,9 @@
 #  - a run stopped and resumed ends bitwise as the uninterrupted one; the adapters in the host
 #    store end bitwise as resident ones; joint and per-task passes alike; a drawn base (no
 #    model.init_from) is held nowhere but in nf4, is not in the checkpoint, and resumes bitwise;
+#  - the nf4 base streamed from host memory (offload.shared: stream) or sharded over the ranks
+#    (model.base_shard: node) as nf4 codes ends bitwise as the resident nf4 base, from files at 2
+#    ranks and drawn (untied, 5 layers) at 4;
 #  - combinations that cannot work are exit 2 at validate, naming the keys.
 #   llama_nf4.sh THETAD REFERENCE THETAD_LOGITS
 source "$(dirname "$0")/lib.sh"
@@ -61,6 +64,15 @@ run_np joint 2 "$job" "${quant[@]}" --set steps=6 --set train.backward=joint --s
 run_np per_task 2 "$job" "${quant[@]}" --set steps=6 --set train.backward=per_task --set data.tasks_per_rank=2
 same_hash "nf4: the joint pass == a pass per task" joint per_task
 
+# The nf4 base's layers streamed from host memory, or sharded over the ranks and gathered, as nf4
+# codes: the parameters of the resident nf4 base.
+run_np nf4_stream 2 "$job" "${quant[@]}" --set steps=6 --set offload.shared=stream
+expect_in nf4_stream "streamed base: [0-9]+ layers in .* MiB of host memory shared by 2 local ranks"
+same_hash "nf4: streamed from host memory == resident" whole nf4_stream
+run_np nf4_shard 2 "$job" "${quant[@]}" --set steps=6 --set model.base_shard=node
+expect_in nf4_shard "sharded base: [0-9]+ layers, 1/2 of each on each of 2 local ranks"
+same_hash "nf4: sharded over 2 ranks == resident" whole nf4_shard
+
 # A drawn base (no model.init_from): its matrices drawn as they are quantized and held nowhere
 # else; no checkpoint holds Θ (the seed draws it again), and a resumed run ends bitwise.
 tfm=$HERE/jobs/transformer.yaml
@@ -69,14 +81,20 @@ drawn=(--set model.arch=llama --set model.kv_heads=1 --set model.train_shared=fa
 run_np drawn_whole 2 "$tfm" "${drawn[@]}" --set checkpoint.every_steps=3
 expect_in drawn_whole "frozen base in nf4 .*drawn from the seed as quantized, held nowhere else"
 drawn_resumes "a drawn nf4 base" drawn_whole "$tfm" "${drawn[@]}"
+# Of 5 layers through 3 slots, untied (the output layer quantized where it is, the layers where
+# they are streamed or sharded from).
+untied=(--set model.layers=5 --set model.tie_embeddings=false)
+run_np drawn_untied 4 "$tfm" "${drawn[@]}" "${untied[@]}"
+run_np drawn_untied_stream 4 "$tfm" "${drawn[@]}" "${untied[@]}" --set offload.shared=stream
+same_hash "a drawn nf4 base, untied, 4 ranks: streamed == resident" drawn_untied drawn_untied_stream
+run_np drawn_untied_shard 4 "$tfm" "${drawn[@]}" "${untied[@]}" --set model.base_shard=node
+same_hash "a drawn nf4 base, untied, 4 ranks: sharded == resident" drawn_untied drawn_untied_shard
 
 # What cannot work: exit 2 at validate, naming the keys.
 expect_code 2 trained_base "$thetad" validate "$job" "${quant[@]}" --set model.train_shared=true
 expect_in trained_base "model.base_quant: nf4 holds a frozen base, but model.train_shared is true"
 expect_code 2 mlp_base "$thetad" validate "$HERE/jobs/small.yaml" --set model.base_quant=nf4
 expect_in mlp_base "model.base_quant: nf4 quantizes the transformer's frozen base; model.kind is multitask_mlp"
-expect_code 2 streamed_base "$thetad" validate "$job" "${quant[@]}" --set offload.shared=stream
-expect_in streamed_base "offload.shared: stream streams the base in the dtype the GEMMs read .*model.base_quant: nf4"
 expect_code 2 bad_word "$thetad" validate "$job" "${quant[@]}" --set model.base_quant=nf8
 expect_in bad_word "model.base_quant.*nf8"
 finish

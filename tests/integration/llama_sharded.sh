@@ -51,8 +51,6 @@ drawn_resumes "a drawn sharded base" drawn_shd_fp32_np2 "$tfm" "${drawn[@]}" "${
 # What cannot work: exit 2 at validate, naming the keys.
 expect_code 2 trained "$thetad" validate "$job" "${shard[@]}" --set model.train_shared=true
 expect_in trained "model.base_shard: node shards the transformer's frozen base over the node's ranks, but model.train_shared is true"
-expect_code 2 nf4 "$thetad" validate "$job" "${shard[@]}" --set model.base_quant=nf4
-expect_in nf4 "model.base_shard: .*with model.base_quant: nf4 .*choose one"
 expect_code 2 stream "$thetad" validate "$job" "${shard[@]}" --set offload.shared=stream
 expect_in stream "model.base_shard: .*with offload.shared: stream .*choose one"
 finish
