@@ -24,11 +24,11 @@ using namespace detail;
 // when offloaded, else from the parameter itself, in the same chunks either way.
 class ExtremeClassifier : public TaskModel {
  public:
-  ExtremeClassifier(const config::Job& job, torch::Device device, bool lazy)
-      : negatives_(job.model.negatives_per_step), sharded_(Placement::of(job, 1).row_shards) {
+  ExtremeClassifier(const config::Job& job, const Placement& place, torch::Device device, bool lazy)
+      : negatives_(job.model.negatives_per_step), sharded_(place.row_shards) {
     const auto& m = job.model;
     num_tasks_ = static_cast<int>(m.tasks);
-    ParamBuilder pb(job, device, params_, lazy);
+    ParamBuilder pb(job, place, device, params_, lazy);
     int64_t dim = m.input_dim;
     for (int64_t i = 0; i < std::max<int64_t>(m.trunk_layers, 1); ++i) {
       encoder_.push_back(make_linear(pb, "encoder." + std::to_string(i), 0, dim, m.hidden));
@@ -126,8 +126,9 @@ class SyntheticClasses : public DataSource {
 
 }  // namespace
 
-std::unique_ptr<TaskModel> make_extreme_classifier(const config::Job& job, torch::Device device, bool lazy_tasks) {
-  return std::make_unique<ExtremeClassifier>(job, device, lazy_tasks);
+std::unique_ptr<TaskModel> make_extreme_classifier(const config::Job& job, const Placement& place, torch::Device device,
+                                                   bool lazy_tasks) {
+  return std::make_unique<ExtremeClassifier>(job, place, device, lazy_tasks);
 }
 
 std::unique_ptr<DataSource> make_synthetic_classes(const config::Job& job, torch::Device device) {

@@ -17,10 +17,13 @@
 
 namespace thetad::daemon {
 
+struct Placement;  // daemon/plan/placement.hpp
+
 // model.kind: torchscript (model.path as given: expanded by the caller).
 std::unique_ptr<TaskModel> make_script_model(const config::Job& job, torch::Device device);
 // model.kind: extreme_classifier, and its synthetic data (data.kind: synthetic).
-std::unique_ptr<TaskModel> make_extreme_classifier(const config::Job& job, torch::Device device, bool lazy_tasks);
+std::unique_ptr<TaskModel> make_extreme_classifier(const config::Job& job, const Placement& place, torch::Device device,
+                                                   bool lazy_tasks);
 std::unique_ptr<DataSource> make_synthetic_classes(const config::Job& job, torch::Device device);
 // data.kind: npy (npy_data.cpp).
 std::unique_ptr<DataSource> make_npy_data(const config::Job& job, const TaskModel& model, torch::Device device);

@@ -16,6 +16,8 @@
 
 namespace thetad::daemon {
 
+struct Placement;  // daemon/plan/placement.hpp
+
 enum class LossKind { mse, cross_entropy };
 
 class LayerWeights;     // daemon/ops/trunk_layer.hpp
@@ -171,6 +173,12 @@ class TaskModel {
 // `lazy_tasks` (the host store; device must be the CPU) task parameters are placeholders with
 // NamedParam::init set, where the model can (all but torchscript). model.path is read as given:
 // the caller expands its placeholders for its rank (with_input_paths, daemon/plan/input_path.hpp).
+// `place`: where the job's groups live, as the trainer decided it once (Placement::of); the
+// models read from it what they build differently (a lazy store's placeholders, a frozen base in
+// bf16, a drawn base drawn later, a streamed base's layers, row shards). The overload without it
+// builds a model outside a trainer (tests, tools): one rank's placement.
+std::unique_ptr<TaskModel> make_model(const config::Job& job, const Placement& place, torch::Device device,
+                                      bool lazy_tasks = false, torch::Device compute = torch::kCPU);
 std::unique_ptr<TaskModel> make_model(const config::Job& job, torch::Device device, bool lazy_tasks = false,
                                       torch::Device compute = torch::kCPU);
 

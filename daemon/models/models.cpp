@@ -35,10 +35,10 @@ using namespace detail;
 // Shared trunk of Linear+GELU layers, one head per task (Linear+GELU ..., Linear).
 class MultitaskMlp : public TaskModel {
  public:
-  MultitaskMlp(const config::Job& job, torch::Device device, bool lazy) {
+  MultitaskMlp(const config::Job& job, const Placement& place, torch::Device device, bool lazy) {
     const auto& m = job.model;
     num_tasks_ = static_cast<int>(m.tasks);
-    ParamBuilder pb(job, device, params_, lazy);
+    ParamBuilder pb(job, place, device, params_, lazy);
     int64_t dim = m.input_dim;
     for (int64_t i = 0; i < m.trunk_layers; ++i) {
       trunk_.push_back(make_linear(pb, "trunk." + std::to_string(i), 0, dim, m.hidden));
@@ -82,10 +82,10 @@ class MultitaskMlp : public TaskModel {
 // (h + B_t A_t h), and a per-task linear head. θ[t] = the task's adapters and head.
 class MultitaskAdapter : public TaskModel {
  public:
-  MultitaskAdapter(const config::Job& job, torch::Device device, bool lazy) {
+  MultitaskAdapter(const config::Job& job, const Placement& place, torch::Device device, bool lazy) {
     const auto& m = job.model;
     num_tasks_ = static_cast<int>(m.tasks);
-    ParamBuilder pb(job, device, params_, lazy);
+    ParamBuilder pb(job, place, device, params_, lazy);
     in_ = make_linear(pb, "embed", 0, m.input_dim, m.hidden);
     int64_t blocks = std::max<int64_t>(m.trunk_layers, 1);
     for (int64_t i = 0; i < blocks; ++i) {
@@ -173,24 +173,25 @@ uint64_t mix_seed(uint64_t a, uint64_t b, uint64_t c, uint64_t d) {
 
 namespace {
 
-std::unique_ptr<TaskModel> build_model(const config::Job& job, torch::Device device, bool lazy_tasks) {
+std::unique_ptr<TaskModel> build_model(const config::Job& job, const Placement& place, torch::Device device,
+                                       bool lazy_tasks) {
   using config::ModelKind;
   switch (job.model.kind) {
-    case ModelKind::MultitaskMlp: return std::make_unique<MultitaskMlp>(job, device, lazy_tasks);
-    case ModelKind::MultitaskAdapter: return std::make_unique<MultitaskAdapter>(job, device, lazy_tasks);
+    case ModelKind::MultitaskMlp: return std::make_unique<MultitaskMlp>(job, place, device, lazy_tasks);
+    case ModelKind::MultitaskAdapter: return std::make_unique<MultitaskAdapter>(job, place, device, lazy_tasks);
     case ModelKind::Torchscript: return make_script_model(job, device);
-    case ModelKind::ExtremeClassifier: return make_extreme_classifier(job, device, lazy_tasks);
-    case ModelKind::Transformer: return make_transformer(job, device, lazy_tasks);
+    case ModelKind::ExtremeClassifier: return make_extreme_classifier(job, place, device, lazy_tasks);
+    case ModelKind::Transformer: return make_transformer(job, place, device, lazy_tasks);
   }
   throw InternalError("make_model: model.kind " + std::to_string(static_cast<int>(job.model.kind)) +
                       " has no model");
 }
 
-// A frozen base held in bf16 (frozen_base_in_bf16): the token embedding, which forward reads by
+// A frozen base held in bf16 (Placement::frozen_base_bf16): the token embedding, which forward reads by
 // index (widened to float32) besides any matmul, joins the bf16 matrices where its values are
 // bf16 already (a bf16 checkpoint's, after model.init_from): nothing forward computes changes.
-void hold_embedding_in_bf16(const config::Job& job, TaskModel& model) {
-  if (!frozen_base_in_bf16(job) || job.model.kind != config::ModelKind::Transformer) return;
+void hold_embedding_in_bf16(const config::Job& job, const Placement& place, TaskModel& model) {
+  if (!place.frozen_base_bf16 || job.model.kind != config::ModelKind::Transformer) return;
   torch::NoGradGuard no_grad;
   for (NamedParam& p : model.params()) {
     if (p.group != 0 || p.name != "embed.weight" || p.tensor.scalar_type() != torch::kFloat32) continue;
@@ -199,11 +200,11 @@ void hold_embedding_in_bf16(const config::Job& job, TaskModel& model) {
   }
 }
 
-// A frozen base in bf16 (frozen_base_in_bf16) or nf4 (model.base_quant): says what the base
-// holds how, once loaded.
-void log_frozen_base(const config::Job& job, TaskModel& model) {
+// A frozen base in bf16 (Placement::frozen_base_bf16) or nf4 (model.base_quant): says what the
+// base holds how, once loaded.
+void log_frozen_base(const config::Job& job, const Placement& place, TaskModel& model) {
   const bool quantized = job.model.base_quant != config::BaseQuant::None;
-  if (!frozen_base_in_bf16(job) && !quantized) return;
+  if (!place.frozen_base_bf16 && !quantized) return;
   int64_t bf16_bytes = 0, fp32_bytes = 0, host_bytes = 0, host_numel = 0;
   for (NamedParam& p : model.params()) {
     if (p.group != 0) continue;
@@ -236,14 +237,19 @@ void log_frozen_base(const config::Job& job, TaskModel& model) {
 
 }  // namespace
 
+std::unique_ptr<TaskModel> make_model(const config::Job& job, const Placement& place, torch::Device device,
+                                      bool lazy_tasks, torch::Device compute) {
+  std::unique_ptr<TaskModel> model = build_model(job, place, device, lazy_tasks);
+  load_initial_weights(job, *model);
+  hold_embedding_in_bf16(job, place, *model);
+  if (job.model.base_quant != config::BaseQuant::None) model->quantize_frozen_base(compute);
+  log_frozen_base(job, place, *model);
+  return model;
+}
+
 std::unique_ptr<TaskModel> make_model(const config::Job& job, torch::Device device, bool lazy_tasks,
                                       torch::Device compute) {
-  std::unique_ptr<TaskModel> model = build_model(job, device, lazy_tasks);
-  load_initial_weights(job, *model);
-  hold_embedding_in_bf16(job, *model);
-  if (job.model.base_quant != config::BaseQuant::None) model->quantize_frozen_base(compute);
-  log_frozen_base(job, *model);
-  return model;
+  return make_model(job, Placement::of(job, 1), device, lazy_tasks, compute);
 }
 
 std::unique_ptr<DataSource> make_data(const config::Job& job, const TaskModel& model,

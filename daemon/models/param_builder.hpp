@@ -65,11 +65,11 @@ enum class Read { any, autocast };
 // straight into the host memory they are streamed from).
 class ParamBuilder {
  public:
-  ParamBuilder(const config::Job& job, torch::Device device, std::vector<NamedParam>& out, bool lazy = false)
+  ParamBuilder(const config::Job& job, const Placement& place, torch::Device device, std::vector<NamedParam>& out,
+               bool lazy = false)
       : seed_(init_seed(job)), device_(device), out_(out), lazy_(lazy && device.is_cpu()),
-        base_bf16_(frozen_base_in_bf16(job)), shared_from_file_(!job.model.init_from.empty()),
-        drawn_later_(Placement::of(job, 1).drawn_quantized_base ||
-                     (Placement::of(job, 1).streamed_base && job.model.init_from.empty())) {}
+        base_bf16_(place.frozen_base_bf16), shared_from_file_(!job.model.init_from.empty()),
+        drawn_later_(place.drawn_quantized_base || (place.streamed_base && job.model.init_from.empty())) {}
   ParamBuilder(const ParamBuilder&) = delete;
   ParamBuilder& operator=(const ParamBuilder&) = delete;
   // Draws the deferred values (see the class comment), in parallel on the process's pool (idle

@@ -33,11 +33,11 @@ using namespace decoder;
 
 class Transformer : public TaskModel {
  public:
-  Transformer(const config::Job& job, torch::Device device, bool lazy)
+  Transformer(const config::Job& job, const Placement& place, torch::Device device, bool lazy)
       : m_(job.model), adapter_(job), llama_(config::llama_family(job.model.arch)), train_shared_(job.model.train_shared),
         quantized_(job.model.base_quant == config::BaseQuant::Nf4),
-        streamed_(Placement::of(job, 1).streamed_base),
-        join_base_(Placement::of(job, 1).shared == HomeKind::resident && !quantized_ && !streamed_),
+        streamed_(place.streamed_base),
+        join_base_(place.shared == HomeKind::resident && !quantized_ && !streamed_),
         masked_(job.data.loss_mask) {
     num_tasks_ = static_cast<int>(m_.tasks);
     const int64_t d = m_.d_model;
@@ -45,7 +45,7 @@ class Transformer : public TaskModel {
     kv_heads_ = llama_ && m_.kv_heads > 0 ? m_.kv_heads : m_.heads;
     const bool qkv_bias = m_.arch == config::ModelArch::Qwen2;
     qk_norm_ = m_.arch == config::ModelArch::Qwen3;
-    ParamBuilder pb(job, device, params_, lazy);
+    ParamBuilder pb(job, place, device, params_, lazy);
     const auto matrix = [&](const std::string& n, Block& b, int k) {
       const auto [out, in] = adapter_.base_shape(static_cast<config::LoraTarget>(k));
       b.w[static_cast<size_t>(k)] = pb.add(n + kParamNames[static_cast<size_t>(k)] + ".weight", 0, {out, in},
@@ -93,7 +93,7 @@ class Transformer : public TaskModel {
       }
     }
     if (llama_) rotary_ = RotaryTables(m_, device);
-    base_bf16_ = frozen_base_in_bf16(job);
+    base_bf16_ = place.frozen_base_bf16;
   }
 
   std::vector<NamedParam>& params() override { return params_; }
@@ -491,8 +491,9 @@ std::unique_ptr<SlotPass> Transformer::slot_pass(int parts, int64_t rows) {
 
 }  // namespace
 
-std::unique_ptr<TaskModel> make_transformer(const config::Job& job, torch::Device device, bool lazy_tasks) {
-  return std::make_unique<Transformer>(job, device, lazy_tasks);
+std::unique_ptr<TaskModel> make_transformer(const config::Job& job, const Placement& place, torch::Device device,
+                                            bool lazy_tasks) {
+  return std::make_unique<Transformer>(job, place, device, lazy_tasks);
 }
 
 }  // namespace thetad::daemon

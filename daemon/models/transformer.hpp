@@ -11,6 +11,8 @@
 
 namespace thetad::daemon {
 
+struct Placement;  // daemon/plan/placement.hpp
+
 // Pre-norm blocks, every weight matrix without bias, the output layer tied to the token embedding
 // or not (model.tie_embeddings). model.arch gpt2: LayerNorm, causal multi-head self-attention,
 // GELU MLP, learned positions. llama (Hugging Face's LlamaForCausalLM, same names through
@@ -19,7 +21,8 @@ namespace thetad::daemon {
 // lora.targets (q, k, v, o, gate, up, down) per task: W x + (alpha / rank) B A x, with B zero at
 // the start (the adapted model starts as the base). Task parameters are placeholders with
 // `lazy_tasks` (the host store draws them).
-std::unique_ptr<TaskModel> make_transformer(const config::Job& job, torch::Device device, bool lazy_tasks);
+std::unique_ptr<TaskModel> make_transformer(const config::Job& job, const Placement& place, torch::Device device,
+                                            bool lazy_tasks);
 
 // Windows of seq_len + 1 tokens per row (inputs and next-token targets, int64 [rows, seq_len]):
 // synthetic (each task a walk through the vocabulary with a stride of its own, with

@@ -107,7 +107,7 @@ bool Trainer::backward_per_task() const {
 // (θ[t] never lives on the device whole).
 void Trainer::build_model() {
   const auto t_model = Clock::now();
-  model_ = make_model(inputs_, Homes::model_device(placement_, data_), placement_.lazy_tasks, data_.device);
+  model_ = make_model(inputs_, placement_, Homes::model_device(placement_, data_), placement_.lazy_tasks, data_.device);
   THETAD_LOG(info, "train") << "model " << config::to_string(job_.model.kind) << " built in " << std::fixed << std::setprecision(2)
                             << ms_since(t_model) / 1000 << " s";
   batches_ = make_data(inputs_, *model_, data_.device);
