@@ -1,25 +1,12 @@
-// The pruned, bucketed allreduce engine (see engine.hpp for the step protocol): the window's
-// state and the launch order. Gradient memory: engine/grad_buffers; the count exchange:
-// engine/count_exchange.
-//
-// Launch order: the buckets to reduce this window ("order": globally active buckets with prune
-// on, every bucket with prune off) are launched strictly in ascending bucket index, the same on
-// every rank, as NCCL and MPI both require. A bucket is ready when all its parameters were marked
-// since begin_sync, or at once when its group is not locally active (its buffer is zero and no
-// gradient will come: it is the zero-filled stand-in for a group other ranks trained). A ready
-// bucket waits for the lower-indexed buckets of the order; finish_backward launches whatever is
-// left. The order (and the divisors) need the count exchange, which mark_ready never waits for:
-// until it has landed, ready buckets just accumulate. A bucket of a kept group (keep: its one
-// contributor keeps the gradient) is in no rank's order: finish_backward finishes it on that rank
-// in place.
+// The pruned, bucketed allreduce engine (see engine.hpp for the step protocol): its calls, their
+// checks and the end of a window. The window's state and the launch order: engine/window.hpp;
+// gradient memory: engine/grad_buffers; the count exchange: engine/count_exchange.
 #include "comm/engine.hpp"
 
 #include <algorithm>
 #include <mutex>
 
-#include "comm/engine/collective_timer.hpp"
-#include "comm/engine/count_exchange.hpp"
-#include "comm/engine/grad_buffers.hpp"
+#include "comm/engine/window.hpp"
 #include "common/errors.hpp"
 #include "common/leak_on_purpose.hpp"
 #include "common/log.hpp"
@@ -27,165 +14,7 @@
 namespace thetad::comm {
 
 using Clock = std::chrono::steady_clock;
-using engine_detail::CollectiveTimer;
-using engine_detail::CountExchange;
-using engine_detail::GradBuffers;
 
-struct Engine::Impl {
-  Communicator& comm;
-  const BucketPlan& plan;
-  const EngineOptions& opts;
-  StepStats& stats;
-
-  std::mutex mu;
-  GradBuffers buffers;
-  CountExchange counts;
-  std::vector<uint8_t> local_active;           // per group, this window
-  std::vector<uint8_t> seen;                   // per param: marked at all in this window
-  std::vector<uint8_t> ready;                  // per param: marked since begin_sync
-  std::vector<int> pending;                    // per bucket: params not yet ready
-  std::vector<uint8_t> launched;               // per bucket
-  std::vector<int> keeper;                     // per group, this window: keep(group, rank), else -1
-  bool any_keeper = false;
-  std::vector<uint8_t> kept;                   // per bucket, once the order is known: not sent
-  CollectiveTimer timer;  // the buckets' collectives, into the stats' bandwidth once complete
-
-  bool synced = false;     // begin_sync called in this window
-  bool finished = false;   // finish_backward done in this window
-
-  bool order_ready = false;
-  std::vector<int> order;  // buckets to reduce this window, ascending
-  size_t next = 0;         // position in `order` of the next bucket to launch
-  std::vector<WorkPtr> works;
-
-  Impl(Communicator& c, const BucketPlan& p, const EngineOptions& o, StepStats& st)
-      : comm(c),
-        plan(p),
-        opts(o),
-        stats(st),
-        buffers(c, p, o, st),
-        counts(o.count_comm ? *o.count_comm : c, p.num_groups, o.timeout) {
-    const size_t nb = plan.buckets.size(), np = plan.param_bucket.size();
-    local_active.assign(plan.num_groups, 0);
-    seen.assign(np, 0);
-    ready.assign(np, 0);
-    pending.assign(nb, 0);
-    launched.assign(nb, 0);
-    keeper.assign(plan.num_groups, -1);
-    kept.assign(nb, 0);
-  }
-
-  // All below run with `mu` held.
-  void begin_sync() {
-    counts.begin(local_active, comm.rank(), stats.step);
-    synced = true;
-    std::fill(ready.begin(), ready.end(), 0);
-    for (const Bucket& b : plan.buckets) pending[b.index] = static_cast<int>(b.params.size());
-  }
-
-  // Builds the launch order once it is known. With prune off and average world it needs no
-  // counts, so launching can start before the exchange lands.
-  bool ensure_order(bool block) {
-    if (order_ready) return true;
-    const bool need_counts = opts.prune || opts.average == Average::contributors || any_keeper;
-    if (need_counts && !counts.fetch(block)) return false;
-    order.clear();
-    for (const Bucket& b : plan.buckets) {
-      kept[b.index] = any_keeper && kept_group(b.group) ? 1 : 0;
-      if (!kept[b.index] && (!opts.prune || counts.counts()[b.group] > 0)) order.push_back(b.index);
-    }
-    order_ready = true;
-    return true;
-  }
-
-  // The counts have landed: whether group g's one contributor is the rank that keeps it.
-  bool kept_group(int g) const {
-    const int k = keeper[static_cast<size_t>(g)];
-    return k >= 0 && counts.counts()[static_cast<size_t>(g)] == 1 && counts.only_root(g) == k;
-  }
-
-  double divisor(int group) const {
-    if (opts.average == Average::world) return comm.size();
-    return std::max<int32_t>(1, counts.counts()[static_cast<size_t>(group)]);  // 0 only with prune off: zeros
-  }
-
-  // A kept bucket, at finish_backward: on its keeper, the gradient as a sent one would arrive
-  // (unwritten parameters zeroed, divided), nothing elsewhere.
-  void finish_kept(int b) {
-    const Bucket& bucket = plan.buckets[static_cast<size_t>(b)];
-    stats.buckets_kept += 1;
-    stats.bytes_kept += static_cast<int64_t>(bucket.numel * dtype_size(opts.wire));
-    if (keeper[static_cast<size_t>(bucket.group)] != comm.rank()) return;
-    buffers.zero_unwritten(b, seen);
-    const double d = divisor(bucket.group);
-    if (d != 1.0) comm.divide(buffers.bucket_ptr(b), bucket.numel, d);
-    buffers.mark_written(b);
-  }
-
-  bool bucket_ready(int b) const { return pending[b] == 0 || !local_active[plan.buckets[b].group]; }
-
-  void launch(int b) {
-    const Bucket& bucket = plan.buckets[b];
-    AllreduceOptions o;
-    o.op = ReduceOp::sum;
-    o.divisor = divisor(bucket.group);
-    o.tag = CollectiveTag{"allreduce", stats.step, b};
-    o.bf16_wire = opts.wire == DType::bf16;
-    // Only where the launch order waited for the counts: with prune off and average world a rank
-    // may launch before its counts land and another after, and the two would start different
-    // collectives (an allreduce and a broadcast) for the same bucket.
-    const bool counts_agreed = opts.prune || opts.average == Average::contributors;
-    if (counts_agreed && counts.ready() && opts.broadcast_min_ranks > 0 &&
-        comm.size() >= opts.broadcast_min_ranks && counts.only_root(bucket.group) >= 0) {
-      o.from_root = counts.only_root(bucket.group);
-      stats.buckets_broadcast += 1;
-    }
-    const bool adopted = buffers.adopted(bucket.group);
-    float* data = adopted ? nullptr : buffers.bucket_ptr(b);
-    if (adopted) {  // a world of one: its gradients are final; zeros where some rank used the group but none came
-      if (!counts.ready() || counts.counts()[bucket.group] > 0)
-        for (int p : bucket.params) buffers.adopted_grad(p, /*zeros_if_none=*/true);
-    } else if (o.from_root < 0 || o.from_root == comm.rank()) {
-      buffers.zero_unwritten(b, seen);  // else overwritten
-    }
-    const auto t0 = Clock::now();
-    works.push_back(adopted ? comm.after_compute(o.tag) : comm.allreduce(data, bucket.numel, DType::f32, o));
-    const auto t1 = Clock::now();
-    stats.launch_call_ms += std::chrono::duration<double, std::milli>(t1 - t0).count();
-    if (opts.on_launch) {
-      counts.fetch(/*block=*/false);  // prune off, average world: maybe not fetched yet
-      opts.on_launch(b, counts.ready() ? counts.counts()[bucket.group] : -1, *works.back(), data);
-      stats.on_launch_ms += std::chrono::duration<double, std::milli>(Clock::now() - t1).count();
-    }
-    if (buffers.streamed(bucket.group)) buffers.hold_until_done(b, works.back());
-    launched[b] = 1;
-    buffers.mark_written(b);
-    stats.buckets_launched += 1;
-    const auto bytes = static_cast<int64_t>(bucket.numel * dtype_size(opts.wire));
-    stats.bytes_allreduced += bytes;
-    if (!adopted && comm.size() > 1) timer.launched(works.back(), bytes, o.from_root >= 0);
-    if (!local_active[bucket.group]) stats.buckets_zero_filled += 1;
-  }
-
-  // Whether a collective of this window may still write into the engine's memory.
-  bool in_flight() const {
-    if (counts.in_flight()) return true;
-    for (const auto& w : works)
-      if (!w->is_completed()) return true;
-    return false;
-  }
-
-  // Launches ready buckets in order; `all` launches every remaining one (finish_backward).
-  void run(bool all) {
-    if (!ensure_order(all)) return;
-    while (next < order.size()) {
-      const int b = order[next];
-      if (!all && !bucket_ready(b)) break;
-      launch(b);
-      ++next;
-    }
-  }
-};
 
 Engine::Engine(std::shared_ptr<Communicator> comm, BucketPlan plan, EngineOptions opts)
     : comm_(std::move(comm)), plan_(std::move(plan)), opts_(std::move(opts)) {
@@ -336,15 +165,17 @@ bool Engine::group_active_globally(int group) {
   return contributors()[group] > 0;
 }
 
-void Engine::mark_ready(int param) {
+Launches Engine::mark_ready(int param) {
+  Launches out;
   std::lock_guard<std::mutex> lock(impl_->mu);
   if (param < 0 || param >= static_cast<int>(plan_.param_bucket.size()))
     throw InternalError(detail::concat("mark_ready: no parameter ", param));
   const int b = plan_.param_bucket[param];
-  if (b < 0) return;  // a placeholder without elements
+  if (b < 0) return out;  // a placeholder without elements
   if (impl_->buffers.streamed(plan_.buckets[b].group))
     throw InternalError(detail::concat("mark_ready: parameter ", param, " is streamed: hand its gradient over"));
-  mark_locked(param);
+  mark_locked(param, out);
+  return out;
 }
 
 // The bucket of a streamed parameter whose gradient (or its absence) may be given now: after
@@ -363,7 +194,8 @@ int Engine::streamed_bucket(const char* call, int param) {
   return b;
 }
 
-void Engine::mark_ready(int param, float* data, std::shared_ptr<void> keep) {
+Launches Engine::mark_ready(int param, float* data, std::shared_ptr<void> keep) {
+  Launches out;
   std::lock_guard<std::mutex> lock(impl_->mu);
   Impl& s = *impl_;
   if (!data) throw InternalError(detail::concat("mark_ready: no data for parameter ", param));
@@ -372,11 +204,13 @@ void Engine::mark_ready(int param, float* data, std::shared_ptr<void> keep) {
   // The launch order needs the counts: rather than pile up handed-over buffers until they land,
   // wait for them (posted before backward by every rank, normally long done).
   s.counts.fetch(/*block=*/true);
-  mark_locked(param);
+  mark_locked(param, out);
   s.buffers.release_held(false);
+  return out;
 }
 
-void Engine::mark_absent(int param) {
+Launches Engine::mark_absent(int param) {
+  Launches out;
   std::lock_guard<std::mutex> lock(impl_->mu);
   Impl& s = *impl_;
   const int b = streamed_bucket("mark_absent", param);
@@ -384,7 +218,8 @@ void Engine::mark_absent(int param) {
   // bucket's scratch memory is taken when it launches.
   s.ready[param] = 1;
   s.pending[b] -= 1;
-  s.run(false);
+  s.run(false, out, /*paced=*/true);
+  return out;
 }
 
 bool Engine::locally_active(int group) const {
@@ -409,7 +244,7 @@ void Engine::check_declared(int param) {
   s.local_active[g] = 1;  // discover mode, before the exchange: still in time
 }
 
-void Engine::mark_locked(int param) {
+void Engine::mark_locked(int param, Launches& out) {
   Impl& s = *impl_;
   const int b = plan_.param_bucket[param];
   s.buffers.mark_written(b);  // autograd already wrote into the view
@@ -418,23 +253,33 @@ void Engine::mark_locked(int param) {
   if (!s.synced || s.finished || s.ready[param]) return;
   s.ready[param] = 1;
   s.pending[b] -= 1;
-  s.run(false);
+  s.run(false, out, /*paced=*/true);
 }
 
-void Engine::finish_backward() {
+Launches Engine::launch_ready() {
+  Launches out;
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  Impl& s = *impl_;
+  if (s.synced && !s.finished) s.run(false, out, /*paced=*/true);
+  return out;
+}
+
+Launches Engine::launch_rest() {
+  Launches out;
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  if (impl_->finished) throw InternalError("launch_rest after finish_backward");
+  impl_->launch_rest(out, /*paced=*/true);
+  return out;
+}
+
+Launches Engine::finish_backward() {
+  Launches out;
   std::lock_guard<std::mutex> lock(impl_->mu);
   Impl& s = *impl_;
   if (s.finished) throw InternalError("finish_backward called twice in one window");
-  if (!s.synced) s.begin_sync();  // a window without begin_sync: exchange now
   const auto t0 = Clock::now();
-  s.ensure_order(true);
-  const auto t1 = Clock::now();
-  const size_t before = s.works.size();
-  s.run(true);
+  s.launch_rest(out, /*paced=*/false);
   const auto t2 = Clock::now();
-  stats_.finish_order_ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
-  stats_.finish_launch_ms = std::chrono::duration<double, std::milli>(t2 - t1).count();
-  stats_.finish_launched = static_cast<int>(s.works.size() - before);
   for (const Bucket& b : plan_.buckets)
     if (s.kept[b.index]) s.finish_kept(b.index);
   if (opts_.wait_stream && comm_->completes_in_order()) {
@@ -471,6 +316,7 @@ void Engine::finish_backward() {
   THETAD_LOG(debug, "comm") << "step " << stats_.step << ": " << stats_.buckets_launched
                             << " buckets launched (" << stats_.bytes_allreduced << " B), "
                             << stats_.buckets_pruned << " pruned, wait " << stats_.comm_wait_ms << " ms";
+  return out;
 }
 
 }  // namespace thetad::comm

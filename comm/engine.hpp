@@ -12,6 +12,9 @@
 //     backward -> hooks call engine.mark_ready(param) (launches only in the last micro-step)
 //   engine.finish_backward();                  // launch the rest, wait, divide; grads final
 //   engine.stats()
+// Every call that may launch buckets returns them (Launches), as c10d's collectives return their
+// Work: the caller consumes each (orders a copy or an optimizer step after its work) once the
+// engine's lock is released, so a consumer may call the engine again.
 #pragma once
 
 #include <chrono>
@@ -50,8 +53,8 @@ enum class GradMemory {
   // caller hands each gradient over in the window's last micro-step with mark_ready(param,
   // data, keep), in memory of its own, and the engine reduces it there in place. `keep` is held
   // until the bucket's work has completed (polled) or, at the latest, until finish_backward has
-  // made the wait stream (or the host) wait for it; on_launch is where the caller consumes the
-  // reduced values (e.g. a device->host copy ordered after `work`). Memory for such a group
+  // made the wait stream (or the host) wait for it; the bucket's Launched is where the caller
+  // consumes the reduced values (e.g. a device->host copy ordered after `work`). Memory for such a group
   // follows the buckets in flight, not the group's size: the row shards of a huge output layer.
   // grad(p) is an error.
   streamed,
@@ -62,8 +65,8 @@ enum class GradMemory {
   // the memory autograd made for it, as a plain loop keeps it: no engine memory, no copy into a
   // bucket and no reduction (one rank's sum is its gradient). The caller gives each parameter's
   // address with adopt() before its mark_ready (every micro-step: the same address), valid until
-  // the next start_window. A bucket "launches" as Communicator::after_compute (on_launch gets
-  // `data` nullptr and reads adopted_grad); a parameter of a launched bucket whose group some rank
+  // the next start_window. A bucket "launches" as Communicator::after_compute (its Launched has
+  // `data` nullptr: read adopted_grad); a parameter of a launched bucket whose group some rank
   // used but that got no gradient reads zeros (engine memory held for the window).
   adopted,
 };
@@ -84,12 +87,6 @@ struct EngineOptions {
   // last buckets are in flight (as DDP does). comm_wait_ms then counts host time only; measure
   // the stream's stall with events around finish_backward. nullptr: the host waits.
   void* wait_stream = nullptr;
-  // Called as each bucket's allreduce is launched (from the thread that launches it, the
-  // engine's lock held: it must not call back into the engine), with the number of ranks
-  // that contributed to the bucket's group (-1: not known yet) and the bucket's memory. Device
-  // backends can order work after the bucket with work.block_stream(stream), e.g. that
-  // bucket's optimizer step or the copy of its values to the host; host backends wait.
-  std::function<void(int bucket, int contributors, Work& work, float* data)> on_launch;
   // The count exchange's communicator (null: the gradients'). With NCCL gradients, a host
   // (MPI) one keeps the exchange off the GPU: on the comm stream it would queue behind the
   // previous step's buckets, and with the host a step ahead the next step's buckets could not
@@ -113,6 +110,25 @@ struct CollectiveTime {
   int count = 0;
 };
 
+// A bucket the engine launched, handed back by the call that launched it (mark_ready,
+// mark_absent, finish_backward) as c10d hands back a collective's Work. Device backends order
+// work after the bucket with work->block_stream(stream) (that bucket's optimizer step, the copy
+// of its values to the host); host backends wait.
+struct Launched {
+  int bucket = -1;
+  int contributors = -1;  // ranks that used the bucket's group (-1: not known yet)
+  WorkPtr work;
+  float* data = nullptr;  // the bucket's reduced values once `work` completes (nullptr: adopted group)
+  // A streamed bucket's memory (the caller's gradient or the engine's scratch): held by this
+  // record too, so that it outlives the caller's use of `data` even where the engine has seen the
+  // work complete and let its own hold go.
+  std::shared_ptr<void> keep;
+};
+using Launches = std::vector<Launched>;
+// Where a caller of the engine that is not the launches' consumer sends them (the gradient hooks
+// and the homes to the table of homes, which hands each bucket to its group's home).
+using LaunchHandler = std::function<void(const Launches&)>;
+
 struct StepStats {
   int64_t step = -1;
   int64_t bytes_allreduced = 0;  // payload bytes of launched buckets (per rank, in the wire dtype)
@@ -126,15 +142,14 @@ struct StepStats {
   int declared_without_grad = 0; // params of locally declared groups that got no gradient
   double count_exchange_ms = 0;  // latency of the count exchange
   double comm_wait_ms = 0;       // finish_backward's (host) wait for outstanding buckets
-  // Host time, for the timeline: in the communicator's launch calls, in on_launch, and inside
-  // finish_backward waiting for the launch order (the counts) and launching what was left.
+  // Host time, for the timeline: in the communicator's launch calls, and inside finish_backward
+  // waiting for the launch order (the counts) and launching what was left.
   double launch_call_ms = 0;
-  double on_launch_ms = 0;
   double finish_order_ms = 0;
   double finish_launch_ms = 0;
   double finish_block_ms = 0;    // making the wait stream (or the host) wait for the buckets
   int64_t streamed_bytes_peak = 0;  // streamed groups: most bytes of handed-over buffers held at once
-  int finish_launched = 0;       // buckets that finish_backward launched (not the hooks)
+  int finish_launched = 0;       // buckets that launch_rest and finish_backward launched (not the hooks)
   // The buckets' collectives that completed since the previous window's stats (the host sees a
   // window's last buckets complete only when it waits for them: on GPUs, where it does not, those
   // are counted with the next window), by kind: allreduces (bf16 wire included) and broadcasts
@@ -173,12 +188,13 @@ class Engine {
   const std::vector<int32_t>& contributors();
   bool group_active_globally(int group);
   // From the autograd hook after param's gradient has been accumulated. Thread-safe. A
-  // parameter without a bucket (no elements in the plan) is ignored.
-  void mark_ready(int param);
+  // parameter without a bucket (no elements in the plan) is ignored. Returns the buckets this
+  // call launched (lower-indexed ones that waited for this one's turn included).
+  [[nodiscard]] Launches mark_ready(int param);
   // Adopted groups: param's gradient is at `data` (float32, contiguous, plan.params[param].numel
   // elements) until the next start_window. Call before mark_ready(param). Thread-safe.
   void adopt(int param, float* data);
-  // Adopted groups: param's gradient this window, from on_launch (the engine's lock held) or after
+  // Adopted groups: param's gradient this window, once its bucket launched or after
   // finish_backward; nullptr if none was adopted and its bucket has not launched.
   float* adopted_grad(int param) const;
   // Bytes of the gradients adopted this window (memory the caller's allocator holds).
@@ -187,11 +203,11 @@ class Engine {
   // plan.params[param].numel floats); `keep` owns that memory (see GradMemory::streamed).
   // Only after begin_sync, once per window. Waits for the count exchange if it has not landed
   // (the launch order needs it; the buffers do not pile up meanwhile).
-  void mark_ready(int param, float* data, std::shared_ptr<void> keep);
+  [[nodiscard]] Launches mark_ready(int param, float* data, std::shared_ptr<void> keep);
   // Streamed groups: this rank has no gradient for param in this window (a shard without rows in
   // the batch, a group declared but not computed). Its bucket reduces zeros (scratch memory,
   // taken at launch), and later buckets need not wait for finish_backward. Same rules as above.
-  void mark_absent(int param);
+  [[nodiscard]] Launches mark_absent(int param);
   // Whether this rank declared (or discovered) the group active in the current window.
   bool locally_active(int group) const;
   // This window (before begin_sync): if `rank` turns out to be the group's one contributor, its
@@ -208,13 +224,23 @@ class Engine {
   // Launches every globally active bucket not yet launched (zero-filled where this rank had no
   // gradient), waits for all of them, divides (contributors or world). After it the gradients
   // of every globally active group are final on every rank; others are zero (overwrite groups:
-  // unspecified).
-  void finish_backward();
+  // unspecified). Returns the buckets it launched (their work already waited for, or the wait
+  // stream ordered after it).
+  [[nodiscard]] Launches finish_backward();
+  // Where the host waits for the buckets (no EngineOptions::wait_stream), the calls above hand
+  // back at most one streamed bucket each, so that its caller consumes it (and its memory is
+  // given back) before the next one's memory is taken; launch_ready launches what is ready
+  // after that (again at most one streamed bucket), launch_rest what is left before
+  // finish_backward, as finish_backward would, paced the same way. Callers that consume
+  // streamed buckets call them until they return nothing (Homes::take, the step protocol); for
+  // the others they are no-ops or finish_backward's launches made earlier.
+  [[nodiscard]] Launches launch_ready();
+  [[nodiscard]] Launches launch_rest();
   const StepStats& stats() const { return stats_; }
 
  private:
   struct Impl;
-  void mark_locked(int param);
+  void mark_locked(int param, Launches& out);
   void check_declared(int param);
   int streamed_bucket(const char* call, int param);
   std::shared_ptr<Communicator> comm_;

@@ -209,8 +209,8 @@ int run_gpu(const Args& a, const thetad::comm::WorldInfo& w) {
   auto engine_step = [&](int) {
     engine.declare_active(all_groups);
     engine.begin_sync();
-    for (int p = static_cast<int>(infos.size()) - 1; p >= 0; --p) engine.mark_ready(p);  // backward order
-    engine.finish_backward();
+    for (int p = static_cast<int>(infos.size()) - 1; p >= 0; --p) (void)engine.mark_ready(p);  // backward order
+    (void)engine.finish_backward();
   };
   std::vector<Result> res;
   auto add = [&](const std::string& name, double ms) {

@@ -113,7 +113,7 @@ float* GradBuffers::scratch(int b) {
     comm_.zero(mem.get(), bytes);
   }
   if (!mem) throw InternalError(detail::concat("no scratch memory for streamed bucket ", b));
-  release_held(false);  // the callback may have waited for earlier buckets
+  release_held(false);  // the caller may have waited for earlier buckets
   hold_bytes(static_cast<int64_t>(bytes));
   ext_[b] = static_cast<float*>(mem.get());
   ext_keep_[b] = std::move(mem);
@@ -156,14 +156,17 @@ void GradBuffers::zero_unwritten(int b, const std::vector<uint8_t>& seen) {
 }
 
 void GradBuffers::hand_over(int b, float* data, std::shared_ptr<void> keep) {
+  release_held(false);  // the caller has consumed (waited for) the buckets launched before
   ext_[b] = data;
   ext_keep_[b] = std::move(keep);
   hold_bytes(static_cast<int64_t>(bucket_bytes(b)));
 }
 
-void GradBuffers::hold_until_done(int b, WorkPtr work) {
-  held_.push_back({std::move(work), bucket_bytes(b), std::move(ext_keep_[b])});
+std::shared_ptr<void> GradBuffers::hold_until_done(int b, WorkPtr work) {
+  std::shared_ptr<void> keep = std::move(ext_keep_[b]);
+  held_.push_back({std::move(work), bucket_bytes(b), keep});
   ext_[b] = nullptr;
+  return keep;
 }
 
 void GradBuffers::hold_bytes(int64_t bytes) {

@@ -52,7 +52,8 @@ class GradBuffers {
   void hand_over(int b, float* data, std::shared_ptr<void> keep);
   bool handed_over(int b) const { return ext_[static_cast<size_t>(b)] != nullptr; }
   // Streamed bucket b was launched as `work`: its memory is held until the work completes.
-  void hold_until_done(int b, WorkPtr work);
+  // Returns that memory's owner (for the bucket's Launched).
+  std::shared_ptr<void> hold_until_done(int b, WorkPtr work);
   // Drops the owners of streamed buffers whose bucket's work has completed (all: `all`).
   void release_held(bool all);
 

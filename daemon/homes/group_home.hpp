@@ -39,12 +39,15 @@ struct HomeMemory {
 };
 
 // What set-up hands each home in turn (Homes::build): the engine, the run's window plans (which a
-// home may read ahead in: the store's look-ahead), this rank, and what a home built earlier
-// offers the later ones.
+// home may read ahead in: the store's look-ahead), this rank, where the buckets its own calls into
+// the engine launch go, and what a home built earlier offers the later ones.
 struct HomeSetup {
   comm::Engine& engine;
   WindowPlans& plans;
   int rank = 0;
+  // The buckets launched by a home's own calls into the engine (a gradient handed over): each
+  // goes to its group's home, which may be another one (Homes::take).
+  comm::LaunchHandler take_launches;
   // The copy device (H2D and D2H streams) of a host store built earlier: a later store shares it,
   // so that both copy on the same streams (null: none yet).
   offload::Device* copy_device = nullptr;
@@ -94,10 +97,11 @@ class GroupHome {
   virtual void after_backward(bool last) { (void)last; }
   // After finish_backward (every bucket reduced, the compute stream ordered after them).
   virtual void after_reduce() {}
-  // The engine launched bucket b of one of its groups (engine lock held; maybe on autograd's
-  // device thread: never call back into the engine). `data`: the bucket's reduced values once
-  // `work` completes.
-  virtual void on_bucket_launch(int b, int contributors, comm::Work& work, float* data) = 0;
+  // The engine launched bucket `l.bucket` of one of its groups (Launched: its work, the ranks
+  // that used the group, its reduced values at `data` once the work completes). Called outside
+  // the engine's lock, maybe on autograd's device thread, one launch at a time: it may ask the
+  // engine, but must not hand it gradients (that would launch again from inside Homes::take).
+  virtual void on_bucket_launch(const comm::Launched& l) = 0;
 
   // ---- the optimizer (every rank, each group some rank used; lazy: others are skipped) ----
   virtual void step(int g, const AdamSettings& s) = 0;

@@ -2,6 +2,7 @@
 #include "daemon/homes/homes.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <string>
 
@@ -42,7 +43,7 @@ Homes::Homes(const config::Job& job, const Placement& placement, TaskModel& mode
   group_steps_.assign(static_cast<size_t>(groups.num_groups()), 0);
   find_in_use();
   // The frozen base's layers into host memory, their parameters host_only from here on.
-  if (placement.streamed_base) streamed_base_ = std::make_unique<StreamedBase>(job, model, plane);
+  if (placement.streamed_base) streamed_base_ = std::make_unique<StreamedBase>(job, placement, model, plane);
   // A model with groups in a host store was built on the host; the resident ones move to the
   // device (the stores take the others from the host).
   if (plane.device.is_cpu() || !placement.model_on_host) return;
@@ -102,25 +103,43 @@ std::vector<comm::ParamInfo> Homes::plan_params() const {
   return infos;
 }
 
-// Each launched bucket goes straight to its group's home (the engine's lock held).
 void Homes::engine_options(comm::EngineOptions& o) {
   o.grad_memory = grad_memory();
-  o.on_launch = [this](int b, int contributors, comm::Work& work, float* data) {
-    if (timeline_) timeline_->record(Lane::comm, "launch bucket " + std::to_string(b), Timeline::now_us(), 0);
-    of(engine_->plan().buckets[static_cast<size_t>(b)].group).on_bucket_launch(b, contributors, work, data);
-  };
   for (GroupHome* h : in_use_) h->engine_options(o);
+}
+
+// The engine paces streamed buckets where the host waits (one per call): what became ready
+// behind one is pulled once it is consumed.
+void Homes::take(const comm::Launches& launches) {
+  if (launches.empty()) return;
+  std::lock_guard<std::mutex> lock(take_mu_);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (comm::Launches more = launches; !more.empty(); more = engine_->launch_ready())
+    for (const comm::Launched& l : more) {
+      if (timeline_) timeline_->record(Lane::comm, "launch bucket " + std::to_string(l.bucket), Timeline::now_us(), 0);
+      of(engine_->plan().buckets[static_cast<size_t>(l.bucket)].group).on_bucket_launch(l);
+    }
+  take_ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+double Homes::take_ms() const {
+  std::lock_guard<std::mutex> lock(take_mu_);
+  return take_ms_;
 }
 
 // The homes are built in set-up order: a store built later (Θ's) shares the copy device of one
 // built before (θ[t]'s: HomeSetup::copy_device), so that both use the same H2D and D2H streams.
 void Homes::build(comm::Engine& engine, WindowPlans& plans, int rank) {
   engine_ = &engine;
-  HomeSetup setup{engine, plans, rank};
+  HomeSetup setup{engine, plans, rank, launch_handler()};
   for (GroupHome* h : in_use_) h->build(setup);
 }
 
 void Homes::start_window(const WindowPlan& plan, const AdamSettings& settings) {
+  {
+    std::lock_guard<std::mutex> lock(take_mu_);
+    take_ms_ = 0;
+  }
   window_.adam = settings;
   window_.group_steps = &group_steps_;
   window_.update_known = job_.train.on_nonfinite != config::NonFinite::SkipStep && job_.optimizer.clip_norm <= 0;

@@ -1,12 +1,13 @@
 // The table of where each parameter group lives: one GroupHome per kind of place, and group ->
 // home, built once at set-up from the job's Placement (daemon/plan/placement: Θ resident or
-// streamed, θ[t] resident or in the host store). The engine hands each
-// launched bucket straight to its group's home; the trainer and the run state loop over the
+// streamed, θ[t] resident or in the host store). Each bucket the engine launches goes
+// straight to its group's home (take); the trainer and the run state loop over the
 // groups and ask their homes. Also the groups' optimizer step counts (lazy: a group counts only
 // the steps that updated it).
 #pragma once
 
 #include <memory>
+#include <mutex>
 #include <vector>
 
 #include "comm/engine.hpp"
@@ -50,6 +51,16 @@ class Homes {
   std::vector<comm::GradMemory> grad_memory() const;
   void engine_options(comm::EngineOptions& o);
   void build(comm::Engine& engine, WindowPlans& plans, int rank);
+  // The buckets a call into the engine launched, each to its group's home (GroupHome::
+  // on_bucket_launch), after the engine's lock was released; from whichever thread made the call
+  // (autograd's device threads included), one such call at a time.
+  void take(const comm::Launches& launches);
+  // take(), for the engine's callers that are not homes (the gradient hooks, the step protocol).
+  comm::LaunchHandler launch_handler() {
+    return [this](const comm::Launches& l) { take(l); };
+  }
+  // Host time in take() since the window started (for the timeline).
+  double take_ms() const;
 
   // ---- a window: every home hears every phase (`plan`: this rank's, built once by the trainer) ----
   void start_window(const WindowPlan& plan, const AdamSettings& settings);
@@ -97,6 +108,8 @@ class Homes {
   std::vector<GroupHome*> home_of_;  // per group
   std::vector<GroupHome*> in_use_;   // the homes of some group, each once, in set-up order
   comm::Engine* engine_ = nullptr;
+  mutable std::mutex take_mu_;  // take() one call at a time
+  double take_ms_ = 0;
   WindowSettings window_;
   std::vector<int64_t> group_steps_;
 };

@@ -126,17 +126,17 @@ void ResidentHome::add_operands(int p, float* grad, AdamOperands& ops) {
 // optimizer.overlap: the bucket's parameters are stepped on the side stream once its allreduce
 // lands, where nothing after backward can change the update and some rank used the group
 // (unknown counts, -1: the whole group after backward).
-void ResidentHome::on_bucket_launch(int b, int contributors, comm::Work& work, float* data) {
-  if (!adam_.overlap() || !window_->update_known || contributors <= 0) return;
-  const comm::Bucket& bucket = engine_->plan().buckets[static_cast<size_t>(b)];
+void ResidentHome::on_bucket_launch(const comm::Launched& l) {
+  if (!adam_.overlap() || !window_->update_known || l.contributors <= 0) return;
+  const comm::Bucket& bucket = engine_->plan().buckets[static_cast<size_t>(l.bucket)];
   if (replicas_ && replicas_->stale_here(bucket.group)) return;  // made current first, in step
-  adam_.step_after(work, window_->for_group(bucket.group), [&](AdamOperands& ops) {
+  adam_.step_after(*l.work, window_->for_group(bucket.group), [&](AdamOperands& ops) {
     for (size_t k = 0; k < bucket.params.size(); ++k) {  // on the side stream: first moments too
       const int p = bucket.params[k];
-      add_operands(p, data ? data + bucket.offsets[k] : engine_->adopted_grad(p), ops);
+      add_operands(p, l.data ? l.data + bucket.offsets[k] : engine_->adopted_grad(p), ops);
     }
   });
-  bucket_stepped_[static_cast<size_t>(b)] = 1;
+  bucket_stepped_[static_cast<size_t>(l.bucket)] = 1;
 }
 
 void ResidentHome::step(int g, const AdamSettings& s) {

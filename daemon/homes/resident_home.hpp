@@ -31,7 +31,7 @@ class ResidentHome final : public GroupHome {
   comm::GradMemory grad_memory(int g) const override;
   void build(HomeSetup& setup) override;
   void start_window(const WindowPlan& plan, const WindowSettings& w) override;
-  void on_bucket_launch(int b, int contributors, comm::Work& work, float* data) override;
+  void on_bucket_launch(const comm::Launched& l) override;
   void step(int g, const AdamSettings& s) override;
   void make_current() override;
   GroupState state(int g) override;

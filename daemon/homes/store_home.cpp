@@ -73,6 +73,7 @@ void StoreHome::build(HomeSetup& setup) {
   const auto t0 = SteadyClock::now();
   comm::Engine& engine = setup.engine;
   engine_ = &engine;
+  take_launches_ = setup.take_launches;
   plans_ = &setup.plans;
   rank_ = setup.rank;
   std::vector<offload::GroupShape> shapes;
@@ -258,7 +259,10 @@ void StoreHome::after_backward(bool last) {
 // does not), on the host device the copy follows the wait. Only the group's owner on this host
 // copies; a group no rank used is not stepped, so nothing is copied for it. A group on a device
 // line is stepped there, with optimizer.overlap as its bucket lands.
-void StoreHome::on_bucket_launch(int b, int contributors, comm::Work& work, float* data) {
+void StoreHome::on_bucket_launch(const comm::Launched& l) {
+  const int b = l.bucket, contributors = l.contributors;
+  comm::Work& work = *l.work;
+  float* data = l.data;
   const comm::BucketPlan& plan = engine_->plan();
   const comm::Bucket& bucket = plan.buckets[static_cast<size_t>(b)];
   if (store_->cache().cached(bucket.group)) {
@@ -301,9 +305,9 @@ void StoreHome::on_bucket_launch(int b, int contributors, comm::Work& work, floa
                       t_us, Timeline::now_us() - t_us, {{"bytes", int64_t(bucket.numel * sizeof(float))}});
 }
 
-// The engine holds gradient memory of its streamed groups until their bucket's work is done;
-// the D2H copy that on_bucket_launch queues may read it later still, so on GPUs the caching
-// allocator is told about that stream too.
+// The engine holds gradient memory of its streamed groups until their bucket's work is done, and
+// the bucket's Launched until on_bucket_launch has queued its D2H copy; that copy may read it
+// later still, so on GPUs the caching allocator is told about that stream too.
 std::shared_ptr<void> StoreHome::keep_for_d2h(torch::Tensor t) {
 #if THETAD_TORCH_CUDA
   if (void* d2h = store_ ? store_->d2h_stream() : nullptr)
@@ -335,11 +339,11 @@ void StoreHome::throttle_grads(size_t bytes) {
 void StoreHome::hand_over_shard(int unit, torch::Tensor grad) {
   const int param = unit_param_.at(static_cast<size_t>(unit));
   if (!grad.defined()) {  // no gradient in this window: later buckets need not wait for it
-    engine_->mark_absent(param);
+    take_launches_(engine_->mark_absent(param));
     return;
   }
   float* data = grad.data_ptr<float>();
-  engine_->mark_ready(param, data, keep_for_d2h(std::move(grad)));
+  take_launches_(engine_->mark_ready(param, data, keep_for_d2h(std::move(grad))));
 }
 
 // Before the window's last backward: the shards of groups active in this window whose task that

@@ -71,7 +71,7 @@ class StoreHome final : public GroupHome {
   void after_backward(bool last) override;
   // A bucket's reduced gradient goes to the host landing area (the group's owner copies); a
   // group on a device line keeps it there (optimizer.overlap: stepped on the side stream).
-  void on_bucket_launch(int b, int contributors, comm::Work& work, float* data) override;
+  void on_bucket_launch(const comm::Launched& l) override;
   // On a device line: the device AdamW there (clipping by the norm of its gradient there); else
   // the owner runs CPU AdamW, clipping by the norm of the gradient on the host.
   void step(int g, const AdamSettings& s) override;
@@ -122,6 +122,7 @@ class StoreHome final : public GroupHome {
   Timeline* timeline_;
   const WindowSettings* window_ = nullptr;
   comm::Engine* engine_ = nullptr;
+  comm::LaunchHandler take_launches_;  // the buckets our hand-overs launch, to their homes
   WindowPlans* plans_ = nullptr;
   int rank_ = 0;
   std::unique_ptr<offload::Device> device_;

@@ -31,9 +31,10 @@ void copy_bytes(char* dst, const torch::Tensor& t) {
 
 }  // namespace
 
-StreamedBase::StreamedBase(const config::Job& job, TaskModel& model, const DataPlane& plane)
+StreamedBase::StreamedBase(const config::Job& job, const Placement& placement, TaskModel& model,
+                           const DataPlane& plane)
     : plane_(plane),
-      held_(frozen_base_in_bf16(job) ? torch::kBFloat16 : torch::kFloat32),
+      held_(placement.frozen_base_bf16 ? torch::kBFloat16 : torch::kFloat32),
       nf4_(job.model.base_quant == config::BaseQuant::Nf4) {
   std::vector<BaseGemm> gemms = model.frozen_gemms();
   std::map<const c10::TensorImpl*, NamedParam*> param_of;

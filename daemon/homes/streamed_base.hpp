@@ -24,6 +24,7 @@
 #include "daemon/models/model.hpp"
 #include "daemon/ops/frozen_weight.hpp"
 #include "daemon/ops/nf4.hpp"
+#include "daemon/plan/placement.hpp"
 #include "offload/device.hpp"
 #include "offload/frozen_layers.hpp"
 
@@ -34,7 +35,7 @@ class StreamedBase final : public FrozenWeights {
   // Takes the model's layers' GEMMs (TaskModel::frozen_gemms; a base built on the host) into host
   // memory, collective over the node's ranks: a drawn base's placeholders are drawn there, as the
   // model would hold them. The model reads them from here from now on.
-  StreamedBase(const config::Job& job, TaskModel& model, const DataPlane& plane);
+  StreamedBase(const config::Job& job, const Placement& placement, TaskModel& model, const DataPlane& plane);
   ~StreamedBase() override;
   StreamedBase(const StreamedBase&) = delete;
   StreamedBase& operator=(const StreamedBase&) = delete;

@@ -45,6 +45,7 @@ StreamedTrunk::~StreamedTrunk() = default;
 
 void StreamedTrunk::build(HomeSetup& setup) {
   engine_ = &setup.engine;
+  take_launches_ = setup.take_launches;
   offload::Device* device = setup.copy_device;
   std::vector<offload::GroupShape> shapes;
   for (size_t l = 0; l < layer_params_.size(); ++l)
@@ -233,22 +234,22 @@ void StreamedTrunk::commit(int layer) {
     }
   });
   written_[l] = 1;
-  engine_->mark_ready(lp.w);
-  engine_->mark_ready(lp.b);
+  take_launches_(engine_->mark_ready(lp.w));
+  take_launches_(engine_->mark_ready(lp.b));
 }
 
 // On GPUs the D2H stream waits for the bucket's allreduce (the host does not) and the copy runs
 // while backward goes on. Where copies are synchronous the push waits for after_reduce: a host
 // wait here, inside the engine's launch, could hold up the collectives other ranks need first.
-void StreamedTrunk::on_bucket_launch(int b, int contributors, comm::Work& work, float* data) {
-  if (contributors == 0) return;  // no rank trained Θ: not stepped, nothing to copy
+void StreamedTrunk::on_bucket_launch(const comm::Launched& l) {
+  if (l.contributors == 0) return;  // no rank trained Θ: not stepped, nothing to copy
   void* d2h = store_->d2h_stream();
   if (!d2h) {
-    deferred_.push_back({b, data});
+    deferred_.push_back({l.bucket, l.data});
     return;
   }
-  work.block_stream(d2h, engine_->communicator().default_timeout());
-  push_bucket(b, data, contributors > 0, &work);  // -1: counts unknown, whether Θ is stepped is not
+  l.work->block_stream(d2h, engine_->communicator().default_timeout());
+  push_bucket(l.bucket, l.data, l.contributors > 0, l.work.get());  // -1: counts unknown, whether Θ is stepped is not
 }
 
 void StreamedTrunk::after_reduce() {

@@ -104,7 +104,7 @@ class StreamedTrunk final : public GroupHome, public LayerWeights {
 
   // From the engine's launch of one of Θ's buckets: its reduced values go to the layers' owners'
   // landing areas on the D2H stream once the allreduce is done.
-  void on_bucket_launch(int b, int contributors, comm::Work& work, float* data) override;
+  void on_bucket_launch(const comm::Launched& l) override;
   // After finish_backward: the pushes that waited for the buckets (synchronous copies).
   void after_reduce() override;
   // Every rank, in a step where Θ was trained: every layer not stepped early is stepped (the
@@ -157,6 +157,7 @@ class StreamedTrunk final : public GroupHome, public LayerWeights {
   DeviceAdam& adam_;
   Timeline* timeline_;
   comm::Engine* engine_ = nullptr;
+  comm::LaunchHandler take_launches_;  // the buckets our hand-overs launch, to their homes
   std::unique_ptr<offload::Device> own_device_;
   std::unique_ptr<LineViews> line_views_;  // the device layers' lines, as tensors
   std::unique_ptr<offload::ParamStore> store_;

@@ -190,13 +190,17 @@ std::unique_ptr<TaskModel> build_model(const config::Job& job, const Placement& 
 // A frozen base held in bf16 (Placement::frozen_base_bf16): the token embedding, which forward reads by
 // index (widened to float32) besides any matmul, joins the bf16 matrices where its values are
 // bf16 already (a bf16 checkpoint's, after model.init_from): nothing forward computes changes.
+// A quantized base (model.base_quant) holds it in bf16 whatever its values, as QLoRA does: that
+// base computes another function than the float32 one anyway, and a drawn embedding in float32
+// would be a quarter of a 1 B base's device memory in nf4.
 void hold_embedding_in_bf16(const config::Job& job, const Placement& place, TaskModel& model) {
   if (!place.frozen_base_bf16 || job.model.kind != config::ModelKind::Transformer) return;
+  const bool quantized = job.model.base_quant != config::BaseQuant::None;
   torch::NoGradGuard no_grad;
   for (NamedParam& p : model.params()) {
     if (p.group != 0 || p.name != "embed.weight" || p.tensor.scalar_type() != torch::kFloat32) continue;
     torch::Tensor held = p.tensor.detach().to(torch::kBFloat16);
-    if (held.to(torch::kFloat32).equal(p.tensor.detach())) p.tensor.set_data(held);  // the model's handle too
+    if (quantized || held.to(torch::kFloat32).equal(p.tensor.detach())) p.tensor.set_data(held);  // the model's handle too
   }
 }
 

@@ -47,7 +47,7 @@ inline uint64_t init_seed(const config::Job& job) {
 }
 
 // How forward reads a parameter of Θ: only through autocast's casts (linear, matmul, addmm), so
-// that a frozen base may hold it in bf16 (frozen_base_in_bf16), or otherwise (float32 always;
+// that a frozen base may hold it in bf16 (Placement::frozen_base_bf16), or otherwise (float32 always;
 // a model may hold one it reads widened in bf16 where its values are bf16 already).
 enum class Read { any, autocast };
 
@@ -170,7 +170,7 @@ class ParamBuilder {
   torch::Device device_;
   std::vector<NamedParam>& out_;
   bool lazy_;
-  bool base_bf16_;         // frozen_base_in_bf16: Θ's Read::autocast parameters are held in bf16
+  bool base_bf16_;         // Placement::frozen_base_bf16: Θ's Read::autocast parameters are held in bf16
   bool shared_from_file_;  // model.init_from: Θ's values come from the file, not drawn
   bool drawn_later_;       // a drawn base quantized or streamed: Θ's matrices are placeholders
   std::map<int, int> counts_;

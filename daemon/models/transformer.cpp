@@ -394,7 +394,7 @@ class Transformer : public TaskModel {
   FrozenWeights* frozen_ = nullptr;
   std::map<int, torch::Tensor> frozen_bias_;
   static constexpr int kHeadGemm = -1;
-  bool base_bf16_ = false;  // frozen_base_in_bf16: the matrices are held (and drawn) in bf16
+  bool base_bf16_ = false;  // Placement::frozen_base_bf16: the matrices are held (and drawn) in bf16
 };
 
 // The layers' GEMMs and the output layer where it is not the embedding: quantized on the rank's

@@ -5,7 +5,6 @@
 #include <ATen/autocast_mode.h>
 #include <torch/version.h>
 
-#include "daemon/plan/placement.hpp"
 
 #define THETAD_TORCH_AUTOCAST_BY_DEVICE (TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4))
 
@@ -65,10 +64,6 @@ std::optional<torch::ScalarType> active_autocast_dtype(torch::DeviceType type) {
   if (!autocast_enabled(type)) return std::nullopt;
   return autocast_dtype(type);
 }
-
-// Decided with the rest of the placement (daemon/plan/placement.cpp), for the models' builders,
-// which hold the job only.
-bool frozen_base_in_bf16(const config::Job& job) { return Placement::of(job, 1).frozen_base_bf16; }
 
 torch::Tensor fp32_values(const torch::Tensor& t) {
   if (t.scalar_type() == torch::kFloat32) return t;

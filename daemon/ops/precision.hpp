@@ -35,13 +35,6 @@ class AutocastScope {
 // nullopt: for functions that compute a linear layer themselves and must cast as autocast would.
 std::optional<torch::ScalarType> active_autocast_dtype(torch::DeviceType type);
 
-// Whether the frozen base is held in bf16 (precision: bf16, model.train_shared: false, Θ resident,
-// a built-in model): it is never updated, so it needs no float32 master, and autocast would round
-// every read of its matrices to bf16 anyway. Held so, a matrix that forward reads only through
-// autocast's casts (linear, matmul, addmm) gives the very bits the float32 one gives; the model
-// keeps the others (norms, positions; embeddings unless their values are bf16 already) in float32.
-bool frozen_base_in_bf16(const config::Job& job);
-
 // A parameter's values as float32 on the host (a bf16-held base widened, exactly): what
 // checkpoints, the final hash and GroupState read. Float32 tensors come back as they are.
 torch::Tensor fp32_values(const torch::Tensor& t);

@@ -3,9 +3,9 @@
 // drawn lazily by a host store, whether a frozen base is held in bf16, whether output layers are
 // streamed in row shards, which resident groups the replica rule may keep and which backward
 // train.backward: auto prefers. The homes are built from it (daemon/homes/homes.cpp), the
-// memory estimates count each home's terms by it, the models' builders read their facts from it
-// (precision.cpp frozen_base_in_bf16, the classifier's row shards), and nothing else decides
-// these from job keys.
+// memory estimates count each home's terms by it, the models and the streamed base are handed it
+// (a frozen base in bf16, the classifier's row shards), and nothing else decides these from job
+// keys.
 #pragma once
 
 #include <cstdint>
@@ -31,7 +31,10 @@ struct Placement {
   // Task groups are placeholders until the host store draws their values in its arena.
   bool lazy_tasks = false;
   // A frozen base held in bf16 (precision: bf16, model.train_shared: false, Θ resident, a built-in
-  // model): never updated, and autocast rounds every read of its matrices to bf16 anyway.
+  // model): never updated, so it needs no float32 master, and autocast rounds every read of its
+  // matrices to bf16 anyway. Held so, a matrix that forward reads only through autocast's casts
+  // (linear, matmul, addmm) gives the very bits the float32 one gives; the model keeps the others
+  // (norms, positions; embeddings unless their values are bf16 already) in float32.
   bool frozen_base_bf16 = false;
   // A drawn base quantized at load (model.base_quant without model.init_from): its matrices are
   // placeholders the model draws as it quantizes them, never held whole anywhere, and Θ is never

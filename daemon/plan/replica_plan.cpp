@@ -4,7 +4,6 @@
 #include <algorithm>
 
 #include "common/errors.hpp"
-#include "daemon/plan/placement.hpp"
 
 namespace thetad::daemon {
 
@@ -91,10 +90,6 @@ ReplicaDecision ReplicaPlan::decision(int64_t w, int group) {
   plans_.advance(w);
   if (!keepable_[static_cast<size_t>(group)]) return {ReplicaMode::send, -1};
   return decide_replica([&](int64_t x) { return use(x, group); }, w, min_run_, kHorizon);
-}
-
-std::vector<uint8_t> replica_keepable(const config::Job& job, int world) {
-  return Placement::of(job, world).replica_keepable;
 }
 
 std::optional<StateMove> ReplicaHolders::before(int g, const ReplicaDecision& d, const std::vector<int>& readers) {

@@ -64,7 +64,7 @@ class ReplicaPlan {
   // How far either side of a window the rule looks (windows).
   static constexpr int64_t kHorizon = 1024;
 
-  // `keepable` (per group): groups the rule may keep (replica_keepable); the others are sent.
+  // `keepable` (per group): groups the rule may keep (Placement::replica_keepable); the others are sent.
   ReplicaPlan(WindowPlans& plans, std::vector<uint8_t> keepable, ReplicaCosts costs);
 
   // The rule's decision; `send` for a group it does not apply to (whoever trains it).
@@ -87,9 +87,6 @@ class ReplicaPlan {
   std::vector<std::shared_ptr<const WindowPlan>> ranks_;
 };
 
-// Per group: whether the rule applies to it in this job on `world` ranks: Placement::replica_keepable
-// (resident groups with a gradient, from 2 ranks on, with comm.sole_user: keep).
-std::vector<uint8_t> replica_keepable(const config::Job& job, int world);
 
 // A move of one group's state (values and moments) from the rank that holds it.
 struct StateMove {

@@ -5,14 +5,15 @@
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 
 #include <set>
+#include <utility>
 
 #include "common/errors.hpp"
 
 namespace thetad::daemon {
 
 GradHooks::GradHooks(ParamGroups& groups, comm::Engine& engine, const DataPlane& plane,
-                     const std::vector<comm::GradMemory>& modes)
-    : groups_(groups), engine_(engine), plane_(plane), modes_(modes) {
+                     const std::vector<comm::GradMemory>& modes, comm::LaunchHandler take_launches)
+    : groups_(groups), engine_(engine), take_launches_(std::move(take_launches)), plane_(plane), modes_(modes) {
   views_.resize(groups_.size());
   requires_grad_.assign(static_cast<size_t>(groups_.num_groups()), 1);
   for (size_t i = 0; i < groups_.size(); ++i) {
@@ -48,7 +49,7 @@ void GradHooks::install() {
 void GradHooks::on_gradient(int p) {
   try {
     take_grad(p);
-    engine_.mark_ready(p);
+    take_launches_(engine_.mark_ready(p));
   } catch (...) {
     // Exceptions do not cross the autograd engine intact; rethrown after backward.
     std::lock_guard<std::mutex> lock(error_mu_);

@@ -27,9 +27,10 @@ class GradHooks {
   // `modes`: per group, how the engine holds its gradients (EngineOptions::grad_memory): owned
   // and overwrite groups' .grad is bound once here to their fixed buckets (overwrite: the first
   // gradient of a window is copied in); pooled and streamed memory is bound per window by its
-  // home; a group with none has no gradient.
+  // home; a group with none has no gradient. `take_launches` gets the buckets each hook's
+  // mark_ready launched (Homes::take: each to its group's home), on the hook's thread.
   GradHooks(ParamGroups& groups, comm::Engine& engine, const DataPlane& plane,
-            const std::vector<comm::GradMemory>& modes);
+            const std::vector<comm::GradMemory>& modes, comm::LaunchHandler take_launches);
   GradHooks(const GradHooks&) = delete;
   GradHooks& operator=(const GradHooks&) = delete;
 
@@ -63,6 +64,7 @@ class GradHooks {
   void adopt_grad(int p);
   ParamGroups& groups_;
   comm::Engine& engine_;
+  const comm::LaunchHandler take_launches_;
   const DataPlane& plane_;
   const std::vector<comm::GradMemory> modes_;  // per group
   std::vector<torch::Tensor> views_;      // per parameter (owned and overwrite groups)

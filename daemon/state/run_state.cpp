@@ -234,12 +234,12 @@ CheckpointWriter RunState::writer(int64_t completed) {
   w.layout = checkpoint_layout(job_, groups_);
   const std::vector<int64_t>& steps = homes_.group_steps();
   std::vector<GroupSource> source;
+  // No values written: the home does not hold them, or Θ is a drawn base held quantized
+  // (model.base_quant) or streamed (offload.shared: stream), whose matrices the seed draws
+  // again: a 32 B base is not widened to float32 for every checkpoint.
+  const Placement& place = homes_.placement();
+  const bool drawn_frozen = place.drawn_quantized_base || (place.streamed_base && job_.model.init_from.empty());
   for (int g = 0; g < groups_.num_groups(); ++g) {
-    // No values written: the home does not hold them, or Θ is a drawn base held quantized
-    // (model.base_quant) or streamed (offload.shared: stream), whose matrices the seed draws
-    // again: a 32 B base is not widened to float32 for every checkpoint.
-    const Placement place = Placement::of(job_, 1);
-    const bool drawn_frozen = place.drawn_quantized_base || (place.streamed_base && job_.model.init_from.empty());
     const bool initial = homes_.of(g).initial(g) || (g == 0 && drawn_frozen);
     w.group_bytes.push_back(initial ? 0 : groups_.numel(g) * 3 * int64_t{sizeof(float)});
     // Θ from model.init_from (all of it comes from the file) and never trained: the file holds it.

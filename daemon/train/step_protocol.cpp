@@ -45,7 +45,10 @@ void StepProtocol::backward(bool final, const StepPlan& plan, const std::functio
   homes_.after_backward(final);
 }
 
-void StepProtocol::finish_reduce() { engine_.finish_backward(); }
+void StepProtocol::finish_reduce() {
+  for (comm::Launches rest = engine_.launch_rest(); !rest.empty(); rest = engine_.launch_rest()) homes_.take(rest);
+  homes_.take(engine_.finish_backward());
+}
 
 void StepProtocol::end_window() {
   homes_.after_reduce();

@@ -51,7 +51,7 @@ class StepProtocol {
   // an error a hook met is rethrown here.
   void backward(bool final, const StepPlan& plan, const std::function<void()>& run);
   // After the final pass's backward: the engine launches what is left and the compute stream
-  // waits for the last buckets.
+  // waits for the last buckets; the buckets it launched go to their homes.
   void finish_reduce();
   // The reduced window closed: the homes' after-reduce phase, then the hooks'.
   void end_window();

@@ -52,7 +52,7 @@ void Trainer::build() {
   build_engine();
   // Before the hooks: the host stores move their groups' data to device placeholders.
   homes_->build(*engine_, *plans_, world_.rank);
-  hooks_ = std::make_unique<GradHooks>(*groups_, *engine_, data_, homes_->grad_memory());
+  hooks_ = std::make_unique<GradHooks>(*groups_, *engine_, data_, homes_->grad_memory(), homes_->launch_handler());
   protocol_ = std::make_unique<StepProtocol>(*engine_, *hooks_, *homes_, *plans_, declared_, world_.rank);
   graphed_ = make_graphed_pass(job_, placement_, *model_, *groups_, *hooks_, data_);
   state_ = std::make_unique<RunState>(job_, world_, *plane_, *groups_, *homes_);

@@ -134,7 +134,7 @@ void Trainer::finish_reduce(PendingStep& p) {
                      {"finish_block_ms", st.finish_block_ms},
                      {"mark_ms", double(Timeline::now_us() - mark_us) / 1000.0},
                      {"launch_call_ms", st.launch_call_ms},
-                     {"on_launch_ms", st.on_launch_ms}});
+                     {"homes_take_ms", homes_->take_ms()}});
 }
 
 // Lazy semantics: a group no rank used this step is not stepped at all; each used group is

@@ -138,10 +138,10 @@ inline RunResult run_engine(Engine& engine, const Memory& mem, int steps, int mi
         else
           mem.accumulate(engine.grad(p), g);
         written[p] = 1;
-        engine.mark_ready(p);
+        (void)engine.mark_ready(p);
       }
     }
-    engine.finish_backward();
+    (void)engine.finish_backward();
     std::vector<std::vector<float>> grads;
     for (size_t p = 0; p < plan.params.size(); ++p) grads.push_back(mem.read(engine.grad(static_cast<int>(p)), plan.params[p].numel));
     out.grads.push_back(std::move(grads));

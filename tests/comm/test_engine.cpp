@@ -143,9 +143,9 @@ TEST(Engine, GroupActiveOnlyOnAnotherRankIsZeroFilled) {
     for (size_t p = 0; p < plan.params.size(); ++p)
       if (plan.params[p].group == 2) {
         for (size_t i = 0; i < plan.params[p].numel; ++i) engine.grad(static_cast<int>(p))[i] = 1.5f;
-        engine.mark_ready(static_cast<int>(p));
+        (void)engine.mark_ready(static_cast<int>(p));
       }
-  engine.finish_backward();
+  (void)engine.finish_backward();
   const StepStats& st = engine.stats();
   EXPECT_EQ(st.contributors[2], 1);
   EXPECT_EQ(st.buckets_launched, static_cast<int>(plan.group_buckets[2].size()));
@@ -157,7 +157,7 @@ TEST(Engine, GroupActiveOnlyOnAnotherRankIsZeroFilled) {
   engine.start_window(1);
   engine.declare_active(std::vector<uint8_t>(kGroups, 0));
   engine.begin_sync();
-  engine.finish_backward();
+  (void)engine.finish_backward();
   EXPECT_EQ(engine.stats().buckets_launched, 0);
   EXPECT_EQ(engine.stats().bytes_allreduced, 0);
   for (size_t p = 0; p < plan.params.size(); ++p) ASSERT_EQ(engine.grad(static_cast<int>(p))[0], 0.0f);
@@ -176,7 +176,7 @@ TEST(Engine, DeclaredInactiveGradientThrowsNamingTheParameter) {
   for (size_t p = 0; p < plan.params.size(); ++p)
     if (plan.params[p].group == 3) p3 = static_cast<int>(p);
   try {
-    engine.mark_ready(p3);
+    (void)engine.mark_ready(p3);
     FAIL() << "no error";
   } catch (const thetad::ConfigError& e) {
     const std::string msg = e.what();
@@ -184,7 +184,7 @@ TEST(Engine, DeclaredInactiveGradientThrowsNamingTheParameter) {
     EXPECT_NE(msg.find("group 3"), std::string::npos) << msg;
     EXPECT_NE(msg.find("step 5"), std::string::npos) << msg;
   }
-  engine.finish_backward();  // every rank still completes the window
+  (void)engine.finish_backward();  // every rank still completes the window
   EXPECT_EQ(engine.stats().declared_without_grad, 5);  // the trunk's 5 params never came
 }
 
@@ -203,13 +203,22 @@ TEST(Engine, LaunchOrderIsIndependentOfMarkOrder) {
     engine.declare_active(active);
     engine.begin_sync();
     if (step % 2 == 0) engine.contributors();  // counts landed: launches happen during "backward"
-    // Marks from another thread, in an order that differs on every rank.
+    // Marks from another thread, in an order that differs on every rank. Each call hands back
+    // the buckets it launched: with finish_backward's, each bucket of the order exactly once.
+    std::vector<int> handed_back;
+    auto take = [&](const Launches& ls) {
+      for (const Launched& l : ls) {
+        EXPECT_TRUE(l.work != nullptr);
+        EXPECT_EQ(l.data, engine.bucket_data(l.bucket));
+        handed_back.push_back(l.bucket);
+      }
+    };
     std::thread hooks([&] {
       std::vector<int> order(plan.params.size());
       for (size_t p = 0; p < order.size(); ++p) order[p] = static_cast<int>(p);
       std::shuffle(order.begin(), order.end(), std::mt19937(static_cast<uint32_t>(rank * 101 + step)));
       for (int p : order)
-        if (active[plan.params[p].group]) engine.mark_ready(p);
+        if (active[plan.params[p].group]) take(engine.mark_ready(p));
     });
     hooks.join();
     int launched_before_finish = 0;
@@ -217,12 +226,14 @@ TEST(Engine, LaunchOrderIsIndependentOfMarkOrder) {
       std::lock_guard<std::mutex> lock(comm->mu);
       launched_before_finish = static_cast<int>(comm->launched.size());
     }
-    engine.finish_backward();
+    EXPECT_EQ(static_cast<int>(handed_back.size()), launched_before_finish) << "step " << step;
+    take(engine.finish_backward());
     std::vector<int> expect;
     Reference ref = reference(plan, world, step, 1, Average::contributors);
     for (const Bucket& b : plan.buckets)
       if (ref.contributors[b.group] > 0) expect.push_back(b.index);
     EXPECT_EQ(comm->launched, expect) << "step " << step;
+    EXPECT_EQ(handed_back, expect) << "step " << step;
     if (step % 2 == 0 && !expect.empty() && active[plan.buckets[expect[0]].group]) {
       EXPECT_GT(launched_before_finish, 0) << "no overlap: nothing launched before finish_backward";
     }
@@ -299,9 +310,9 @@ TEST(Engine, OverwriteZeroesWhatNoGradientWrote) {
     for (size_t k = 0; k < (window == 0 ? params.size() : 1); ++k) {
       const int p = params[k];
       std::fill(engine.grad(p), engine.grad(p) + plan.params[p].numel, 3.0f);
-      engine.mark_ready(p);
+      (void)engine.mark_ready(p);
     }
-    engine.finish_backward();
+    (void)engine.finish_backward();
   }
   EXPECT_EQ(engine.stats().declared_without_grad, static_cast<int>(params.size()) - 1);
   for (size_t k = 0; k < params.size(); ++k)
@@ -349,7 +360,7 @@ TEST(Engine, GradMemoryNeedsOneModePerGroup) {
 
 // Streamed groups (the row shards of offloaded output layers): each task parameter sits in a
 // bucket of its own and is handed over in memory the caller owns; the engine reduces it there,
-// on_launch sees the reduced values, zero-filled buckets use scratch, and every handed-over
+// the launches handed back see the reduced values, zero-filled buckets use scratch, and every handed-over
 // buffer is given back by finish_backward. Same results as the reference, bit for bit.
 // A parameter without elements (an empty tensor of a TorchScript model) has no bucket, but its
 // gradient still has a valid address (a view of nothing), and marking it changes nothing.
@@ -367,9 +378,9 @@ TEST(Engine, ZeroElementParamsHaveAnAddressAndNoBucket) {
   for (int p : {2, 1, 0}) {
     float* g = engine.grad(p);
     for (size_t i = 0; i < params[static_cast<size_t>(p)].numel; ++i) g[i] = static_cast<float>(rank + 1);
-    engine.mark_ready(p);
+    (void)engine.mark_ready(p);
   }
-  engine.finish_backward();
+  (void)engine.finish_backward();
   const float want = static_cast<float>(world + 1) / 2.0f;  // mean of 1..world
   for (int p : {0, 2})
     for (size_t i = 0; i < params[static_cast<size_t>(p)].numel; ++i) EXPECT_FLOAT_EQ(engine.grad(p)[i], want);

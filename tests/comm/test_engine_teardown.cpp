@@ -83,9 +83,9 @@ TEST(EngineTeardown, AFinishedEngineFreesItsMemory) {
     engine.start_window(0);
     engine.declare_active({1, 1});
     engine.begin_sync();
-    engine.mark_ready(0);
-    engine.mark_ready(1);
-    engine.finish_backward();  // waits for every collective (HeldWork::wait completes it)
+    (void)engine.mark_ready(0);
+    (void)engine.mark_ready(1);
+    (void)engine.finish_backward();  // waits for every collective (HeldWork::wait completes it)
   }
   EXPECT_EQ(comm->freed.load(), comm->allocated.load());
 }

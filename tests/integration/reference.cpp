@@ -23,6 +23,7 @@
 #include "config/loader.hpp"
 #include "daemon/plan/input_path.hpp"
 #include "daemon/plan/job_options.hpp"
+#include "daemon/plan/placement.hpp"
 #include "daemon/plan/replica_plan.hpp"
 #include "daemon/plan/schedule.hpp"
 #include "daemon/models/model.hpp"
@@ -64,7 +65,7 @@ int compare(const std::vector<std::string>& args, std::ostream& out, std::ostrea
     config::Job job = config::load_job(job_path, lo);
     auto schedule = Schedule::create(job, world);
     WindowPlans windows(*schedule, job.accumulate_steps);
-    ReplicaPlan replicas(windows, replica_keepable(job, world), replica_costs(job));
+    ReplicaPlan replicas(windows, Placement::of(job, world).replica_keepable, replica_costs(job));
     torch::Device cpu(torch::kCPU);
     const config::Job inputs = with_input_paths(job, 0);  // as rank 0 reads them
     auto model = make_model(inputs, cpu);

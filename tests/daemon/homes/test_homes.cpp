@@ -60,8 +60,8 @@ class HostVectorHome final : public GroupHome {
       for (int p : groups_.members[static_cast<size_t>(g)])
         groups_[p].tensor.mutable_grad() = torch::from_blob(engine_->grad(p), groups_[p].tensor.sizes(), torch::kFloat32);
   }
-  void on_bucket_launch(int b, int contributors, comm::Work& work, float* data) override {
-    (void)b, (void)contributors, (void)work, (void)data;
+  void on_bucket_launch(const comm::Launched& l) override {
+    (void)l;
     ++launches;
   }
   void step(int g, const AdamSettings& s) override {
@@ -137,7 +137,7 @@ std::vector<std::vector<float>> train(bool test_home, HostVectorHome** placed = 
                       eopts);
   WindowPlans plans(*schedule, job.accumulate_steps);
   homes.build(engine, plans, 0);
-  GradHooks hooks(groups, engine, plane, homes.grad_memory());
+  GradHooks hooks(groups, engine, plane, homes.grad_memory(), homes.launch_handler());
   // The trainer's protocol of a step (daemon/train/step_protocol.hpp), driven without the trainer.
   StepProtocol protocol(engine, hooks, homes, plans, /*declared=*/true, 0);
   if (asks) asks->setup = schedule->draws();

@@ -20,6 +20,7 @@
 #include "daemon/models/model.hpp"
 #include "daemon/ops/nf4.hpp"
 #include "daemon/ops/precision.hpp"
+#include "daemon/plan/placement.hpp"
 
 namespace thetad::daemon {
 namespace {
@@ -92,8 +93,8 @@ void train_side_by_side(const config::Job& job, TaskModel& ma, TaskModel& mb) {
 
 // The bf16-held base's values are the float32 one's rounded, and train alike (train_side_by_side).
 void expect_same_training(const config::Job& held_bf16, const config::Job& held_fp32) {
-  ASSERT_TRUE(frozen_base_in_bf16(held_bf16));
-  ASSERT_FALSE(frozen_base_in_bf16(held_fp32));
+  ASSERT_TRUE(Placement::of(held_bf16, 1).frozen_base_bf16);
+  ASSERT_FALSE(Placement::of(held_fp32, 1).frozen_base_bf16);
   auto a = make_model(held_bf16, torch::kCPU), b = make_model(held_fp32, torch::kCPU);
   auto& pa = a->params();
   auto& pb = b->params();
@@ -181,19 +182,20 @@ TEST(FrozenBaseBf16, MlpTrunkSameBits) {
 
 // Anything else keeps float32: a trained base, fp32 or tf32 compute, Θ streamed from the host.
 TEST(FrozenBaseBf16, OnlyWhereSafe) {
-  EXPECT_FALSE(frozen_base_in_bf16(job_of(kLlama, false)));
-  EXPECT_FALSE(frozen_base_in_bf16(job_of(kLlama, true, {"precision=fp32"})));
+  EXPECT_FALSE(Placement::of(job_of(kLlama, false), 1).frozen_base_bf16);
+  EXPECT_FALSE(Placement::of(job_of(kLlama, true, {"precision=fp32"}), 1).frozen_base_bf16);
   config::Job streamed = job_of(kMlp, true);
   streamed.offload.shared = config::SharedMode::Stream;
-  EXPECT_FALSE(frozen_base_in_bf16(streamed));
+  EXPECT_FALSE(Placement::of(streamed, 1).frozen_base_bf16);
   auto m = make_model(job_of(kLlama, true, {"precision=tf32"}), torch::kCPU);
   for (const NamedParam& p : m->params()) EXPECT_EQ(p.tensor.scalar_type(), torch::kFloat32) << p.name;
 }
 
 // A drawn base in nf4: its matrices are placeholders (host_only, nothing held) whose init draws
 // the builder's values; against the full base with each GEMM's matrices (q, k and v joined; gate
-// and up) replaced by their nf4 values, every loss and adapter gradient is the same bits, in fp32
-// and bf16, with the output layer untied (quantized too) and tied.
+// and up) replaced by their nf4 values (and, in bf16, the embedding rounded to bf16), every loss
+// and adapter gradient is the same bits, in fp32 and bf16, with the output layer untied
+// (quantized too) and tied.
 TEST(FrozenBaseNf4, DrawnBaseComputesAsItsDequantizedValues) {
   for (const char* precision : {"fp32", "bf16"}) {
     for (const char* tie : {"false", "true"}) {
@@ -212,6 +214,16 @@ TEST(FrozenBaseNf4, DrawnBaseComputesAsItsDequantizedValues) {
         ASSERT_EQ(pa[i].name, pb[i].name);
         held[pb[i].name] = pb[i].tensor.detach();
         if (!pa[i].host_only) {
+          if (pa[i].tensor.scalar_type() != pb[i].tensor.scalar_type()) {
+            // The embedding of a quantized base in bf16 (bf16 runs): the full base's values
+            // rounded, which the reference then computes with too.
+            EXPECT_EQ(pa[i].name, "embed.weight");
+            EXPECT_EQ(pa[i].tensor.scalar_type(), torch::kBFloat16) << pa[i].name;
+            EXPECT_TRUE(pa[i].tensor.equal(pb[i].tensor.to(torch::kBFloat16))) << pa[i].name;
+            torch::NoGradGuard no_grad;
+            pb[i].tensor.copy_(pa[i].tensor.to(pb[i].tensor.scalar_type()));
+            continue;
+          }
           EXPECT_TRUE(pa[i].tensor.equal(pb[i].tensor)) << pa[i].name;
           continue;
         }
@@ -222,6 +234,11 @@ TEST(FrozenBaseNf4, DrawnBaseComputesAsItsDequantizedValues) {
         EXPECT_TRUE(drawn.equal(fp32_values(pb[i].tensor))) << pa[i].name;
       }
       EXPECT_EQ(matrices, 2 * 7 + (std::string(tie) == "true" ? 0 : 1)) << "2 layers of 7 matrices, and lm_head";
+      for (const NamedParam& p : pa) {  // the embedding of a quantized base stays bf16, as QLoRA's
+        if (p.name == "embed.weight") {
+          EXPECT_EQ(p.tensor.scalar_type(), std::string(precision) == "bf16" ? torch::kBFloat16 : torch::kFloat32);
+        }
+      }
       const auto quantize = [&](const std::vector<std::string>& names) {
         std::vector<torch::Tensor> ws;
         for (const std::string& n : names) ws.push_back(held.at(n));

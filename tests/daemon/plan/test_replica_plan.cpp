@@ -9,6 +9,7 @@
 #include <memory>
 #include <random>
 
+#include "daemon/plan/placement.hpp"
 #include "daemon/plan/replica_plan.hpp"
 #include "tests/daemon/test_util.hpp"
 
@@ -96,7 +97,7 @@ struct Rule {
   Rule(const config::Job& job, int world, int64_t micro)
       : schedule(Schedule::create(job, world)),
         windows(*schedule, micro),
-        plan(windows, replica_keepable(job, world), replica_costs(job)) {}
+        plan(windows, Placement::of(job, world).replica_keepable, replica_costs(job)) {}
   std::unique_ptr<Schedule> schedule;
   WindowPlans windows;
   ReplicaPlan plan;
@@ -172,14 +173,14 @@ TEST(ReplicaPlanOfSchedule, PerRankAccumulationAlternateAndSwitches) {
 
   // The rule off: one rank, comm.sole_user: broadcast, groups in a host store.
   job = job_of("round_robin", 4);
-  EXPECT_EQ(replica_keepable(job, 1), std::vector<uint8_t>(5, 0));
+  EXPECT_EQ(Placement::of(job, 1).replica_keepable, std::vector<uint8_t>(5, 0));
   job.comm.sole_user = config::SoleUser::Broadcast;
-  EXPECT_EQ(replica_keepable(job, 2), std::vector<uint8_t>(5, 0));
+  EXPECT_EQ(Placement::of(job, 2).replica_keepable, std::vector<uint8_t>(5, 0));
   job.comm.sole_user = config::SoleUser::Keep;
   job.offload.enabled = true;
-  EXPECT_EQ(replica_keepable(job, 2), (std::vector<uint8_t>{1, 0, 0, 0, 0}));
+  EXPECT_EQ(Placement::of(job, 2).replica_keepable, (std::vector<uint8_t>{1, 0, 0, 0, 0}));
   job.offload.shared = config::SharedMode::Stream;
-  EXPECT_EQ(replica_keepable(job, 2), std::vector<uint8_t>(5, 0));
+  EXPECT_EQ(Placement::of(job, 2).replica_keepable, std::vector<uint8_t>(5, 0));
   Rule off_rule(job, 2, 1);
   ReplicaPlan& off = off_rule.plan;
   EXPECT_EQ(off.decision(0, 1), kSend);
