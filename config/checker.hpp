@@ -45,6 +45,7 @@ class Checker {
     optimizer();
     one_of("train.on_nonfinite");
     one_of("train.backward");
+    train();
     outputs();
   }
 
@@ -120,6 +121,7 @@ class Checker {
   void micro_steps_fit();
   void comm();
   void optimizer();
+  void train();
   void path_bytes();
   void outputs();
   void distinct_outputs();

@@ -339,8 +339,12 @@ struct OptimizerConfig {
 struct TrainConfig {
   NonFinite on_nonfinite = NonFinite::Stop;  // a non-finite loss: stop (exit 1), skip the step, or warn
   // One backward over the sum of a micro-step's task losses (joint), or one per task (per_task:
-  // one task's graph alive at a time); auto: per_task where Θ takes no gradient and is not streamed.
+  // one task's graph alive at a time, or train.tasks_per_pass tasks'); auto: joint where it fits, else
+  // passes of as many tasks as fit, where Θ takes no gradient and is not streamed.
   Backward backward = Backward::Auto;
+  // Where the passes split (per_task; auto where it splits, at least): the tasks a pass runs, their rows
+  // fused where the model fuses tasks. A streamed or sharded base is brought in once a pass.
+  int64_t tasks_per_pass = 1;
   // GPUs: a pass that can (the transformer over a frozen base, parts of equal rows) is captured
   // once as a CUDA graph and replayed (daemon/train/graphed_pass).
   bool cuda_graphs = true;

@@ -247,6 +247,7 @@ const std::vector<Field> kFields = {
 
     THETAD_ENUM_FIELD("train", "on_nonfinite", train.on_nonfinite),
     THETAD_ENUM_FIELD("train", "backward", train.backward),
+    THETAD_FIELD("train", "tasks_per_pass", Int, train.tasks_per_pass, true),
     THETAD_FIELD("train", "cuda_graphs", Bool, train.cuda_graphs, true),
 
     THETAD_FIELD("checkpoint", "dir", String, checkpoint.dir, true),

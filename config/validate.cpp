@@ -119,6 +119,15 @@ void Checker::optimizer() {
 
 // Every key that names a file or directory: a NUL would cut the path short where the run opens
 // it (the C library ends a path there), and other control bytes make a name nobody can type.
+// train.tasks_per_pass sizes the passes that split: joint runs a micro-step's tasks in one.
+void Checker::train() {
+  at_least<int64_t>("train.tasks_per_pass", j_.train.tasks_per_pass, 1);
+  if (ok("train.backward") && j_.train.backward == Backward::Joint && j_.train.tasks_per_pass > 1)
+    fail("train.tasks_per_pass", "is " + num(j_.train.tasks_per_pass) +
+                                     ", but train.backward joint runs every task of a micro-step in one pass (the key sizes "
+                                     "the passes of per_task, and of auto where it splits)");
+}
+
 void Checker::path_bytes() {
   const std::pair<const char*, const std::string*> keys[] = {
       {"checkpoint.dir", &j_.checkpoint.dir}, {"metrics.path", &j_.metrics.path},

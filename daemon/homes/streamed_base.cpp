@@ -53,7 +53,7 @@ StreamedBase::StreamedBase(const config::Job& job, const Placement& placement, T
     if (nf4_) {
       const auto blocks = static_cast<size_t>(blocks_of(rows, cols));
       layer.push_back(blocks * kNf4Block / 2);
-      layer.push_back(blocks * sizeof(float));
+      layer.push_back(blocks * static_cast<size_t>(kNf4AbsmaxBytes));
       scratch_.reserve(rows * cols);
     } else {
       layer.push_back(static_cast<size_t>(rows * cols) * c10::elementSize(held_));
@@ -151,7 +151,7 @@ torch::Tensor StreamedBase::acquire(int id, torch::ScalarType dtype, bool backwa
     const int64_t blocks = blocks_of(g.rows, g.cols);
     Nf4Matrix m;
     m.codes = torch::from_blob(slot + layers_->part_offset(g.layer, g.part), {blocks * kNf4Block / 2}, on.dtype(torch::kUInt8));
-    m.absmax = torch::from_blob(slot + layers_->part_offset(g.layer, g.part + 1), {blocks}, on.dtype(torch::kFloat32));
+    m.absmax = torch::from_blob(slot + layers_->part_offset(g.layer, g.part + 1), {blocks}, on.dtype(torch::kBFloat16));
     m.rows = g.rows;
     m.cols = g.cols;
     return nf4_dequantize(m, dtype, scratch_.get(m.numel(), dtype, plane_.device));

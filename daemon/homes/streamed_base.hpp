@@ -6,7 +6,7 @@
 // GEMMs are queued. Streamed, a layer is copied from the pinned host copy; sharded, each of the
 // node's devices holds 1/N of every layer and a layer is gathered from all of them
 // (offload/node_shards.hpp). With model.base_quant: nf4 the layers are held, moved and gathered
-// as nf4 codes and absmax (4.5 bits a value) and dequantized into one scratch just before each
+// as nf4 codes and absmax (4.25 bits a value) and dequantized into one scratch just before each
 // GEMM, as a resident nf4 base is. The model reads
 // those GEMMs' matrices through it (FrozenWeights); the parameters they came from point at the
 // host copy (NamedParam::host_only), where checkpoints, the final hash and the merged export read

@@ -18,6 +18,7 @@
 #include "daemon/ops/precision.hpp"
 #include "daemon/models/transformer.hpp"
 #include "daemon/ops/trunk_layer.hpp"
+#include "daemon/plan/memory_estimate.hpp"
 
 namespace thetad::daemon {
 
@@ -223,8 +224,10 @@ void log_frozen_base(const config::Job& job, const Placement& place, TaskModel& 
     (p.tensor.scalar_type() == torch::kBFloat16 ? bf16_bytes : fp32_bytes) += bytes;
   }
   if (quantized) {
-    // 4 bits a value and a float32 absmax per block (daemon/ops/nf4.hpp).
-    const double nf4_bytes = double(host_numel) * (0.5 + 4.0 / double(kNf4Block));
+    // 4 bits a value and a bf16 absmax per block (daemon/ops/nf4.hpp).
+    static_assert(0.5 + double(kNf4AbsmaxBytes) / double(kNf4Block) == kNf4BytesPerValue,
+                  "the memory estimates count nf4's bytes as the format holds them");
+    const double nf4_bytes = double(host_numel) * kNf4BytesPerValue;
     THETAD_LOG(info, "train") << "frozen base in " << to_string(job.model.base_quant) << " (model.base_quant): "
                               << host_numel << " matrix values in " << nf4_bytes / 1e6 << " MB on the device ("
                               << (host_bytes == 0 ? std::string("drawn from the seed as quantized, held nowhere else")

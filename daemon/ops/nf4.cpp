@@ -63,7 +63,7 @@ const std::array<float, 16>& nf4_code_book() {
 }
 
 int64_t Nf4Matrix::bytes() const {
-  return defined() ? codes.numel() + absmax.numel() * int64_t{sizeof(float)} : 0;
+  return defined() ? codes.numel() + absmax.numel() * kNf4AbsmaxBytes : 0;
 }
 
 Nf4Matrix Nf4Matrix::to(torch::Device device) const {
@@ -84,18 +84,19 @@ Nf4Matrix nf4_quantize(const torch::Tensor& w) {
   q.rows = w.size(0);
   q.cols = w.size(1);
   q.codes = torch::empty({blocks * kNf4Block / 2}, torch::TensorOptions().dtype(torch::kUInt8).device(device));
-  q.absmax = torch::empty({blocks}, torch::TensorOptions().dtype(torch::kFloat32).device(device));
+  q.absmax = torch::empty({blocks}, torch::TensorOptions().dtype(torch::kBFloat16).device(device));
   for (int64_t first = 0; first < blocks; first += kSliceBlocks) {
     const int64_t n = std::min(kSliceBlocks, blocks - first), begin = first * kNf4Block;
     const int64_t real = std::min(n * kNf4Block, numel - begin);
     torch::Tensor v = flat.narrow(0, begin, real).to(torch::kFloat32);
     if (real < n * kNf4Block) v = torch::cat({v, torch::zeros({n * kNf4Block - real}, v.options())});
     v = v.view({n, kNf4Block});
-    const torch::Tensor m = v.abs().amax(1);
+    // The scale as held: rounded to bf16 first, so dequantization multiplies by what scaled.
+    const torch::Tensor m = v.abs().amax(1).to(torch::kBFloat16).to(torch::kFloat32);
     const torch::Tensor scaled = v / torch::where(m > 0, m, torch::ones_like(m)).unsqueeze(1);
     const torch::Tensor idx = torch::bucketize(scaled, mids).view({-1, 2});
     q.codes.narrow(0, begin / 2, n * kNf4Block / 2).copy_(idx.select(1, 0) * 16 + idx.select(1, 1));
-    q.absmax.narrow(0, first, n).copy_(m);
+    q.absmax.narrow(0, first, n).copy_(m);  // exact: m is a bf16 value
   }
   return q;
 }
@@ -112,7 +113,8 @@ torch::Tensor nf4_dequantize(const Nf4Matrix& m, torch::ScalarType dtype, const 
 #if THETAD_TORCH_CUDA && THETAD_MODEL_KERNELS
   if (device.is_cuda()) {
     const bool bf16 = dtype == torch::kBFloat16;
-    kernels::nf4_dequantize(m.codes.data_ptr<uint8_t>(), m.absmax.data_ptr<float>(), nf4_code_book().data(), numel,
+    kernels::nf4_dequantize(m.codes.data_ptr<uint8_t>(), reinterpret_cast<const uint16_t*>(m.absmax.data_ptr()),
+                            nf4_code_book().data(), numel,
                             bf16 ? reinterpret_cast<uint16_t*>(out.data_ptr()) : nullptr,
                             bf16 ? nullptr : out.data_ptr<float>(),
                             c10::cuda::getCurrentCUDAStream(device.index()).stream());
@@ -123,7 +125,8 @@ torch::Tensor nf4_dequantize(const Nf4Matrix& m, torch::ScalarType dtype, const 
   torch::NoGradGuard no_grad;
   const int64_t blocks = m.absmax.numel();
   const torch::Tensor values = pair_table().index_select(0, m.codes.to(torch::kLong)).view({blocks, kNf4Block});
-  const torch::Tensor scaled = (values * m.absmax.unsqueeze(1)).view({-1}).narrow(0, 0, numel).to(torch::kBFloat16);
+  const torch::Tensor scale = m.absmax.to(torch::kFloat32).unsqueeze(1);
+  const torch::Tensor scaled = (values * scale).view({-1}).narrow(0, 0, numel).to(torch::kBFloat16);
   out.copy_(scaled);
   return out.view({m.rows, m.cols});
 }

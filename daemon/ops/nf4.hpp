@@ -3,8 +3,11 @@
 // largest magnitude (absmax) into [-1, 1], and each scaled value is replaced by the nearest of 16
 // levels, the code book: quantiles of a standard normal distribution, 8 for the positive half and
 // 7 for the negative one plus an exact zero, normalised so that the outermost are -1 and 1.
-// A value costs 4 bits plus 32 / 64 for its block's absmax (QLoRA's double quantization, absmax
-// itself in 8 bits, is not done here: 0.5625 bytes a value, not 0.516).
+// The absmax is held in bf16 (rounded to nearest, and the block scaled by the rounded value), where
+// QLoRA holds it in float32 or, double-quantized, in 8 bits with a float32 per 256 blocks: a value
+// costs 4 bits plus 16 / 64 for its block's absmax, 0.53125 bytes (float32: 0.5625, QLoRA's double
+// quantization: 0.516). bf16 keeps float32's range; its 8 bits of mantissa put the scale within
+// 0.2% of the block's largest magnitude, a twentieth of the levels' smallest gap.
 #pragma once
 
 #include <torch/torch.h>
@@ -18,7 +21,8 @@
 
 namespace thetad::daemon {
 
-constexpr int64_t kNf4Block = 64;  // values per absmax
+constexpr int64_t kNf4Block = 64;        // values per absmax
+constexpr int64_t kNf4AbsmaxBytes = 2;   // bf16: 0.5 + 2 / 64 bytes a value (the plan's kNf4BytesPerValue)
 
 // The 16 levels in ascending order (QLoRA's table, as bitsandbytes ships it).
 const std::array<float, 16>& nf4_code_book();
@@ -26,7 +30,7 @@ const std::array<float, 16>& nf4_code_book();
 // A matrix [rows, cols] in nf4. Its values padded with zeros to whole blocks.
 struct Nf4Matrix {
   torch::Tensor codes;   // uint8 [blocks * 32]: two code-book indices a byte, the even value's in the high half
-  torch::Tensor absmax;  // float32 [blocks]: each block's largest |value|
+  torch::Tensor absmax;  // bf16 [blocks]: each block's largest |value|, rounded to nearest
   int64_t rows = 0, cols = 0;
 
   bool defined() const { return codes.defined(); }
@@ -36,8 +40,9 @@ struct Nf4Matrix {
 };
 
 // w (2-D, any float dtype, on any device) in nf4, computed where w is: each value scaled by its
-// block's absmax in float32 (w / absmax; a block of zeros stays zero) and given the nearest
-// level's index, the lower one of two equally near.
+// block's absmax as held, in float32 (w / bf16(absmax); a block of zeros stays zero), and given the
+// nearest level's index, the lower one of two equally near (a value the rounding put past ±1, the
+// outermost level's).
 Nf4Matrix nf4_quantize(const torch::Tensor& w);
 
 // The matrix's values [rows, cols] in `dtype` (bf16 or float32): code_book[code] * absmax of

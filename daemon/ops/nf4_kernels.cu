@@ -38,7 +38,7 @@ __device__ __forceinline__ void put<float>(float* out, int64_t e, bf16 v) {
   out[e] = __bfloat162float(v);
 }
 
-__global__ void dequantize_vec(const uint32_t* __restrict__ codes, const float* __restrict__ absmax, CodeBook book,
+__global__ void dequantize_vec(const uint32_t* __restrict__ codes, const bf16* __restrict__ absmax, CodeBook book,
                                int64_t runs, bf16* __restrict__ out) {
   __shared__ float b[16];
   if (threadIdx.x < 16) b[threadIdx.x] = book.v[threadIdx.x];
@@ -46,7 +46,7 @@ __global__ void dequantize_vec(const uint32_t* __restrict__ codes, const float* 
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < runs; i += stride) {
     const uint32_t word = codes[i];
-    const float m = absmax[(i * 8) / kBlock];
+    const float m = __bfloat162float(absmax[(i * 8) / kBlock]);
     uint4 u;
     bf16* h = reinterpret_cast<bf16*>(&u);
 #pragma unroll
@@ -60,13 +60,13 @@ __global__ void dequantize_vec(const uint32_t* __restrict__ codes, const float* 
 }
 
 template <typename Out>
-__global__ void dequantize_bytes(const uint8_t* __restrict__ codes, const float* __restrict__ absmax, CodeBook book,
+__global__ void dequantize_bytes(const uint8_t* __restrict__ codes, const bf16* __restrict__ absmax, CodeBook book,
                                  int64_t numel, Out* __restrict__ out) {
   const int64_t bytes = (numel + 1) / 2, stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < bytes; i += stride) {
     const unsigned c = codes[i];
     const int64_t e = 2 * i;
-    const float m = absmax[e / kBlock];  // e and e + 1 share a block (blocks are of an even size)
+    const float m = __bfloat162float(absmax[e / kBlock]);  // e and e + 1 share a block (blocks are of an even size)
     put(out, e, value(book.v, c >> 4, m));
     if (e + 1 < numel) put(out, e + 1, value(book.v, c & 0xfu, m));
   }
@@ -74,8 +74,9 @@ __global__ void dequantize_bytes(const uint8_t* __restrict__ codes, const float*
 
 }  // namespace
 
-void nf4_dequantize(const uint8_t* codes, const float* absmax, const float* code_book, int64_t numel, uint16_t* out_bf16,
-                    float* out_f32, void* stream) {
+void nf4_dequantize(const uint8_t* codes, const uint16_t* absmax_bits, const float* code_book, int64_t numel,
+                    uint16_t* out_bf16, float* out_f32, void* stream) {
+  const auto* absmax = reinterpret_cast<const bf16*>(absmax_bits);
   if (numel == 0) return;
   CodeBook book;
   for (int c = 0; c < 16; ++c) book.v[c] = code_book[c];

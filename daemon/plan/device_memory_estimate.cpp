@@ -217,10 +217,10 @@ DeviceMemoryNeed device_memory_need(const config::Job& job, const config::ParamC
   switch (place.shared) {
     case HomeKind::resident:
       if (job.model.base_quant == config::BaseQuant::Nf4 && !place.streamed_base) {
-        // Its matrices in 4 bits and a float32 absmax per 64 (daemon/ops/nf4.hpp), the largest
+        // Its matrices in 4 bits and a bf16 absmax per 64 (daemon/ops/nf4.hpp), the largest
         // layer's once more, dequantized into the scratch every layer shares, and an untied
         // lm_head dequantized for a pass; the rest as held.
-        add("Θ's matrices in nf4", s.shared_cast, 0.5 + 4.0 / 64, "model.base_quant");
+        add("Θ's matrices in nf4", s.shared_cast, kNf4BytesPerValue, "model.base_quant");
         add("their dequantization scratch", s.largest_cast, bf16 ? 2 : 4, "model.base_quant");
         add("lm_head dequantized for a pass", s.head_cast, bf16 ? 2 : 4, "model.base_quant");
         add("Θ's embedding", s.shared - s.shared_cast, place.frozen_base_bf16 ? 2 : 4, skey);
@@ -232,7 +232,7 @@ DeviceMemoryNeed device_memory_need(const config::Job& job, const config::ParamC
         // output layer as held.
         // In nf4 the slots hold codes and absmax, and one scratch the largest matrix dequantized.
         const bool nf4 = job.model.base_quant == config::BaseQuant::Nf4;
-        const double held = place.frozen_base_bf16 ? 2 : 4, moved = nf4 ? 0.5 + 4.0 / 64 : held;
+        const double held = place.frozen_base_bf16 ? 2 : 4, moved = nf4 ? kNf4BytesPerValue : held;
         const double layers = s.shared_cast - s.head_cast;
         const double layer = layers / double(std::max<int64_t>(1, job.model.layers));
         const char* key = place.sharded_base ? "model.base_shard" : "offload.shared";

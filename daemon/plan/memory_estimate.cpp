@@ -48,11 +48,11 @@ HostMemoryNeed host_memory_need(const config::Job& job, const config::ParamCount
   const double trained = adam ? 16 : 8;
   const bool theta_streamed = place.shared == HomeKind::streamed_trunk;
   const bool task_store = place.tasks == HomeKind::host_store;
-  // A frozen base in nf4 (model.base_quant): 4.5 bits a value where the model is, and, read from a
+  // A frozen base in nf4 (model.base_quant): 4.25 bits a value where the model is, and, read from a
   // file, its full-precision values in host memory besides, wherever the model is (drawn: none).
   const bool quantized = job.model.base_quant != config::BaseQuant::None;
   const double theta_bytes = theta_streamed || place.streamed_base ? 0
-                             : quantized    ? c.shared * (0.5 + 4.0 / 64)
+                             : quantized    ? c.shared * (kNf4BytesPerValue)
                                             : c.shared * (job.model.train_shared ? trained : 4);
   const double theta_copy = quantized && !place.drawn_quantized_base ? c.shared * (place.frozen_base_bf16 ? 2 : 4) : 0;
   const double tasks_bytes = task_store ? 0 : c.tasks_total * trained;
@@ -74,7 +74,7 @@ HostMemoryNeed host_memory_need(const config::Job& job, const config::ParamCount
   // A transformer's streamed or sharded frozen base (homes/streamed_base.hpp): its values once a
   // node (in nf4: its codes and absmax).
   const double streamed_base =
-      !place.streamed_base ? 0 : c.shared * (quantized ? 0.5 + 4.0 / 64 : place.frozen_base_bf16 ? 2 : 4);
+      !place.streamed_base ? 0 : c.shared * (quantized ? kNf4BytesPerValue : place.frozen_base_bf16 ? 2 : 4);
   need.node_bytes = static_cast<int64_t>(arena_tasks + arena_theta + streamed_base);
 
   std::ostringstream os;

@@ -14,6 +14,10 @@
 
 namespace thetad::daemon {
 
+// The bytes a value of a frozen base in nf4 (model.base_quant) takes: 4 bits of code and a bf16
+// absmax per 64 values (daemon/ops/nf4.hpp holds the format; daemon/models checks the two agree).
+constexpr double kNf4BytesPerValue = 0.5 + 2.0 / 64;
+
 struct HostMemoryNeed {
   bool known = false;           // false: a model validation cannot count (torchscript)
   int64_t per_rank_bytes = 0;   // each rank's own parameters, gradients, optimizer state (CPU runs)

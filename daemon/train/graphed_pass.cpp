@@ -14,6 +14,8 @@
 #if THETAD_CUDA_GRAPHS
 #include <ATen/autocast_mode.h>
 #include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #endif
 
@@ -122,6 +124,12 @@ void GraphedPass::capture(Shape& s, const std::vector<double>& weights) {
   // a cast cached by the runs above would be read, not made, by the graph, and every replay
   // would see the slots of the capture.
   at::autocast::clear_cache();
+  // The graph's pool cannot take blocks the allocator caches for plain runs: the runs' activations,
+  // freed, stay reserved beside the graph's own unless given back first (as torch.cuda.graph does).
+  // Without this an 8 B base's joint pass of 8,192 tokens ran out of an 80 GB GPU with 40 GiB
+  // reserved and unused, where the same pass without a graph peaks at 59 GiB.
+  c10::cuda::device_synchronize();
+  c10::cuda::CUDACachingAllocator::emptyCache();
   s.graph = std::make_unique<at::cuda::CUDAGraph>();
   s.graph->capture_begin();
   run(s, weights);

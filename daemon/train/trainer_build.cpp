@@ -61,10 +61,13 @@ void Trainer::build() {
   recorder_ = std::make_unique<StepRecorder>(job_, data_, *plane_, static_cast<size_t>(per_micro * job_.accumulate_steps));
   memory_ = std::make_unique<MemoryBreakdown>(data_);
   eval_ = Evaluation::create(job_, *model_, *groups_, *homes_, *plane_, data_, *recorder_, *state_);
-  per_task_ = backward_per_task();
-  if (per_task_ && schedule_->max_tasks_per_plan() > 1) {
+  tasks_per_pass_ = resolve_tasks_per_pass();
+  if (tasks_per_pass_ > 0 && schedule_->max_tasks_per_plan() > 1) {
+    const int64_t k = tasks_per_pass_;
     THETAD_LOG(info, "train") << "train.backward " << config::to_string(job_.train.backward)
-                              << ": a forward and backward per task, one task's graph alive at a time";
+                              << (k == 1 ? ": a forward and backward per task, one task's graph alive at a time"
+                                         : ": a forward and backward per " + std::to_string(k) +
+                                               " tasks, their graph alive at a time");
   }
 }
 
@@ -75,11 +78,14 @@ void Trainer::build() {
 // that fuses tasks (the transformer) runs a micro-step's tasks through its shared layers in one
 // pass wherever that pass's activations fit what the device has free once the model, its
 // adapters and the engine's buffers are in place (fewer, larger kernels: 180 ms against 244 for
-// the 1.1 B Llama's 8 tasks on one H200); every rank must fit, or all split.
-bool Trainer::backward_per_task() const {
+// the 1.1 B Llama's 8 tasks on one H200); every rank must fit, or all split, each pass then of as
+// many tasks as fit every rank (at least train.tasks_per_pass). 0: one pass; else the tasks a pass
+// runs.
+int64_t Trainer::resolve_tasks_per_pass() const {
   const config::Backward key = job_.train.backward;
+  const int64_t asked = job_.train.tasks_per_pass;
   if (key != config::Backward::Auto || !placement_.split_passes || !model_->fuses_tasks())
-    return placement_.backward_per_task(key, false);
+    return placement_.backward_per_task(key, false) ? asked : 0;
   const ActivationEstimate act = transformer_activations(job_);
   const int64_t tokens = job_.data.batch_per_rank * job_.model.seq_len;  // a micro-step's rows
   const int64_t joint = act.bytes_per_token * tokens;
@@ -89,6 +95,15 @@ bool Trainer::backward_per_task() const {
                                              data_.device_sharers, &free_bytes, &total_bytes, &where);
   const bool fits = plane_->all_ok(!known || joint_pass_fits(joint, free_bytes, total_bytes),
                                    {"train.backward auto: the joint pass's memory"});
+  int64_t per_pass = 0;
+  if (!fits) {
+    // A task's share of the micro-step's rows (round up: the schedule splits them evenly).
+    const int64_t tasks = std::max<int64_t>(1, std::min(schedule_->max_tasks_per_plan(), job_.data.batch_per_rank));
+    const int64_t task_bytes = std::max<int64_t>(1, joint / tasks + (joint % tasks != 0));
+    int64_t k = 1;
+    while (k + 1 < tasks && joint_pass_fits(task_bytes * (k + 1), free_bytes, total_bytes)) ++k;
+    per_pass = plane_->min(std::vector<int64_t>{std::max(k, asked)}, {"train.backward auto: the tasks a pass fits"}).front();
+  }
   if (world_.rank == 0) {
     std::ostringstream why;
     why << "the joint pass's activations about " << format_bytes(double(joint)) << " (" << tokens << " tokens x "
@@ -97,9 +112,12 @@ bool Trainer::backward_per_task() const {
       why << (fits ? " fit " : " do not fit ") << where << "'s " << format_bytes(double(free_bytes)) << " free of "
           << format_bytes(double(total_bytes)) << " with a tenth of it to spare";
     THETAD_LOG(info, "train") << "train.backward auto: "
-                              << (fits ? "the micro-step's tasks in one pass" : "a pass per task") << ": " << why.str();
+                              << (fits ? std::string("the micro-step's tasks in one pass")
+                                       : per_pass == 1 ? std::string("a pass per task")
+                                                       : "passes of " + std::to_string(per_pass) + " tasks")
+                              << ": " << why.str();
   }
-  return placement_.backward_per_task(key, fits);
+  return per_pass;
 }
 
 // With a host store, the model is built on the host (its task groups lazily, drawn by the store)

@@ -52,7 +52,7 @@ class Trainer {
   void build_engine();
   void train_step(int64_t step, PendingStep& p);
   torch::Tensor forward(int64_t micro, const StepPlan& plan, size_t first, size_t end, PendingStep& p);
-  bool backward_per_task() const;
+  int64_t resolve_tasks_per_pass() const;
   std::vector<std::pair<size_t, size_t>> task_passes(const StepPlan& plan) const;
   void backward(torch::Tensor& total, bool last, const StepPlan& plan, PendingStep& p);
   void finish_reduce(PendingStep& p);
@@ -92,7 +92,7 @@ class Trainer {
   std::unique_ptr<MemoryBreakdown> memory_;
   std::unique_ptr<Evaluation> eval_;          // eval.dir: held-out losses per task
   bool declared_ = true;                      // comm.active: declared (else discovered)
-  bool per_task_ = false;                     // train.backward resolved: a backward per task
+  int64_t tasks_per_pass_ = 0;               // train.backward resolved: 0 = a micro-step's tasks in one pass
   std::vector<TaskLossTensor> task_losses_;  // read once per step (one sync)
   torch::Tensor loss_total_;
   int64_t step_queued_ = -1;                 // the last step whose update is queued

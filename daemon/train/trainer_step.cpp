@@ -48,12 +48,19 @@ void Trainer::train_step(int64_t step, PendingStep& p) {
   loss_total_ = loss_sum;
 }
 
-// [first, end) ranges of plan.tasks, each with rows: all of them at once, or one task each.
+// [first, end) ranges of plan.tasks: all of them at once, or, split, train.tasks_per_pass tasks
+// with rows each (the last range what is left), in the plan's order.
 std::vector<std::pair<size_t, size_t>> Trainer::task_passes(const StepPlan& plan) const {
-  if (!per_task_) return {{0, plan.tasks.size()}};
+  if (tasks_per_pass_ == 0) return {{0, plan.tasks.size()}};
+  const auto per_pass = static_cast<size_t>(tasks_per_pass_);
   std::vector<std::pair<size_t, size_t>> passes;
-  for (size_t i = 0; i < plan.tasks.size(); ++i)
-    if (plan.task_rows[i] > 0) passes.emplace_back(i, i + 1);
+  size_t in_pass = 0;
+  for (size_t i = 0; i < plan.tasks.size(); ++i) {
+    if (plan.task_rows[i] == 0) continue;
+    if (in_pass == 0) passes.emplace_back(i, i + 1);
+    passes.back().second = i + 1;
+    in_pass = in_pass + 1 == per_pass ? 0 : in_pass + 1;
+  }
   return passes;
 }
 

@@ -276,7 +276,7 @@ TEST(ToYaml, RoundTripsEveryKey) {
   // Every key is there: 5 top-level keys + 13 section headers + section keys (model, lora, data,
   // eval, comm, offload, optimizer, train, checkpoint, metrics, log, timeline, export).
   EXPECT_EQ(std::count(text.begin(), text.end(), '\n'),
-            1 + 5 + 13 + 36 + 4 + 11 + 4 + 9 + 16 + 10 + 3 + 4 + 2 + 3 + 1 + 8);
+            1 + 5 + 13 + 36 + 4 + 11 + 4 + 9 + 16 + 10 + 4 + 4 + 2 + 3 + 1 + 8);
 }
 
 TEST(Fingerprint, ChangesWithSharedSettingsOnly) {

@@ -7,6 +7,8 @@
 #    byte, and its PEFT adapters the resident run's;
 #  - a drawn base of more layers than slots (layers copied in again each pass), tied and untied,
 #    fp32 and bf16, and a run stopped and resumed;
+#  - passes of 2 of 4 tasks (train.tasks_per_pass): the resident joint pass's parameters with half
+#    the layer copies of a pass per task;
 #  - combinations that cannot work are exit 2 at validate, naming the keys.
 #   llama_streamed.sh THETAD REFERENCE THETAD_LOGITS
 source "$(dirname "$0")/lib.sh"
@@ -44,6 +46,18 @@ for v in "fp32|--set model.tie_embeddings=false" "tied|--set model.tie_embedding
   same_hash "a drawn base, $name: streamed == resident" "drawn_res_$name" "drawn_str_$name"
 done
 expect_in drawn_str_fp32 "streamed base: [0-9]+ layer copies .*, 1 not prefetched"
+four=(--set data.tasks_per_rank=4 --set model.tie_embeddings=false)
+run_np drawn_res_four 2 "$tfm" "${drawn[@]}" "${four[@]}" --set train.backward=joint
+run_np drawn_str_pairs 2 "$tfm" "${drawn[@]}" "${four[@]}" "${stream[@]}" --set train.backward=per_task --set train.tasks_per_pass=2
+run_np drawn_str_single 2 "$tfm" "${drawn[@]}" "${four[@]}" "${stream[@]}" --set train.backward=per_task
+same_hash "a drawn base, passes of 2 of 4 tasks: streamed == resident joint" drawn_res_four drawn_str_pairs
+copies() { grep -oE "streamed base: [0-9]+ layer copies" "$WORK/$1.log" | head -1 | grep -oE "[0-9]+"; }
+pairs=$(copies drawn_str_pairs) single=$(copies drawn_str_single)
+if [ -n "$pairs" ] && [ -n "$single" ] && [ "$pairs" -lt "$single" ] && [ $((2 * pairs)) -le $((single + 30)) ]; then
+  pass "passes of 2 tasks: $pairs layer copies, a pass per task $single"
+else
+  fail "layer copies: passes of 2 tasks '$pairs', a pass per task '$single'"
+fi
 drawn_resumes "a drawn streamed base" drawn_str_fp32 "$tfm" "${drawn[@]}" "${stream[@]}" --set model.tie_embeddings=false
 
 # What cannot work: exit 2 at validate, naming the keys.

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """QLoRA's 4-bit NormalFloat written from its definition (Dettmers et al., 2023), for llama_nf4.sh:
 the code book from the normal distribution's quantiles, blocks of 64 consecutive values (the
-matrix read row by row, zeros padding the last) scaled by their absmax, each value replaced by the
-nearest level, dequantized as level * absmax rounded once to bf16; a frozen base whose linear
+matrix read row by row, zeros padding the last) scaled by their absmax as thetad holds it (rounded
+to bf16), each value replaced by the nearest level, dequantized as level * absmax rounded once to
+bf16; a frozen base whose linear
 weights went through it, and llama_ref.py's Hugging Face formulas over that base.
 
   nf4_ref.py logits BASE_DIR TOKENS.npy OUT.npy [ADAPTER_DIR]   logits of the nf4 base (+ adapter)
@@ -37,7 +38,7 @@ def quantize_dequantize(w):
     flat = w.float().reshape(-1)
     n = flat.numel()
     blocks = torch.cat([flat, torch.zeros((-n) % 64)]).view(-1, 64)
-    absmax = blocks.abs().amax(1, keepdim=True)
+    absmax = blocks.abs().amax(1, keepdim=True).to(torch.bfloat16).float()  # the scale held in bf16
     scaled = torch.where(absmax > 0, blocks / torch.where(absmax > 0, absmax, torch.ones_like(absmax)), torch.zeros_like(blocks))
     codes = (scaled.unsqueeze(-1) - book).abs().argmin(-1)  # the first of two equally near
     values = (book[codes] * absmax).to(torch.bfloat16).float()

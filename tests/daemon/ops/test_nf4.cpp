@@ -1,6 +1,7 @@
 // 4-bit NormalFloat (daemon/ops/nf4) against QLoRA's definition written out here: the code book
-// from the normal distribution's quantiles, blocks of 64 scaled by their absmax, each value given
-// its nearest level; the dequantized values as code * absmax rounded once to bf16; and the base
+// from the normal distribution's quantiles, blocks of 64 scaled by their absmax (held in bf16, the
+// format's one difference from QLoRA's), each value given its nearest level; the dequantized values
+// as code * absmax rounded once to bf16; and the base
 // GEMMs over a quantized matrix (lora_linear, quantized_linear) giving the bits, values and
 // gradients, of the same GEMMs over its dequantized values, with the scratch overwritten between
 // forward and backward.
@@ -9,6 +10,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "daemon/ops/joined_linear.hpp"
@@ -44,8 +47,20 @@ std::vector<float> code_book_by_definition() {
   return v;
 }
 
+// x rounded to the nearest bf16 (ties to even), by its bits: the upper 16 of float32's.
+float round_to_bf16(float x) {
+  uint32_t bits = 0;
+  std::memcpy(&bits, &x, sizeof bits);
+  bits += 0x7fffu + ((bits >> 16) & 1u);
+  bits &= 0xffff0000u;
+  float out = 0;
+  std::memcpy(&out, &bits, sizeof out);
+  return out;
+}
+
 // Codes and absmax of w by the definition: each block of 64 consecutive values (zeros padding
-// the last), x / absmax, the index of the nearest level (the first of two equally near).
+// the last), its absmax rounded to bf16, x / absmax, the index of the nearest level (the first of
+// two equally near).
 std::pair<std::vector<uint8_t>, std::vector<float>> quantize_by_definition(const torch::Tensor& w) {
   const std::vector<float> book = code_book_by_definition();
   const torch::Tensor flat = w.to(torch::kFloat32).reshape({-1}).contiguous();
@@ -57,6 +72,7 @@ std::pair<std::vector<uint8_t>, std::vector<float>> quantize_by_definition(const
   for (int64_t blk = 0; blk < blocks; ++blk) {
     float m = 0;
     for (int64_t e = blk * 64; e < (blk + 1) * 64; ++e) m = std::max(m, std::fabs(v[static_cast<size_t>(e)]));
+    m = round_to_bf16(m);
     absmax.push_back(m);
     for (int64_t e = blk * 64; e < (blk + 1) * 64; ++e) {
       const float x = m > 0 ? v[static_cast<size_t>(e)] / m : 0.0f;
@@ -90,8 +106,10 @@ TEST(Nf4, QuantizerMatchesDefinitionWithPartialLastBlockAndZeroBlock) {
     ASSERT_EQ(q.codes.numel(), static_cast<int64_t>(codes.size()));
     ASSERT_EQ(q.absmax.numel(), static_cast<int64_t>(absmax.size()));
     EXPECT_TRUE(std::equal(codes.begin(), codes.end(), q.codes.data_ptr<uint8_t>()));
-    EXPECT_TRUE(std::equal(absmax.begin(), absmax.end(), q.absmax.data_ptr<float>()));
-    EXPECT_EQ(q.bytes(), 41 * 32 + 41 * 4);
+    ASSERT_EQ(q.absmax.scalar_type(), torch::kBFloat16);
+    const torch::Tensor held = q.absmax.to(torch::kFloat32);
+    EXPECT_TRUE(std::equal(absmax.begin(), absmax.end(), held.data_ptr<float>()));
+    EXPECT_EQ(q.bytes(), 41 * 32 + 41 * 2);
   }
 }
 
