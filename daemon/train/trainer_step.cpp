@@ -48,8 +48,9 @@ void Trainer::train_step(int64_t step, PendingStep& p) {
   loss_total_ = loss_sum;
 }
 
-// [first, end) ranges of plan.tasks: all of them at once, or, split, train.tasks_per_pass tasks
-// with rows each (the last range what is left), in the plan's order.
+// [first, end) ranges of plan.tasks: all of them at once, or, split, tasks_per_pass_ tasks with
+// rows each (train.tasks_per_pass, or more where auto found them to fit; the last range what is
+// left), in the plan's order.
 std::vector<std::pair<size_t, size_t>> Trainer::task_passes(const StepPlan& plan) const {
   if (tasks_per_pass_ == 0) return {{0, plan.tasks.size()}};
   const auto per_pass = static_cast<size_t>(tasks_per_pass_);
