@@ -117,8 +117,6 @@ void Checker::optimizer() {
     fail("optimizer.min_lr", "must be <= optimizer.lr (" + num(o.lr) + "), got " + num(o.min_lr));
 }
 
-// Every key that names a file or directory: a NUL would cut the path short where the run opens
-// it (the C library ends a path there), and other control bytes make a name nobody can type.
 // train.tasks_per_pass sizes the passes that split: joint runs a micro-step's tasks in one.
 void Checker::train() {
   at_least<int64_t>("train.tasks_per_pass", j_.train.tasks_per_pass, 1);
@@ -128,6 +126,8 @@ void Checker::train() {
                                      "the passes of per_task, and of auto where it splits)");
 }
 
+// Every key that names a file or directory: a NUL would cut the path short where the run opens
+// it (the C library ends a path there), and other control bytes make a name nobody can type.
 void Checker::path_bytes() {
   const std::pair<const char*, const std::string*> keys[] = {
       {"checkpoint.dir", &j_.checkpoint.dir}, {"metrics.path", &j_.metrics.path},

@@ -52,7 +52,7 @@ HostMemoryNeed host_memory_need(const config::Job& job, const config::ParamCount
   // file, its full-precision values in host memory besides, wherever the model is (drawn: none).
   const bool quantized = job.model.base_quant != config::BaseQuant::None;
   const double theta_bytes = theta_streamed || place.streamed_base ? 0
-                             : quantized    ? c.shared * (kNf4BytesPerValue)
+                             : quantized    ? c.shared * kNf4BytesPerValue
                                             : c.shared * (job.model.train_shared ? trained : 4);
   const double theta_copy = quantized && !place.drawn_quantized_base ? c.shared * (place.frozen_base_bf16 ? 2 : 4) : 0;
   const double tasks_bytes = task_store ? 0 : c.tasks_total * trained;
