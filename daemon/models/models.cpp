@@ -4,6 +4,8 @@
 // of their own (kinds.hpp).
 #include <algorithm>
 #include <cmath>
+#include <set>
+#include <string>
 
 #include "common/errors.hpp"
 #include "common/hash.hpp"
@@ -205,16 +207,30 @@ void hold_embedding_in_bf16(const config::Job& job, const Placement& place, Task
   }
 }
 
+// log_frozen_base's words for a streamed or sharded base's layers (none where the base is resident).
+std::string streamed_layers(int64_t numel) {
+  return numel == 0 ? std::string()
+                    : "; the layers' " + std::to_string(numel) + " matrix values in host memory, brought in a layer at a time";
+}
+
 // A frozen base in bf16 (Placement::frozen_base_bf16) or nf4 (model.base_quant): says what the
 // base holds how, once loaded.
 void log_frozen_base(const config::Job& job, const Placement& place, TaskModel& model) {
   const bool quantized = job.model.base_quant != config::BaseQuant::None;
   if (!place.frozen_base_bf16 && !quantized) return;
+  // A streamed or sharded base's layers go to host memory later (homes/streamed_base.hpp; the
+  // offload log says how many bytes they take there): not counted here, whatever they hold now.
+  std::set<const c10::TensorImpl*> streamed;
+  int64_t streamed_numel = 0;
+  if (place.streamed_base)
+    for (const BaseGemm& g : model.frozen_gemms())
+      for (const torch::Tensor& w : g.weights)
+        if (g.layer >= 0 && streamed.insert(w.unsafeGetTensorImpl()).second) streamed_numel += w.numel();
   int64_t bf16_bytes = 0, fp32_bytes = 0, host_bytes = 0, host_numel = 0;
   for (NamedParam& p : model.params()) {
-    if (p.group != 0) continue;
-    // A streamed base's placeholders: drawn where they will live (homes/streamed_base.hpp).
-    if (p.init && !quantized) continue;
+    if (p.group != 0 || streamed.count(p.tensor.unsafeGetTensorImpl())) continue;
+    // A resident base's placeholders not quantized: drawn where they will live.
+    if (p.init && !p.host_only) continue;
     const int64_t bytes = p.tensor.numel() * p.tensor.element_size();
     if (p.host_only) {
       host_bytes += p.init ? 0 : bytes;  // a drawn base's placeholders hold nothing
@@ -234,12 +250,13 @@ void log_frozen_base(const config::Job& job, const Placement& place, TaskModel& 
                                                   : "their " + std::to_string(host_bytes / 1000000) + " MB of " +
                                                         (host_bytes == 2 * host_numel ? "bf16" : "float32") +
                                                         " values in host memory")
-                              << "), " << (bf16_bytes + fp32_bytes) / 1e6 << " MB of embeddings and norms as loaded";
+                              << "), " << (bf16_bytes + fp32_bytes) / 1e6 << " MB of embeddings and norms as loaded"
+                              << streamed_layers(streamed_numel);
     return;
   }
   THETAD_LOG(info, "train") << "frozen base held in bf16 (precision: bf16, model.train_shared: false): "
                             << bf16_bytes / 1e6 << " MB in bf16, " << fp32_bytes / 1e6
-                            << " MB kept in float32 (read outside autocast's casts)";
+                            << " MB kept in float32 (read outside autocast's casts)" << streamed_layers(streamed_numel);
 }
 
 }  // namespace

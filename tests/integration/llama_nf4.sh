@@ -87,6 +87,15 @@ untied=(--set model.layers=5 --set model.tie_embeddings=false)
 run_np drawn_untied 4 "$tfm" "${drawn[@]}" "${untied[@]}"
 run_np drawn_untied_stream 4 "$tfm" "${drawn[@]}" "${untied[@]}" --set offload.shared=stream
 same_hash "a drawn nf4 base, untied, 4 ranks: streamed == resident" drawn_untied drawn_untied_stream
+# The load's line counts the embedding and norms alike and the streamed layers as in host memory,
+# not among the embeddings.
+resident_bytes() { grep -oE "[0-9.e+-]+ MB of embeddings and norms" "$WORK/$1.log" | head -1; }
+expect_in drawn_untied_stream "the layers' [0-9]+ matrix values in host memory, brought in a layer at a time"
+if [ "$(resident_bytes drawn_untied_stream)" = "$(resident_bytes drawn_untied)" ] && [ -n "$(resident_bytes drawn_untied)" ]; then
+  pass "a drawn nf4 base streamed: the embedding and norms logged as resident ($(resident_bytes drawn_untied))"
+else
+  fail "a drawn nf4 base streamed logs other resident bytes: '$(resident_bytes drawn_untied_stream)' vs '$(resident_bytes drawn_untied)'"
+fi
 run_np drawn_untied_shard 4 "$tfm" "${drawn[@]}" "${untied[@]}" --set model.base_shard=node
 same_hash "a drawn nf4 base, untied, 4 ranks: sharded == resident" drawn_untied drawn_untied_shard
 
